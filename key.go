@@ -1,0 +1,94 @@
+package idem
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// Keys are byte strings: any non-empty value up to MaxKeyBytes, NUL bytes and
+// invalid UTF-8 included, compared byte for byte.
+
+// checkKey rejects what no store may hold, before any I/O.
+func (o *Options) checkKey(key string) error {
+	if key == "" {
+		return fmt.Errorf("%w: empty key", ErrInvalidKey)
+	}
+	if len(key) > o.MaxKeyBytes {
+		return fmt.Errorf("%w: key of %d bytes exceeds MaxKeyBytes %d", ErrInvalidKey, len(key), o.MaxKeyBytes)
+	}
+	return nil
+}
+
+// redact shortens a key for error messages: keys may carry personal data and
+// errors end up in logs, so long keys are cut and the rest summarized.
+func redact(key string) string {
+	const keep = 48
+	if len(key) <= keep {
+		return key
+	}
+	return key[:keep] + "…(" + strconv.Itoa(len(key)) + " bytes)"
+}
+
+// KeyHash returns a short, stable digest of key for logs: records can be
+// correlated across lines and processes without writing the key itself.
+func KeyHash(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return hex.EncodeToString(sum[:8])
+}
+
+// appendEscapedKey appends key to dst in the escaped form used inside Redis
+// key names: bytes 0x21-0x7E other than '%', '{' and '}' stand for
+// themselves; every other byte is '%' followed by two upper-case hex digits.
+//
+// The encoding is injective (decoding is unambiguous because '%' is always
+// escaped) and its output never contains '{' or '}', so when it is wrapped in
+// braces the hash tag Redis Cluster computes is exactly the encoded key,
+// whatever the user key contains. Printable keys such as UUIDs are unchanged,
+// which keeps records readable with redis-cli and small in memory.
+func appendEscapedKey(dst []byte, key string) []byte {
+	const digits = "0123456789ABCDEF"
+	for i := 0; i < len(key); i++ {
+		c := key[i]
+		if !mustEscape(c) {
+			dst = append(dst, c)
+			continue
+		}
+		dst = append(dst, '%', digits[c>>4], digits[c&0xF])
+	}
+	return dst
+}
+
+func mustEscape(c byte) bool {
+	return c <= 0x20 || c >= 0x7F || c == '%' || c == '{' || c == '}'
+}
+
+// unescapeKey reverses appendEscapedKey; ok is false for a string it cannot
+// have produced.
+func unescapeKey(s string) (key string, ok bool) {
+	b := make([]byte, 0, len(s))
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '%':
+			if i+2 >= len(s) {
+				return "", false
+			}
+			v, err := strconv.ParseUint(s[i+1:i+3], 16, 8)
+			// Only the canonical form decodes: upper-case digits, and only
+			// for bytes that appendEscapedKey escapes.
+			if err != nil || strings.ToUpper(s[i+1:i+3]) != s[i+1:i+3] || !mustEscape(byte(v)) {
+				return "", false
+			}
+			b = append(b, byte(v))
+			i += 2
+		case !mustEscape(c):
+			b = append(b, c)
+		default:
+			return "", false
+		}
+	}
+	return string(b), true
+}

@@ -1,0 +1,361 @@
+package idem
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+)
+
+// MemoryStore is a Store that lives in one process: for tests and local
+// development, never for work that more than one process may receive. It
+// follows the same contract as the shared stores (the storetest suite checks
+// it), judges expiry by its clock, and forgets expired records as it goes.
+//
+// It is safe for concurrent use. Its zero value is not usable: call
+// NewMemoryStore.
+type MemoryStore struct {
+	o    Options
+	data *memData
+}
+
+// memData is the state that stores made with Share have in common.
+type memData struct {
+	mu      sync.Mutex
+	now     func() time.Time
+	recs    map[string]*memRecord
+	token   int64 // last token issued: one counter for all keys keeps tokens strictly increasing
+	writes  int   // writes since the last sweep
+	nextCap int   // sweep when the map grows past this
+}
+
+type memRecord struct {
+	confirmed   bool
+	token       int64
+	owner       string
+	fingerprint []byte
+	result      []byte
+	expires     time.Time
+}
+
+// NewMemoryStore returns an empty MemoryStore. It panics if o is invalid
+// (a negative duration), as regexp.MustCompile does: options are fixed by the
+// program, so a bad one is a programming error.
+func NewMemoryStore(o Options) *MemoryStore {
+	return NewMemoryStoreClock(o, time.Now)
+}
+
+// NewMemoryStoreClock is NewMemoryStore with the clock that judges expiry,
+// so that a test can move time instead of sleeping. now must be safe for
+// concurrent use and never go backwards.
+func NewMemoryStoreClock(o Options, now func() time.Time) *MemoryStore {
+	o, err := o.withDefaults()
+	if err != nil {
+		panic(err)
+	}
+	if now == nil {
+		panic("idem: NewMemoryStoreClock with a nil clock")
+	}
+	return &MemoryStore{o: o, data: &memData{now: now, recs: make(map[string]*memRecord), nextCap: 1024}}
+}
+
+// Share returns a store over m's records with its own options (another
+// Worker name, lease or retention), as separate processes would share one
+// Redis. It panics on invalid options, as NewMemoryStore does.
+func (m *MemoryStore) Share(o Options) *MemoryStore {
+	o, err := o.withDefaults()
+	if err != nil {
+		panic(err)
+	}
+	return &MemoryStore{o: o, data: m.data}
+}
+
+// live returns the key's record if it has not expired, deleting it if it has.
+// The caller holds the lock.
+func (d *memData) live(key string, now time.Time) *memRecord {
+	r := d.recs[key]
+	if r != nil && !now.Before(r.expires) {
+		delete(d.recs, key)
+		return nil
+	}
+	return r
+}
+
+// wrote counts a write and, now and then, drops every expired record, so
+// that keys nobody asks for again do not pile up. The cost is amortized over
+// the writes: a full scan at most once per len(recs) writes.
+func (d *memData) wrote(now time.Time) {
+	d.writes++
+	if len(d.recs) < d.nextCap || d.writes < len(d.recs) {
+		return
+	}
+	for k, r := range d.recs {
+		if !now.Before(r.expires) {
+			delete(d.recs, k)
+		}
+	}
+	d.writes = 0
+	d.nextCap = max(1024, 2*len(d.recs))
+}
+
+func (r *memRecord) record(key string) *Record {
+	rec := &Record{
+		Key:         key,
+		Confirmed:   r.confirmed,
+		Token:       r.token,
+		Owner:       r.owner,
+		Fingerprint: clone(r.fingerprint),
+		Result:      clone(r.result),
+		Expires:     r.expires,
+	}
+	return rec
+}
+
+func clone(b []byte) []byte {
+	if b == nil {
+		return nil
+	}
+	return append([]byte{}, b...)
+}
+
+// Claim implements Store.
+func (m *MemoryStore) Claim(ctx context.Context, key string, fingerprint []byte) (c Claim, err error) {
+	start := time.Now()
+	defer func() { m.o.observe(ctx, Event{Op: OpClaim, Outcome: c.Outcome, Err: err}, start) }()
+	if err := m.o.checkClaim(key, fingerprint); err != nil {
+		return Claim{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return Claim{}, err
+	}
+	d := m.data
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return m.claimLocked(key, fingerprint), nil
+}
+
+func (m *MemoryStore) claimLocked(key string, fingerprint []byte) Claim {
+	d := m.data
+	now := d.now()
+	if r := d.live(key, now); r != nil {
+		if r.confirmed {
+			return Claim{Outcome: Duplicate, Record: r.record(key)}
+		}
+		return Claim{Outcome: InProgress, Record: r.record(key)}
+	}
+	d.token++
+	r := &memRecord{
+		token:       d.token,
+		owner:       m.o.Worker,
+		fingerprint: clone(fingerprint),
+		expires:     now.Add(m.o.LeaseTTL),
+	}
+	d.recs[key] = r
+	d.wrote(now)
+	return Claim{Outcome: Claimed, Lease: &Lease{
+		Key:         key,
+		Token:       r.token,
+		Owner:       r.owner,
+		TTL:         m.o.LeaseTTL,
+		Expires:     r.expires,
+		Fingerprint: clone(fingerprint),
+	}}
+}
+
+// holds reports whether r is l's own live claim.
+func holds(r *memRecord, l *Lease) bool {
+	return r != nil && !r.confirmed && r.owner == l.Owner && r.token == l.Token
+}
+
+// Renew implements Store.
+func (m *MemoryStore) Renew(ctx context.Context, l *Lease) (err error) {
+	start := time.Now()
+	defer func() { m.o.observe(ctx, Event{Op: OpRenew, Err: err}, start) }()
+	if err := m.o.checkLease(l); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	d := m.data
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	now := d.now()
+	r := d.live(l.Key, now)
+	if !holds(r, l) {
+		return fmt.Errorf("%w: renew of key %q token %d", ErrLeaseLost, redact(l.Key), l.Token)
+	}
+	r.expires = now.Add(m.o.LeaseTTL)
+	return nil
+}
+
+// Confirm implements Store.
+func (m *MemoryStore) Confirm(ctx context.Context, l *Lease, result []byte) (err error) {
+	start := time.Now()
+	late := false
+	defer func() { m.o.observe(ctx, Event{Op: OpConfirm, Late: late, Err: err}, start) }()
+	if err := m.o.checkResult(l, result); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	d := m.data
+	d.mu.Lock()
+	late = m.confirmLocked(l, result)
+	d.mu.Unlock()
+	if late {
+		m.o.logLate(ctx, l)
+	}
+	return nil
+}
+
+// confirmLocked records l's work and reports whether the lease had been lost.
+func (m *MemoryStore) confirmLocked(l *Lease, result []byte) (late bool) {
+	d := m.data
+	now := d.now()
+	r := d.live(l.Key, now)
+	if r != nil && r.confirmed {
+		// The first confirmation stays: duplicates may have been answered
+		// with it already.
+		return r.token != l.Token
+	}
+	late = !holds(r, l)
+	d.recs[l.Key] = &memRecord{
+		confirmed:   true,
+		token:       l.Token,
+		fingerprint: clone(l.Fingerprint),
+		result:      append([]byte{}, result...),
+		expires:     now.Add(m.o.Retention),
+	}
+	d.wrote(now)
+	return late
+}
+
+// Forget implements Store.
+func (m *MemoryStore) Forget(ctx context.Context, l *Lease) (err error) {
+	start := time.Now()
+	defer func() { m.o.observe(ctx, Event{Op: OpForget, Err: err}, start) }()
+	if err := m.o.checkLease(l); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	d := m.data
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !holds(d.live(l.Key, d.now()), l) {
+		return fmt.Errorf("%w: forget of key %q token %d", ErrLeaseLost, redact(l.Key), l.Token)
+	}
+	delete(d.recs, l.Key)
+	return nil
+}
+
+// Lookup implements Store.
+func (m *MemoryStore) Lookup(ctx context.Context, key string) (rec *Record, err error) {
+	start := time.Now()
+	defer func() { m.o.observe(ctx, Event{Op: OpLookup, Err: err}, start) }()
+	if err := m.o.checkKey(key); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	d := m.data
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	r := d.live(key, d.now())
+	if r == nil {
+		return nil, fmt.Errorf("%w: key %q", ErrNotFound, redact(key))
+	}
+	return r.record(key), nil
+}
+
+// ClaimBatch implements Batcher: the whole batch is claimed under one lock.
+func (m *MemoryStore) ClaimBatch(ctx context.Context, keys []string, fingerprints [][]byte) (cs []Claim, err error) {
+	start := time.Now()
+	defer func() { m.o.observe(ctx, Event{Op: OpClaimBatch, Items: len(keys), Err: err}, start) }()
+	if err := m.o.checkClaimBatch(keys, fingerprints); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	cs = make([]Claim, len(keys))
+	d := m.data
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for i, k := range keys {
+		cs[i] = m.claimLocked(k, at(fingerprints, i))
+	}
+	return cs, nil
+}
+
+// ConfirmBatch implements Batcher: the whole batch is confirmed under one lock.
+func (m *MemoryStore) ConfirmBatch(ctx context.Context, leases []*Lease, results [][]byte) (err error) {
+	start := time.Now()
+	defer func() { m.o.observe(ctx, Event{Op: OpConfirmBatch, Items: len(leases), Err: err}, start) }()
+	if err := m.o.checkConfirmBatch(leases, results); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	var late []*Lease
+	d := m.data
+	d.mu.Lock()
+	for i, l := range leases {
+		if m.confirmLocked(l, at(results, i)) {
+			late = append(late, l)
+		}
+	}
+	d.mu.Unlock()
+	for _, l := range late {
+		m.o.logLate(ctx, l)
+	}
+	return nil
+}
+
+// at returns s[i], or nil when s is nil (the batch calls allow nil for "none").
+func at(s [][]byte, i int) []byte {
+	if s == nil {
+		return nil
+	}
+	return s[i]
+}
+
+func (o *Options) checkClaimBatch(keys []string, fingerprints [][]byte) error {
+	if fingerprints != nil && len(fingerprints) != len(keys) {
+		return fmt.Errorf("idem: ClaimBatch with %d keys and %d fingerprints", len(keys), len(fingerprints))
+	}
+	for i, k := range keys {
+		if err := o.checkClaim(k, at(fingerprints, i)); err != nil {
+			return fmt.Errorf("batch item %d: %w", i, err)
+		}
+	}
+	return nil
+}
+
+func (o *Options) checkConfirmBatch(leases []*Lease, results [][]byte) error {
+	if results != nil && len(results) != len(leases) {
+		return fmt.Errorf("idem: ConfirmBatch with %d leases and %d results", len(leases), len(results))
+	}
+	for i, l := range leases {
+		if err := o.checkResult(l, at(results, i)); err != nil {
+			return fmt.Errorf("batch item %d: %w", i, err)
+		}
+	}
+	return nil
+}
+
+// logLate logs a confirmation recorded after its lease was lost: the work
+// may have run twice, which an operator wants to know.
+func (o *Options) logLate(ctx context.Context, l *Lease) {
+	if o.Logger == nil {
+		return
+	}
+	o.Logger.LogAttrs(ctx, slog.LevelWarn, "idem: late confirm: the lease was lost before the work was confirmed",
+		slog.String("key_hash", KeyHash(l.Key)), slog.Int64("token", l.Token), slog.String("owner", l.Owner))
+}

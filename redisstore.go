@@ -1,0 +1,497 @@
+package idem
+
+import (
+	"context"
+	"crypto/rand"
+	_ "embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+var (
+	//go:embed scripts/record.lua
+	recordLua string
+	//go:embed scripts/claim.lua
+	claimLua string
+	//go:embed scripts/renew.lua
+	renewLua string
+	//go:embed scripts/confirm.lua
+	confirmLua string
+	//go:embed scripts/forget.lua
+	forgetLua string
+	//go:embed scripts/lookup.lua
+	lookupLua string
+
+	// Each script is the record format's functions followed by one operation.
+	claimScript   = redis.NewScript(recordLua + claimLua)
+	renewScript   = redis.NewScript(recordLua + renewLua)
+	confirmScript = redis.NewScript(recordLua + confirmLua)
+	forgetScript  = redis.NewScript(recordLua + forgetLua)
+	lookupScript  = redis.NewScript(recordLua + lookupLua)
+)
+
+// DefaultPrefix begins the name of every Redis key a RedisStore writes.
+const DefaultPrefix = "idem:"
+
+// RedisOptions configure a RedisStore.
+type RedisOptions struct {
+	Options
+	// Prefix begins every Redis key name, so that idem's keys can share a
+	// Redis with others. It must not contain '{' or '}' (the hash tag that
+	// follows it is idem's). Default "idem:".
+	Prefix string
+	// AllowEviction accepts a Redis whose maxmemory-policy may evict keys.
+	// An evicted record is forgotten work, and forgotten work is a duplicate
+	// done twice, so by default NewRedisStore refuses any policy but
+	// noeviction. Default false.
+	AllowEviction bool
+}
+
+// RedisStore is a Store and Batcher on Redis: one Redis string per key, one
+// Lua script per operation, Redis TTLs for lease expiry and retention.
+//
+// It works on a single Redis (*redis.Client), on Sentinel
+// (redis.NewFailoverClient) and on Redis Cluster (*redis.ClusterClient). The
+// Redis key of an idempotency key is Prefix + "{" + escaped key + "}": the
+// escaping (bytes other than printable ASCII, and '%', '{', '}', become %XX)
+// is injective and keeps braces out of the hash tag.
+//
+// Each operation is one round trip. Redis replicates asynchronously: a
+// failover can lose a record written just before it (see the package
+// documentation).
+type RedisStore struct {
+	c      redis.UniversalClient
+	o      Options
+	prefix string
+
+	leaseMs, retentionMs string // preformatted script arguments
+	attemptPrefix        string
+	attempts             atomic.Uint64
+}
+
+// NewRedisStore returns a store on c. It checks Redis's maxmemory-policy (on
+// every master of a cluster) and refuses one that may evict keys unless
+// o.AllowEviction is set; where the server refuses CONFIG (managed services)
+// it logs a warning instead. An unreachable Redis is an error. Invalid
+// options (negative durations, braces in the prefix) are errors.
+func NewRedisStore(c redis.UniversalClient, o RedisOptions) (*RedisStore, error) {
+	if c == nil {
+		return nil, errors.New("idem: NewRedisStore with a nil client")
+	}
+	opts, err := o.Options.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if o.Prefix == "" {
+		o.Prefix = DefaultPrefix
+	}
+	if strings.ContainsAny(o.Prefix, "{}") {
+		return nil, fmt.Errorf("idem: Redis key prefix %q must not contain '{' or '}'", o.Prefix)
+	}
+	var seed [8]byte
+	_, _ = rand.Read(seed[:]) // crypto/rand.Read never fails (Go 1.24+)
+	s := &RedisStore{
+		c:             c,
+		o:             opts,
+		prefix:        o.Prefix,
+		leaseMs:       strconv.FormatInt(ms(opts.LeaseTTL), 10),
+		retentionMs:   strconv.FormatInt(ms(opts.Retention), 10),
+		attemptPrefix: hex.EncodeToString(seed[:]) + ".",
+	}
+	if !o.AllowEviction {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := s.checkEviction(ctx); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+// checkEviction refuses a Redis that may evict keys.
+func (s *RedisStore) checkEviction(ctx context.Context) error {
+	check := func(ctx context.Context, c redis.Cmdable) error {
+		policy, err := c.ConfigGet(ctx, "maxmemory-policy").Result()
+		var refused redis.Error
+		if errors.As(err, &refused) {
+			if s.o.Logger != nil {
+				s.o.Logger.LogAttrs(ctx, slog.LevelWarn,
+					"idem: cannot read Redis maxmemory-policy; make sure it is noeviction, or records may be evicted and work done twice",
+					slog.String("error", err.Error()))
+			}
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("idem: checking Redis maxmemory-policy: %w", err)
+		}
+		if p, ok := policy["maxmemory-policy"]; ok && p != "noeviction" {
+			return fmt.Errorf("idem: Redis maxmemory-policy is %q: an evicted record is work done twice; "+
+				"set it to noeviction, or set RedisOptions.AllowEviction to accept the risk", p)
+		}
+		return nil
+	}
+	if cc, ok := s.c.(*redis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return check(ctx, c) })
+	}
+	return check(ctx, s.c)
+}
+
+// redisKey returns the Redis key name holding key's record.
+func (s *RedisStore) redisKey(key string) string {
+	b := make([]byte, 0, len(s.prefix)+len(key)+2+len(key)/4)
+	b = append(b, s.prefix...)
+	b = append(b, '{')
+	b = appendEscapedKey(b, key)
+	b = append(b, '}')
+	return string(b)
+}
+
+// attempt returns a new attempt id: unique to this store instance and call.
+func (s *RedisStore) attempt() string {
+	return s.attemptPrefix + strconv.FormatUint(s.attempts.Add(1), 36)
+}
+
+// Claim implements Store in one round trip. Should go-redis retry the
+// command after a lost reply, the retry carries the same attempt id and gets
+// the same lease back.
+func (s *RedisStore) Claim(ctx context.Context, key string, fingerprint []byte) (c Claim, err error) {
+	start := time.Now()
+	defer func() { s.o.observe(ctx, Event{Op: OpClaim, Outcome: c.Outcome, Err: err}, start) }()
+	if err := s.o.checkClaim(key, fingerprint); err != nil {
+		return Claim{}, err
+	}
+	if fingerprint == nil {
+		fingerprint = []byte{}
+	}
+	v, err := claimScript.Run(ctx, s.c, []string{s.redisKey(key)}, s.claimArgs(fingerprint)...).Result()
+	if err != nil {
+		return Claim{}, s.fail(ctx, "claim", key, err)
+	}
+	return s.parseClaim(key, fingerprint, start, v)
+}
+
+func (s *RedisStore) claimArgs(fingerprint []byte) []any {
+	return []any{s.o.Worker, s.attempt(), s.leaseMs, fingerprint}
+}
+
+// parseClaim turns claim.lua's reply into a Claim.
+func (s *RedisStore) parseClaim(key string, fingerprint []byte, start time.Time, v any) (Claim, error) {
+	a, ok := v.([]any)
+	if !ok || len(a) < 2 {
+		return Claim{}, s.badReply("claim", key, v)
+	}
+	st, _ := a[0].(string)
+	tok, ok := token(a[1])
+	if !ok {
+		return Claim{}, s.badReply("claim", key, v)
+	}
+	switch st {
+	case "C", "A":
+		ttl := s.o.LeaseTTL
+		if st == "A" {
+			var p int64
+			if len(a) == 3 {
+				p, _ = a[2].(int64)
+			}
+			if p <= 0 {
+				return Claim{}, s.badReply("claim", key, v)
+			}
+			ttl = time.Duration(p) * time.Millisecond
+		}
+		return Claim{Outcome: Claimed, Lease: &Lease{
+			Key:         key,
+			Token:       tok,
+			Owner:       s.o.Worker,
+			TTL:         s.o.LeaseTTL,
+			Expires:     start.Add(ttl),
+			Fingerprint: append([]byte{}, fingerprint...),
+		}}, nil
+	case "D", "P":
+		rec, err := s.parseRecord(key, start, a)
+		if err != nil {
+			return Claim{}, err
+		}
+		if rec.Confirmed {
+			return Claim{Outcome: Duplicate, Record: rec}, nil
+		}
+		return Claim{Outcome: InProgress, Record: rec}, nil
+	}
+	return Claim{}, s.badReply("claim", key, v)
+}
+
+// parseRecord reads the {state, token, pttl, fingerprint, result|owner}
+// reply that claim.lua and lookup.lua share.
+func (s *RedisStore) parseRecord(key string, start time.Time, a []any) (*Record, error) {
+	if len(a) != 5 {
+		return nil, s.badReply("record", key, a)
+	}
+	st, _ := a[0].(string)
+	tok, ok1 := token(a[1])
+	pttl, ok2 := a[2].(int64)
+	fp, ok3 := a[3].(string)
+	last, ok4 := a[4].(string)
+	if !ok1 || !ok2 || !ok3 || !ok4 || (st != "D" && st != "P") {
+		return nil, s.badReply("record", key, a)
+	}
+	rec := &Record{Key: key, Confirmed: st == "D", Token: tok, Fingerprint: []byte(fp)}
+	if rec.Confirmed {
+		rec.Result = []byte(last)
+	} else {
+		rec.Owner = last
+	}
+	// A key without a TTL (-1) was persisted by someone else: it never
+	// expires, which the zero Expires says.
+	if pttl >= 0 {
+		rec.Expires = start.Add(time.Duration(pttl) * time.Millisecond)
+	}
+	return rec, nil
+}
+
+// token parses a token as the scripts send it: a decimal string.
+func token(v any) (int64, bool) {
+	s, ok := v.(string)
+	if !ok {
+		return 0, false
+	}
+	t, err := strconv.ParseInt(s, 10, 64)
+	return t, err == nil
+}
+
+func (s *RedisStore) badReply(op, key string, v any) error {
+	return fmt.Errorf("idem: %s of key %q: unexpected reply from Redis (%T)", op, redact(key), v)
+}
+
+// fail wraps a Redis error with the operation and key, mapping a script's
+// damaged-record answer to ErrDamaged.
+func (s *RedisStore) fail(ctx context.Context, op, key string, err error) error {
+	if strings.Contains(err.Error(), "idem: damaged record") {
+		if s.o.Logger != nil {
+			s.o.Logger.LogAttrs(ctx, slog.LevelError, "idem: damaged record in Redis; left as it is",
+				slog.String("key_hash", KeyHash(key)))
+		}
+		return fmt.Errorf("%w: %s of key %q", ErrDamaged, op, redact(key))
+	}
+	return fmt.Errorf("idem: %s of key %q: %w", op, redact(key), err)
+}
+
+// Renew implements Store in one round trip.
+func (s *RedisStore) Renew(ctx context.Context, l *Lease) (err error) {
+	start := time.Now()
+	defer func() { s.o.observe(ctx, Event{Op: OpRenew, Err: err}, start) }()
+	if err := s.o.checkLease(l); err != nil {
+		return err
+	}
+	n, err := renewScript.Run(ctx, s.c, []string{s.redisKey(l.Key)},
+		l.Owner, strconv.FormatInt(l.Token, 10), s.leaseMs).Int64()
+	if err != nil {
+		return s.fail(ctx, "renew", l.Key, err)
+	}
+	if n != 1 {
+		return fmt.Errorf("%w: renew of key %q token %d", ErrLeaseLost, redact(l.Key), l.Token)
+	}
+	return nil
+}
+
+// Confirm implements Store in one round trip.
+func (s *RedisStore) Confirm(ctx context.Context, l *Lease, result []byte) (err error) {
+	start := time.Now()
+	late := false
+	defer func() { s.o.observe(ctx, Event{Op: OpConfirm, Late: late, Err: err}, start) }()
+	if err := s.o.checkResult(l, result); err != nil {
+		return err
+	}
+	n, err := confirmScript.Run(ctx, s.c, []string{s.redisKey(l.Key)}, s.confirmArgs(l, result)...).Int64()
+	if err != nil {
+		return s.fail(ctx, "confirm", l.Key, err)
+	}
+	late, err = s.confirmed(ctx, l, n)
+	return err
+}
+
+func (s *RedisStore) confirmArgs(l *Lease, result []byte) []any {
+	fp, res := l.Fingerprint, result
+	if fp == nil {
+		fp = []byte{}
+	}
+	if res == nil {
+		res = []byte{}
+	}
+	return []any{l.Owner, strconv.FormatInt(l.Token, 10), s.retentionMs, fp, res}
+}
+
+// confirmed interprets confirm.lua's answer n, logging a late confirm.
+func (s *RedisStore) confirmed(ctx context.Context, l *Lease, n int64) (late bool, err error) {
+	switch n {
+	case 1, 3:
+		return false, nil
+	case 2, 4:
+		s.o.logLate(ctx, l)
+		return true, nil
+	}
+	return false, s.badReply("confirm", l.Key, n)
+}
+
+// Forget implements Store in one round trip.
+func (s *RedisStore) Forget(ctx context.Context, l *Lease) (err error) {
+	start := time.Now()
+	defer func() { s.o.observe(ctx, Event{Op: OpForget, Err: err}, start) }()
+	if err := s.o.checkLease(l); err != nil {
+		return err
+	}
+	n, err := forgetScript.Run(ctx, s.c, []string{s.redisKey(l.Key)}, l.Owner, strconv.FormatInt(l.Token, 10)).Int64()
+	if err != nil {
+		return s.fail(ctx, "forget", l.Key, err)
+	}
+	if n != 1 {
+		return fmt.Errorf("%w: forget of key %q token %d", ErrLeaseLost, redact(l.Key), l.Token)
+	}
+	return nil
+}
+
+// Lookup implements Store in one round trip.
+func (s *RedisStore) Lookup(ctx context.Context, key string) (rec *Record, err error) {
+	start := time.Now()
+	defer func() { s.o.observe(ctx, Event{Op: OpLookup, Err: err}, start) }()
+	if err := s.o.checkKey(key); err != nil {
+		return nil, err
+	}
+	v, err := lookupScript.Run(ctx, s.c, []string{s.redisKey(key)}).Result()
+	if errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("%w: key %q", ErrNotFound, redact(key))
+	}
+	if err != nil {
+		return nil, s.fail(ctx, "lookup", key, err)
+	}
+	a, ok := v.([]any)
+	if !ok {
+		return nil, s.badReply("lookup", key, v)
+	}
+	return s.parseRecord(key, start, a)
+}
+
+// ClaimBatch implements Batcher with one pipeline: one round trip on a single
+// Redis, one per master on a cluster.
+func (s *RedisStore) ClaimBatch(ctx context.Context, keys []string, fingerprints [][]byte) (cs []Claim, err error) {
+	start := time.Now()
+	defer func() { s.o.observe(ctx, Event{Op: OpClaimBatch, Items: len(keys), Err: err}, start) }()
+	if err := s.o.checkClaimBatch(keys, fingerprints); err != nil {
+		return nil, err
+	}
+	args := make([][]any, len(keys))
+	rkeys := make([]string, len(keys))
+	for i, k := range keys {
+		fp := at(fingerprints, i)
+		if fp == nil {
+			fp = []byte{}
+		}
+		rkeys[i] = s.redisKey(k)
+		args[i] = s.claimArgs(fp)
+	}
+	cmds := s.pipeline(ctx, claimScript, rkeys, args)
+	cs = make([]Claim, len(keys))
+	var errs []error
+	for i, cmd := range cmds {
+		c, err := cmd.Result()
+		if err == nil {
+			cs[i], err = s.parseClaim(keys[i], at(fingerprints, i), start, c)
+		} else {
+			err = s.fail(ctx, "claim", keys[i], err)
+		}
+		errs = collect(errs, len(keys), i, err)
+	}
+	if errs != nil {
+		return cs, &BatchError{Errs: errs}
+	}
+	return cs, nil
+}
+
+// ConfirmBatch implements Batcher with one pipeline: one round trip on a
+// single Redis, one per master on a cluster.
+func (s *RedisStore) ConfirmBatch(ctx context.Context, leases []*Lease, results [][]byte) (err error) {
+	start := time.Now()
+	late := false
+	defer func() {
+		s.o.observe(ctx, Event{Op: OpConfirmBatch, Items: len(leases), Late: late, Err: err}, start)
+	}()
+	if err := s.o.checkConfirmBatch(leases, results); err != nil {
+		return err
+	}
+	args := make([][]any, len(leases))
+	rkeys := make([]string, len(leases))
+	for i, l := range leases {
+		rkeys[i] = s.redisKey(l.Key)
+		args[i] = s.confirmArgs(l, at(results, i))
+	}
+	cmds := s.pipeline(ctx, confirmScript, rkeys, args)
+	var errs []error
+	for i, cmd := range cmds {
+		n, err := cmd.Int64()
+		if err == nil {
+			var l bool
+			l, err = s.confirmed(ctx, leases[i], n)
+			late = late || l
+		} else {
+			err = s.fail(ctx, "confirm", leases[i].Key, err)
+		}
+		errs = collect(errs, len(leases), i, err)
+	}
+	if errs != nil {
+		return &BatchError{Errs: errs}
+	}
+	return nil
+}
+
+// collect records item i's error in errs (allocated on the first error).
+func collect(errs []error, n, i int, err error) []error {
+	if err == nil {
+		return errs
+	}
+	if errs == nil {
+		errs = make([]error, n)
+	}
+	errs[i] = err
+	return errs
+}
+
+// pipeline runs script once per key in one pipeline and returns the
+// commands, each with its own result or error.
+//
+// A pipelined EVALSHA cannot fall back to EVAL by itself when Redis has lost
+// its script cache (SCRIPT FLUSH, a restart, a failover to a replica that
+// never saw the script). A NOSCRIPT reply means the command did not run, so
+// the commands that got one are sent again as EVAL, which also loads the
+// script: after a flush a batch costs one extra round trip, never an error.
+func (s *RedisStore) pipeline(ctx context.Context, script *redis.Script, keys []string, args [][]any) []*redis.Cmd {
+	cmds := make([]*redis.Cmd, len(keys))
+	// Errors are per command; Exec's own error is the first of them.
+	_, _ = s.c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, k := range keys {
+			cmds[i] = script.EvalSha(ctx, p, []string{k}, args[i]...)
+		}
+		return nil
+	})
+	var retry []int
+	for i, cmd := range cmds {
+		if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			retry = append(retry, i)
+		}
+	}
+	if len(retry) == 0 {
+		return cmds
+	}
+	_, _ = s.c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, i := range retry {
+			cmds[i] = script.Eval(ctx, p, []string{keys[i]}, args[i]...)
+		}
+		return nil
+	})
+	return cmds
+}

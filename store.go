@@ -1,0 +1,275 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// Outcome is what a Claim found.
+type Outcome uint8
+
+const (
+	// Claimed means this caller holds the lease and must do the work, then
+	// Confirm (done) or Forget (failed) it.
+	Claimed Outcome = iota + 1
+	// Duplicate means the work is confirmed done and still within retention:
+	// the caller must not do it again. Claim.Record holds the confirmation.
+	Duplicate
+	// InProgress means another caller (possibly on this same worker) holds a
+	// live lease. Claim.Record describes the holder; retry after it expires.
+	InProgress
+)
+
+// String returns the outcome's name in lower case ("claimed", "duplicate",
+// "in-progress"), for logs and metric labels.
+func (o Outcome) String() string {
+	switch o {
+	case Claimed:
+		return "claimed"
+	case Duplicate:
+		return "duplicate"
+	case InProgress:
+		return "in-progress"
+	}
+	return "outcome(" + strconv.Itoa(int(o)) + ")"
+}
+
+// Record is what a store holds for a key: a live claim or a confirmation.
+type Record struct {
+	Key         string
+	Confirmed   bool      // false: a live claim
+	Token       int64     // fencing token of the lease that claimed (or confirmed) it
+	Owner       string    // Worker holding a live claim; empty once confirmed
+	Fingerprint []byte    // as given to Claim
+	Result      []byte    // as given to Confirm; nil while claimed
+	Expires     time.Time // lease end while claimed, retention end once confirmed (local estimate)
+}
+
+// Claim is the answer to Store.Claim.
+type Claim struct {
+	Outcome Outcome
+	Lease   *Lease  // set when Claimed
+	Record  *Record // set when Duplicate (the confirmation) or InProgress (the holder)
+}
+
+// Store records which keys are being worked on and which are done.
+//
+// Every method is safe for concurrent use by many goroutines and, for the
+// shared stores (Redis, SQL), by many processes. Expiry is judged by the
+// store's clock, never the caller's. Methods validate their input before any
+// I/O: a bad key is ErrInvalidKey, an oversized result ErrTooLarge.
+type Store interface {
+	// Claim atomically claims key under a new lease (Claimed), or reports a
+	// live confirmation (Duplicate) or a live claim by anyone, this worker
+	// included (InProgress). A claim whose lease ran out is taken over in the
+	// same atomic step. fingerprint identifies the request's content; it is
+	// stored with the claim and returned with Duplicate and InProgress so the
+	// caller can tell a retry from a different request reusing the key.
+	Claim(ctx context.Context, key string, fingerprint []byte) (Claim, error)
+	// Renew extends a live lease by the store's LeaseTTL from now. It returns
+	// ErrLeaseLost when the lease expired, was forgotten, confirmed or taken
+	// over. Renew does not modify *l.
+	Renew(ctx context.Context, l *Lease) error
+	// Confirm records the work of l as done, remembered for the retention
+	// window, with result. It records even when the lease was lost (the work
+	// happened); if the key is already confirmed, the first confirmation
+	// stays and Confirm returns nil.
+	Confirm(ctx context.Context, l *Lease, result []byte) error
+	// Forget deletes l's own live claim so that the key can be claimed again
+	// at once (the work failed). It never deletes a confirmation or another
+	// holder's claim; when there was nothing of l's to delete it returns
+	// ErrLeaseLost.
+	Forget(ctx context.Context, l *Lease) error
+	// Lookup returns the key's live record, or ErrNotFound.
+	Lookup(ctx context.Context, key string) (*Record, error)
+}
+
+// Batcher is implemented by stores that can claim and confirm many keys in
+// one round trip. RedisStore and MemoryStore implement it.
+type Batcher interface {
+	// ClaimBatch claims every key as Claim would, fingerprints[i] going with
+	// keys[i] (fingerprints may be nil: no fingerprints). Invalid input fails
+	// the whole batch before any I/O. When some items fail, the claims of the
+	// others are still returned (a failed item has a zero Claim) along with a
+	// *BatchError that says which failed.
+	ClaimBatch(ctx context.Context, keys []string, fingerprints [][]byte) ([]Claim, error)
+	// ConfirmBatch confirms every lease as Confirm would, results[i] going
+	// with leases[i] (results may be nil: empty results). Partial failure is
+	// a *BatchError.
+	ConfirmBatch(ctx context.Context, leases []*Lease, results [][]byte) error
+}
+
+// BatchError reports which items of a batch call failed. The items that are
+// not named in it succeeded.
+type BatchError struct {
+	// Errs has one entry per item of the batch: nil for an item that
+	// succeeded, its error otherwise.
+	Errs []error
+}
+
+// Error summarizes the failures: how many, and the first.
+func (e *BatchError) Error() string {
+	n, first := 0, error(nil)
+	for _, err := range e.Errs {
+		if err != nil {
+			if first == nil {
+				first = err
+			}
+			n++
+		}
+	}
+	return fmt.Sprintf("idem: %d of %d batch items failed; first: %v", n, len(e.Errs), first)
+}
+
+// Unwrap returns the items' errors, so errors.Is sees through the batch.
+func (e *BatchError) Unwrap() []error {
+	var errs []error
+	for _, err := range e.Errs {
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errs
+}
+
+// The errors a Store returns, matched with errors.Is. Returned errors wrap
+// them with the key.
+var (
+	// ErrLeaseLost: the lease expired, was forgotten, confirmed or taken over.
+	ErrLeaseLost = errors.New("idem: lease lost")
+	// ErrNotFound: no live record for the key.
+	ErrNotFound = errors.New("idem: not found")
+	// ErrInvalidKey: the key is empty or longer than MaxKeyBytes.
+	ErrInvalidKey = errors.New("idem: invalid key")
+	// ErrTooLarge: a result over MaxResultBytes, or a fingerprint over
+	// MaxFingerprintBytes.
+	ErrTooLarge = errors.New("idem: too large")
+	// ErrInProgress: another caller holds the key (returned by wrappers).
+	ErrInProgress = errors.New("idem: in progress")
+	// ErrFingerprintMismatch: the key was claimed with another fingerprint
+	// (returned by wrappers).
+	ErrFingerprintMismatch = errors.New("idem: fingerprint mismatch")
+	// ErrDamaged: a stored record could not be decoded. The record is left
+	// as it is for an operator to inspect.
+	ErrDamaged = errors.New("idem: damaged record")
+)
+
+// MaxFingerprintBytes bounds a fingerprint: it is meant to be a hash of the
+// request, not the request.
+const MaxFingerprintBytes = 1024
+
+// Options configure a store. The zero value is valid: every zero field means
+// its documented default. Negative durations are rejected.
+type Options struct {
+	// Retention is how long a confirmed key is remembered: the window in
+	// which duplicates are expected. A duplicate arriving later is done
+	// again. Default 24h.
+	Retention time.Duration
+	// LeaseTTL is how long a claim binds unless renewed; a crashed worker's
+	// key is taken over after it. KeepAlive renews at LeaseTTL/3. At least
+	// 1ms. Default 30s.
+	LeaseTTL time.Duration
+	// Worker names this store's leases (Lease.Owner). Two stores must not
+	// share a Worker name. Default: a random UUID.
+	Worker string
+	// MaxKeyBytes bounds keys. Default 1024.
+	MaxKeyBytes int
+	// MaxResultBytes bounds Confirm's result. Default 1 MiB.
+	MaxResultBytes int
+	// Logger receives notable events: a late confirm, a damaged record, an
+	// unsafe Redis eviction policy. Keys are never logged raw. Default: none.
+	Logger *slog.Logger
+	// Observer is called once per operation. Default: none.
+	Observer Observer
+}
+
+// Defaults of Options.
+const (
+	DefaultRetention      = 24 * time.Hour
+	DefaultLeaseTTL       = 30 * time.Second
+	DefaultMaxKeyBytes    = 1024
+	DefaultMaxResultBytes = 1 << 20
+)
+
+// withDefaults validates o and fills in its defaults.
+func (o Options) withDefaults() (Options, error) {
+	if o.Retention < 0 {
+		return o, fmt.Errorf("idem: negative Retention %v", o.Retention)
+	}
+	if o.LeaseTTL < 0 {
+		return o, fmt.Errorf("idem: negative LeaseTTL %v", o.LeaseTTL)
+	}
+	if o.MaxKeyBytes < 0 || o.MaxResultBytes < 0 {
+		return o, fmt.Errorf("idem: negative MaxKeyBytes %d or MaxResultBytes %d", o.MaxKeyBytes, o.MaxResultBytes)
+	}
+	if o.Retention == 0 {
+		o.Retention = DefaultRetention
+	}
+	if o.LeaseTTL == 0 {
+		o.LeaseTTL = DefaultLeaseTTL
+	}
+	// Stores keep time in milliseconds (Redis PX): a sub-millisecond
+	// duration would round to nothing and expire at once.
+	if o.Retention < time.Millisecond || o.LeaseTTL < time.Millisecond {
+		return o, fmt.Errorf("idem: Retention %v and LeaseTTL %v must be at least 1ms", o.Retention, o.LeaseTTL)
+	}
+	if o.Worker == "" {
+		o.Worker = uuid.NewString()
+	}
+	if strings.ContainsRune(o.Worker, 0) || len(o.Worker) > 255 {
+		return o, fmt.Errorf("idem: Worker must be at most 255 bytes without NUL")
+	}
+	if o.MaxKeyBytes == 0 {
+		o.MaxKeyBytes = DefaultMaxKeyBytes
+	}
+	if o.MaxResultBytes == 0 {
+		o.MaxResultBytes = DefaultMaxResultBytes
+	}
+	return o, nil
+}
+
+// ms converts a duration to whole milliseconds, rounding up so that a store
+// never grants less than asked.
+func ms(d time.Duration) int64 {
+	return int64((d + time.Millisecond - 1) / time.Millisecond)
+}
+
+var errNilLease = errors.New("idem: nil lease")
+
+// checkLease validates a lease given back to a store, before any I/O.
+func (o *Options) checkLease(l *Lease) error {
+	if l == nil {
+		return errNilLease
+	}
+	return o.checkKey(l.Key)
+}
+
+// checkResult validates a result given to Confirm, before any I/O.
+func (o *Options) checkResult(l *Lease, result []byte) error {
+	if err := o.checkLease(l); err != nil {
+		return err
+	}
+	if len(result) > o.MaxResultBytes {
+		return fmt.Errorf("%w: result of %d bytes for key %q exceeds MaxResultBytes %d",
+			ErrTooLarge, len(result), redact(l.Key), o.MaxResultBytes)
+	}
+	return nil
+}
+
+// checkClaim validates Claim's input, before any I/O.
+func (o *Options) checkClaim(key string, fingerprint []byte) error {
+	if err := o.checkKey(key); err != nil {
+		return err
+	}
+	if len(fingerprint) > MaxFingerprintBytes {
+		return fmt.Errorf("%w: fingerprint of %d bytes exceeds %d", ErrTooLarge, len(fingerprint), MaxFingerprintBytes)
+	}
+	return nil
+}
