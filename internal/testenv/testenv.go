@@ -1,0 +1,74 @@
+// Package testenv finds the real services that integration tests run
+// against. Each is named by an environment variable; `make test` starts the
+// services and sets them.
+//
+// Without its variable a test skips with a line saying so, except under
+// CI=true, where a missing service fails the test: a green CI run always
+// means the real services were exercised.
+package testenv
+
+import (
+	"context"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// The variables that name the services.
+const (
+	RedisAddrVar    = "IDEM_REDIS_ADDR"          // host:port of a standalone Redis
+	ClusterAddrsVar = "IDEM_REDIS_CLUSTER_ADDRS" // comma-separated host:port of a Redis Cluster's masters
+	PostgresDSNVar  = "IDEM_POSTGRES_DSN"        // a Postgres connection string
+)
+
+// Lookup returns the variable's value, or skips t (fails it under CI=true)
+// when it is unset.
+func Lookup(t testing.TB, name string) string {
+	t.Helper()
+	v := os.Getenv(name)
+	if v != "" {
+		return v
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("%s is not set: under CI=true the real service is required (run `make test`)", name)
+	}
+	t.Skipf("%s is not set: skipping the test against the real service (`make test` starts it)", name)
+	return ""
+}
+
+// Redis returns a client of the standalone Redis, closed when t ends. It
+// fails t when the server does not answer.
+func Redis(t testing.TB) *redis.Client {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: Lookup(t, RedisAddrVar)})
+	t.Cleanup(func() { _ = c.Close() })
+	ping(t, c)
+	return c
+}
+
+// Cluster returns a client of the Redis Cluster, closed when t ends. It fails
+// t when the cluster does not answer.
+func Cluster(t testing.TB) *redis.ClusterClient {
+	t.Helper()
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(Lookup(t, ClusterAddrsVar), ",")})
+	t.Cleanup(func() { _ = c.Close() })
+	ping(t, c)
+	if err := c.ForEachMaster(context.Background(), func(ctx context.Context, c *redis.Client) error {
+		return c.Ping(ctx).Err()
+	}); err != nil {
+		t.Fatalf("Redis Cluster masters do not answer: %v", err)
+	}
+	return c
+}
+
+func ping(t testing.TB, c redis.UniversalClient) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Fatalf("Redis does not answer: %v", err)
+	}
+}
