@@ -1,0 +1,91 @@
+package idem_test
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/storetest"
+	"github.com/redis/go-redis/v9"
+)
+
+// fakeClock is a clock that moves only when told.
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+func TestMemoryStoreConformance(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) storetest.Backend {
+		clock := &fakeClock{now: time.Now()}
+		var m *idem.MemoryStore
+		var once sync.Once
+		return storetest.Backend{
+			Open: func(o idem.Options) (idem.Store, error) {
+				once.Do(func() { m = idem.NewMemoryStoreClock(idem.Options{}, clock.Now) })
+				return m.Share(o), nil
+			},
+			Advance: clock.Advance,
+			Now:     clock.Now,
+		}
+	})
+}
+
+func TestRedisStoreConformanceMiniredis(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) storetest.Backend {
+		m := miniredis.RunT(t)
+		c := redis.NewClient(&redis.Options{Addr: m.Addr()})
+		t.Cleanup(func() { _ = c.Close() })
+		return redisBackend(c, "idem:", m.FastForward)
+	})
+}
+
+func TestRedisStoreConformance(t *testing.T) {
+	c := testenv.Redis(t)
+	storetest.Run(t, func(t *testing.T) storetest.Backend {
+		return redisBackend(c, uniquePrefix(), nil)
+	})
+}
+
+func TestRedisStoreConformanceCluster(t *testing.T) {
+	c := testenv.Cluster(t)
+	storetest.Run(t, func(t *testing.T) storetest.Backend {
+		return redisBackend(c, uniquePrefix(), nil)
+	})
+}
+
+// redisBackend opens RedisStores with one prefix on c. Every record the
+// suite writes expires within seconds, so nothing needs deleting.
+func redisBackend(c redis.UniversalClient, prefix string, advance func(time.Duration)) storetest.Backend {
+	return storetest.Backend{
+		Open: func(o idem.Options) (idem.Store, error) {
+			return idem.NewRedisStore(c, idem.RedisOptions{Options: o, Prefix: prefix})
+		},
+		Advance: advance,
+	}
+}
+
+// uniquePrefix keeps one check's records apart from every other's on a
+// shared server.
+func uniquePrefix() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return "idemtest:" + hex.EncodeToString(b[:]) + ":"
+}

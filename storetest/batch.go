@@ -1,0 +1,98 @@
+package storetest
+
+import (
+	"fmt"
+
+	"github.com/idemgo/idem"
+)
+
+func init() {
+	register(
+		check{"Batch/Mixed", batchMixed},
+		check{"Batch/Lengths", batchLengths},
+	)
+}
+
+func batcher(s *suite, st idem.Store) idem.Batcher {
+	s.Helper()
+	b, ok := st.(idem.Batcher)
+	if !ok {
+		s.Skipf("%T does not implement idem.Batcher", st)
+	}
+	return b
+}
+
+func batchMixed(s *suite) {
+	st := s.open("w1")
+	b := batcher(s, st)
+	done, held, fresh := s.key("done"), s.key("held"), s.key("fresh")
+	dl := s.claim(st, done, "fp-done", idem.Claimed).Lease
+	s.confirm(st, dl, "r-done")
+	hl := s.claim(st, held, "fp-held", idem.Claimed).Lease
+
+	keys := []string{fresh, done, held, fresh}
+	fps := [][]byte{[]byte("f0"), []byte("f1"), []byte("f2"), []byte("f3")}
+	cs, err := b.ClaimBatch(ctx(s), keys, fps)
+	if err != nil || len(cs) != len(keys) {
+		s.Fatalf("ClaimBatch = %d claims, %v; want %d claims, nil", len(cs), err, len(keys))
+	}
+	want := []idem.Outcome{idem.Claimed, idem.Duplicate, idem.InProgress, idem.InProgress}
+	for i, c := range cs {
+		if c.Outcome != want[i] {
+			s.Fatalf("ClaimBatch item %d (%q) = %v; want %v (a key twice in one batch is claimed once)", i, keys[i], c.Outcome, want[i])
+		}
+	}
+	checkConfirmation(s, cs[1].Record, dl, "r-done")
+	checkHolder(s, cs[2].Record, hl)
+	checkHolder(s, cs[3].Record, cs[0].Lease)
+	if string(cs[0].Lease.Fingerprint) != "f0" {
+		s.Errorf("ClaimBatch lease fingerprint = %q; want f0", cs[0].Lease.Fingerprint)
+	}
+
+	// Confirm several at once, one of them a repeat of an earlier confirm.
+	more, err := b.ClaimBatch(ctx(s), []string{s.key("m0"), s.key("m1")}, nil)
+	if err != nil {
+		s.Fatalf("ClaimBatch = %v; want nil", err)
+	}
+	leases := []*idem.Lease{cs[0].Lease, more[0].Lease, more[1].Lease, dl}
+	results := make([][]byte, len(leases))
+	for i := range results {
+		results[i] = fmt.Appendf(nil, "r%d", i)
+	}
+	if err := b.ConfirmBatch(ctx(s), leases, results); err != nil {
+		s.Fatalf("ConfirmBatch = %v; want nil", err)
+	}
+	for i, l := range leases[:3] {
+		d := s.claim(st, l.Key, "", idem.Duplicate)
+		checkConfirmation(s, d.Record, l, string(results[i]))
+	}
+	d := s.claim(st, done, "", idem.Duplicate)
+	checkConfirmation(s, d.Record, dl, "r-done")
+	if err := b.ConfirmBatch(ctx(s), nil, nil); err != nil {
+		s.Errorf("ConfirmBatch of nothing = %v; want nil", err)
+	}
+	if cs, err := b.ClaimBatch(ctx(s), nil, nil); err != nil || len(cs) != 0 {
+		s.Errorf("ClaimBatch of nothing = %v, %v; want no claims, nil", cs, err)
+	}
+}
+
+func batchLengths(s *suite) {
+	st := s.openWith(idem.Options{Worker: "w1", MaxResultBytes: 8})
+	b := batcher(s, st)
+	k := s.key("k")
+	if _, err := b.ClaimBatch(ctx(s), []string{k}, [][]byte{nil, nil}); err == nil {
+		s.Errorf("ClaimBatch with 1 key and 2 fingerprints = nil; want an error")
+	}
+	l := s.claim(st, k, "", idem.Claimed).Lease
+	if err := b.ConfirmBatch(ctx(s), []*idem.Lease{l}, [][]byte{nil, nil}); err == nil {
+		s.Errorf("ConfirmBatch with 1 lease and 2 results = nil; want an error")
+	}
+	if err := b.ConfirmBatch(ctx(s), []*idem.Lease{l}, [][]byte{[]byte("123456789")}); !isErr(err, idem.ErrTooLarge) {
+		s.Errorf("ConfirmBatch with a 9-byte result and MaxResultBytes 8 = %v; want ErrTooLarge", err)
+	}
+	if err := b.ConfirmBatch(ctx(s), []*idem.Lease{nil}, nil); err == nil {
+		s.Errorf("ConfirmBatch with a nil lease = nil; want an error")
+	}
+	// Nothing was recorded by the rejected calls.
+	s.claim(st, k, "", idem.InProgress)
+}

@@ -1,0 +1,174 @@
+package storetest
+
+import (
+	"strings"
+
+	"github.com/idemgo/idem"
+)
+
+func init() {
+	register(
+		check{"Confirm/Duplicate", confirmDuplicate},
+		check{"Confirm/FirstStays", confirmFirstStays},
+		check{"Confirm/AfterExpiry", confirmAfterExpiry},
+		check{"Confirm/AfterTakeOver", confirmAfterTakeOver},
+		check{"Confirm/TooLarge", confirmTooLarge},
+		check{"Forget/Own", forgetOwn},
+		check{"Forget/NeverAnotherHolder", forgetNeverAnotherHolder},
+		check{"Renew/Extends", renewExtends},
+		check{"Renew/Lost", renewLost},
+	)
+}
+
+func confirmDuplicate(s *suite) {
+	a, b := s.open("w1"), s.open("w2")
+	k := s.key("k")
+	c := s.claim(a, k, "fp", idem.Claimed)
+	s.confirm(a, c.Lease, "result")
+	for _, st := range []idem.Store{a, b} {
+		d := s.claim(st, k, "other-fp", idem.Duplicate)
+		checkConfirmation(s, d.Record, c.Lease, "result")
+		s.expiresIn("confirmation", d.Record.Expires, retention)
+	}
+	if err := a.Renew(ctx(s), c.Lease); !isErr(err, idem.ErrLeaseLost) {
+		s.Errorf("Renew after Confirm = %v; want ErrLeaseLost (a confirmed key is no longer leased)", err)
+	}
+}
+
+func confirmFirstStays(s *suite) {
+	// Duplicates may already have been answered with the first result.
+	st := s.open("w1")
+	k := s.key("k")
+	c := s.claim(st, k, "fp", idem.Claimed)
+	s.confirm(st, c.Lease, "first")
+	s.confirm(st, c.Lease, "second")
+	d := s.claim(st, k, "fp", idem.Duplicate)
+	checkConfirmation(s, d.Record, c.Lease, "first")
+}
+
+func confirmAfterExpiry(s *suite) {
+	// The work happened even though the lease ran out: an unrecorded
+	// confirmation is how a card gets charged twice.
+	st := s.open("w1")
+	k := s.key("k")
+	c := s.claim(st, k, "fp", idem.Claimed)
+	s.wait(lease + slack)
+	s.confirm(st, c.Lease, "late")
+	d := s.claim(st, k, "fp", idem.Duplicate)
+	checkConfirmation(s, d.Record, c.Lease, "late")
+}
+
+func confirmAfterTakeOver(s *suite) {
+	a, b := s.open("w1"), s.open("w2")
+	k := s.key("k")
+	first := s.claim(a, k, "fp", idem.Claimed)
+	s.wait(lease + slack)
+	second := s.claim(b, k, "fp", idem.Claimed)
+	// a stalled past its lease but did the work: its confirmation is
+	// recorded, and b's lease is over.
+	s.confirm(a, first.Lease, "from-a")
+	d := s.claim(b, k, "fp", idem.Duplicate)
+	checkConfirmation(s, d.Record, first.Lease, "from-a")
+	if err := b.Renew(ctx(s), second.Lease); !isErr(err, idem.ErrLeaseLost) {
+		s.Errorf("Renew of the overtaken lease = %v; want ErrLeaseLost (its work is already done)", err)
+	}
+	if err := b.Forget(ctx(s), second.Lease); !isErr(err, idem.ErrLeaseLost) {
+		s.Errorf("Forget of the overtaken lease = %v; want ErrLeaseLost, never deleting the confirmation", err)
+	}
+	s.confirm(b, second.Lease, "from-b")
+	d = s.claim(a, k, "fp", idem.Duplicate)
+	checkConfirmation(s, d.Record, first.Lease, "from-a")
+}
+
+func confirmTooLarge(s *suite) {
+	st := s.openWith(idem.Options{Worker: "w1", MaxResultBytes: 64})
+	k := s.key("k")
+	c := s.claim(st, k, "fp", idem.Claimed)
+	if err := st.Confirm(ctx(s), c.Lease, []byte(strings.Repeat("x", 65))); !isErr(err, idem.ErrTooLarge) {
+		s.Errorf("Confirm with a 65-byte result and MaxResultBytes 64 = %v; want ErrTooLarge", err)
+	}
+	// Nothing was lost: the lease is still held and a fitting result records.
+	s.claim(st, k, "fp", idem.InProgress)
+	s.confirm(st, c.Lease, strings.Repeat("y", 64))
+	d := s.claim(st, k, "fp", idem.Duplicate)
+	checkConfirmation(s, d.Record, c.Lease, strings.Repeat("y", 64))
+}
+
+func forgetOwn(s *suite) {
+	a, b := s.open("w1"), s.open("w2")
+	k := s.key("k")
+	c := s.claim(a, k, "fp", idem.Claimed)
+	if err := a.Forget(ctx(s), c.Lease); err != nil {
+		s.Fatalf("Forget of a live lease = %v; want nil", err)
+	}
+	// The work failed and was forgotten: the next delivery does it.
+	s.claim(b, k, "fp", idem.Claimed)
+	if err := a.Forget(ctx(s), c.Lease); !isErr(err, idem.ErrLeaseLost) {
+		s.Errorf("second Forget = %v; want ErrLeaseLost", err)
+	}
+	s.claim(a, k, "fp", idem.InProgress)
+}
+
+func forgetNeverAnotherHolder(s *suite) {
+	a, b := s.open("w1"), s.open("w2")
+	k := s.key("k")
+	first := s.claim(a, k, "fp", idem.Claimed)
+	s.wait(lease + slack)
+	second := s.claim(b, k, "fp2", idem.Claimed)
+	if err := a.Forget(ctx(s), first.Lease); !isErr(err, idem.ErrLeaseLost) {
+		s.Errorf("Forget of an overtaken lease = %v; want ErrLeaseLost", err)
+	}
+	c := s.claim(a, k, "fp", idem.InProgress)
+	checkHolder(s, c.Record, second.Lease)
+	// Same worker, same key, a lease it no longer holds: still not its own.
+	forged := *second.Lease
+	forged.Token--
+	if err := b.Forget(ctx(s), &forged); !isErr(err, idem.ErrLeaseLost) {
+		s.Errorf("Forget with another token = %v; want ErrLeaseLost", err)
+	}
+	s.claim(a, k, "fp", idem.InProgress)
+}
+
+func renewExtends(s *suite) {
+	a, b := s.open("w1"), s.open("w2")
+	k := s.key("k")
+	c := s.claim(a, k, "fp", idem.Claimed)
+	s.wait(lease * 2 / 3)
+	if err := a.Renew(ctx(s), c.Lease); err != nil {
+		s.Fatalf("Renew of a live lease = %v; want nil", err)
+	}
+	// Past the original lease, within the renewed one.
+	s.wait(lease * 2 / 3)
+	d := s.claim(b, k, "fp", idem.InProgress)
+	checkHolderToken(s, d.Record, c.Lease)
+	if err := a.Renew(ctx(s), c.Lease); err != nil {
+		s.Fatalf("second Renew = %v; want nil", err)
+	}
+	s.expiresIn("renewed lease", d.Record.Expires, lease-lease*2/3)
+}
+
+func checkHolderToken(s *suite, r *idem.Record, l *idem.Lease) {
+	s.Helper()
+	if r.Token != l.Token || r.Owner != l.Owner {
+		s.Errorf("holder = token %d owner %q; want the renewed lease's token %d owner %q", r.Token, r.Owner, l.Token, l.Owner)
+	}
+}
+
+func renewLost(s *suite) {
+	st := s.open("w1")
+	k := s.key("k")
+	c := s.claim(st, k, "fp", idem.Claimed)
+	s.wait(lease + slack)
+	if err := st.Renew(ctx(s), c.Lease); !isErr(err, idem.ErrLeaseLost) {
+		s.Errorf("Renew after the lease ran out = %v; want ErrLeaseLost", err)
+	}
+	// A failed renewal must not resurrect the lease.
+	s.claim(st, k, "fp", idem.Claimed)
+	forgotten := s.claim(st, s.key("forgotten"), "", idem.Claimed)
+	if err := st.Forget(ctx(s), forgotten.Lease); err != nil {
+		s.Fatalf("Forget = %v; want nil", err)
+	}
+	if err := st.Renew(ctx(s), forgotten.Lease); !isErr(err, idem.ErrLeaseLost) {
+		s.Errorf("Renew after Forget = %v; want ErrLeaseLost", err)
+	}
+}

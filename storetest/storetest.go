@@ -1,0 +1,176 @@
+// Package storetest is the conformance suite every idem.Store passes: the
+// contract of package idem, checked rule by rule, as testing/slogtest checks
+// a slog.Handler.
+//
+// A store's own tests call Run with a function that opens the backend:
+//
+//	func TestConformance(t *testing.T) {
+//		storetest.Run(t, func(t *testing.T) storetest.Backend {
+//			m := miniredis.RunT(t)
+//			c := redis.NewClient(&redis.Options{Addr: m.Addr()})
+//			return storetest.Backend{
+//				Open: func(o idem.Options) (idem.Store, error) {
+//					return idem.NewRedisStore(c, idem.RedisOptions{Options: o})
+//				},
+//				Advance: m.FastForward,
+//			}
+//		})
+//	}
+//
+// Each check runs as its own subtest, in parallel, on a backend of its own.
+// A violation says what was expected and why it matters.
+package storetest
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/idemgo/idem"
+)
+
+// Backend is a store implementation under test.
+type Backend struct {
+	// Open returns a store with the given options over the backend's
+	// records. Stores opened from one Backend share their records, as
+	// processes sharing one Redis or one database do; each has its own
+	// options (Worker, LeaseTTL, ...).
+	Open func(o idem.Options) (idem.Store, error)
+	// Advance moves the backend's clock forward by d: miniredis's
+	// FastForward, a MemoryStore's injected clock. Nil: the suite waits in
+	// real time, with leases of a few hundred milliseconds.
+	Advance func(d time.Duration)
+	// Now is the clock by which the store's Lease.Expires and Record.Expires
+	// are reckoned. Default time.Now.
+	Now func() time.Time
+}
+
+// Run runs the suite. newBackend is called once per check, with that check's
+// t, and must return a backend whose records no other check sees (a fresh
+// server, a fresh key prefix, a fresh table).
+func Run(t *testing.T, newBackend func(t *testing.T) Backend) {
+	for _, c := range checks {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			b := newBackend(t)
+			if b.Open == nil {
+				t.Fatal("storetest: Backend.Open is nil")
+			}
+			c.run(&suite{T: t, b: b})
+		})
+	}
+}
+
+type check struct {
+	name string
+	run  func(s *suite)
+}
+
+var checks []check
+
+// register adds checks to the suite; each file of the suite registers its own.
+func register(cs ...check) { checks = append(checks, cs...) }
+
+// Durations the checks use. They are short enough to wait for in real time
+// and long enough that a slow machine under -race does not see a lease run
+// out before the check looks at it.
+const (
+	lease     = 600 * time.Millisecond
+	retention = 900 * time.Millisecond
+	// slack bounds what a store may round or what the machine may delay.
+	slack = 250 * time.Millisecond
+)
+
+// suite is one check's view of its backend.
+type suite struct {
+	*testing.T
+	b Backend
+}
+
+// open opens a store with the suite's lease and retention and the given
+// worker name, failing the check if it cannot.
+func (s *suite) open(worker string) idem.Store {
+	s.Helper()
+	return s.openWith(idem.Options{Worker: worker})
+}
+
+func (s *suite) openWith(o idem.Options) idem.Store {
+	s.Helper()
+	if o.LeaseTTL == 0 {
+		o.LeaseTTL = lease
+	}
+	if o.Retention == 0 {
+		o.Retention = retention
+	}
+	st, err := s.b.Open(o)
+	if err != nil {
+		s.Fatalf("Open(%+v) = %v; want a store", o, err)
+	}
+	return st
+}
+
+// wait lets d pass on the backend's clock.
+func (s *suite) wait(d time.Duration) {
+	if s.b.Advance != nil {
+		s.b.Advance(d)
+		return
+	}
+	time.Sleep(d)
+}
+
+func (s *suite) now() time.Time {
+	if s.b.Now != nil {
+		return s.b.Now()
+	}
+	return time.Now()
+}
+
+func ctx(s *suite) context.Context { return s.Context() }
+
+// key returns a key unique to this check.
+func (s *suite) key(suffix string) string { return s.Name() + "/" + suffix }
+
+// claim calls Claim and fails the check on an error or an unexpected outcome.
+func (s *suite) claim(st idem.Store, key string, fp string, want idem.Outcome) idem.Claim {
+	s.Helper()
+	c, err := st.Claim(ctx(s), key, []byte(fp))
+	if err != nil {
+		s.Fatalf("Claim(%q) = %v; want outcome %v", key, err, want)
+	}
+	if c.Outcome != want {
+		s.Fatalf("Claim(%q) = %v (record %+v); want %v", key, c.Outcome, c.Record, want)
+	}
+	switch want {
+	case idem.Claimed:
+		if c.Lease == nil || c.Record != nil {
+			s.Fatalf("Claim(%q) = Claimed with lease %v and record %v; want a lease and no record", key, c.Lease, c.Record)
+		}
+	default:
+		if c.Lease != nil || c.Record == nil {
+			s.Fatalf("Claim(%q) = %v with lease %v and record %v; want a record and no lease", key, c.Outcome, c.Lease, c.Record)
+		}
+		if c.Record.Key != key {
+			s.Fatalf("Claim(%q).Record.Key = %q; want the key claimed", key, c.Record.Key)
+		}
+	}
+	return c
+}
+
+func (s *suite) confirm(st idem.Store, l *idem.Lease, result string) {
+	s.Helper()
+	if err := st.Confirm(ctx(s), l, []byte(result)); err != nil {
+		s.Fatalf("Confirm(%q, %q) = %v; want nil", l.Key, result, err)
+	}
+}
+
+// expiresIn checks that t is about d after now on the backend's clock.
+func (s *suite) expiresIn(what string, t time.Time, d time.Duration) {
+	s.Helper()
+	got := t.Sub(s.now())
+	if got < d-slack || got > d+slack {
+		s.Errorf("%s expires in %v; want about %v (±%v)", what, got, d, slack)
+	}
+}
+
+func isErr(err, target error) bool { return errors.Is(err, target) }
