@@ -1,0 +1,428 @@
+#!/usr/bin/env bash
+# Throwaway servers for idem's integration tests (DESIGN.md section 8).
+#
+#   services.sh install         install redis-server/redis-tools/postgresql if missing (root)
+#   services.sh install-tools   install staticcheck into $(go env GOPATH)/bin if missing
+#   services.sh start DIR       start Redis, a 3-master Redis Cluster and Postgres, data in DIR;
+#                               writes DIR/env with the IDEM_* exports the tests read
+#   services.sh stop DIR        stop what `start DIR` started and remove DIR
+#
+# Everything listens on 127.0.0.1 on non-default ports, so it never collides with a
+# developer's own servers on 6379/5432. Ports can be overridden:
+#   IDEM_TEST_REDIS_PORT         standalone Redis                    (default 16379)
+#   IDEM_TEST_CLUSTER_PORT       first of 3 consecutive cluster ports (default 17000;
+#                                the cluster bus also uses port+10000)
+#   IDEM_TEST_POSTGRES_PORT      Postgres                            (default 55432)
+#   IDEM_TEST_PG_BIN             Postgres binaries (default /usr/lib/postgresql/15/bin,
+#                                else the newest /usr/lib/postgresql/*/bin)
+#
+# Safety: stop and the clean-up at the start of `start` only touch processes whose PIDs
+# were recorded in that DIR *and* that still look like ours (right binary, working
+# directory inside DIR), and only remove a DIR carrying our marker file. A port held by
+# anything else makes `start` fail with a message naming the holder; nothing is killed.
+set -euo pipefail
+
+readonly STATICCHECK_VERSION=v0.8.2
+readonly MARKER=.idem-services # marks a DIR created by `start`; `stop` removes only such DIRs
+
+REDIS_PORT=${IDEM_TEST_REDIS_PORT:-16379}
+CLUSTER_PORT=${IDEM_TEST_CLUSTER_PORT:-17000}
+PG_PORT=${IDEM_TEST_POSTGRES_PORT:-55432}
+
+for _p in "$REDIS_PORT" "$CLUSTER_PORT" "$PG_PORT"; do
+	if ! [[ $_p =~ ^[0-9]+$ ]] || ((_p < 1 || _p > 55533)); then
+		echo "services: error: bad port '$_p' (need 1..55533: cluster bus ports are port+10000)" >&2
+		exit 2
+	fi
+done
+CLUSTER_PORTS=("$CLUSTER_PORT" "$((CLUSTER_PORT + 1))" "$((CLUSTER_PORT + 2))")
+
+log() { printf 'services: %s\n' "$*" >&2; }
+die() {
+	log "error: $*"
+	exit 1
+}
+
+# Postgres binaries: 15 is what Debian 12 ships; fall back to whatever major is installed.
+pg_bin() {
+	if [[ -n ${IDEM_TEST_PG_BIN:-} ]]; then
+		printf '%s\n' "$IDEM_TEST_PG_BIN"
+	elif [[ -x /usr/lib/postgresql/15/bin/initdb ]]; then
+		printf '%s\n' /usr/lib/postgresql/15/bin
+	else
+		local d
+		d=$(find /usr/lib/postgresql -mindepth 2 -maxdepth 2 -name bin 2>/dev/null | sort -V | tail -n 1)
+		printf '%s\n' "${d:-/usr/lib/postgresql/15/bin}"
+	fi
+}
+
+# Postgres refuses to run as root, so as root its commands run as the postgres user.
+as_pg() {
+	if ((EUID == 0)); then
+		runuser -u postgres -- "$@"
+	else
+		"$@"
+	fi
+}
+
+# ---------------------------------------------------------------------------- install
+
+cmd_install() {
+	local pkgs=()
+	command -v redis-server >/dev/null || pkgs+=(redis-server)
+	command -v redis-cli >/dev/null || pkgs+=(redis-tools)
+	[[ -x "$(pg_bin)/initdb" ]] || pkgs+=(postgresql)
+	((${#pkgs[@]} > 0)) || return 0 # the common case: quiet no-op
+
+	((EUID == 0)) || die "missing ${pkgs[*]}; run '$0 install' as root or install them yourself"
+	log "installing ${pkgs[*]}"
+	export DEBIAN_FRONTEND=noninteractive
+	# Only reached when something is missing; the package lists may be absent or stale
+	# (a fresh image has none), so refresh them before installing.
+	apt-get update -qq
+	apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
+	# The Debian packages enable system servers on 6379/5432; we never use those.
+	[[ -x "$(pg_bin)/initdb" ]] || die "postgresql installed but no initdb found; set IDEM_TEST_PG_BIN"
+}
+
+cmd_install_tools() {
+	command -v go >/dev/null || die "go is not on PATH"
+	local gopath bin
+	gopath=$(go env GOPATH)
+	bin="${gopath%%:*}/bin/staticcheck" # the Makefile runs exactly this path
+	# Reinstall when the version differs or it was built by another Go: staticcheck
+	# cannot load packages written for a newer Go than the one it was built with.
+	if [[ -x $bin ]] &&
+		[[ $("$bin" -version 2>/dev/null) == *"(${STATICCHECK_VERSION#v})"* ]] &&
+		[[ $(go version "$bin" 2>/dev/null) == *": $(go env GOVERSION)" ]]; then
+		return 0
+	fi
+	log "installing staticcheck $STATICCHECK_VERSION into ${bin%/*}"
+	GOBIN="${bin%/*}" go install "honnef.co/go/tools/cmd/staticcheck@$STATICCHECK_VERSION"
+}
+
+# ---------------------------------------------------------------------------- helpers
+# Commands that could hang are bounded with `timeout --foreground`: plain `timeout`
+# moves the command into its own process group, where a Ctrl-C never reaches it.
+
+# is_alive PID: the process exists and is not a zombie. After `start` exits, our Redis
+# servers are re-parented to PID 1; once killed they can stay zombies until PID 1
+# reaps them, and `kill -0` succeeds on zombies, so look at the state instead.
+is_alive() {
+	local stat
+	stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
+	stat=${stat##*) } # the comm field may contain spaces and parens
+	[[ ${stat:0:1} != [ZX] ]]
+}
+
+# is_ours PID COMM DIR: guards against PID reuse — the process has that name and
+# runs inside DIR (redis-server chdirs to --dir, postgres to its data directory).
+is_ours() {
+	[[ $(cat "/proc/$1/comm" 2>/dev/null) == "$2" ]] &&
+		[[ $(readlink "/proc/$1/cwd" 2>/dev/null) == "$3" ]]
+}
+
+# wait_gone PID SECONDS
+wait_gone() {
+	local deadline=$((SECONDS + $2))
+	while is_alive "$1"; do
+		((SECONDS < deadline)) || return 1
+		sleep 0.05
+	done
+}
+
+port_in_use() {
+	if command -v ss >/dev/null; then
+		[[ -n $(ss -Hltn "sport = :$1") ]]
+	else # minimal images without iproute2: a connect attempt on loopback
+		(exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+	fi
+}
+
+# Fail, naming the holder of each busy port. Never kill it: it may be anybody's.
+check_ports_free() {
+	local p busy=0 line pid cwd leftovers=() what
+	for p in "$REDIS_PORT" "${CLUSTER_PORTS[@]}" "$((CLUSTER_PORT + 10000))" \
+		"$((CLUSTER_PORT + 10001))" "$((CLUSTER_PORT + 10002))" "$PG_PORT"; do
+		port_in_use "$p" || continue
+		busy=1
+		what=
+		((p < CLUSTER_PORT + 10000 || p > CLUSTER_PORT + 10002)) ||
+			what=" (cluster bus port of $((p - 10000)), set IDEM_TEST_CLUSTER_PORT to move it)"
+		line=$(ss -Hltnp "sport = :$p" 2>/dev/null | head -n 1 || true)
+		log "port $p$what is already in use: ${line:-(no details)}"
+		if [[ $line =~ pid=([0-9]+) ]]; then
+			pid=${BASH_REMATCH[1]}
+			cwd=$(readlink "/proc/$pid/cwd" 2>/dev/null || true)
+			# Our servers run in DIR/redis-PORT or DIR/pg/data: point at DIR.
+			if [[ $cwd =~ ^(.*)/(redis-[0-9]+|pg/data)$ && -f ${BASH_REMATCH[1]}/$MARKER ]]; then
+				[[ " ${leftovers[*]-} " == *" ${BASH_REMATCH[1]} "* ]] || leftovers+=("${BASH_REMATCH[1]}")
+			fi
+		fi
+	done
+	for p in ${leftovers[@]+"${leftovers[@]}"}; do
+		log "these look like leftovers of '$0 start $p'; to remove them: $0 stop $p"
+	done
+	((busy == 0)) || die "ports busy (override with IDEM_TEST_*_PORT); nothing was started or killed"
+}
+
+# fail_with_logs MESSAGE LOGFILE...: report, then show the tail of each log.
+fail_with_logs() {
+	local msg=$1 f
+	shift
+	log "error: $msg"
+	for f in "$@"; do
+		[[ -s $f ]] || continue
+		log "---- last lines of $f"
+		tail -n 20 "$f" >&2
+	done
+	exit 1
+}
+
+abs_dir() {
+	[[ -n ${1:-} ]] || die "usage: $0 {start|stop} DIR"
+	[[ $1 != *[[:space:]]* ]] || die "DIR must not contain whitespace: '$1'" # pg_ctl -o splits on it
+	# Physical path: the ownership check compares it with /proc/PID/cwd, which has
+	# symlinks resolved.
+	local d=${1%/} parent
+	[[ -n $d ]] || die "refusing DIR '/'"
+	if [[ -d $d ]]; then
+		(cd "$d" && pwd -P)
+	elif parent=$(cd "$(dirname "$d")" 2>/dev/null && pwd -P); then
+		printf '%s/%s\n' "${parent%/}" "$(basename "$d")"
+	else
+		case $d in
+		/*) printf '%s\n' "$d" ;;
+		*) printf '%s/%s\n' "$PWD" "$d" ;;
+		esac
+	fi
+}
+
+# ---------------------------------------------------------------------------- start
+
+start_redis() { # PORT [extra redis-server args...]
+	local port=$1 d="$DIR/redis-$1"
+	shift
+	mkdir -p "$d"
+	# A plain background job (not --daemonize): $! is the server's PID, and its stdio
+	# points at a file so it never holds the caller's pipes open (`start | tee` returns).
+	redis-server --port "$port" --bind 127.0.0.1 --daemonize no \
+		--save '' --appendonly no --dir "$d" --logfile "$d/log" "$@" \
+		</dev/null >>"$d/stdout" 2>&1 &
+	echo $! >"$DIR/redis-$port.pid"
+}
+
+wait_redis() { # PORT
+	local port=$1 pid deadline=$((SECONDS + 10))
+	pid=$(<"$DIR/redis-$port.pid")
+	until [[ $(timeout --foreground 5 redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null) == PONG ]]; do
+		is_alive "$pid" || fail_with_logs "redis-server on port $port exited" \
+			"$DIR/redis-$port/log" "$DIR/redis-$port/stdout"
+		((SECONDS < deadline)) || fail_with_logs "redis-server on port $port not ready after 10s" \
+			"$DIR/redis-$port/log"
+		sleep 0.05
+	done
+}
+
+cluster_ok() {
+	local p info
+	for p in "${CLUSTER_PORTS[@]}"; do
+		# Captured rather than piped into grep -q: with pipefail an early grep exit
+		# can turn into a SIGPIPE failure of redis-cli.
+		info=$(timeout --foreground 5 redis-cli -h 127.0.0.1 -p "$p" cluster info 2>/dev/null) || return 1
+		[[ $info == *cluster_state:ok* ]] || return 1
+	done
+}
+
+# Runs in the background, output to DIR/pg/setup.log, so initdb (~1 s) overlaps the
+# ~2 s Redis Cluster needs to converge.
+start_postgres() {
+	local b="$DIR/pg" bin
+	bin=$(pg_bin)
+	[[ -x $bin/initdb ]] || die "no Postgres at $bin (run '$0 install' or set IDEM_TEST_PG_BIN)"
+	mkdir -p "$b"
+	if ((EUID == 0)); then
+		chown postgres:postgres "$b"
+		as_pg test -w "$b" || die "user postgres cannot write $b (is a parent directory private?)"
+	fi
+	as_pg timeout --foreground 60 "$bin/initdb" -D "$b/data" -U postgres -A trust -E UTF8 \
+		--locale=C.UTF-8 --no-sync >/dev/null
+	# Durability is pointless for throwaway data: fsync/full_page_writes/sync commit off.
+	as_pg "$bin/pg_ctl" -D "$b/data" -l "$b/log" -w -t 30 start -o \
+		"-p $PG_PORT -k $b -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
+	head -n 1 "$b/data/postmaster.pid" >"$DIR/postgres.pid"
+	"$bin/psql" "postgres://postgres@127.0.0.1:$PG_PORT/postgres?sslmode=disable" \
+		-v ON_ERROR_STOP=1 -qc 'CREATE DATABASE idem'
+}
+
+PG_JOB=
+START_OK=0
+# On any failure of `start`: stop what was started, keep DIR (its logs) for inspection.
+on_start_exit() {
+	((START_OK == 0)) || return 0
+	[[ -z $PG_JOB ]] || wait "$PG_JOB" 2>/dev/null || true # bounded by its own timeouts
+	log "start failed; stopping what was started (its logs stay in $DIR until stop)"
+	stop_processes "$DIR" || true
+}
+
+cmd_start() {
+	local t0=${EPOCHREALTIME//[!0-9]/} p
+	if [[ -e $DIR ]]; then
+		if [[ -f $DIR/$MARKER ]]; then
+			# Our own earlier run into the same DIR (e.g. services-up twice): clean it up.
+			log "$DIR holds services from an earlier start; stopping them first"
+			cmd_stop
+		elif [[ -n $(ls -A "$DIR") ]]; then
+			die "$DIR exists and is not empty; give an empty or new directory"
+		fi
+	fi
+	check_ports_free
+	mkdir -p "$DIR"
+	chmod 755 "$DIR" # mktemp -d makes it 0700; the postgres user must traverse it
+	: >"$DIR/$MARKER"
+	trap on_start_exit EXIT
+
+	(
+		trap - EXIT
+		start_postgres
+	) >"$DIR/pg-setup.log" 2>&1 &
+	PG_JOB=$!
+
+	start_redis "$REDIS_PORT"
+	for p in "${CLUSTER_PORTS[@]}"; do
+		start_redis "$p" --cluster-enabled yes --cluster-config-file nodes.conf \
+			--cluster-node-timeout 5000
+	done
+	for p in "$REDIS_PORT" "${CLUSTER_PORTS[@]}"; do
+		wait_redis "$p"
+	done
+
+	timeout --foreground 30 redis-cli --cluster create "${CLUSTER_PORTS[@]/#/127.0.0.1:}" \
+		--cluster-replicas 0 --cluster-yes >"$DIR/cluster-create.log" 2>&1 ||
+		fail_with_logs "redis-cli --cluster create failed" "$DIR/cluster-create.log"
+	# `create` returns once slots are assigned; nodes report cluster_state:ok only after
+	# gossip has converged (~2 s). Tests that start earlier see CLUSTERDOWN.
+	local deadline=$((SECONDS + 30))
+	until cluster_ok; do
+		((SECONDS < deadline)) || {
+			for p in "${CLUSTER_PORTS[@]}"; do
+				log "cluster info on $p: $(timeout --foreground 5 redis-cli -h 127.0.0.1 -p "$p" cluster info 2>&1 |
+					tr -d '\r' | grep -E '^cluster_(state|slots_assigned|known_nodes)' | tr '\n' ' ')"
+			done
+			fail_with_logs "Redis Cluster not cluster_state:ok on all nodes after 30s" \
+				"$DIR/cluster-create.log" "$DIR/redis-${CLUSTER_PORTS[0]}/log"
+		}
+		sleep 0.1
+	done
+
+	local pg_status=0
+	wait "$PG_JOB" || pg_status=$?
+	PG_JOB=
+	((pg_status == 0)) || fail_with_logs "Postgres did not start (exit $pg_status)" \
+		"$DIR/pg-setup.log" "$DIR/pg/log"
+
+	local cluster_addrs
+	cluster_addrs=$(printf '127.0.0.1:%s,' "${CLUSTER_PORTS[@]}")
+	cat >"$DIR/env" <<EOF
+export IDEM_REDIS_ADDR=127.0.0.1:$REDIS_PORT
+export IDEM_REDIS_CLUSTER_ADDRS=${cluster_addrs%,}
+export IDEM_POSTGRES_DSN='postgres://postgres@127.0.0.1:$PG_PORT/idem?sslmode=disable'
+EOF
+	START_OK=1
+	local us=$((${EPOCHREALTIME//[!0-9]/} - t0))
+	log "up in $((us / 1000000)).$(printf '%03d' $((us / 1000 % 1000)))s; exports in $DIR/env"
+}
+
+# ---------------------------------------------------------------------------- stop
+
+# stop_processes DIR: stop the servers recorded in DIR; tolerant of any already gone.
+stop_processes() {
+	local dir=$1 f pid port pids=()
+	for f in "$dir"/redis-*.pid; do
+		[[ -f $f ]] || continue
+		pid=$(<"$f")
+		port=${f##*/redis-}
+		port=${port%.pid}
+		if is_alive "$pid" && is_ours "$pid" redis-server "$dir/redis-$port"; then
+			kill -TERM "$pid" 2>/dev/null || true
+			pids+=("$pid")
+		fi
+	done
+	# Signal all first, then wait: the servers shut down in parallel.
+	for pid in ${pids[@]+"${pids[@]}"}; do
+		wait_gone "$pid" 10 || {
+			log "redis-server $pid ignored SIGTERM for 10s; sending SIGKILL"
+			kill -KILL "$pid" 2>/dev/null || true
+			wait_gone "$pid" 5 || log "warning: redis-server $pid still alive"
+		}
+	done
+	rm -f "$dir"/redis-*.pid
+
+	local data="$dir/pg/data" bin
+	bin=$(pg_bin)
+	if [[ -f $data/postmaster.pid ]]; then
+		# Immediate mode: no checkpoint, the data is thrown away anyway.
+		as_pg "$bin/pg_ctl" -D "$data" -m immediate -w -t 30 stop >/dev/null ||
+			log "warning: pg_ctl stop failed"
+	fi
+	# Fallback if pg_ctl could not do it (e.g. postmaster.pid lost): the recorded PID.
+	if [[ -f $dir/postgres.pid ]]; then
+		pid=$(<"$dir/postgres.pid")
+		if is_alive "$pid" && is_ours "$pid" postgres "$data"; then
+			kill -QUIT "$pid" 2>/dev/null || true # SIGQUIT = immediate shutdown
+			wait_gone "$pid" 10 || log "warning: postgres $pid still alive"
+		fi
+		pids+=("$pid")
+		rm -f "$dir/postgres.pid"
+	fi
+	wait_reaped ${pids[@]+"${pids[@]}"}
+}
+
+# The dead servers are zombies of PID 1 until it reaps them (about 1 s on these
+# machines: `start` has exited, so PID 1 inherited them). They hold no ports, but wait a bounded moment so that `ps` right after
+# `stop` shows nothing left; a PID 1 that never reaps costs at most 3 s here.
+wait_reaped() {
+	local pid deadline=$((SECONDS + 3))
+	for pid in "$@"; do
+		# When a failed `start` cleans up, the servers are still its own children:
+		# reap them here (for anyone else's child `wait` just fails at once).
+		wait "$pid" 2>/dev/null || true
+		while [[ -e /proc/$pid ]] && ! is_alive "$pid" && ((SECONDS < deadline)); do
+			sleep 0.05
+		done
+	done
+}
+
+cmd_stop() {
+	if [[ ! -e $DIR ]]; then
+		log "$DIR does not exist; nothing to stop"
+		return 0
+	fi
+	if [[ ! -f $DIR/$MARKER ]]; then
+		# An empty DIR is what a `start` that failed its port check leaves (e.g. from
+		# mktemp in test.sh): removing it is harmless. Anything else is not ours.
+		rmdir "$DIR" 2>/dev/null && return 0
+		die "$DIR was not created by '$0 start'; not touching it"
+	fi
+	stop_processes "$DIR"
+	rm -rf "$DIR"
+}
+
+# ---------------------------------------------------------------------------- main
+
+case ${1:-} in
+install) cmd_install ;;
+install-tools) cmd_install_tools ;;
+start)
+	DIR=$(abs_dir "${2:-}")
+	cmd_start
+	;;
+stop)
+	DIR=$(abs_dir "${2:-}")
+	cmd_stop
+	;;
+*)
+	echo "usage: $0 {install|install-tools|start DIR|stop DIR}" >&2
+	exit 2
+	;;
+esac

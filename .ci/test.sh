@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# What `make test` runs (DESIGN.md section 8): install missing servers, start
+# throwaway Redis / Redis Cluster / Postgres on loopback, run the whole test suite
+# against them with the race detector, and stop them on every exit path.
+#
+# It always starts its own servers, even when IDEM_* are already set: the suite then
+# runs against known, empty servers, and a green run means they were exercised.
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
+svc="$root/.ci/services.sh"
+
+bash "$svc" install
+
+dir=$(mktemp -d "${TMPDIR:-/tmp}/idem-test.XXXXXX")
+# The trap is set before `start`, so a start that fails halfway is cleaned up too.
+# INT/TERM turn into a normal exit so that the EXIT trap runs exactly once.
+trap 'bash "$svc" stop "$dir"' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+bash "$svc" start "$dir"
+# shellcheck source=/dev/null
+source "$dir/env" # export lines: IDEM_REDIS_ADDR, IDEM_REDIS_CLUSTER_ADDRS, IDEM_POSTGRES_DSN
+env | grep '^IDEM_' | sort >&2
+
+cd "$root"
+status=0
+go test -race -count=1 ./... || status=$?
+exit "$status"

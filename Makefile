@@ -1,0 +1,35 @@
+# Test and check targets; the scripts in .ci/ do the work (see DESIGN.md section 8).
+
+SHELL := bash
+.SHELLFLAGS := -euo pipefail -c
+
+# Where `make services-up` keeps the developer's long-running servers.
+SERVICES_DIR ?= /tmp/idem-services
+# First GOPATH entry: where `.ci/services.sh install-tools` puts staticcheck.
+STATICCHECK = $(firstword $(subst :, ,$(shell go env GOPATH)))/bin/staticcheck
+
+.PHONY: test check services-up services-down
+
+# Starts throwaway Redis, Redis Cluster and Postgres, runs go test -race, stops them.
+test:
+	bash .ci/test.sh
+
+check:
+	@unformatted=$$(gofmt -l .); \
+	if [[ -n $$unformatted ]]; then \
+		echo "gofmt -l: these files are not gofmt-ed:" >&2; echo "$$unformatted" >&2; exit 1; \
+	fi
+	go vet ./...
+	bash .ci/services.sh install-tools
+	$(STATICCHECK) ./...
+
+# For running tests by hand: start the servers once, paste the exports, then
+# `go test ./...` as often as you like. Running it again restarts them.
+services-up:
+	bash .ci/services.sh install
+	bash .ci/services.sh start $(SERVICES_DIR)
+	@echo "# paste into your shell (or: source $(SERVICES_DIR)/env):"
+	@cat $(SERVICES_DIR)/env
+
+services-down:
+	bash .ci/services.sh stop $(SERVICES_DIR)
