@@ -89,3 +89,10 @@ func uniquePrefix() string {
 	_, _ = rand.Read(b[:])
 	return "idemtest:" + hex.EncodeToString(b[:]) + ":"
 }
+
+func TestRedisStoreConformanceSentinel(t *testing.T) {
+	c := testenv.Sentinel(t)
+	storetest.Run(t, func(t *testing.T) storetest.Backend {
+		return redisBackend(c, uniquePrefix(), nil)
+	})
+}

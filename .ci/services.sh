@@ -13,6 +13,8 @@
 #   IDEM_TEST_CLUSTER_PORT       first of 3 consecutive cluster ports (default 17000;
 #                                the cluster bus also uses port+10000)
 #   IDEM_TEST_POSTGRES_PORT      Postgres                            (default 55432)
+#   IDEM_TEST_SENTINEL_PORT      first of 5 consecutive ports of a Sentinel set: master,
+#                                replica, 3 sentinels (default 16380)
 #   IDEM_TEST_PG_BIN             Postgres binaries (default /usr/lib/postgresql/15/bin,
 #                                else the newest /usr/lib/postgresql/*/bin)
 #
@@ -28,14 +30,18 @@ readonly MARKER=.idem-services # marks a DIR created by `start`; `stop` removes 
 REDIS_PORT=${IDEM_TEST_REDIS_PORT:-16379}
 CLUSTER_PORT=${IDEM_TEST_CLUSTER_PORT:-17000}
 PG_PORT=${IDEM_TEST_POSTGRES_PORT:-55432}
+SENTINEL_BASE=${IDEM_TEST_SENTINEL_PORT:-16380}
 
-for _p in "$REDIS_PORT" "$CLUSTER_PORT" "$PG_PORT"; do
+for _p in "$REDIS_PORT" "$CLUSTER_PORT" "$PG_PORT" "$SENTINEL_BASE"; do
 	if ! [[ $_p =~ ^[0-9]+$ ]] || ((_p < 1 || _p > 55533)); then
 		echo "services: error: bad port '$_p' (need 1..55533: cluster bus ports are port+10000)" >&2
 		exit 2
 	fi
 done
 CLUSTER_PORTS=("$CLUSTER_PORT" "$((CLUSTER_PORT + 1))" "$((CLUSTER_PORT + 2))")
+SENTINEL_MASTER_PORT=$SENTINEL_BASE
+SENTINEL_REPLICA_PORT=$((SENTINEL_BASE + 1))
+SENTINEL_PORTS=("$((SENTINEL_BASE + 2))" "$((SENTINEL_BASE + 3))" "$((SENTINEL_BASE + 4))")
 
 log() { printf 'services: %s\n' "$*" >&2; }
 die() {
@@ -143,7 +149,8 @@ port_in_use() {
 check_ports_free() {
 	local p busy=0 line pid cwd leftovers=() what
 	for p in "$REDIS_PORT" "${CLUSTER_PORTS[@]}" "$((CLUSTER_PORT + 10000))" \
-		"$((CLUSTER_PORT + 10001))" "$((CLUSTER_PORT + 10002))" "$PG_PORT"; do
+		"$((CLUSTER_PORT + 10001))" "$((CLUSTER_PORT + 10002))" "$PG_PORT" \
+		"$SENTINEL_MASTER_PORT" "$SENTINEL_REPLICA_PORT" "${SENTINEL_PORTS[@]}"; do
 		port_in_use "$p" || continue
 		busy=1
 		what=
@@ -224,6 +231,31 @@ wait_redis() { # PORT
 	done
 }
 
+# start_sentinel PORT: a sentinel watching the Sentinel set's master as "mymaster".
+# Sentinels rewrite their config file, so each gets its own.
+start_sentinel() {
+	local port=$1 d="$DIR/redis-$1"
+	mkdir -p "$d"
+	cat >"$d/sentinel.conf" <<EOF
+port $port
+bind 127.0.0.1
+dir $d
+logfile $d/log
+sentinel monitor mymaster 127.0.0.1 $SENTINEL_MASTER_PORT 2
+sentinel down-after-milliseconds mymaster 1000
+sentinel failover-timeout mymaster 5000
+EOF
+	redis-server "$d/sentinel.conf" --sentinel </dev/null >>"$d/stdout" 2>&1 &
+	echo $! >"$DIR/redis-$port.pid"
+}
+
+# A failover started before the replica has synced never promotes it: wait for the link.
+replica_synced() {
+	local info
+	info=$(timeout --foreground 5 redis-cli -h 127.0.0.1 -p "$SENTINEL_REPLICA_PORT" info replication 2>/dev/null) || return 1
+	[[ $info == *master_link_status:up* ]]
+}
+
 cluster_ok() {
 	local p info
 	for p in "${CLUSTER_PORTS[@]}"; do
@@ -293,7 +325,12 @@ cmd_start() {
 		start_redis "$p" --cluster-enabled yes --cluster-config-file nodes.conf \
 			--cluster-node-timeout 5000
 	done
-	for p in "$REDIS_PORT" "${CLUSTER_PORTS[@]}"; do
+	start_redis "$SENTINEL_MASTER_PORT"
+	start_redis "$SENTINEL_REPLICA_PORT" --replicaof 127.0.0.1 "$SENTINEL_MASTER_PORT"
+	for p in "${SENTINEL_PORTS[@]}"; do
+		start_sentinel "$p"
+	done
+	for p in "$REDIS_PORT" "${CLUSTER_PORTS[@]}" "$SENTINEL_MASTER_PORT" "$SENTINEL_REPLICA_PORT" "${SENTINEL_PORTS[@]}"; do
 		wait_redis "$p"
 	done
 
@@ -315,6 +352,13 @@ cmd_start() {
 		sleep 0.1
 	done
 
+	deadline=$((SECONDS + 30))
+	until replica_synced; do
+		((SECONDS < deadline)) || fail_with_logs "Sentinel set: replica not in sync after 30s" \
+			"$DIR/redis-$SENTINEL_REPLICA_PORT/log"
+		sleep 0.1
+	done
+
 	local pg_status=0
 	wait "$PG_JOB" || pg_status=$?
 	PG_JOB=
@@ -326,6 +370,8 @@ cmd_start() {
 	cat >"$DIR/env" <<EOF
 export IDEM_REDIS_ADDR=127.0.0.1:$REDIS_PORT
 export IDEM_REDIS_CLUSTER_ADDRS=${cluster_addrs%,}
+export IDEM_REDIS_SENTINEL_ADDRS=$(printf '127.0.0.1:%s,' "${SENTINEL_PORTS[@]}" | sed 's/,$//')
+export IDEM_REDIS_SENTINEL_MASTER=mymaster
 export IDEM_POSTGRES_DSN='postgres://postgres@127.0.0.1:$PG_PORT/idem?sslmode=disable'
 EOF
 	START_OK=1

@@ -19,9 +19,11 @@ import (
 
 // The variables that name the services.
 const (
-	RedisAddrVar    = "IDEM_REDIS_ADDR"          // host:port of a standalone Redis
-	ClusterAddrsVar = "IDEM_REDIS_CLUSTER_ADDRS" // comma-separated host:port of a Redis Cluster's masters
-	PostgresDSNVar  = "IDEM_POSTGRES_DSN"        // a Postgres connection string
+	RedisAddrVar      = "IDEM_REDIS_ADDR"            // host:port of a standalone Redis
+	ClusterAddrsVar   = "IDEM_REDIS_CLUSTER_ADDRS"   // comma-separated host:port of a Redis Cluster's masters
+	PostgresDSNVar    = "IDEM_POSTGRES_DSN"          // a Postgres connection string
+	SentinelAddrsVar  = "IDEM_REDIS_SENTINEL_ADDRS"  // comma-separated host:port of Redis Sentinels
+	SentinelMasterVar = "IDEM_REDIS_SENTINEL_MASTER" // the master name the sentinels watch
 )
 
 // Lookup returns the variable's value, or skips t (fails it under CI=true)
@@ -64,6 +66,17 @@ func Cluster(t testing.TB) *redis.ClusterClient {
 	return c
 }
 
+// Sentinel returns a failover client of the Sentinel set's master, closed
+// when t ends. It fails t when the master does not answer.
+func Sentinel(t testing.TB) *redis.Client {
+	t.Helper()
+	addrs := strings.Split(Lookup(t, SentinelAddrsVar), ",")
+	c := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: Lookup(t, SentinelMasterVar), SentinelAddrs: addrs})
+	t.Cleanup(func() { _ = c.Close() })
+	ping(t, c)
+	return c
+}
+
 func ping(t testing.TB, c redis.UniversalClient) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -71,4 +84,12 @@ func ping(t testing.TB, c redis.UniversalClient) {
 	if err := c.Ping(ctx).Err(); err != nil {
 		t.Fatalf("Redis does not answer: %v", err)
 	}
+}
+
+// PostgresDSN returns the connection string of the Postgres that tests may
+// create tables in, or skips t (fails it under CI=true) when
+// IDEM_POSTGRES_DSN is unset.
+func PostgresDSN(t testing.TB) string {
+	t.Helper()
+	return Lookup(t, PostgresDSNVar)
 }
