@@ -1,0 +1,125 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+)
+
+// flakyStore fails Renew with a transient error while failing is set.
+type flakyStore struct {
+	Store
+	mu      sync.Mutex
+	failing bool
+	renews  int
+	fails   int
+}
+
+var errFlaky = errors.New("connection reset")
+
+func (f *flakyStore) Renew(ctx context.Context, l *Lease) error {
+	f.mu.Lock()
+	failing := f.failing
+	if failing {
+		f.fails++
+	} else {
+		f.renews++
+	}
+	f.mu.Unlock()
+	if failing {
+		return errFlaky
+	}
+	return f.Store.Renew(ctx, l)
+}
+
+func (f *flakyStore) set(failing bool) {
+	f.mu.Lock()
+	f.failing = failing
+	f.mu.Unlock()
+}
+
+func (f *flakyStore) counts() (renews, fails int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.renews, f.fails
+}
+
+func TestKeepAliveRetriesTransientErrors(t *testing.T) {
+	const ttl = 300 * time.Millisecond
+	mem := NewMemoryStore(Options{LeaseTTL: ttl})
+	f := &flakyStore{Store: mem}
+	c, err := mem.Claim(t.Context(), "k", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	work, stop := KeepAlive(t.Context(), f, c.Lease)
+	defer stop()
+	time.Sleep(ttl / 2)
+	// A short outage, well within the lease: retried, not taken for loss.
+	f.set(true)
+	time.Sleep(ttl / 3)
+	f.set(false)
+	time.Sleep(ttl)
+	if err := context.Cause(work); err != nil {
+		t.Fatalf("KeepAlive context ended with %v after a short outage; want it alive", err)
+	}
+	renews, fails := f.counts()
+	if fails == 0 || renews < 2 {
+		t.Fatalf("renews %d, failed renews %d; want failures during the outage and renewals around it", renews, fails)
+	}
+	if c2, _ := mem.Claim(t.Context(), "k", nil); c2.Outcome != InProgress {
+		t.Fatalf("Claim after the outage = %v; want InProgress: the lease was kept", c2.Outcome)
+	}
+}
+
+func TestKeepAliveGivesUpWhenTheLeaseRunsOut(t *testing.T) {
+	const ttl = 300 * time.Millisecond
+	mem := NewMemoryStore(Options{LeaseTTL: ttl})
+	f := &flakyStore{Store: mem, failing: true}
+	c, err := mem.Claim(t.Context(), "k", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	work, stop := KeepAlive(t.Context(), f, c.Lease)
+	defer stop()
+	select {
+	case <-work.Done():
+	case <-time.After(3 * ttl):
+		t.Fatalf("KeepAlive still alive %v after its lease ran out with every renewal failing", 3*ttl)
+	}
+	if took := time.Since(start); took < ttl-50*time.Millisecond {
+		t.Errorf("KeepAlive gave up after %v; want it to keep retrying until the lease (%v) ran out", took, ttl)
+	}
+	cause := context.Cause(work)
+	if !errors.Is(cause, ErrLeaseLost) || !errors.Is(cause, errFlaky) {
+		t.Errorf("context.Cause = %v; want ErrLeaseLost wrapping the last renewal error", cause)
+	}
+}
+
+func TestKeepAliveStop(t *testing.T) {
+	mem := NewMemoryStore(Options{LeaseTTL: 30 * time.Millisecond})
+	f := &flakyStore{Store: mem}
+	c, _ := mem.Claim(t.Context(), "k", nil)
+	work, stop := KeepAlive(t.Context(), f, c.Lease)
+	time.Sleep(50 * time.Millisecond)
+	stop()
+	stop() // twice is fine
+	if !errors.Is(work.Err(), context.Canceled) || errors.Is(context.Cause(work), ErrLeaseLost) {
+		t.Fatalf("after stop: Err %v, Cause %v; want Canceled, not ErrLeaseLost", work.Err(), context.Cause(work))
+	}
+	renews, _ := f.counts()
+	time.Sleep(50 * time.Millisecond)
+	if after, _ := f.counts(); after != renews {
+		t.Fatalf("renewals went on after stop returned (%d then %d); want none", renews, after)
+	}
+	if _, stop := KeepAlive(t.Context(), mem, nil); stop == nil {
+		t.Fatal("KeepAlive(nil lease) returned a nil stop")
+	}
+	w, _ := KeepAlive(t.Context(), mem, nil)
+	if !errors.Is(context.Cause(w), ErrLeaseLost) {
+		t.Fatalf("KeepAlive(nil lease) context cause = %v; want ErrLeaseLost", context.Cause(w))
+	}
+}
