@@ -83,7 +83,7 @@ type RedisStore struct {
 // it logs a warning instead. An unreachable Redis is an error. Invalid
 // options (negative durations, braces in the prefix) are errors.
 func NewRedisStore(c redis.UniversalClient, o RedisOptions) (*RedisStore, error) {
-	if c == nil {
+	if c == nil || isNilClient(c) {
 		return nil, errors.New("idem: NewRedisStore with a nil client")
 	}
 	opts, err := o.Options.withDefaults()
@@ -114,6 +114,20 @@ func NewRedisStore(c redis.UniversalClient, o RedisOptions) (*RedisStore, error)
 		}
 	}
 	return s, nil
+}
+
+// isNilClient reports a typed nil pointer in c: a nil *redis.Client passed as
+// a UniversalClient is not == nil, and would panic on first use.
+func isNilClient(c redis.UniversalClient) bool {
+	switch c := c.(type) {
+	case *redis.Client:
+		return c == nil
+	case *redis.ClusterClient:
+		return c == nil
+	case *redis.Ring:
+		return c == nil
+	}
+	return false
 }
 
 // checkEviction refuses a Redis that may evict keys.

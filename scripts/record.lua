@@ -21,13 +21,19 @@ local function decode(v)
   if string.sub(v, 1, 1) ~= '1' then return nil end
   local r = {st = string.sub(v, 2, 2)}
   if r.st == 'F' then
+    -- Decimal digits only, at most 16 (microseconds until the year 2286):
+    -- tonumber alone accepts 'inf', '1e400' and '0x10', and a huge floor
+    -- would make the next token wrap around.
     r.toks = string.sub(v, 3)
+    if not string.find(r.toks, '^%d+$') or #r.toks > 16 then return nil end
     r.tok = tonumber(r.toks)
-    if not r.tok then return nil end
     return r
   end
   local pos = 3
   local function field()
+    -- Past the end there is no field (miniredis's Lua fails on a find that
+    -- starts beyond the string instead of returning nil).
+    if pos > #v then return nil end
     local e = string.find(v, ':', pos, true)
     if not e then return nil end
     local s = string.sub(v, pos, e - 1)

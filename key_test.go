@@ -1,0 +1,270 @@
+package idem
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/idemgo/idem/internal/testenv"
+)
+
+// trickyKeys are keys whose bytes could confuse a Redis key name: hash tag
+// braces, the escape character itself, separators, NUL, invalid UTF-8.
+var trickyKeys = []string{
+	"a",
+	"550e8400-e29b-41d4-a716-446655440000",
+	"a\x00b", "a\x00c",
+	"{x}", "{x}}", "{", "}", "}{", "a}{b", "{}", "{{}}",
+	"%", "%25", "%%", "%7B", "%7b",
+	":", "a:b", " ", "a b", "\t\r\n",
+	"\x00", "\x7f", "\x80", "\xff", "\xff\xfe\xfd", "\xc3\x28", "日本語",
+	strings.Repeat("k", 1024),
+	strings.Repeat("{", 1024),
+	strings.Repeat("\x00", 1024),
+}
+
+func escapeKey(key string) string { return string(appendEscapedKey(nil, key)) }
+
+// checkEscaped fails t unless esc is a well-formed escaped key: only bytes
+// 0x21-0x7E, so never a brace (which would change the hash tag) nor a byte
+// redis-cli cannot show.
+func checkEscaped(t testing.TB, key, esc string) {
+	t.Helper()
+	for i := 0; i < len(esc); i++ {
+		if c := esc[i]; c < 0x21 || c > 0x7E || c == '{' || c == '}' {
+			t.Fatalf("appendEscapedKey(%q) = %q: byte %d is %#x; want only 0x21-0x7E without braces", key, esc, i, c)
+		}
+	}
+}
+
+func TestEscapeKeyRoundTrip(t *testing.T) {
+	for _, key := range trickyKeys {
+		esc := escapeKey(key)
+		checkEscaped(t, key, esc)
+		got, ok := unescapeKey(esc)
+		if !ok || got != key {
+			t.Errorf("unescapeKey(appendEscapedKey(%q)) = %q, %v; want %q, true", key, got, ok, key)
+		}
+	}
+}
+
+func TestEscapeKeyAppends(t *testing.T) {
+	dst := []byte("idem:{")
+	got := string(appendEscapedKey(dst, "a{b"))
+	if want := "idem:{a%7Bb"; got != want {
+		t.Errorf("appendEscapedKey(%q, %q) = %q; want %q", "idem:{", "a{b", got, want)
+	}
+}
+
+func TestEscapeKeyReadable(t *testing.T) {
+	// Printable keys stay as they are: readable with redis-cli, no bigger.
+	for _, tt := range []struct{ key, want string }{
+		{"550e8400-e29b-41d4-a716-446655440000", "550e8400-e29b-41d4-a716-446655440000"},
+		{"order:42", "order:42"},
+		{"a b", "a%20b"},
+		{"{x}", "%7Bx%7D"},
+		{"%", "%25"},
+		{"\x00\xff", "%00%FF"},
+	} {
+		if got := escapeKey(tt.key); got != tt.want {
+			t.Errorf("appendEscapedKey(%q) = %q; want %q", tt.key, got, tt.want)
+		}
+	}
+}
+
+func TestEscapeKeyInjective(t *testing.T) {
+	pairs := [][2]string{
+		{"a\x00b", "a\x00c"},
+		{"{x}", "{x}}"},
+		{"%", "%25"},
+		{"%25", "%2525"},
+		{"%7B", "{"},
+		{"\xff", "%FF"},
+		{"\xc3\x28", "%C3("},
+		{strings.Repeat("a", 1024), strings.Repeat("a", 1023) + "b"},
+		{strings.Repeat("%", 1024), strings.Repeat("%25", 341) + "%"},
+	}
+	for _, p := range pairs {
+		if a, b := escapeKey(p[0]), escapeKey(p[1]); a == b {
+			t.Errorf("appendEscapedKey(%q) = appendEscapedKey(%q) = %q; want different encodings", p[0], p[1], a)
+		}
+	}
+
+	// Every key of up to two bytes: 65,793 keys, no two alike once escaped.
+	seen := make(map[string]string, 1+256+256*256)
+	add := func(key string) {
+		esc := escapeKey(key)
+		checkEscaped(t, key, esc)
+		if other, dup := seen[esc]; dup {
+			t.Fatalf("appendEscapedKey(%q) = appendEscapedKey(%q) = %q; want different encodings", key, other, esc)
+		}
+		seen[esc] = key
+	}
+	add("")
+	for a := 0; a < 256; a++ {
+		add(string([]byte{byte(a)}))
+		for b := 0; b < 256; b++ {
+			add(string([]byte{byte(a), byte(b)}))
+		}
+	}
+}
+
+func TestUnescapeKeyRejectsNonCanonical(t *testing.T) {
+	for _, s := range []string{
+		"%",      // truncated
+		"%4",     // truncated
+		"a%2",    // truncated
+		"%7b",    // lower-case hex
+		"%fF",    // mixed case
+		"%41",    // 'A' needs no escape
+		"%3A",    // ':' needs no escape
+		"%G0",    // not hex
+		"%+1",    // sign
+		"%0x",    // not hex
+		"%%",     // '%' unescaped
+		"{", "}", // braces are always escaped
+		"a{b}",    // ... even inside
+		" ",       // space is escaped
+		"\x00",    // so is NUL
+		"\x7f",    // DEL
+		"\xff",    // and bytes above 0x7E
+		"abc\xc3", // anywhere
+	} {
+		if got, ok := unescapeKey(s); ok {
+			t.Errorf("unescapeKey(%q) = %q, true; want false: appendEscapedKey never produces it", s, got)
+		}
+	}
+}
+
+func FuzzEscapeKey(f *testing.F) {
+	for _, k := range trickyKeys {
+		f.Add(k)
+	}
+	f.Add("%7b")
+	f.Add("%41")
+	f.Add("%2")
+	f.Fuzz(func(t *testing.T, key string) {
+		esc := escapeKey(key)
+		checkEscaped(t, key, esc)
+		if got, ok := unescapeKey(esc); !ok || got != key {
+			t.Fatalf("unescapeKey(appendEscapedKey(%q)) = %q, %v; want %q, true", key, got, ok, key)
+		}
+		// Read as an escaped form, the input decodes only if it is the
+		// canonical encoding of what it decodes to: one key, one name.
+		if dec, ok := unescapeKey(key); ok {
+			if again := escapeKey(dec); again != key {
+				t.Fatalf("unescapeKey(%q) = %q, true, but appendEscapedKey(%q) = %q; want non-canonical input refused",
+					key, dec, dec, again)
+			}
+		}
+	})
+}
+
+// crc16 is the CRC-16/XMODEM that Redis Cluster hashes keys with.
+func crc16(s string) uint16 {
+	var crc uint16
+	for i := 0; i < len(s); i++ {
+		crc ^= uint16(s[i]) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return crc
+}
+
+// keySlot is Redis Cluster's keyHashSlot: the hash tag is what lies between
+// the first '{' and the first '}' after it, when that is not empty.
+func keySlot(key string) int {
+	if open := strings.IndexByte(key, '{'); open >= 0 {
+		if n := strings.IndexByte(key[open+1:], '}'); n > 0 {
+			key = key[open+1 : open+1+n]
+		}
+	}
+	return int(crc16(key) % 16384)
+}
+
+func TestKeySlot(t *testing.T) {
+	// Vectors from the Redis Cluster specification and redis-cli.
+	if got := crc16("123456789"); got != 0x31C3 {
+		t.Fatalf("crc16(%q) = %#x; want 0x31c3", "123456789", got)
+	}
+	for _, tt := range []struct {
+		key  string
+		want int
+	}{
+		{"foo", 12182},
+		{"{user1000}.following", keySlot("user1000")},
+		{"foo{}{bar}", keySlot("foo{}{bar}")}, // empty tag: the whole key
+		{"foo{{bar}}zap", keySlot("{bar")},
+	} {
+		if got := keySlot(tt.key); got != tt.want {
+			t.Errorf("keySlot(%q) = %d; want %d", tt.key, got, tt.want)
+		}
+	}
+}
+
+func TestRedisKeySlotIsEscapedKey(t *testing.T) {
+	s := &RedisStore{prefix: DefaultPrefix}
+	for _, key := range trickyKeys {
+		rk := s.redisKey(key)
+		if want := int(crc16(escapeKey(key)) % 16384); keySlot(rk) != want {
+			t.Errorf("slot of redisKey(%q) = %q is %d; want %d, the slot of the escaped key", key, rk, keySlot(rk), want)
+		}
+	}
+}
+
+// TestRedisKeySlotCluster asks a real cluster: braces in a user key do not
+// move its record off the slot of its whole escaped form.
+func TestRedisKeySlotCluster(t *testing.T) {
+	c := testenv.Cluster(t)
+	ctx := context.Background()
+	s := newTestRedisStore(t, c, RedisOptions{})
+	naiveDiffers := false
+	for _, key := range append([]string{"{x}", "{x}}", "a}{b", "}", "{", "{}", "x"}, trickyKeys...) {
+		rk := s.redisKey(key)
+		got, err := c.ClusterKeySlot(ctx, rk).Result()
+		if err != nil {
+			t.Fatalf("CLUSTER KEYSLOT %q: %v", rk, err)
+		}
+		want, err := c.ClusterKeySlot(ctx, escapeKey(key)).Result()
+		if err != nil {
+			t.Fatalf("CLUSTER KEYSLOT %q: %v", escapeKey(key), err)
+		}
+		if got != want || int(got) != keySlot(rk) {
+			t.Errorf("CLUSTER KEYSLOT %q = %d; want %d, the slot of the escaped key %q (computed here: %d)",
+				rk, got, want, escapeKey(key), keySlot(rk))
+		}
+		// The same key wrapped without escaping would hash elsewhere for
+		// some of these keys: this test can tell the difference.
+		naive, err := c.ClusterKeySlot(ctx, s.prefix+"{"+key+"}").Result()
+		if err != nil {
+			t.Fatalf("CLUSTER KEYSLOT: %v", err)
+		}
+		naiveDiffers = naiveDiffers || naive != got
+	}
+	if !naiveDiffers {
+		t.Errorf("unescaped braces hashed like escaped ones for every key; want the test keys to tell them apart")
+	}
+
+	// Keys that differ only by braces are separate records on the cluster.
+	keys := []string{"{x}", "{x}}", "a}{b", "}"}
+	for _, k := range keys {
+		c, err := s.Claim(ctx, k, nil)
+		if err != nil || c.Outcome != Claimed {
+			t.Fatalf("Claim(%q) = %v, %v; want claimed", k, c.Outcome, err)
+		}
+		if err := s.Confirm(ctx, c.Lease, []byte(k)); err != nil {
+			t.Fatalf("Confirm(%q): %v", k, err)
+		}
+	}
+	for _, k := range keys {
+		rec, err := s.Lookup(ctx, k)
+		if err != nil || string(rec.Result) != k {
+			t.Errorf("Lookup(%q) = %v, %v; want the record with result %q", k, rec, err, k)
+		}
+	}
+}

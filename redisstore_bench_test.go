@@ -1,0 +1,161 @@
+package idem
+
+import (
+	"context"
+	"flag"
+	"runtime"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemgo/idem/internal/testenv"
+)
+
+// Benchmarks on the real Redis (IDEM_REDIS_ADDR). Throughput is reported as
+// msgs/s: messages deduplicated per second, whatever an op carries.
+//
+// Client and server share the machine, so absolute figures are noisy;
+// compare ratios within one run. Go's -count repeats each benchmark in
+// sequence, so rounds of different benchmarks never interleave; for that,
+// BenchmarkRedisCompare runs -idem.rounds rounds of all three:
+//
+//	go test -run '^$' -bench RedisCompare -idem.rounds 7 .
+
+var benchRounds = flag.Int("idem.rounds", 1,
+	"rounds of BenchmarkRedisCompare, each running ClaimConfirm, SetNXBaseline and Batch100 once")
+
+// benchGoroutines is how many goroutines the parallel benchmarks run: a busy
+// consumer fleet, whatever GOMAXPROCS is.
+const benchGoroutines = 64
+
+func setBenchParallelism(b *testing.B) {
+	b.SetParallelism(max(1, benchGoroutines/runtime.GOMAXPROCS(0)))
+}
+
+func reportMsgs(b *testing.B, msgs int) {
+	b.ReportMetric(float64(msgs)/b.Elapsed().Seconds(), "msgs/s")
+}
+
+// benchStore returns a store on c whose keys are deleted when b ends.
+func benchStore(b *testing.B, c *redis.Client) *RedisStore {
+	b.Helper()
+	// Short retention: should the clean-up not run, Redis forgets the keys
+	// by itself.
+	return newTestRedisStore(b, c, RedisOptions{Options: Options{Retention: 10 * time.Minute}})
+}
+
+func BenchmarkRedisClaimConfirm(b *testing.B) { benchClaimConfirm(b, testenv.Redis(b)) }
+
+func BenchmarkRedisBatch100(b *testing.B) { benchBatch100(b, testenv.Redis(b)) }
+
+func BenchmarkRedisSetNXBaseline(b *testing.B) { benchSetNX(b, testenv.Redis(b)) }
+
+// BenchmarkRedisCompare interleaves the three benchmarks, round after round,
+// so that a change in the machine's load shows in all of them alike.
+func BenchmarkRedisCompare(b *testing.B) {
+	c := testenv.Redis(b)
+	for range *benchRounds {
+		b.Run("ClaimConfirm", func(b *testing.B) { benchClaimConfirm(b, c) })
+		b.Run("SetNXBaseline", func(b *testing.B) { benchSetNX(b, c) })
+		b.Run("Batch100", func(b *testing.B) { benchBatch100(b, c) })
+	}
+}
+
+// benchClaimConfirm: one Claim and one Confirm per message, unique keys.
+func benchClaimConfirm(b *testing.B, c *redis.Client) {
+	s := benchStore(b, c)
+	ctx := context.Background()
+	var next atomic.Uint64
+	b.ReportAllocs()
+	setBenchParallelism(b)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		result := []byte("ok")
+		for pb.Next() {
+			key := strconv.FormatUint(next.Add(1), 10)
+			cl, err := s.Claim(ctx, key, nil)
+			if err != nil || cl.Outcome != Claimed {
+				b.Errorf("Claim(%q) = %v, %v; want claimed", key, cl.Outcome, err)
+				return
+			}
+			if err := s.Confirm(ctx, cl.Lease, result); err != nil {
+				b.Errorf("Confirm(%q): %v", key, err)
+				return
+			}
+		}
+	})
+	reportMsgs(b, b.N)
+}
+
+// benchBatch100: one ClaimBatch and one ConfirmBatch of 100 messages per op.
+func benchBatch100(b *testing.B, c *redis.Client) {
+	const size = 100
+	s := benchStore(b, c)
+	ctx := context.Background()
+	var next atomic.Uint64
+	b.ReportAllocs()
+	setBenchParallelism(b)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		keys := make([]string, size)
+		leases := make([]*Lease, size)
+		for pb.Next() {
+			for i := range keys {
+				keys[i] = strconv.FormatUint(next.Add(1), 10)
+			}
+			cs, err := s.ClaimBatch(ctx, keys, nil)
+			if err != nil {
+				b.Errorf("ClaimBatch: %v", err)
+				return
+			}
+			for i, cl := range cs {
+				if cl.Outcome != Claimed {
+					b.Errorf("ClaimBatch: item %q = %v; want claimed", keys[i], cl.Outcome)
+					return
+				}
+				leases[i] = cl.Lease
+			}
+			if err := s.ConfirmBatch(ctx, leases, nil); err != nil {
+				b.Errorf("ConfirmBatch: %v", err)
+				return
+			}
+		}
+	})
+	reportMsgs(b, b.N*size)
+}
+
+// benchSetNX is the floor: what the same two writes per message cost as
+// plain commands, SET NX PX to claim and SET XX PX to confirm.
+func benchSetNX(b *testing.B, c *redis.Client) {
+	prefix := redisTestPrefix(b)
+	b.Cleanup(func() {
+		if err := deleteRedisPrefix(context.Background(), c, prefix); err != nil {
+			b.Errorf("deleting the benchmark's keys: %v", err)
+		}
+	})
+	ctx := context.Background()
+	// An odd millisecond makes go-redis send PX, as the store's scripts do.
+	lease := redis.SetArgs{Mode: "NX", TTL: 30*time.Second + time.Millisecond}
+	retention := redis.SetArgs{Mode: "XX", TTL: 10*time.Minute + time.Millisecond}
+	var next atomic.Uint64
+	b.ReportAllocs()
+	setBenchParallelism(b)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			key := prefix + "{" + strconv.FormatUint(next.Add(1), 10) + "}"
+			if err := c.SetArgs(ctx, key, "v", lease).Err(); err != nil {
+				b.Errorf("SET %s NX PX: %v", key, err)
+				return
+			}
+			if err := c.SetArgs(ctx, key, "v2", retention).Err(); err != nil {
+				b.Errorf("SET %s XX PX: %v", key, err)
+				return
+			}
+		}
+	})
+	reportMsgs(b, b.N)
+}
