@@ -29,13 +29,19 @@ var (
 	forgetLua string
 	//go:embed scripts/lookup.lua
 	lookupLua string
+	//go:embed scripts/claim_batch.lua
+	claimBatchLua string
+	//go:embed scripts/confirm_batch.lua
+	confirmBatchLua string
 
 	// Each script is the record format's functions followed by one operation.
-	claimScript   = redis.NewScript(recordLua + claimLua)
-	renewScript   = redis.NewScript(recordLua + renewLua)
-	confirmScript = redis.NewScript(recordLua + confirmLua)
-	forgetScript  = redis.NewScript(recordLua + forgetLua)
-	lookupScript  = redis.NewScript(recordLua + lookupLua)
+	claimScript        = redis.NewScript(recordLua + claimLua)
+	renewScript        = redis.NewScript(recordLua + renewLua)
+	confirmScript      = redis.NewScript(recordLua + confirmLua)
+	forgetScript       = redis.NewScript(recordLua + forgetLua)
+	lookupScript       = redis.NewScript(recordLua + lookupLua)
+	claimBatchScript   = redis.NewScript(recordLua + claimBatchLua)
+	confirmBatchScript = redis.NewScript(recordLua + confirmBatchLua)
 )
 
 // DefaultPrefix begins the name of every Redis key a RedisStore writes.
@@ -199,7 +205,13 @@ func (s *RedisStore) claimArgs(fingerprint []byte) []any {
 // parseClaim turns claim.lua's reply into a Claim.
 func (s *RedisStore) parseClaim(key string, fingerprint []byte, start time.Time, v any) (Claim, error) {
 	a, ok := v.([]any)
-	if !ok || len(a) < 2 {
+	if !ok || len(a) == 0 {
+		return Claim{}, s.badReply("claim", key, v)
+	}
+	if len(a) == 1 && a[0] == "X" {
+		return Claim{}, fmt.Errorf("%w: claim of key %q", ErrDamaged, redact(key))
+	}
+	if len(a) < 2 {
 		return Claim{}, s.badReply("claim", key, v)
 	}
 	st, _ := a[0].(string)
@@ -349,6 +361,8 @@ func (s *RedisStore) confirmed(ctx context.Context, l *Lease, n int64) (late boo
 	case 2, 4:
 		s.o.logLate(ctx, l)
 		return true, nil
+	case 0: // from confirm_batch.lua
+		return false, fmt.Errorf("%w: confirm of key %q", ErrDamaged, redact(l.Key))
 	}
 	return false, s.badReply("confirm", l.Key, n)
 }
@@ -389,123 +403,4 @@ func (s *RedisStore) Lookup(ctx context.Context, key string) (rec *Record, err e
 		return nil, s.badReply("lookup", key, v)
 	}
 	return s.parseRecord(key, start, a)
-}
-
-// ClaimBatch implements Batcher with one pipeline: one round trip on a single
-// Redis, one per master on a cluster.
-func (s *RedisStore) ClaimBatch(ctx context.Context, keys []string, fingerprints [][]byte) (cs []Claim, err error) {
-	start := time.Now()
-	defer func() { s.o.observe(ctx, Event{Op: OpClaimBatch, Items: len(keys), Err: err}, start) }()
-	if err := s.o.checkClaimBatch(keys, fingerprints); err != nil {
-		return nil, err
-	}
-	args := make([][]any, len(keys))
-	rkeys := make([]string, len(keys))
-	for i, k := range keys {
-		fp := at(fingerprints, i)
-		if fp == nil {
-			fp = []byte{}
-		}
-		rkeys[i] = s.redisKey(k)
-		args[i] = s.claimArgs(fp)
-	}
-	cmds := s.pipeline(ctx, claimScript, rkeys, args)
-	cs = make([]Claim, len(keys))
-	var errs []error
-	for i, cmd := range cmds {
-		c, err := cmd.Result()
-		if err == nil {
-			cs[i], err = s.parseClaim(keys[i], at(fingerprints, i), start, c)
-		} else {
-			err = s.fail(ctx, "claim", keys[i], err)
-		}
-		errs = collect(errs, len(keys), i, err)
-	}
-	if errs != nil {
-		return cs, &BatchError{Errs: errs}
-	}
-	return cs, nil
-}
-
-// ConfirmBatch implements Batcher with one pipeline: one round trip on a
-// single Redis, one per master on a cluster.
-func (s *RedisStore) ConfirmBatch(ctx context.Context, leases []*Lease, results [][]byte) (err error) {
-	start := time.Now()
-	late := false
-	defer func() {
-		s.o.observe(ctx, Event{Op: OpConfirmBatch, Items: len(leases), Late: late, Err: err}, start)
-	}()
-	if err := s.o.checkConfirmBatch(leases, results); err != nil {
-		return err
-	}
-	args := make([][]any, len(leases))
-	rkeys := make([]string, len(leases))
-	for i, l := range leases {
-		rkeys[i] = s.redisKey(l.Key)
-		args[i] = s.confirmArgs(l, at(results, i))
-	}
-	cmds := s.pipeline(ctx, confirmScript, rkeys, args)
-	var errs []error
-	for i, cmd := range cmds {
-		n, err := cmd.Int64()
-		if err == nil {
-			var l bool
-			l, err = s.confirmed(ctx, leases[i], n)
-			late = late || l
-		} else {
-			err = s.fail(ctx, "confirm", leases[i].Key, err)
-		}
-		errs = collect(errs, len(leases), i, err)
-	}
-	if errs != nil {
-		return &BatchError{Errs: errs}
-	}
-	return nil
-}
-
-// collect records item i's error in errs (allocated on the first error).
-func collect(errs []error, n, i int, err error) []error {
-	if err == nil {
-		return errs
-	}
-	if errs == nil {
-		errs = make([]error, n)
-	}
-	errs[i] = err
-	return errs
-}
-
-// pipeline runs script once per key in one pipeline and returns the
-// commands, each with its own result or error.
-//
-// A pipelined EVALSHA cannot fall back to EVAL by itself when Redis has lost
-// its script cache (SCRIPT FLUSH, a restart, a failover to a replica that
-// never saw the script). A NOSCRIPT reply means the command did not run, so
-// the commands that got one are sent again as EVAL, which also loads the
-// script: after a flush a batch costs one extra round trip, never an error.
-func (s *RedisStore) pipeline(ctx context.Context, script *redis.Script, keys []string, args [][]any) []*redis.Cmd {
-	cmds := make([]*redis.Cmd, len(keys))
-	// Errors are per command; Exec's own error is the first of them.
-	_, _ = s.c.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, k := range keys {
-			cmds[i] = script.EvalSha(ctx, p, []string{k}, args[i]...)
-		}
-		return nil
-	})
-	var retry []int
-	for i, cmd := range cmds {
-		if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-			retry = append(retry, i)
-		}
-	}
-	if len(retry) == 0 {
-		return cmds
-	}
-	_, _ = s.c.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for _, i := range retry {
-			cmds[i] = script.Eval(ctx, p, []string{keys[i]}, args[i]...)
-		}
-		return nil
-	})
-	return cmds
 }

@@ -13,23 +13,6 @@
 --          error 'idem: damaged record'
 -- token is a decimal string; pttl the key's remaining milliseconds.
 
-local v = redis.call('GET', KEYS[1])
-local floor = 0
-if v then
-  local r = decode(v)
-  if not r then return redis.error_reply(DAMAGED) end
-  if r.st == 'C' and r.owner == ARGV[1] and r.attempt == ARGV[2] then
-    return {'A', r.toks, redis.call('PTTL', KEYS[1])}
-  end
-  if r.st ~= 'F' then return reply(KEYS[1], r) end
-  -- A forgotten claim: the new token must exceed it even in the same tick.
-  floor = r.tok
-end
--- The token is the store's clock in microseconds: greater than the token of
--- any lease that expired before now, without a counter key per record.
-local t = redis.call('TIME')
-local tok = tonumber(t[1]) * 1000000 + tonumber(t[2])
-if tok <= floor then tok = floor + 1 end
-local toks = string.format('%d', tok)
-redis.call('SET', KEYS[1], claimed(toks, ARGV[4], ARGV[1], ARGV[2]), 'PX', ARGV[3])
-return {'C', toks}
+local r = claim(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4])
+if r[1] == 'X' then return redis.error_reply(DAMAGED) end
+return r

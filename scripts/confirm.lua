@@ -13,16 +13,6 @@
 --          4 already confirmed by another lease: the first confirmation stays
 --          error 'idem: damaged record'
 
-local v = redis.call('GET', KEYS[1])
-local answer = 2
-if v then
-  local r = decode(v)
-  if not r then return redis.error_reply(DAMAGED) end
-  if r.st == 'D' then
-    if r.toks == ARGV[2] then return 3 end
-    return 4
-  end
-  if r.st == 'C' and r.owner == ARGV[1] and r.toks == ARGV[2] then answer = 1 end
-end
-redis.call('SET', KEYS[1], done(ARGV[2], ARGV[4], ARGV[5]), 'PX', ARGV[3])
-return answer
+local n = confirm(KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])
+if n == 0 then return redis.error_reply(DAMAGED) end
+return n

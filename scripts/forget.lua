@@ -7,11 +7,9 @@
 --          confirmation, never another holder's claim);
 --          error 'idem: damaged record'
 
-local v = redis.call('GET', KEYS[1])
+local v = mine(KEYS[1], ARGV[1], ARGV[2])
+if v == nil then return redis.error_reply(DAMAGED) end
 if not v then return 0 end
-local r = decode(v)
-if not r then return redis.error_reply(DAMAGED) end
-if r.st ~= 'C' or r.owner ~= ARGV[1] or r.toks ~= ARGV[2] then return 0 end
--- Keep the token until the lease would have ended (see record.lua).
-redis.call('SET', KEYS[1], '1F' .. r.toks, 'KEEPTTL')
+-- Keep the token until the lease would have ended (see the record format).
+redis.call('SET', KEYS[1], '1F' .. ARGV[2], 'KEEPTTL')
 return 1

@@ -1,17 +1,20 @@
--- The record format, shared by every script (prepended to each one).
+-- The record format and the operations on one record, shared by every
+-- script (prepended to each one).
 --
 -- One Redis string per idempotency key. Its TTL is the lease while claimed
 -- and the retention once confirmed. The value begins with the format version
 -- '1', then the state:
 --
---   1C<token>:<#fp>:<#owner>:<#attempt>:<fp><owner><attempt>   a live claim
---   1D<token>:<#fp>:<fp><result>                               a confirmation
---   1F<token>                                                  a forgotten claim
+--   1C<token>:<#owner>:<owner><#attempt>:<attempt><fingerprint>   a live claim
+--   1D<token>:<#fingerprint>:<fingerprint><result>               a confirmation
+--   1F<token>                                                    a forgotten claim
 --
--- <token> is a decimal microsecond timestamp of the store's clock; <#x> is
--- the decimal byte length of x. A forgotten claim is kept for what remained
--- of its lease only so that the next claim's token exceeds it even within
--- the same clock tick; it reads as no record.
+-- <token> is a decimal microsecond timestamp of the store's clock (at most
+-- 16 digits); <#x> is the decimal byte length of x. The owner comes first in
+-- a claim so that "is this my lease?" is one prefix comparison. A forgotten
+-- claim is kept for what remained of its lease only so that the next
+-- claim's token exceeds it even within the same clock tick; it reads as no
+-- record.
 
 local DAMAGED = 'idem: damaged record'
 
@@ -20,59 +23,131 @@ local DAMAGED = 'idem: damaged record'
 local function decode(v)
   if string.sub(v, 1, 1) ~= '1' then return nil end
   local r = {st = string.sub(v, 2, 2)}
-  if r.st == 'F' then
-    -- Decimal digits only, at most 16 (microseconds until the year 2286):
-    -- tonumber alone accepts 'inf', '1e400' and '0x10', and a huge floor
-    -- would make the next token wrap around.
-    r.toks = string.sub(v, 3)
-    if not string.find(r.toks, '^%d+$') or #r.toks > 16 then return nil end
-    r.tok = tonumber(r.toks)
-    return r
-  end
   local pos = 3
-  local function field()
+  -- num reads decimal digits up to the next ':'.
+  local function num()
     -- Past the end there is no field (miniredis's Lua fails on a find that
     -- starts beyond the string instead of returning nil).
     if pos > #v then return nil end
     local e = string.find(v, ':', pos, true)
     if not e then return nil end
     local s = string.sub(v, pos, e - 1)
-    pos = e + 1
     if not string.find(s, '^%d+$') then return nil end
+    pos = e + 1
     return s
   end
-  r.toks = field()
-  local fpl = tonumber(field())
-  if not r.toks or not fpl then return nil end
+  -- str reads a length-prefixed string.
+  local function str()
+    local n = num()
+    if not n then return nil end
+    n = tonumber(n)
+    local s = string.sub(v, pos, pos + n - 1)
+    if #s ~= n then return nil end
+    pos = pos + n
+    return s
+  end
+  if r.st == 'F' then
+    r.toks = string.sub(v, 3)
+    if not string.find(r.toks, '^%d+$') then return nil end
+  else
+    r.toks = num()
+  end
+  -- Digits only, at most 16: tonumber alone accepts 'inf', '1e400' and
+  -- '0x10', and a huge floor would make the next token wrap around.
+  if not r.toks or #r.toks > 16 then return nil end
   r.tok = tonumber(r.toks)
-  if r.st == 'D' then
-    if #v < pos - 1 + fpl then return nil end
-    r.fp = string.sub(v, pos, pos + fpl - 1)
-    r.result = string.sub(v, pos + fpl)
+  if r.st == 'F' then return r end
+  if r.st == 'C' then
+    r.owner = str()
+    r.attempt = str()
+    if not r.owner or not r.attempt then return nil end
+    r.fp = string.sub(v, pos)
     return r
   end
-  if r.st ~= 'C' then return nil end
-  local ol, al = tonumber(field()), tonumber(field())
-  if not ol or not al or #v ~= pos - 1 + fpl + ol + al then return nil end
-  r.fp = string.sub(v, pos, pos + fpl - 1)
-  pos = pos + fpl
-  r.owner = string.sub(v, pos, pos + ol - 1)
-  r.attempt = string.sub(v, pos + ol)
+  if r.st ~= 'D' then return nil end
+  r.fp = str()
+  if not r.fp then return nil end
+  r.result = string.sub(v, pos)
   return r
 end
 
-local function claimed(toks, fp, owner, attempt)
-  return '1C' .. toks .. ':' .. #fp .. ':' .. #owner .. ':' .. #attempt .. ':' .. fp .. owner .. attempt
+-- held is how a live claim by owner with token toks begins.
+local function held(toks, owner)
+  return '1C' .. toks .. ':' .. #owner .. ':' .. owner
+end
+
+local function claimed(toks, owner, attempt, fp)
+  return held(toks, owner) .. #attempt .. ':' .. attempt .. fp
 end
 
 local function done(toks, fp, result)
   return '1D' .. toks .. ':' .. #fp .. ':' .. fp .. result
 end
 
--- reply describes a live record the way Claim and Lookup answer it.
+-- reply describes a live record the way Claim and Lookup answer it:
+-- {'D', token, pttl, fingerprint, result} or {'P', token, pttl, fingerprint, owner}.
 local function reply(key, r)
   local pttl = redis.call('PTTL', key)
   if r.st == 'D' then return {'D', r.toks, pttl, r.fp, r.result} end
   return {'P', r.toks, pttl, r.fp, r.owner}
+end
+
+-- claim claims key for owner, or says who has it. See claim.lua.
+local function claim(key, owner, attempt, lease, fp)
+  -- The token is the store's clock in microseconds: greater than the token
+  -- of any lease that expired before now, without a counter key per record.
+  local t = redis.call('TIME')
+  local toks = t[1] .. string.sub('00000' .. t[2], -6)
+  -- The common case, a new key, costs one write.
+  if redis.call('SET', key, claimed(toks, owner, attempt, fp), 'NX', 'PX', lease) then
+    return {'C', toks}
+  end
+  local v = redis.call('GET', key)
+  local floor = 0
+  if v then
+    local r = decode(v)
+    if not r then return {'X'} end
+    if r.st == 'C' and r.owner == owner and r.attempt == attempt then
+      return {'A', r.toks, redis.call('PTTL', key)}
+    end
+    if r.st ~= 'F' then return reply(key, r) end
+    floor = r.tok
+  end
+  -- A forgotten claim: the new token must exceed it even in the same tick.
+  if tonumber(toks) <= floor then toks = string.format('%d', floor + 1) end
+  redis.call('SET', key, claimed(toks, owner, attempt, fp), 'PX', lease)
+  return {'C', toks}
+end
+
+-- confirm records key as done. See confirm.lua for the answers; 0 is DAMAGED.
+local function confirm(key, owner, toks, retention, fp, result)
+  local v = redis.call('GET', key)
+  local answer = 2
+  if v then
+    local h = held(toks, owner)
+    if string.sub(v, 1, #h) == h then
+      answer = 1
+    else
+      local r = decode(v)
+      if not r then return 0 end
+      if r.st == 'D' then
+        if r.toks == toks then return 3 end
+        return 4
+      end
+    end
+  end
+  redis.call('SET', key, done(toks, fp, result), 'PX', retention)
+  return answer
+end
+
+-- mine answers whether key holds the live claim of owner with token toks:
+-- the record when it does, false when it does not, nil when it is damaged.
+local function mine(key, owner, toks)
+  local v = redis.call('GET', key)
+  if not v then return false end
+  local h = held(toks, owner)
+  if string.sub(v, 1, #h) == h then return v end
+  if not decode(v) then return nil end
+  return false
 end
 

@@ -7,10 +7,8 @@
 -- Reply:   1 renewed; 0 not held by this lease (expired, forgotten,
 --          confirmed or taken over); error 'idem: damaged record'
 
-local v = redis.call('GET', KEYS[1])
+local v = mine(KEYS[1], ARGV[1], ARGV[2])
+if v == nil then return redis.error_reply(DAMAGED) end
 if not v then return 0 end
-local r = decode(v)
-if not r then return redis.error_reply(DAMAGED) end
-if r.st ~= 'C' or r.owner ~= ARGV[1] or r.toks ~= ARGV[2] then return 0 end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return 1
