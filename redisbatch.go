@@ -56,7 +56,7 @@ func (s *RedisStore) ClaimBatch(ctx context.Context, keys []string, fingerprints
 		for lo := 0; lo < len(keys); lo += batchChunk {
 			hi := min(lo+batchChunk, len(keys))
 			c := scriptCall{script: claimBatchScript, keys: make([]string, 0, hi-lo), args: make([]any, 3, 3+hi-lo)}
-			c.args[0], c.args[1], c.args[2] = s.o.Worker, attempt+"."+strconv.Itoa(lo), s.leaseMs
+			c.args[0], c.args[1], c.args[2] = s.worker, attempt+"."+strconv.Itoa(lo), s.leaseMs
 			for i := lo; i < hi; i++ {
 				c.keys = append(c.keys, s.redisKey(keys[i]))
 				c.args = append(c.args, fp(i))
@@ -66,7 +66,7 @@ func (s *RedisStore) ClaimBatch(ctx context.Context, keys []string, fingerprints
 	} else {
 		for i, k := range keys {
 			calls = append(calls, scriptCall{script: claimScript, keys: []string{s.redisKey(k)},
-				args: []any{s.o.Worker, attempt + ":" + strconv.Itoa(i+1), s.leaseMs, fp(i)}})
+				args: []any{s.worker, attempt + ":" + strconv.Itoa(i+1), s.leaseMs, fp(i)}})
 		}
 	}
 	cs = make([]Claim, len(keys))

@@ -78,9 +78,11 @@ type RedisStore struct {
 	o      Options
 	prefix string
 
-	leaseMs, retentionMs string // preformatted script arguments
-	attemptPrefix        string
-	attempts             atomic.Uint64
+	// Script arguments that never change, converted to interface values
+	// once rather than on every call.
+	worker, leaseMs, retentionMs any
+	attemptPrefix                string
+	attempts                     atomic.Uint64
 }
 
 // NewRedisStore returns a store on c. It checks Redis's maxmemory-policy (on
@@ -108,6 +110,7 @@ func NewRedisStore(c redis.UniversalClient, o RedisOptions) (*RedisStore, error)
 		c:             c,
 		o:             opts,
 		prefix:        o.Prefix,
+		worker:        opts.Worker,
 		leaseMs:       strconv.FormatInt(ms(opts.LeaseTTL), 10),
 		retentionMs:   strconv.FormatInt(ms(opts.Retention), 10),
 		attemptPrefix: hex.EncodeToString(seed[:]) + ".",
@@ -199,7 +202,7 @@ func (s *RedisStore) Claim(ctx context.Context, key string, fingerprint []byte) 
 }
 
 func (s *RedisStore) claimArgs(fingerprint []byte) []any {
-	return []any{s.o.Worker, s.attempt(), s.leaseMs, fingerprint}
+	return []any{s.worker, s.attempt(), s.leaseMs, fingerprint}
 }
 
 // parseClaim turns claim.lua's reply into a Claim.
