@@ -1,0 +1,157 @@
+package idem
+
+import (
+	"cmp"
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+)
+
+// ClaimBatch implements Batcher: the whole batch is one transaction, so it
+// commits at once (one commit, and on SQLite one write lock, for the lot).
+// Keys are claimed in byte order, so two batches sharing keys cannot
+// deadlock; a key given twice is claimed once and the second item is
+// InProgress with the first as holder. A database error rolls back the whole
+// batch and is returned as a plain error: nothing was claimed. An item whose
+// row kept changing under it fails alone, in a *BatchError.
+func (s *SQLStore) ClaimBatch(ctx context.Context, keys []string, fingerprints [][]byte) (cs []Claim, err error) {
+	start := time.Now()
+	defer func() { s.o.observe(ctx, Event{Op: OpClaimBatch, Items: len(keys), Err: err}, start) }()
+	if err := s.o.checkClaimBatch(keys, fingerprints); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if len(keys) == 0 {
+		return []Claim{}, nil
+	}
+	var errs []error
+	err = s.inTx(ctx, func(tx *sql.Tx) error {
+		cs, errs = make([]Claim, len(keys)), nil
+		for _, i := range byteOrder(len(keys), func(i int) string { return keys[i] }) {
+			c, err := s.claimIn(ctx, tx, keys[i], at(fingerprints, i), start)
+			if err != nil {
+				if !errors.Is(err, errChanged) {
+					return s.fail("claim", keys[i], err) // the transaction is lost
+				}
+				errs = collect(errs, len(keys), i, s.fail("claim", keys[i], err))
+				continue
+			}
+			cs[i] = c
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if errs != nil {
+		return cs, &BatchError{Errs: errs}
+	}
+	return cs, nil
+}
+
+// ConfirmBatch implements Batcher in one transaction, leases in key order
+// (see ClaimBatch). A database error rolls back the whole batch and is
+// returned as a plain error: nothing was confirmed.
+func (s *SQLStore) ConfirmBatch(ctx context.Context, leases []*Lease, results [][]byte) (err error) {
+	start := time.Now()
+	late := false
+	defer func() {
+		s.o.observe(ctx, Event{Op: OpConfirmBatch, Items: len(leases), Late: late, Err: err}, start)
+	}()
+	if err := s.o.checkConfirmBatch(leases, results); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if len(leases) == 0 {
+		return nil
+	}
+	var lates []*Lease
+	err = s.inTx(ctx, func(tx *sql.Tx) error {
+		lates = nil
+		for _, i := range byteOrder(len(leases), func(i int) string { return leases[i].Key }) {
+			l, err := s.confirmIn(ctx, tx, leases[i], at(results, i), start)
+			if err != nil {
+				return s.fail("confirm", leases[i].Key, err)
+			}
+			if l {
+				lates = append(lates, leases[i])
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	late = len(lates) > 0
+	for _, l := range lates {
+		s.o.logLate(ctx, l)
+	}
+	return nil
+}
+
+// byteOrder returns 0..n-1 sorted by key, keeping the given order among
+// equal keys. Postgres compares BYTEA, and SQLite BLOB, byte for byte, as Go
+// compares strings.
+func byteOrder(n int, key func(int) string) []int {
+	idx := make([]int, n)
+	for i := range idx {
+		idx[i] = i
+	}
+	slices.SortStableFunc(idx, func(a, b int) int { return cmp.Compare(key(a), key(b)) })
+	return idx
+}
+
+// txOptions are the options of the store's transactions. Claim's statements
+// rely on READ COMMITTED on Postgres: after waiting for another transaction's
+// row, the next statement must see what that one committed. SQLite's
+// transactions are serializable, and its drivers refuse other levels.
+func (s *SQLStore) txOptions() *sql.TxOptions {
+	if s.dialect == Postgres {
+		return &sql.TxOptions{Isolation: sql.LevelReadCommitted}
+	}
+	return nil
+}
+
+// purgeBatch bounds the rows one PurgeExpired statement deletes, so that no
+// statement holds locks on a large part of a big table for long.
+const purgeBatch = 1000
+
+// PurgeExpired deletes the rows whose lease or retention ran out (judged by
+// the database clock), in statements of at most 1000 rows, each its own
+// transaction, until a statement finds fewer. It returns how many rows it
+// deleted, also when it stops early on an error or ctx. On Postgres it skips
+// rows locked by a transaction in progress (a Run's), which a later purge
+// gets. Run it on a schedule (`idem prune`); the hot path never deletes.
+//
+// Deleting an expired row is what ends its key's record; a later claim of the
+// key gets a clock-derived token again (see SQLStore).
+func (s *SQLStore) PurgeExpired(ctx context.Context) (int64, error) {
+	var total int64
+	for {
+		if err := ctx.Err(); err != nil {
+			return total, err
+		}
+		var n int64
+		err := s.exclusive(ctx, func() error {
+			r, err := s.db.ExecContext(ctx, s.q.purge, purgeBatch)
+			if err == nil {
+				n, err = r.RowsAffected()
+			}
+			return err
+		})
+		if err != nil {
+			return total, fmt.Errorf("idem: purging table %s: %w", s.table, err)
+		}
+		total += n
+		if n < purgeBatch {
+			return total, nil
+		}
+	}
+}

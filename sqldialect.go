@@ -1,0 +1,261 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// Dialect names the SQL database an SQLStore talks to. Placeholders, the
+// clock, column types and the spelling of max differ between dialects; the
+// statements do not otherwise.
+type Dialect uint8
+
+const (
+	// Postgres is PostgreSQL 12 or later, typically through pgx's
+	// database/sql driver (github.com/jackc/pgx/v5/stdlib). Expiry is judged
+	// by the server's statement_timestamp().
+	Postgres Dialect = iota + 1
+	// SQLite is SQLite 3.42 or later (modernc.org/sqlite, pure Go). The
+	// database must be a file in WAL mode. SQLite runs in the process, so
+	// "the database's clock" is the process's clock.
+	SQLite
+)
+
+// String returns the dialect's name ("postgres", "sqlite").
+func (d Dialect) String() string {
+	switch d {
+	case Postgres:
+		return "postgres"
+	case SQLite:
+		return "sqlite"
+	}
+	return "dialect(" + strconv.Itoa(int(d)) + ")"
+}
+
+// DefaultTable is the table an SQLStore keeps its records in unless told
+// otherwise.
+const DefaultTable = "idem_keys"
+
+// maxIdentBytes is Postgres's identifier limit (NAMEDATALEN-1). Longer names
+// are silently truncated by Postgres, which could make two tables one.
+const maxIdentBytes = 63
+
+// sqlTable is a validated, possibly schema-qualified table name.
+type sqlTable struct {
+	schema, name string
+}
+
+// parseTable validates a table name: one or two plain identifiers joined by
+// a dot, each [A-Za-z_][A-Za-z0-9_]* and at most 63 bytes. It is the only
+// text an SQLStore interpolates into SQL, so nothing else may pass.
+func parseTable(s string) (sqlTable, error) {
+	parts := strings.Split(s, ".")
+	if len(parts) > 2 {
+		return sqlTable{}, fmt.Errorf("idem: table name %q: at most one schema qualifier", s)
+	}
+	for _, p := range parts {
+		if !plainIdent(p) {
+			return sqlTable{}, fmt.Errorf("idem: table name %q: each part must match [A-Za-z_][A-Za-z0-9_]* and be at most %d bytes",
+				s, maxIdentBytes)
+		}
+	}
+	if len(parts) == 2 {
+		return sqlTable{schema: parts[0], name: parts[1]}, nil
+	}
+	return sqlTable{name: parts[0]}, nil
+}
+
+func plainIdent(s string) bool {
+	if s == "" || len(s) > maxIdentBytes {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		letter := c == '_' || ('a' <= c && c <= 'z') || ('A' <= c && c <= 'Z')
+		if !letter && (i == 0 || c < '0' || c > '9') {
+			return false
+		}
+	}
+	return true
+}
+
+// quoted returns the table as a quoted identifier, so that a name that
+// happens to be a reserved word ("order", "user") still works. Quoting makes
+// the name case-sensitive: the table is exactly the name given.
+func (t sqlTable) quoted() string {
+	if t.schema == "" {
+		return `"` + t.name + `"`
+	}
+	return `"` + t.schema + `"."` + t.name + `"`
+}
+
+// indexName is the name of the expires_at index, cut to the identifier limit
+// rather than letting Postgres truncate it with a notice.
+func (t sqlTable) indexName() string {
+	const suffix = "_expires_at"
+	n := t.name
+	if len(n)+len(suffix) > maxIdentBytes {
+		n = n[:maxIdentBytes-len(suffix)]
+	}
+	return n + suffix
+}
+
+// SchemaDDL returns the statements that create the table of an SQLStore,
+// and its index on expires_at, for a migration tool. They are idempotent
+// (IF NOT EXISTS). table is validated as NewSQLStore validates it; "" means
+// DefaultTable.
+//
+// The table holds one row per key: key (BYTEA/BLOB, compared byte for byte),
+// state ('C' claimed, 'D' done, 'F' a forgotten claim kept only for its
+// token), owner, token, fingerprint, result, recorded_at and expires_at (the
+// lease's end while claimed, the retention's end once done). On Postgres the
+// times are TIMESTAMPTZ; on SQLite, INTEGER Unix milliseconds.
+func SchemaDDL(dialect Dialect, table string) ([]string, error) {
+	if table == "" {
+		table = DefaultTable
+	}
+	t, err := parseTable(table)
+	if err != nil {
+		return nil, err
+	}
+	var create, index string
+	switch dialect {
+	case Postgres:
+		create = `CREATE TABLE IF NOT EXISTS ` + t.quoted() + ` (
+	key         BYTEA PRIMARY KEY,
+	state       CHAR(1) NOT NULL CHECK (state IN ('C', 'D', 'F')),
+	owner       TEXT NOT NULL,
+	token       BIGINT NOT NULL,
+	fingerprint BYTEA NOT NULL,
+	result      BYTEA,
+	recorded_at TIMESTAMPTZ NOT NULL,
+	expires_at  TIMESTAMPTZ NOT NULL
+)`
+		index = `CREATE INDEX IF NOT EXISTS "` + t.indexName() + `" ON ` + t.quoted() + ` (expires_at)`
+	case SQLite:
+		create = `CREATE TABLE IF NOT EXISTS ` + t.quoted() + ` (
+	key         BLOB NOT NULL PRIMARY KEY,
+	state       TEXT NOT NULL CHECK (state IN ('C', 'D', 'F')),
+	owner       TEXT NOT NULL,
+	token       INTEGER NOT NULL,
+	fingerprint BLOB NOT NULL,
+	result      BLOB,
+	recorded_at INTEGER NOT NULL,
+	expires_at  INTEGER NOT NULL
+)`
+		// SQLite qualifies the index, not the table it is on.
+		ix := `"` + t.indexName() + `"`
+		if t.schema != "" {
+			ix = `"` + t.schema + `".` + ix
+		}
+		index = `CREATE INDEX IF NOT EXISTS ` + ix + ` ON "` + t.name + `" (expires_at)`
+	default:
+		return nil, errDialect(dialect)
+	}
+	return []string{create, index}, nil
+}
+
+// CreateSchema creates the table and its index if they do not exist
+// (SchemaDDL's statements). It is meant for development and tests;
+// production schemas belong in migrations.
+func (s *SQLStore) CreateSchema(ctx context.Context) error {
+	ddl, err := SchemaDDL(s.dialect, s.table.String())
+	if err != nil {
+		return err
+	}
+	for _, q := range ddl {
+		if err := s.exclusive(ctx, func() error { _, err := s.db.ExecContext(ctx, q); return err }); err != nil {
+			return fmt.Errorf("idem: creating table %s: %w", s.table.quoted(), err)
+		}
+	}
+	return nil
+}
+
+// String returns the table name as given.
+func (t sqlTable) String() string {
+	if t.schema == "" {
+		return t.name
+	}
+	return t.schema + "." + t.name
+}
+
+func errDialect(d Dialect) error {
+	return fmt.Errorf("idem: unknown SQL dialect %v: want idem.Postgres or idem.SQLite", d)
+}
+
+// sqlText builds the dialect's version of a statement written with these
+// markers:
+//
+//	{t}         the quoted table
+//	{now}       the database's clock (a timestamp on Postgres, Unix ms on SQLite)
+//	{in $n}     the clock plus $n milliseconds
+//	{ttl}       milliseconds from the clock to expires_at
+//	{tok}       a fresh fencing token: the clock in microseconds
+//	{max}       the two-argument maximum
+//	$n          the n-th bind parameter
+//
+// On Postgres the clock is statement_timestamp(): fixed for one statement,
+// so a check and a write in it agree, and moving on between the statements
+// of a transaction (a Run that waited for a lock must not judge expiry by
+// the time its transaction began, as now() would).
+func sqlText(d Dialect, t sqlTable, q string) string {
+	var r *strings.Replacer
+	switch d {
+	case Postgres:
+		r = strings.NewReplacer(
+			"{t}", t.quoted(),
+			"{now}", "statement_timestamp()",
+			"{in ", "statement_timestamp() + interval '1 millisecond' * ",
+			"{ttl}", "CAST(EXTRACT(EPOCH FROM expires_at - statement_timestamp()) * 1000 AS BIGINT)",
+			"{tok}", "CAST(EXTRACT(EPOCH FROM statement_timestamp()) * 1000000 AS BIGINT)",
+			"{max}", "GREATEST",
+			"}", "",
+		)
+	case SQLite:
+		// SQLite's 'now' is fixed for one statement too; it has millisecond
+		// resolution, so tokens are multiples of 1000.
+		const now = "CAST(ROUND(unixepoch('subsec') * 1000) AS INTEGER)"
+		r = strings.NewReplacer(
+			"{t}", t.quoted(),
+			"{now}", now,
+			"{in ", now+" + ",
+			"{ttl}", "(expires_at - "+now+")",
+			"{tok}", "("+now+" * 1000)",
+			"{max}", "max",
+			"}", "",
+			// ?NNN binds by number; SQLite reads $1 as a name, numbered
+			// by first appearance.
+			"$", "?",
+		)
+	}
+	return r.Replace(q)
+}
+
+// sqlState is implemented by Postgres drivers' errors (pgconn.PgError).
+type sqlState interface{ SQLState() string }
+
+// sqlCode is implemented by SQLite drivers' errors (modernc.org/sqlite).
+type sqlCode interface{ Code() int }
+
+// isLockTimeout reports whether err is Postgres giving up on a lock after
+// lock_timeout (SQLSTATE 55P03, lock_not_available).
+func isLockTimeout(err error) bool {
+	var s sqlState
+	return errors.As(err, &s) && s.SQLState() == "55P03"
+}
+
+// isBusy reports whether err is SQLite refusing a lock another connection
+// holds (SQLITE_BUSY or SQLITE_LOCKED, with any extended code). Such a
+// statement did nothing, so it may be tried again.
+func isBusy(err error) bool {
+	var c sqlCode
+	if errors.As(err, &c) {
+		code := c.Code() & 0xff
+		return code == 5 || code == 6
+	}
+	// Drivers without a Code method still say it.
+	return err != nil && strings.Contains(err.Error(), "database is locked")
+}

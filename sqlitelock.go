@@ -1,0 +1,129 @@
+package idem
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"sync"
+	"time"
+	"weak"
+)
+
+// SQLite has one writer per database. A write that finds the lock taken
+// fails at once with SQLITE_BUSY (or waits out the connection's
+// busy_timeout, if the user set one), and the statement did nothing. An
+// SQLStore on SQLite therefore
+//
+//   - queues its writes on a gate per *sql.DB, so that the goroutines of one
+//     process take turns in order instead of polling the file lock (the
+//     gate is shared by every SQLStore on the same *sql.DB);
+//   - retries a write that still meets SQLITE_BUSY (another process,
+//     another *sql.DB on the file) with growing, jittered sleeps;
+//   - gives up after LockTimeout with an error wrapping ErrInProgress.
+//
+// Reads need no lock in WAL mode. On Postgres none of this applies.
+
+// sqliteGates maps a *sql.DB, weakly, to its write gate: a channel of
+// capacity one, held by the writer. The entry goes when the DB does.
+var sqliteGates sync.Map // weak.Pointer[sql.DB] -> chan struct{}
+
+func sqliteGate(db *sql.DB) chan struct{} {
+	k := weak.Make(db)
+	if g, ok := sqliteGates.Load(k); ok {
+		return g.(chan struct{})
+	}
+	g, loaded := sqliteGates.LoadOrStore(k, make(chan struct{}, 1))
+	if !loaded {
+		runtime.AddCleanup(db, func(k weak.Pointer[sql.DB]) { sqliteGates.Delete(k) }, k)
+	}
+	return g.(chan struct{})
+}
+
+// exclusive runs f, which writes to the database, as SQLite's single writer:
+// through the gate, then retrying while SQLite is busy, all within
+// LockTimeout. On Postgres f just runs.
+func (s *SQLStore) exclusive(ctx context.Context, f func() error) error {
+	if s.dialect != SQLite {
+		return f()
+	}
+	deadline := time.Now().Add(s.lockTimeout)
+	select {
+	case s.gate <- struct{}{}:
+	default:
+		t := time.NewTimer(time.Until(deadline))
+		select {
+		case s.gate <- struct{}{}:
+			t.Stop()
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+			return fmt.Errorf("%w: this process's SQLite writes were queued for LockTimeout %v", ErrInProgress, s.lockTimeout)
+		}
+	}
+	defer func() { <-s.gate }()
+	return s.retryBusy(ctx, deadline, f)
+}
+
+// locked runs f, which writes through q. In a transaction f just runs: the
+// transaction took the gate and SQLite's lock, and a statement in it is
+// never retried alone (a transaction whose first write met SQLITE_BUSY may
+// hold a stale snapshot; it starts over whole).
+func (s *SQLStore) locked(ctx context.Context, q sqlQuerier, f func() error) error {
+	if _, ok := q.(*sql.DB); !ok {
+		return f()
+	}
+	return s.exclusive(ctx, f)
+}
+
+// reading runs f, which only reads through q, retrying the rare
+// SQLITE_BUSY a WAL reader can meet.
+func (s *SQLStore) reading(ctx context.Context, q sqlQuerier, f func() error) error {
+	if _, ok := q.(*sql.DB); !ok || s.dialect != SQLite {
+		return f()
+	}
+	return s.retryBusy(ctx, time.Now().Add(s.lockTimeout), f)
+}
+
+// inTx runs f in a transaction and commits it; on SQLite as the single
+// writer, starting over while SQLite is busy.
+func (s *SQLStore) inTx(ctx context.Context, f func(tx *sql.Tx) error) error {
+	return s.exclusive(ctx, func() error {
+		tx, err := s.db.BeginTx(ctx, s.txOptions())
+		if err != nil {
+			return err
+		}
+		if err := f(tx); err != nil {
+			_ = tx.Rollback()
+			return err
+		}
+		return tx.Commit()
+	})
+}
+
+// retryBusy runs f, and again while it fails with SQLITE_BUSY, until the
+// deadline. The sleeps grow and are jittered, as SQLite's own busy handler's
+// do, so it works whether or not the connections set busy_timeout.
+func (s *SQLStore) retryBusy(ctx context.Context, deadline time.Time, f func() error) error {
+	err := f()
+	wait := 500 * time.Microsecond
+	for s.dialect == SQLite && isBusy(err) {
+		d := wait/2 + rand.N(wait)
+		if time.Until(deadline) < d {
+			return fmt.Errorf("%w: SQLite's write lock was taken for LockTimeout %v: %w", ErrInProgress, s.lockTimeout, err)
+		}
+		t := time.NewTimer(d)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return errors.Join(ctx.Err(), err)
+		case <-t.C:
+		}
+		wait = min(2*wait, 20*time.Millisecond)
+		err = f()
+	}
+	return err
+}

@@ -1,0 +1,52 @@
+package idem
+
+// The SQL text of SQLStore, written once for both dialects in the markers
+// of sqlText (sqldialect.go). The table name is the only text interpolated;
+// every value is a bind parameter.
+
+// sqlStatements are an SQLStore's statements, built once for its dialect
+// and table.
+type sqlStatements struct {
+	insert, takeOver, read, renew, confirm, confirmLate, forget, record, purge string
+}
+
+// The statements, in the markers of sqlText.
+const (
+	sqlInsert = `INSERT INTO {t} (key, state, owner, token, fingerprint, result, recorded_at, expires_at)
+VALUES ($1, 'C', $2, {tok}, $3, NULL, {now}, {in $4})
+ON CONFLICT (key) DO NOTHING RETURNING token`
+	// The token exceeds the old one even within one clock tick.
+	sqlTakeOver = `UPDATE {t} SET state = 'C', owner = $2, token = {max}({tok}, token + 1), fingerprint = $3,
+result = NULL, recorded_at = {now}, expires_at = {in $4}
+WHERE key = $1 AND (state = 'F' OR expires_at <= {now}) RETURNING token`
+	// SQLite's claim is one upsert whose update is the take-over: the
+	// database has one writer, and one write statement instead of two
+	// halves the time racing claims queue for it.
+	sqlUpsertSQLite = `INSERT INTO {t} AS r (key, state, owner, token, fingerprint, result, recorded_at, expires_at)
+VALUES ($1, 'C', $2, {tok}, $3, NULL, {now}, {in $4})
+ON CONFLICT (key) DO UPDATE SET state = 'C', owner = excluded.owner, token = {max}(excluded.token, r.token + 1),
+fingerprint = excluded.fingerprint, result = NULL, recorded_at = excluded.recorded_at, expires_at = excluded.expires_at
+WHERE r.state = 'F' OR r.expires_at <= {now} RETURNING token`
+	sqlRead = `SELECT state, owner, token, fingerprint, result, {ttl} FROM {t}
+WHERE key = $1 AND state <> 'F' AND expires_at > {now}`
+	sqlRenew = `UPDATE {t} SET expires_at = {in $4}
+WHERE key = $1 AND state = 'C' AND owner = $2 AND token = $3 AND expires_at > {now}`
+	sqlConfirm = `UPDATE {t} SET state = 'D', owner = '', fingerprint = $4, result = $5, recorded_at = {now}, expires_at = {in $6}
+WHERE key = $1 AND state = 'C' AND owner = $2 AND token = $3 AND expires_at > {now}`
+	// A late confirm records over anything but a live confirmation.
+	sqlConfirmLate = `INSERT INTO {t} AS r (key, state, owner, token, fingerprint, result, recorded_at, expires_at)
+VALUES ($1, 'D', '', $2, $3, $4, {now}, {in $5})
+ON CONFLICT (key) DO UPDATE SET state = 'D', owner = '', token = excluded.token, fingerprint = excluded.fingerprint,
+result = excluded.result, recorded_at = excluded.recorded_at, expires_at = excluded.expires_at
+WHERE NOT (r.state = 'D' AND r.expires_at > {now}) RETURNING token`
+	sqlForget = `UPDATE {t} SET state = 'F'
+WHERE key = $1 AND state = 'C' AND owner = $2 AND token = $3 AND expires_at > {now}`
+	// Run's record: the row is its own, locked since the claim, whatever
+	// its expiry says by now.
+	sqlRecord = `UPDATE {t} SET state = 'D', owner = '', result = $3, recorded_at = {now}, expires_at = {in $4}
+WHERE key = $1 AND token = $2 AND state = 'C'`
+	// SKIP LOCKED: never wait for (or on) a Run's transaction.
+	sqlPurgePostgres = `DELETE FROM {t} WHERE key IN (
+SELECT key FROM {t} WHERE expires_at <= {now} LIMIT $1 FOR UPDATE SKIP LOCKED) AND expires_at <= {now}`
+	sqlPurgeSQLite = `DELETE FROM {t} WHERE key IN (SELECT key FROM {t} WHERE expires_at <= {now} LIMIT $1)`
+)

@@ -1,0 +1,405 @@
+package idem
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// DefaultLockTimeout is how long an SQLStore waits for a lock by default.
+const DefaultLockTimeout = 5 * time.Second
+
+// SQLOptions configure an SQLStore.
+type SQLOptions struct {
+	Options
+	// Dialect is the database: Postgres or SQLite. Required.
+	Dialect Dialect
+	// Table holds the records: a plain identifier, optionally qualified by
+	// a schema ("idem.keys"), each part [A-Za-z_][A-Za-z0-9_]* and at most
+	// 63 bytes. It is quoted, so it is case-sensitive. Default "idem_keys".
+	Table string
+	// LockTimeout bounds how long an operation waits for a lock: on
+	// Postgres, a Run waiting for another Run of the same key (then
+	// ErrInProgress); on SQLite, any operation waiting for the database's
+	// single write lock. Default 5s.
+	LockTimeout time.Duration
+}
+
+// SQLStore is a Store and Batcher on a SQL table (Postgres or SQLite), with
+// a transactional mode, Run, in which the record commits in the same
+// transaction as the work.
+//
+// One row per key (see SchemaDDL). Claim is an INSERT ... ON CONFLICT DO
+// NOTHING; taking over an expired claim is one UPDATE whose WHERE clause
+// holds the expiry check, so check and take-over are one atomic statement.
+// Expiry is judged by the database's clock (Postgres's
+// statement_timestamp(); on SQLite, which runs in the process, the
+// process's clock). Nothing on the hot path deletes rows: call PurgeExpired
+// on a schedule.
+//
+// Fencing tokens are the database clock in microseconds when a key's row is
+// created; a take-over, or a claim after a Forget, sets the token to the
+// greater of the clock and the old token plus one, under the row's lock, so
+// tokens strictly increase for as long as the row exists. Forget therefore
+// keeps the row (state 'F') with its token. The guarantee ends where the
+// row does and the clock misbehaves: after PurgeExpired (or a hand) deleted
+// a key's row, a new claim's token is the clock again, which exceeds the old
+// token unless the database clock was stepped back by more than the lease or
+// retention that had to pass before the row could be purged.
+//
+// Statements run at the database's default isolation, which must be READ
+// COMMITTED on Postgres (the default). On SQLite the database must be a
+// file in WAL mode; an operation that finds the write lock taken retries for
+// up to LockTimeout, whether or not the connection has a busy_timeout.
+//
+// The table name is the only text interpolated into SQL; keys, results and
+// fingerprints are always bind parameters. An SQLStore is safe for
+// concurrent use by many goroutines and processes.
+type SQLStore struct {
+	db          *sql.DB
+	o           Options
+	dialect     Dialect
+	table       sqlTable
+	lockTimeout time.Duration
+	leaseMs     int64
+	retentionMs int64
+	q           sqlStatements
+	gate        chan struct{} // SQLite only: see sqlitelock.go
+}
+
+// NewSQLStore returns a store on db, whose table must exist (CreateSchema,
+// or SchemaDDL in a migration). It errors on invalid options: an unknown
+// dialect, a negative duration, a table name that is not a plain
+// identifier. On SQLite it checks that the database is in WAL mode: in
+// rollback-journal mode a commit can fail for a mere reader, and a
+// connection pool of an in-memory database is several databases.
+func NewSQLStore(db *sql.DB, o SQLOptions) (*SQLStore, error) {
+	if db == nil {
+		return nil, errors.New("idem: NewSQLStore with a nil *sql.DB")
+	}
+	opts, err := o.Options.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if o.Dialect != Postgres && o.Dialect != SQLite {
+		return nil, errDialect(o.Dialect)
+	}
+	if o.Table == "" {
+		o.Table = DefaultTable
+	}
+	t, err := parseTable(o.Table)
+	if err != nil {
+		return nil, err
+	}
+	if o.LockTimeout < 0 {
+		return nil, fmt.Errorf("idem: negative LockTimeout %v", o.LockTimeout)
+	}
+	if o.LockTimeout == 0 {
+		o.LockTimeout = DefaultLockTimeout
+	}
+	s := &SQLStore{
+		db: db, o: opts, dialect: o.Dialect, table: t, lockTimeout: o.LockTimeout,
+		leaseMs: ms(opts.LeaseTTL), retentionMs: ms(opts.Retention),
+	}
+	text := func(q string) string { return sqlText(o.Dialect, t, q) }
+	s.q = sqlStatements{
+		insert: text(sqlInsert), takeOver: text(sqlTakeOver), read: text(sqlRead),
+		renew: text(sqlRenew), confirm: text(sqlConfirm), confirmLate: text(sqlConfirmLate),
+		forget: text(sqlForget), record: text(sqlRecord), purge: text(sqlPurgePostgres),
+	}
+	if o.Dialect == SQLite {
+		s.q.purge = text(sqlPurgeSQLite)
+		s.q.insert, s.q.takeOver = text(sqlUpsertSQLite), ""
+		s.gate = sqliteGate(db)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		var mode string
+		if err := db.QueryRowContext(ctx, "PRAGMA journal_mode").Scan(&mode); err != nil {
+			return nil, fmt.Errorf("idem: reading SQLite journal_mode: %w", err)
+		}
+		if mode != "wal" {
+			return nil, fmt.Errorf("idem: SQLite journal_mode is %q; SQLStore needs a file database in WAL mode "+
+				"(run PRAGMA journal_mode=WAL once, or open it with _pragma=journal_mode(WAL))", mode)
+		}
+	}
+	return s, nil
+}
+
+// sqlQuerier is what *sql.DB, *sql.Tx and *sql.Conn have in common.
+type sqlQuerier interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// claimAttempts bounds Claim's statements: a row can expire, be forgotten
+// or be purged between them, and each of those sends Claim round again.
+const claimAttempts = 8
+
+var (
+	errNoRecord = errors.New("idem: no live record")
+	// errChanged: the row kept changing between a claim's statements.
+	errChanged = fmt.Errorf("the record changed under each of %d attempts", claimAttempts)
+)
+
+// Claim implements Store: an INSERT, and when the key has a row, an UPDATE
+// that takes it over if it expired or was forgotten, and when it is live, a
+// SELECT of it. Usually one statement, never a read followed by a write. On
+// SQLite the INSERT and the UPDATE are one upsert.
+func (s *SQLStore) Claim(ctx context.Context, key string, fingerprint []byte) (c Claim, err error) {
+	start := time.Now()
+	defer func() { s.o.observe(ctx, Event{Op: OpClaim, Outcome: c.Outcome, Err: err}, start) }()
+	if err := s.o.checkClaim(key, fingerprint); err != nil {
+		return Claim{}, err
+	}
+	if err := ctx.Err(); err != nil {
+		return Claim{}, err
+	}
+	c, err = s.claimIn(ctx, s.db, key, fingerprint, start)
+	if err != nil {
+		return Claim{}, s.fail("claim", key, err)
+	}
+	return c, nil
+}
+
+// claimIn claims key with q's statements: the database, or a transaction
+// (ClaimBatch's, Run's).
+func (s *SQLStore) claimIn(ctx context.Context, q sqlQuerier, key string, fingerprint []byte, start time.Time) (Claim, error) {
+	k, fp := []byte(key), nonNil(fingerprint)
+	if db, ok := q.(*sql.DB); ok && s.dialect == SQLite {
+		return s.claimSQLite(ctx, db, key, fp, start)
+	}
+	for range claimAttempts {
+		var tok int64
+		err := s.locked(ctx, q, func() error {
+			return q.QueryRowContext(ctx, s.q.insert, k, s.o.Worker, fp, s.leaseMs).Scan(&tok)
+		})
+		if errors.Is(err, sql.ErrNoRows) && s.q.takeOver != "" {
+			err = s.locked(ctx, q, func() error {
+				return q.QueryRowContext(ctx, s.q.takeOver, k, s.o.Worker, fp, s.leaseMs).Scan(&tok)
+			})
+		}
+		if err == nil {
+			return s.claimed(key, fp, tok, start), nil
+		}
+		if !errors.Is(err, sql.ErrNoRows) {
+			return Claim{}, err
+		}
+		if c, err := s.found(ctx, q, key, start); !errors.Is(err, errNoRecord) {
+			return c, err
+		}
+		// The row went (expired, forgotten, purged) since the INSERT: again.
+	}
+	return Claim{}, errChanged
+}
+
+// claimSQLite is claimIn outside a transaction on SQLite, where writes
+// queue for the one write lock and reads are cheap: in its turn as this
+// process's writer, a claim reads first and writes only when it found
+// nothing live, so that racing claims of one key do not each write.
+// Answering from the read is sound (the record was live when read, and only
+// the writer could have changed it since); the take-over itself is still
+// the one upsert with the expiry check in its WHERE clause, which holds
+// against other processes too.
+func (s *SQLStore) claimSQLite(ctx context.Context, db *sql.DB, key string, fp []byte, start time.Time) (Claim, error) {
+	for range claimAttempts {
+		var c Claim
+		err := s.exclusive(ctx, func() error {
+			var err error
+			if c, err = s.found(ctx, db, key, start); !errors.Is(err, errNoRecord) {
+				return err
+			}
+			var tok int64
+			err = db.QueryRowContext(ctx, s.q.insert, []byte(key), s.o.Worker, fp, s.leaseMs).Scan(&tok)
+			if err == nil {
+				c = s.claimed(key, fp, tok, start)
+			}
+			return err
+		})
+		if !errors.Is(err, sql.ErrNoRows) {
+			return c, err
+		}
+		// Another process wrote the row between the read and the upsert.
+	}
+	return Claim{}, errChanged
+}
+
+func (s *SQLStore) claimed(key string, fp []byte, tok int64, start time.Time) Claim {
+	return Claim{Outcome: Claimed, Lease: &Lease{
+		Key: key, Token: tok, Owner: s.o.Worker, TTL: s.o.LeaseTTL,
+		Expires: start.Add(s.o.LeaseTTL), Fingerprint: clone(fp),
+	}}
+}
+
+// found answers a claim of a key with a live record: Duplicate or
+// InProgress. Without one it returns errNoRecord.
+func (s *SQLStore) found(ctx context.Context, q sqlQuerier, key string, start time.Time) (Claim, error) {
+	rec, err := s.read(ctx, q, key, start)
+	switch {
+	case err != nil:
+		return Claim{}, err
+	case rec.Confirmed:
+		return Claim{Outcome: Duplicate, Record: rec}, nil
+	default:
+		return Claim{Outcome: InProgress, Record: rec}, nil
+	}
+}
+
+// read returns the key's live record, or errNoRecord.
+func (s *SQLStore) read(ctx context.Context, q sqlQuerier, key string, start time.Time) (*Record, error) {
+	var (
+		st, owner string
+		tok, ttl  int64
+		fp, res   []byte
+	)
+	err := s.reading(ctx, q, func() error {
+		return q.QueryRowContext(ctx, s.q.read, []byte(key)).Scan(&st, &owner, &tok, &fp, &res, &ttl)
+	})
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, errNoRecord
+	}
+	if err != nil {
+		return nil, err
+	}
+	if st != "C" && st != "D" {
+		return nil, fmt.Errorf("%w: state %q", ErrDamaged, st)
+	}
+	rec := &Record{Key: key, Confirmed: st == "D", Token: tok, Owner: owner, Fingerprint: nonNil(fp),
+		Expires: start.Add(time.Duration(ttl) * time.Millisecond)}
+	if rec.Confirmed {
+		rec.Result = nonNil(res)
+	}
+	return rec, nil
+}
+
+// nonNil returns b, or an empty slice for nil: the columns are NOT NULL, and
+// drivers send a nil []byte as NULL.
+func nonNil(b []byte) []byte {
+	if b == nil {
+		return []byte{}
+	}
+	return b
+}
+
+// fail wraps a database error with the operation and the (redacted) key.
+func (s *SQLStore) fail(op, key string, err error) error {
+	return fmt.Errorf("idem: %s of key %q: %w", op, redact(key), err)
+}
+
+// exec runs a statement that affects at most one row and says whether it did.
+func (s *SQLStore) exec(ctx context.Context, q sqlQuerier, query string, args ...any) (bool, error) {
+	var n int64
+	err := s.locked(ctx, q, func() error {
+		r, err := q.ExecContext(ctx, query, args...)
+		if err == nil {
+			n, err = r.RowsAffected()
+		}
+		return err
+	})
+	return n == 1, err
+}
+
+// Renew implements Store in one statement.
+func (s *SQLStore) Renew(ctx context.Context, l *Lease) (err error) {
+	start := time.Now()
+	defer func() { s.o.observe(ctx, Event{Op: OpRenew, Err: err}, start) }()
+	if err := s.o.checkLease(l); err != nil {
+		return err
+	}
+	ok, err := s.exec(ctx, s.db, s.q.renew, []byte(l.Key), l.Owner, l.Token, s.leaseMs)
+	if err != nil {
+		return s.fail("renew", l.Key, err)
+	}
+	if !ok {
+		return fmt.Errorf("%w: renew of key %q token %d", ErrLeaseLost, redact(l.Key), l.Token)
+	}
+	return nil
+}
+
+// Confirm implements Store: one UPDATE while the lease is held; after a lost
+// lease, an upsert that records over anything but a live confirmation.
+func (s *SQLStore) Confirm(ctx context.Context, l *Lease, result []byte) (err error) {
+	start := time.Now()
+	late := false
+	defer func() { s.o.observe(ctx, Event{Op: OpConfirm, Late: late, Err: err}, start) }()
+	if err := s.o.checkResult(l, result); err != nil {
+		return err
+	}
+	late, err = s.confirmIn(ctx, s.db, l, result, start)
+	if err != nil {
+		return s.fail("confirm", l.Key, err)
+	}
+	if late {
+		s.o.logLate(ctx, l)
+	}
+	return nil
+}
+
+// confirmIn records l's work with q and reports whether the lease had been
+// lost (late), as MemoryStore does: a repeat confirm by the same lease is
+// not late, a confirm that finds another lease's confirmation is.
+func (s *SQLStore) confirmIn(ctx context.Context, q sqlQuerier, l *Lease, result []byte, start time.Time) (late bool, err error) {
+	k, fp, res := []byte(l.Key), nonNil(l.Fingerprint), nonNil(result)
+	ok, err := s.exec(ctx, q, s.q.confirm, k, l.Owner, l.Token, fp, res, s.retentionMs)
+	if err != nil || ok {
+		return false, err
+	}
+	for range claimAttempts {
+		var tok int64
+		err := s.locked(ctx, q, func() error {
+			return q.QueryRowContext(ctx, s.q.confirmLate, k, l.Token, fp, res, s.retentionMs).Scan(&tok)
+		})
+		if err == nil {
+			return true, nil
+		}
+		if !errors.Is(err, sql.ErrNoRows) {
+			return false, err
+		}
+		// A live confirmation stays; whose is it?
+		rec, err := s.read(ctx, q, l.Key, start)
+		if errors.Is(err, errNoRecord) {
+			continue // it expired in between: record ours
+		}
+		if err != nil {
+			return false, err
+		}
+		return rec.Token != l.Token, nil
+	}
+	return false, errChanged
+}
+
+// Forget implements Store in one statement. The row stays, marked
+// forgotten, so that the next claim's token exceeds this lease's.
+func (s *SQLStore) Forget(ctx context.Context, l *Lease) (err error) {
+	start := time.Now()
+	defer func() { s.o.observe(ctx, Event{Op: OpForget, Err: err}, start) }()
+	if err := s.o.checkLease(l); err != nil {
+		return err
+	}
+	ok, err := s.exec(ctx, s.db, s.q.forget, []byte(l.Key), l.Owner, l.Token)
+	if err != nil {
+		return s.fail("forget", l.Key, err)
+	}
+	if !ok {
+		return fmt.Errorf("%w: forget of key %q token %d", ErrLeaseLost, redact(l.Key), l.Token)
+	}
+	return nil
+}
+
+// Lookup implements Store in one statement.
+func (s *SQLStore) Lookup(ctx context.Context, key string) (rec *Record, err error) {
+	start := time.Now()
+	defer func() { s.o.observe(ctx, Event{Op: OpLookup, Err: err}, start) }()
+	if err := s.o.checkKey(key); err != nil {
+		return nil, err
+	}
+	rec, err = s.read(ctx, s.db, key, start)
+	if errors.Is(err, errNoRecord) {
+		return nil, fmt.Errorf("%w: key %q", ErrNotFound, redact(key))
+	}
+	if err != nil {
+		return nil, s.fail("lookup", key, err)
+	}
+	return rec, nil
+}

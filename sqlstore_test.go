@@ -1,0 +1,411 @@
+package idem_test
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/storetest"
+	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
+	_ "modernc.org/sqlite"             // database/sql driver "sqlite"
+)
+
+// postgresDB opens the test Postgres (IDEM_POSTGRES_DSN), closed when t
+// ends, with a pool of up to conns connections, all opened at once: 64
+// racing claims that each had to connect first could take longer than the
+// suite's short leases. A throwaway Postgres allows 100 connections (`make
+// test` runs other packages' tests beside these), so tests take at most 40.
+func postgresDB(t testing.TB, conns int) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("pgx", testenv.PostgresDSN(t))
+	if err != nil {
+		t.Fatalf("sql.Open(pgx) = %v", err)
+	}
+	// The default of 2 idle connections would reconnect on nearly every
+	// statement of parallel checks.
+	db.SetMaxIdleConns(conns)
+	db.SetMaxOpenConns(conns)
+	t.Cleanup(func() { _ = db.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	open := make([]*sql.Conn, conns)
+	for i := range open {
+		c, err := db.Conn(ctx)
+		if err != nil {
+			t.Fatalf("Postgres does not answer: %v", err)
+		}
+		open[i] = c
+	}
+	for _, c := range open {
+		_ = c.Close() // back to the pool, which keeps it
+	}
+	return db
+}
+
+// testConns is the Postgres pool size of tests.
+const testConns = 40
+
+// sqliteDB opens a fresh SQLite file in WAL mode, closed when t ends. It
+// sets no busy_timeout: the store must cope with SQLITE_BUSY by itself.
+func sqliteDB(t testing.TB) (*sql.DB, string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "idem.db")
+	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)")
+	if err != nil {
+		t.Fatalf("sql.Open(sqlite) = %v", err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	return db, path
+}
+
+// uniqueTable names a table no other test uses.
+func uniqueTable() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return "idemtest_" + hex.EncodeToString(b[:])
+}
+
+// newSQLStore opens a store on table, creating the table (and dropping it
+// when t ends).
+func newSQLStore(t testing.TB, db *sql.DB, o idem.SQLOptions) *idem.SQLStore {
+	t.Helper()
+	st, err := idem.NewSQLStore(db, o)
+	if err != nil {
+		t.Fatalf("NewSQLStore(%+v) = %v; want a store", o, err)
+	}
+	if err := st.CreateSchema(context.Background()); err != nil {
+		t.Fatalf("CreateSchema = %v", err)
+	}
+	if o.Dialect == idem.Postgres {
+		quoted := `"` + strings.ReplaceAll(o.Table, ".", `"."`) + `"`
+		t.Cleanup(func() { _, _ = db.Exec(`DROP TABLE IF EXISTS ` + quoted) })
+	}
+	return st
+}
+
+func sqlBackend(t *testing.T, db *sql.DB, d idem.Dialect) storetest.Backend {
+	table := uniqueTable()
+	newSQLStore(t, db, idem.SQLOptions{Dialect: d, Table: table})
+	return storetest.Backend{Open: func(o idem.Options) (idem.Store, error) {
+		return idem.NewSQLStore(db, idem.SQLOptions{Options: o, Dialect: d, Table: table})
+	}}
+}
+
+func TestSQLStoreConformancePostgres(t *testing.T) {
+	db := postgresDB(t, testConns)
+	storetest.Run(t, func(t *testing.T) storetest.Backend { return sqlBackend(t, db, idem.Postgres) })
+}
+
+func TestSQLStoreConformanceSQLite(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) storetest.Backend {
+		db, _ := sqliteDB(t)
+		return sqlBackend(t, db, idem.SQLite)
+	})
+}
+
+// dialects runs f once per dialect whose database is at hand: SQLite always,
+// Postgres when IDEM_POSTGRES_DSN is set (required under CI=true).
+func dialects(t *testing.T, f func(t *testing.T, db *sql.DB, d idem.Dialect)) {
+	t.Run("sqlite", func(t *testing.T) {
+		t.Parallel()
+		db, _ := sqliteDB(t)
+		f(t, db, idem.SQLite)
+	})
+	t.Run("postgres", func(t *testing.T) {
+		t.Parallel()
+		f(t, postgresDB(t, testConns), idem.Postgres)
+	})
+}
+
+func TestNewSQLStoreRejects(t *testing.T) {
+	db, _ := sqliteDB(t)
+	long := strings.Repeat("t", 64)
+	cases := []struct {
+		name string
+		db   *sql.DB
+		o    idem.SQLOptions
+	}{
+		{"nil db", nil, idem.SQLOptions{Dialect: idem.SQLite}},
+		{"no dialect", db, idem.SQLOptions{}},
+		{"unknown dialect", db, idem.SQLOptions{Dialect: 3}},
+		{"negative LockTimeout", db, idem.SQLOptions{Dialect: idem.SQLite, LockTimeout: -time.Second}},
+		{"negative LeaseTTL", db, idem.SQLOptions{Dialect: idem.SQLite, Options: idem.Options{LeaseTTL: -1}}},
+		{"negative Retention", db, idem.SQLOptions{Dialect: idem.SQLite, Options: idem.Options{Retention: -1}}},
+		{"quote in table", db, idem.SQLOptions{Dialect: idem.SQLite, Table: `keys"; DROP TABLE x; --`}},
+		{"space in table", db, idem.SQLOptions{Dialect: idem.SQLite, Table: "idem keys"}},
+		{"leading digit", db, idem.SQLOptions{Dialect: idem.SQLite, Table: "1keys"}},
+		{"three parts", db, idem.SQLOptions{Dialect: idem.SQLite, Table: "a.b.c"}},
+		{"empty schema", db, idem.SQLOptions{Dialect: idem.SQLite, Table: ".keys"}},
+		{"empty table", db, idem.SQLOptions{Dialect: idem.SQLite, Table: "main."}},
+		{"64-byte table", db, idem.SQLOptions{Dialect: idem.SQLite, Table: long}},
+		{"64-byte schema", db, idem.SQLOptions{Dialect: idem.SQLite, Table: long + ".keys"}},
+		{"non-ASCII table", db, idem.SQLOptions{Dialect: idem.SQLite, Table: "clés"}},
+	}
+	for _, c := range cases {
+		if st, err := idem.NewSQLStore(c.db, c.o); err == nil {
+			t.Errorf("NewSQLStore with %s = %v, nil; want an error", c.name, st)
+		}
+	}
+	if _, err := idem.NewSQLStore(db, idem.SQLOptions{Dialect: idem.SQLite, Table: "main." + strings.Repeat("t", 63)}); err != nil {
+		t.Errorf("NewSQLStore with a schema and a 63-byte table = %v; want a store", err)
+	}
+}
+
+func TestNewSQLStoreSQLiteNeedsWAL(t *testing.T) {
+	for _, dsn := range []string{"file:" + filepath.Join(t.TempDir(), "rollback.db"), ":memory:"} {
+		db, err := sql.Open("sqlite", dsn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		if _, err := idem.NewSQLStore(db, idem.SQLOptions{Dialect: idem.SQLite}); err == nil || !strings.Contains(err.Error(), "WAL") {
+			t.Errorf("NewSQLStore on SQLite %q (not WAL) = %v; want an error that asks for WAL mode", dsn, err)
+		}
+	}
+}
+
+func TestSchemaDDL(t *testing.T) {
+	for _, d := range []idem.Dialect{idem.Postgres, idem.SQLite} {
+		ddl, err := idem.SchemaDDL(d, "")
+		if err != nil || len(ddl) != 2 {
+			t.Fatalf("SchemaDDL(%v, \"\") = %d statements, %v; want 2, nil", d, len(ddl), err)
+		}
+		if !strings.Contains(ddl[0], `CREATE TABLE IF NOT EXISTS "idem_keys"`) || !strings.Contains(ddl[1], "(expires_at)") {
+			t.Errorf("SchemaDDL(%v, \"\") = %q; want the default table and an index on expires_at", d, ddl)
+		}
+		ddl, err = idem.SchemaDDL(d, "app.keys")
+		if err != nil || !strings.Contains(ddl[0], `"app"."keys"`) {
+			t.Errorf("SchemaDDL(%v, app.keys) = %q, %v; want the schema-qualified, quoted table", d, ddl, err)
+		}
+		if _, err := idem.SchemaDDL(d, "keys;"); err == nil {
+			t.Errorf("SchemaDDL(%v, \"keys;\") = nil error; want one", d)
+		}
+	}
+	if _, err := idem.SchemaDDL(0, "keys"); err == nil {
+		t.Errorf("SchemaDDL of dialect 0 = nil error; want one")
+	}
+	// The index name stays within Postgres's 63 bytes, so Postgres never
+	// truncates it into another table's index name.
+	ddl, _ := idem.SchemaDDL(idem.Postgres, strings.Repeat("t", 63))
+	if name := strings.Fields(ddl[1])[5]; len(name) > 63+2 {
+		t.Errorf("index name %s is %d bytes; want at most 63 plus quotes", name, len(name))
+	}
+}
+
+func TestSQLStoreSchema(t *testing.T) {
+	dialects(t, func(t *testing.T, db *sql.DB, d idem.Dialect) {
+		table := uniqueTable()
+		st := newSQLStore(t, db, idem.SQLOptions{Dialect: d, Table: table})
+		if err := st.CreateSchema(t.Context()); err != nil {
+			t.Errorf("second CreateSchema = %v; want nil (idempotent)", err)
+		}
+		// A reserved word works as a table name: it is quoted. So does a
+		// schema-qualified name.
+		schema := map[idem.Dialect]string{idem.Postgres: "public.", idem.SQLite: "main."}[d]
+		for _, name := range []string{"order", schema + uniqueTable()} {
+			other := newSQLStore(t, db, idem.SQLOptions{Dialect: d, Table: name})
+			c, err := other.Claim(t.Context(), "k", []byte("fp"))
+			if err != nil || c.Outcome != idem.Claimed {
+				t.Fatalf("Claim on table %s = %+v, %v; want Claimed", name, c, err)
+			}
+			if err := other.Confirm(t.Context(), c.Lease, []byte("r")); err != nil {
+				t.Errorf("Confirm on table %s = %v", name, err)
+			}
+			if _, err := other.PurgeExpired(t.Context()); err != nil {
+				t.Errorf("PurgeExpired on table %s = %v", name, err)
+			}
+			if r, err := other.Lookup(t.Context(), "k"); err != nil || string(r.Result) != "r" {
+				t.Errorf("Lookup on table %s = %+v, %v; want the confirmation", name, r, err)
+			}
+		}
+		key := "k\x00\xff"
+		if _, err := st.Claim(t.Context(), key, nil); err != nil {
+			t.Fatalf("Claim = %v", err)
+		}
+		// Keys are bytes in the table, not text in some encoding.
+		var got []byte
+		q := `SELECT key FROM "` + table + `"`
+		if err := db.QueryRowContext(t.Context(), q).Scan(&got); err != nil || string(got) != key {
+			t.Errorf("stored key = %q, %v; want %q byte for byte", got, err, key)
+		}
+		if d == idem.SQLite {
+			var typ string
+			if err := db.QueryRowContext(t.Context(), `SELECT typeof(key) FROM "`+table+`"`).Scan(&typ); err != nil || typ != "blob" {
+				t.Errorf("SQLite typeof(key) = %q, %v; want blob", typ, err)
+			}
+		}
+	})
+}
+
+func TestSQLStoreInvalidInputBeforeIO(t *testing.T) {
+	// A closed database fails every statement: the errors below must come
+	// from validation, before any.
+	db, _ := sqliteDB(t)
+	st := newSQLStore(t, db, idem.SQLOptions{Dialect: idem.SQLite, Options: idem.Options{MaxResultBytes: 4}})
+	_ = db.Close()
+	ctx := t.Context()
+	big := strings.Repeat("k", idem.DefaultMaxKeyBytes+1)
+	if _, err := st.Claim(ctx, "", nil); !errors.Is(err, idem.ErrInvalidKey) {
+		t.Errorf("Claim(\"\") = %v; want ErrInvalidKey", err)
+	}
+	if _, err := st.Lookup(ctx, big); !errors.Is(err, idem.ErrInvalidKey) {
+		t.Errorf("Lookup of a %d-byte key = %v; want ErrInvalidKey", len(big), err)
+	}
+	if err := st.Confirm(ctx, &idem.Lease{Key: "k"}, []byte("12345")); !errors.Is(err, idem.ErrTooLarge) {
+		t.Errorf("Confirm of a 5-byte result, MaxResultBytes 4 = %v; want ErrTooLarge", err)
+	}
+	if _, err := st.ClaimBatch(ctx, []string{"a", ""}, nil); !errors.Is(err, idem.ErrInvalidKey) {
+		t.Errorf("ClaimBatch with an empty key = %v; want ErrInvalidKey", err)
+	}
+	if err := st.Forget(ctx, nil); err == nil || strings.Contains(err.Error(), "closed") {
+		t.Errorf("Forget(nil) = %v; want a validation error", err)
+	}
+	write := func(context.Context, *sql.Tx) ([]byte, error) { t.Error("write called"); return nil, nil }
+	if _, _, err := st.Run(ctx, big, nil, write); !errors.Is(err, idem.ErrInvalidKey) {
+		t.Errorf("Run of a %d-byte key = %v; want ErrInvalidKey", len(big), err)
+	}
+	if _, _, err := st.Run(ctx, "k", make([]byte, idem.MaxFingerprintBytes+1), write); !errors.Is(err, idem.ErrTooLarge) {
+		t.Errorf("Run with an oversized fingerprint = %v; want ErrTooLarge", err)
+	}
+	if _, _, err := st.Run(ctx, "k", nil, nil); err == nil || strings.Contains(err.Error(), "closed") {
+		t.Errorf("Run with a nil write = %v; want a validation error", err)
+	}
+}
+
+func TestSQLStorePurgeExpired(t *testing.T) {
+	dialects(t, func(t *testing.T, db *sql.DB, d idem.Dialect) {
+		ctx := t.Context()
+		table := uniqueTable()
+		short := newSQLStore(t, db, idem.SQLOptions{Dialect: d, Table: table,
+			Options: idem.Options{LeaseTTL: 50 * time.Millisecond, Retention: 50 * time.Millisecond}})
+		long, err := idem.NewSQLStore(db, idem.SQLOptions{Dialect: d, Table: table})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// More than two purge batches of expired rows: claims, confirmations
+		// and forgotten claims.
+		const n = 2100
+		f, err := short.Claim(ctx, "old-forgotten", nil)
+		if err != nil {
+			t.Fatalf("Claim = %v", err)
+		}
+		if err := short.Forget(ctx, f.Lease); err != nil {
+			t.Fatalf("Forget = %v", err)
+		}
+		keys := make([]string, n-1)
+		for i := range keys {
+			keys[i] = fmt.Sprintf("old-%d", i)
+		}
+		cs, err := short.ClaimBatch(ctx, keys, nil)
+		if err != nil {
+			t.Fatalf("ClaimBatch = %v", err)
+		}
+		if err := short.ConfirmBatch(ctx, []*idem.Lease{cs[0].Lease, cs[1].Lease}, nil); err != nil {
+			t.Fatalf("ConfirmBatch = %v", err)
+		}
+		held, _ := long.Claim(ctx, "live-claim", nil)
+		done, _ := long.Claim(ctx, "live-done", nil)
+		if err := long.Confirm(ctx, done.Lease, []byte("r")); err != nil || held.Lease == nil {
+			t.Fatalf("Confirm = %v, lease %v", err, held.Lease)
+		}
+		time.Sleep(100 * time.Millisecond)
+		got, err := long.PurgeExpired(ctx)
+		if err != nil || got != n {
+			t.Fatalf("PurgeExpired = %d, %v; want %d, nil", got, err, n)
+		}
+		for _, k := range []string{"live-claim", "live-done"} {
+			if _, err := long.Lookup(ctx, k); err != nil {
+				t.Errorf("Lookup(%q) after PurgeExpired = %v; want the live record kept", k, err)
+			}
+		}
+		var rows int
+		if err := db.QueryRowContext(ctx, `SELECT count(*) FROM "`+table+`"`).Scan(&rows); err != nil || rows != 2 {
+			t.Errorf("rows after PurgeExpired = %d, %v; want 2", rows, err)
+		}
+		if got, err := long.PurgeExpired(ctx); err != nil || got != 0 {
+			t.Errorf("second PurgeExpired = %d, %v; want 0, nil", got, err)
+		}
+		// A key claimed again after its row was purged still gets a greater
+		// token: the clock has moved past the old one.
+		c, err := long.Claim(ctx, keys[0], nil)
+		if err != nil || c.Outcome != idem.Claimed || c.Lease.Token <= cs[0].Lease.Token {
+			t.Errorf("Claim after purge = %+v, %v; want Claimed with a token above %d", c, err, cs[0].Lease.Token)
+		}
+	})
+}
+
+func TestSQLStoreSQLiteWaitsForWriteLock(t *testing.T) {
+	db, _ := sqliteDB(t)
+	st := newSQLStore(t, db, idem.SQLOptions{Dialect: idem.SQLite, LockTimeout: 300 * time.Millisecond})
+	ctx := t.Context()
+	// Another connection holds SQLite's only write lock.
+	conn, err := db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(ctx, "BEGIN IMMEDIATE"); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_, err = st.Claim(ctx, "k", nil)
+	if took := time.Since(start); !errors.Is(err, idem.ErrInProgress) || took < 250*time.Millisecond {
+		t.Errorf("Claim while the write lock is held = %v after %v; want ErrInProgress after LockTimeout 300ms", err, took)
+	}
+	// Released within LockTimeout, the claim goes through.
+	go func() {
+		time.Sleep(100 * time.Millisecond)
+		_, _ = conn.ExecContext(context.Background(), "COMMIT")
+	}()
+	c, err := st.Claim(ctx, "k", nil)
+	if err != nil || c.Outcome != idem.Claimed {
+		t.Errorf("Claim as the write lock is released = %+v, %v; want Claimed", c, err)
+	}
+}
+
+func TestSQLStoreTokensOutrunTheClock(t *testing.T) {
+	dialects(t, func(t *testing.T, db *sql.DB, d idem.Dialect) {
+		ctx := t.Context()
+		table := uniqueTable()
+		st := newSQLStore(t, db, idem.SQLOptions{Dialect: d, Table: table,
+			Options: idem.Options{LeaseTTL: 100 * time.Millisecond}})
+		c, err := st.Claim(ctx, "k", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// A token far ahead of the clock, as a clock stepped back (or many
+		// claims in one tick) would leave: the next leases must exceed it
+		// all the same.
+		const ahead = int64(1) << 60
+		q := `UPDATE "` + table + `" SET token = $1`
+		if d == idem.SQLite {
+			q = strings.ReplaceAll(q, "$", "?")
+		}
+		if _, err := db.ExecContext(ctx, q, ahead); err != nil {
+			t.Fatal(err)
+		}
+		l := *c.Lease
+		l.Token = ahead
+		if err := st.Forget(ctx, &l); err != nil {
+			t.Fatalf("Forget = %v", err)
+		}
+		again, err := st.Claim(ctx, "k", nil)
+		if err != nil || again.Outcome != idem.Claimed || again.Lease.Token <= ahead {
+			t.Fatalf("Claim after Forget = %+v, %v; want Claimed with a token above %d", again, err, ahead)
+		}
+		time.Sleep(150 * time.Millisecond)
+		over, err := st.Claim(ctx, "k", nil)
+		if err != nil || over.Outcome != idem.Claimed || over.Lease.Token <= again.Lease.Token {
+			t.Errorf("take-over Claim = %+v, %v; want Claimed with a token above %d", over, err, again.Lease.Token)
+		}
+	})
+}

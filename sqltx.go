@@ -1,0 +1,147 @@
+package idem
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+)
+
+// txKey is the context key under which Run hands the transaction to write.
+type txKey struct{}
+
+// TxFromContext returns the transaction of the Run whose write function
+// received ctx (or a context derived from it), so that code deep in a
+// handler joins the transaction that records the work.
+func TxFromContext(ctx context.Context) (*sql.Tx, bool) {
+	tx, ok := ctx.Value(txKey{}).(*sql.Tx)
+	return tx, ok
+}
+
+// Run does the work of key once, in the transactional mode: one transaction
+// claims key, runs write, records write's result and commits. The record and
+// write's effects commit together or not at all, so there is no lease to
+// lose and nothing to confirm later.
+//
+//   - The first Run of key runs write(ctx, tx) and returns its result, with
+//     replayed false. ctx carries tx (TxFromContext). write must do its work
+//     through tx and must not commit or roll it back.
+//   - A Run of a key whose work is recorded (by Run or by a lease-mode
+//     Confirm, within retention) does not call write: it returns the
+//     recorded result with replayed true, or ErrFingerprintMismatch when
+//     fingerprint differs from the recorded one.
+//   - A Run that meets another Run of key in progress waits for it, for at
+//     most LockTimeout, then replays what the first committed or, if the
+//     first rolled back, runs write itself. Past LockTimeout it returns
+//     ErrInProgress.
+//   - A key claimed by a live lease (Claim) is ErrInProgress at once, or
+//     ErrFingerprintMismatch when the holder's fingerprint differs: a
+//     lease can run for a long time, and its holder may still Confirm. Run
+//     takes over a claim whose lease ran out, as Claim would.
+//   - When write returns an error or panics, or the result exceeds
+//     MaxResultBytes (ErrTooLarge), or the commit fails, the transaction
+//     rolls back: no record, no effect, and the next Run does the work. A
+//     commit whose outcome is unknown (the connection died) is safe to
+//     retry: the retry replays or runs, never both.
+//
+// On Postgres the transaction is READ COMMITTED, and SET LOCAL lock_timeout
+// = LockTimeout bounds the wait for another Run's row; write's own
+// statements run under the same lock_timeout. Lease-mode calls (Claim,
+// Lookup, ...) on a key a Run holds wait for its transaction to end.
+//
+// On SQLite there is one writer per database: a Run holds the database's
+// write lock from its claim to its commit, so Runs of different keys, and
+// every other write, wait for it too. A Run that cannot get the write lock
+// within LockTimeout returns ErrInProgress, whatever key holds it. Keep
+// write short there.
+func (s *SQLStore) Run(ctx context.Context, key string, fingerprint []byte,
+	write func(ctx context.Context, tx *sql.Tx) ([]byte, error)) (result []byte, replayed bool, err error) {
+	if err := s.o.checkClaim(key, fingerprint); err != nil {
+		return nil, false, err
+	}
+	if write == nil {
+		return nil, false, errors.New("idem: Run with a nil write function")
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, false, err
+	}
+	var final error
+	// On SQLite the whole transaction is the single writer's. Only a claim
+	// that met SQLite's write lock is started over; once write has run, its
+	// error is final.
+	err = s.exclusive(ctx, func() error {
+		var claimErr error
+		result, replayed, claimErr, final = s.run(ctx, key, nonNil(fingerprint), write)
+		return claimErr
+	})
+	if err != nil {
+		return nil, false, err
+	}
+	return result, replayed, final
+}
+
+// run is one attempt of Run. claimErr is an error met before write ran
+// (which exclusive may start over on SQLite); err is write's error or one
+// met after it.
+func (s *SQLStore) run(ctx context.Context, key string, fp []byte,
+	write func(ctx context.Context, tx *sql.Tx) ([]byte, error)) (result []byte, replayed bool, claimErr, err error) {
+	start := time.Now()
+	tx, err := s.db.BeginTx(ctx, s.txOptions())
+	if err != nil {
+		return nil, false, s.fail("run", key, err), nil
+	}
+	done := false
+	defer func() {
+		if !done { // also when write panics
+			_ = tx.Rollback()
+		}
+	}()
+	if s.dialect == Postgres {
+		lt := strconv.FormatInt(ms(s.lockTimeout), 10) + "ms"
+		if _, err := tx.ExecContext(ctx, "SELECT set_config('lock_timeout', $1, true)", lt); err != nil {
+			return nil, false, s.fail("run", key, err), nil
+		}
+	}
+	c, err := s.claimIn(ctx, tx, key, fp, start)
+	if isLockTimeout(err) {
+		return nil, false, fmt.Errorf("%w: run of key %q: another Run held it for LockTimeout %v",
+			ErrInProgress, redact(key), s.lockTimeout), nil
+	}
+	if err != nil {
+		return nil, false, s.fail("run", key, err), nil
+	}
+	switch c.Outcome {
+	case Duplicate, InProgress:
+		if !bytes.Equal(c.Record.Fingerprint, fp) {
+			return nil, false, fmt.Errorf("%w: run of key %q", ErrFingerprintMismatch, redact(key)), nil
+		}
+		if c.Outcome == InProgress {
+			return nil, false, fmt.Errorf("%w: run of key %q: a lease is held by %q until about %v",
+				ErrInProgress, redact(key), c.Record.Owner, c.Record.Expires.Format(time.RFC3339Nano)), nil
+		}
+		return c.Record.Result, true, nil, nil
+	}
+	result, err = write(context.WithValue(ctx, txKey{}, tx), tx)
+	if err != nil {
+		return nil, false, nil, err
+	}
+	if len(result) > s.o.MaxResultBytes {
+		return nil, false, nil, fmt.Errorf("%w: result of %d bytes for key %q exceeds MaxResultBytes %d; the transaction was rolled back",
+			ErrTooLarge, len(result), redact(key), s.o.MaxResultBytes)
+	}
+	ok, err := s.exec(ctx, tx, s.q.record, []byte(key), c.Lease.Token, nonNil(result), s.retentionMs)
+	if err == nil && !ok {
+		err = errors.New("the claimed row is gone: did write change idem's table?")
+	}
+	if err != nil {
+		return nil, false, nil, s.fail("run", key, err)
+	}
+	done = true
+	if err := tx.Commit(); err != nil {
+		return nil, false, nil, s.fail("run (commit)", key, err)
+	}
+	return result, false, nil, nil
+}

@@ -1,0 +1,75 @@
+package idem_test
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"os"
+	"os/exec"
+	"testing"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/testenv"
+)
+
+// Run's work dies half done: the connection, or the whole process. The
+// transaction never commits, so neither the effect nor the record is left,
+// and the next Run does the work.
+
+func TestRunConnectionKilled(t *testing.T) {
+	e := newRunEnv(t, postgresDB(t, testConns), idem.Postgres, testenv.PostgresDSN(t))
+	kill := func(ctx context.Context, tx *sql.Tx) error {
+		var pid int
+		if err := tx.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+			return err
+		}
+		_, err := e.db.ExecContext(ctx, "SELECT pg_terminate_backend($1)", pid)
+		return err
+	}
+	if _, _, err := e.st.Run(t.Context(), "k", nil, e.write("k", "x", kill)); err == nil {
+		t.Errorf("Run whose connection died = nil error; want one")
+	}
+	e.fact("k", false)
+	if res, replayed, err := e.st.Run(t.Context(), "k", nil, e.write("k", "ok", nil)); err != nil || replayed || string(res) != "ok" {
+		t.Errorf("Run after a dead connection = %q, replayed %v, %v; want the work done", res, replayed, err)
+	}
+	e.fact("k", true)
+}
+
+// TestRunProcessDies runs a Run in another process that exits in the middle
+// of the write: the next Run must do the work.
+func TestRunProcessDies(t *testing.T) {
+	eachDialect(t, func(e *runEnv) {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestRunHelperProcess$")
+		cmd.Env = append(os.Environ(), "IDEM_RUN_HELPER="+e.d.String(), "IDEM_RUN_DSN="+e.dsn,
+			"IDEM_RUN_TABLE="+e.table, "IDEM_RUN_EFFECTS="+e.effects)
+		out, err := cmd.CombinedOutput()
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) || exit.ExitCode() != 3 {
+			t.Fatalf("helper process = %v (%s); want it to die with status 3 inside the write", err, out)
+		}
+		e.fact("k", false)
+		if res, replayed, err := e.st.Run(t.Context(), "k", nil, e.write("k", "ok", nil)); err != nil || replayed || string(res) != "ok" {
+			t.Errorf("Run after the process died = %q, replayed %v, %v; want the work done", res, replayed, err)
+		}
+		e.fact("k", true)
+	})
+}
+
+// TestRunHelperProcess is TestRunProcessDies's other process; it does
+// nothing in a normal test run.
+func TestRunHelperProcess(t *testing.T) {
+	d := map[string]idem.Dialect{"postgres": idem.Postgres, "sqlite": idem.SQLite}[os.Getenv("IDEM_RUN_HELPER")]
+	if d == 0 {
+		return
+	}
+	db, err := sql.Open(map[idem.Dialect]string{idem.Postgres: "pgx", idem.SQLite: "sqlite"}[d], os.Getenv("IDEM_RUN_DSN"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &runEnv{t: t, db: db, d: d, table: os.Getenv("IDEM_RUN_TABLE"), effects: os.Getenv("IDEM_RUN_EFFECTS")}
+	st := e.store(idem.SQLOptions{})
+	die := func(context.Context, *sql.Tx) error { os.Exit(3); return nil }
+	_, _, err = st.Run(context.Background(), "k", nil, e.write("k", "x", die))
+	t.Fatalf("Run returned %v; the process should have died inside it", err)
+}
