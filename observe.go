@@ -17,9 +17,12 @@ const (
 	OpLookup
 	OpClaimBatch
 	OpConfirmBatch
+	// OpRun is SQLStore.Run: Outcome Claimed when the write ran, Duplicate
+	// when a committed result was replayed.
+	OpRun
 )
 
-var opNames = [...]string{"", "claim", "renew", "confirm", "forget", "lookup", "claim_batch", "confirm_batch"}
+var opNames = [...]string{"", "claim", "renew", "confirm", "forget", "lookup", "claim_batch", "confirm_batch", "run"}
 
 // String returns the operation's name in snake case, for metric labels.
 func (op Op) String() string {

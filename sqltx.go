@@ -59,6 +59,18 @@ func TxFromContext(ctx context.Context) (*sql.Tx, bool) {
 // write short there.
 func (s *SQLStore) Run(ctx context.Context, key string, fingerprint []byte,
 	write func(ctx context.Context, tx *sql.Tx) ([]byte, error)) (result []byte, replayed bool, err error) {
+	start := time.Now()
+	defer func() {
+		// A replay is a duplicate answered from the record; a run did the work.
+		var o Outcome
+		if err == nil {
+			o = Claimed
+			if replayed {
+				o = Duplicate
+			}
+		}
+		s.o.observe(ctx, Event{Op: OpRun, Outcome: o, Err: err}, start)
+	}()
 	if err := s.o.checkClaim(key, fingerprint); err != nil {
 		return nil, false, err
 	}
