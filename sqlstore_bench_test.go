@@ -16,10 +16,11 @@ import (
 // and 64 goroutines: lease mode (Claim + Confirm), transactional mode (Run
 // with a write that does nothing, so only idem's cost shows), and as the
 // yardstick a plain INSERT ... ON CONFLICT DO NOTHING + UPDATE on a table of
-// the same shape. They are sub-benchmarks of one benchmark so that
-// -count 7 interleaves them and drift in the machine hits all alike:
+// the same shape. They are sub-benchmarks of one benchmark, so one run
+// measures all three back to back; -count repeats each sub-benchmark in a
+// row, so for alternating rounds repeat the whole run:
 //
-//	go test -run '^$' -bench SQLStorePostgres -count 7 . | benchstat -
+//	for i in 1 2 3 4 5 6 7; do go test -run '^$' -bench SQLStorePostgres .; done | benchstat -
 func BenchmarkSQLStorePostgres(b *testing.B) {
 	db := postgresDB(b, 64) // a connection per goroutine
 	ctx := context.Background()
