@@ -1,0 +1,101 @@
+// Package middleware makes POST and PATCH endpoints safe to retry: a
+// net/http middleware for the Idempotency-Key header, following
+// draft-ietf-httpapi-idempotency-key-header and Stripe's behaviour.
+//
+// A client sends a unique key with a request that changes something. The
+// first request with that key runs the handler; its response is recorded
+// and sent. A retry with the same key and the same request gets the
+// recorded response, with Idempotent-Replayed: true, and the handler does
+// not run again, on any process that shares the store.
+//
+//	idempotent, err := middleware.New(middleware.Options{Store: store})
+//	...
+//	http.ListenAndServe(addr, idempotent(mux))
+//
+// # Answers
+//
+//	situation                                          answer
+//	covered method (POST, PATCH) without the header    pass through; 400 when Options.Required
+//	header malformed, empty, repeated, over 255 bytes  400, before any store call
+//	first request                                      the handler runs; its response is recorded, then sent
+//	same key, same request, done                       the recorded response, Idempotent-Replayed: true
+//	same key, different request (done or in flight)    422; this wins over 409
+//	same key while the first is in flight              wait up to LockTimeout, then replay, or 409 + Retry-After
+//	handler answers 5xx, or panics                     nothing recorded, key released: a retry runs the handler
+//	store unavailable                                  503; the handler does not run (fail closed)
+//	body over MaxBodyBytes                             413, before any store call
+//
+// Errors are application/problem+json (RFC 9457) with a stable type URI per
+// case (TypeKeyMissing, ...), written by Options.Error, and never carry
+// internal error text.
+//
+// # Keys, routes and fingerprints
+//
+// The header's value is an RFC 8941 string ("...") or, for Stripe-style
+// clients, a bare run of RFC 8941 token characters; "abc" and abc are the
+// same key. The record's key joins the scope (Options.Scope: the tenant),
+// the method, the route pattern and the client's key in an injective,
+// length-prefixed encoding, so tenants and endpoints never share a record.
+//
+// The fingerprint tells a retry from a different request reusing the key:
+// SHA-256 over the method, route, path and query, content type and body.
+// A multipart body counts by its fields and its files' names and sizes, so
+// a retried upload with a new boundary is still a retry.
+//
+// # Bodies
+//
+// The body must be read before the handler runs (the fingerprint needs it)
+// and given back whole. It is copied once, bounded by MaxBodyBytes, into a
+// spool: the first 64 KiB in memory, the rest in a temporary file removed
+// when the request ends. The fingerprint and then the handler read the
+// spool from its start. An upload therefore never sits whole in memory, a
+// small JSON body never touches the disk, and the network is read once.
+//
+// Responses are held the same way (in memory up to MaxResponseBytes, on
+// disk past it) and sent after the record is written: in transactional mode
+// after the commit. A response over MaxResponseBytes is sent whole and
+// recorded as done with its status and allowlisted headers but no body; its
+// replays say so with Idempotent-Body-Omitted: true. A completed write is
+// never run again for want of room. Because responses are held, a covered
+// handler cannot stream (there is no http.Flusher).
+//
+// Replays carry only the headers of Options.ReplayHeaders; Set-Cookie,
+// Authorization, WWW-Authenticate and Proxy-Authenticate are never replayed.
+//
+// # Lease mode
+//
+// With Options.Store, the request claims its key under a lease
+// (idem.Store.Claim), the handler runs with the lease renewed by
+// idem.KeepAlive and available from LeaseFrom (its Token is a fencing
+// token), and the response is confirmed. Confirm and Forget run on a
+// context detached from the request, with their own timeout and retries: a
+// client that hangs up after the work is done must not leave the key
+// claimed. If the record cannot be written at all, the response is still
+// sent, and a retry after the lease runs out runs the handler again.
+//
+// # Transactional mode
+//
+// With Options.Tx, the request runs in idem.SQLStore.Run: the claim, the
+// handler's own SQL (through idem.TxFromContext(r.Context())) and the
+// record commit in one transaction, and the response is sent after the
+// commit. A 5xx or a panic rolls back both. A request that meets another of
+// its key in flight waits for it in the database (for the SQLStore's
+// LockTimeout per attempt, retried up to Options.LockTimeout) and then
+// replays it. The in-flight request's fingerprint is not visible before
+// its commit, so there a different request waits as a retry would before
+// its 422.
+//
+// # Recorded responses
+//
+// A response is stored as the store's result bytes, version 1:
+//
+//	byte     version (1)
+//	byte     flags: bit 0 set when the body was omitted; other bits zero
+//	uint16   status, big-endian
+//	uvarint  number of header lines, then for each line
+//	         uvarint length and bytes of the name, uvarint length and bytes of the value
+//	uvarint  length and bytes of the body
+//
+// A record that does not decode is answered 500 (TypeRecordDamaged),
+// never a panic and never a second run.
+package middleware

@@ -1,0 +1,107 @@
+package middleware_test
+
+import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/middleware"
+)
+
+// send posts body with an Idempotency-Key to h and prints the answer.
+func send(h http.Handler, path, key, body string) {
+	r := httptest.NewRequest("POST", path, strings.NewReader(body))
+	r.Header.Set("Idempotency-Key", key)
+	r.Header.Set("Content-Type", "application/json")
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	fmt.Printf("%d replayed=%q %s\n", w.Code, w.Header().Get(middleware.HeaderReplayed), strings.TrimSpace(w.Body.String()))
+}
+
+// The middleware wraps a whole http.ServeMux: the mux's pattern names the
+// endpoint, so a key is scoped to "POST /orders". A retry replays; a reuse
+// of the key for another order is refused.
+func ExampleNew() {
+	store := idem.NewMemoryStore(idem.Options{}) // RedisStore in production
+	orders := 0
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /orders", func(w http.ResponseWriter, r *http.Request) {
+		orders++
+		w.Header().Set("Location", fmt.Sprintf("/orders/%d", orders))
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"order":%d}`, orders)
+	})
+	idempotent, err := middleware.New(middleware.Options{Store: store})
+	if err != nil {
+		panic(err)
+	}
+	h := idempotent(mux)
+
+	send(h, "/orders", "8e03978e", `{"sku":"tea"}`)
+	send(h, "/orders", "8e03978e", `{"sku":"tea"}`) // the client retries
+	send(h, "/orders", "8e03978e", `{"sku":"mug"}`) // the key reused for another order
+	fmt.Println("orders placed:", orders)
+	// Output:
+	// 201 replayed="" {"order":1}
+	// 201 replayed="true" {"order":1}
+	// 422 replayed="" {"type":"https://pkg.go.dev/github.com/idemgo/idem/middleware#TypeFingerprintMismatch","title":"Idempotency key reused","status":422,"detail":"The key was used for a different request."}
+	// orders placed: 1
+}
+
+// With chi, the middleware sits inside the route (r.With), where chi knows
+// the route pattern, and Options.Route reads it.
+func ExampleNew_chi() {
+	store := idem.NewMemoryStore(idem.Options{})
+	idempotent, err := middleware.New(middleware.Options{
+		Store: store,
+		Route: func(r *http.Request) string { return chi.RouteContext(r.Context()).RoutePattern() },
+	})
+	if err != nil {
+		panic(err)
+	}
+	payments := 0
+	r := chi.NewRouter()
+	r.With(idempotent).Post("/invoices/{id}/pay", func(w http.ResponseWriter, r *http.Request) {
+		payments++
+		fmt.Fprintf(w, `{"invoice":%q,"payment":%d}`, chi.URLParam(r, "id"), payments)
+	})
+
+	send(r, "/invoices/7/pay", "pay-7", `{}`)
+	send(r, "/invoices/7/pay", "pay-7", `{}`)
+	fmt.Println("payments:", payments)
+	// Output:
+	// 200 replayed="" {"invoice":"7","payment":1}
+	// 200 replayed="true" {"invoice":"7","payment":1}
+	// payments: 1
+}
+
+// A webhook delivered twice is handled once: Options.Key takes the key from
+// the event id the sender puts in a header.
+func ExampleOptions_key() {
+	store := idem.NewMemoryStore(idem.Options{})
+	idempotent, _ := middleware.New(middleware.Options{
+		Store:    store,
+		Required: true,
+		Key:      func(r *http.Request) (string, error) { return r.Header.Get("Webhook-Id"), nil },
+	})
+	handled := 0
+	h := idempotent(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		handled++
+		w.WriteHeader(http.StatusNoContent)
+	}))
+	for range 2 {
+		r := httptest.NewRequest("POST", "/webhooks/billing", strings.NewReader(`{"type":"invoice.paid"}`))
+		r.Header.Set("Webhook-Id", "evt_1MqqbKLt4dXK03v5")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		fmt.Printf("%d replayed=%q\n", w.Code, w.Header().Get(middleware.HeaderReplayed))
+	}
+	fmt.Println("handled:", handled)
+	// Output:
+	// 204 replayed=""
+	// 204 replayed="true"
+	// handled: 1
+}

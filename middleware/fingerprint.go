@@ -1,0 +1,133 @@
+package middleware
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"hash"
+	"io"
+	"mime"
+	"mime/multipart"
+	"net/http"
+	"slices"
+	"strings"
+)
+
+// fingerprint is the default Options.Fingerprint: SHA-256 over the method,
+// the route, the request target (path and query), the content type and the
+// body. Each part but the last (the body) is length-prefixed, so no two
+// requests share the input.
+//
+// The route scopes the record (one per endpoint); the target tells apart
+// requests within it, so that a key reused on /orders/2 after /orders/1 is
+// a different request (422), not a replay of the first.
+//
+// The content type is its media type and parameters in a canonical form
+// (lower-case, parameters sorted), so that a retry whose client spells the
+// header differently is still a retry. A multipart body is fingerprinted
+// by its parts: each part's field name, file name, and, for a file, its
+// size, for a field, its value. A retried upload carries a new boundary and
+// often new part headers; what it means is the same, and the file bytes
+// are not read into memory. A multipart body that does not parse is
+// fingerprinted as bytes.
+func fingerprint(r *http.Request, route string, open func() io.Reader) ([]byte, error) {
+	h := sha256.New()
+	// The head is built in one buffer and written once: a string written
+	// to a hash.Hash interface is copied to the heap each time.
+	head := make([]byte, 0, 128)
+	head = appendField(head, r.Method)
+	head = appendField(head, route)
+	head = appendField(head, r.URL.RequestURI())
+	ct := r.Header.Get("Content-Type")
+	mt, params, err := mime.ParseMediaType(ct)
+	if err != nil {
+		h.Write(appendField(head, ct))
+		return sum(h, open())
+	}
+	if boundary := params["boundary"]; strings.HasPrefix(mt, "multipart/") && boundary != "" {
+		delete(params, "boundary")
+		h.Write(appendField(head, canonicalType(mt, params)))
+		if fp, ok := multipartFingerprint(h, open(), boundary); ok {
+			return fp, nil
+		}
+		h.Reset()
+		h.Write(appendField(head, ct))
+		return sum(h, open())
+	}
+	if len(params) == 0 {
+		ct = mt // already canonical: lower case, no parameters
+	} else {
+		ct = canonicalType(mt, params)
+	}
+	h.Write(appendField(head, ct))
+	return sum(h, open())
+}
+
+// appendField appends s to b, length first.
+func appendField(b []byte, s string) []byte {
+	b = binary.AppendUvarint(b, uint64(len(s)))
+	return append(b, s...)
+}
+
+func canonicalType(mt string, params map[string]string) string {
+	keys := make([]string, 0, len(params))
+	for k := range params {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	var b strings.Builder
+	b.WriteString(mt)
+	for _, k := range keys {
+		b.WriteString(";" + k + "=" + params[k])
+	}
+	return b.String()
+}
+
+func sum(h hash.Hash, body io.Reader) ([]byte, error) {
+	if _, err := io.Copy(h, body); err != nil {
+		return nil, err
+	}
+	return h.Sum(nil), nil
+}
+
+// field writes s to h, length first.
+func field(h hash.Hash, s string) {
+	var n [binary.MaxVarintLen64]byte
+	h.Write(n[:binary.PutUvarint(n[:], uint64(len(s)))])
+	h.Write([]byte(s))
+}
+
+// multipartFingerprint hashes each part into h, streaming: a file part is
+// counted, never held. ok is false when the body does not parse.
+func multipartFingerprint(h hash.Hash, body io.Reader, boundary string) ([]byte, bool) {
+	mr := multipart.NewReader(body, boundary)
+	for {
+		p, err := mr.NextRawPart()
+		if err == io.EOF {
+			return h.Sum(nil), true
+		}
+		if err != nil {
+			return nil, false
+		}
+		field(h, "part")
+		field(h, p.FormName())
+		name := p.FileName()
+		if name != "" {
+			field(h, "file")
+			field(h, name)
+			n, err := io.Copy(io.Discard, p)
+			if err != nil {
+				return nil, false
+			}
+			var b [8]byte
+			binary.BigEndian.PutUint64(b[:], uint64(n))
+			h.Write(b[:])
+			continue
+		}
+		field(h, "value")
+		v := sha256.New()
+		if _, err := io.Copy(v, p); err != nil {
+			return nil, false
+		}
+		h.Write(v.Sum(nil))
+	}
+}

@@ -1,0 +1,194 @@
+package middleware
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime/multipart"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// multipartBody builds a form with one field and one file of size bytes,
+// under the given boundary.
+func multipartBody(t *testing.T, boundary, note string, size int) (string, []byte) {
+	t.Helper()
+	var b bytes.Buffer
+	mw := multipart.NewWriter(&b)
+	if err := mw.SetBoundary(boundary); err != nil {
+		t.Fatal(err)
+	}
+	_ = mw.WriteField("note", note)
+	f, _ := mw.CreateFormFile("upload", "scan.pdf")
+	_, _ = f.Write(bytes.Repeat([]byte{'x'}, size))
+	_ = mw.Close()
+	return mw.FormDataContentType(), b.Bytes()
+}
+
+// uploadHandler answers with the note, the file's size and the SHA-256 of
+// the whole body it was given.
+type uploadHandler struct{ counter }
+
+func (u *uploadHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	u.runs.Add(1)
+	raw, _ := io.ReadAll(r.Body)
+	r.Body = io.NopCloser(bytes.NewReader(raw))
+	if err := r.ParseMultipartForm(1 << 20); err != nil {
+		http.Error(w, err.Error(), 400)
+		return
+	}
+	_, fh, _ := r.FormFile("upload")
+	sum := sha256.Sum256(raw)
+	fmt.Fprintf(w, "%s %d %s", r.FormValue("note"), fh.Size, hex.EncodeToString(sum[:]))
+}
+
+// A retried upload with a new boundary is the same request; a different
+// file size or field is another. The handler gets the body intact, also
+// when it spills to disk.
+func TestMultipart(t *testing.T) {
+	s := newCounting()
+	var u uploadHandler
+	h := mustNew(t, Options{Store: s}, &u)
+	send := func(boundary, note string, size int) *httptest.ResponseRecorder {
+		ct, body := multipartBody(t, boundary, note, size)
+		r := httptest.NewRequest("POST", "/uploads", bytes.NewReader(body))
+		r.Header.Set("Content-Type", ct)
+		r.Header.Set("Idempotency-Key", "up-1")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		if w.Code == 200 && w.Header().Get(HeaderReplayed) == "" {
+			sum := sha256.Sum256(body)
+			if !strings.HasSuffix(w.Body.String(), hex.EncodeToString(sum[:])) {
+				t.Errorf("handler saw a body with another hash: %q", w.Body)
+			}
+		}
+		return w
+	}
+	size := 3 * spoolMemory // past the memory part of the spool
+	first := send("boundary-one", "hello", size)
+	if first.Code != 200 || !strings.HasPrefix(first.Body.String(), fmt.Sprintf("hello %d ", size)) {
+		t.Fatalf("first upload = %d %q; want 200 with the note and size", first.Code, first.Body)
+	}
+	if w := send("boundary-two", "hello", size); w.Code != 200 || w.Header().Get(HeaderReplayed) != "true" || w.Body.String() != first.Body.String() {
+		t.Errorf("retry with a new boundary = %d %q; want a replay of the first", w.Code, w.Body)
+	}
+	wantProblem(t, send("boundary-three", "hello", size+1), 422, TypeFingerprintMismatch)
+	wantProblem(t, send("boundary-four", "hullo", size), 422, TypeFingerprintMismatch)
+	if u.runs.Load() != 1 {
+		t.Errorf("handler ran %d times; want 1", u.runs.Load())
+	}
+}
+
+// A body over MaxBodyBytes is 413 before any store call; one at the limit
+// passes whole.
+func TestBodyLimit(t *testing.T) {
+	s := newCounting()
+	var c counter
+	h := mustNew(t, Options{Store: s, MaxBodyBytes: 10}, &c)
+	wantProblem(t, do(h, req{key: "k", body: "12345678901"}), 413, TypeBodyTooLarge)
+	if s.calls.Load() != 0 || c.runs.Load() != 0 {
+		t.Errorf("store calls %d, runs %d after a 413; want 0 and 0", s.calls.Load(), c.runs.Load())
+	}
+	if w := do(h, req{key: "k", body: "1234567890"}); w.Code != 201 || !strings.Contains(w.Body.String(), `"body":"1234567890"`) {
+		t.Errorf("body at the limit = %d %q; want 201 echoing the whole body", w.Code, w.Body)
+	}
+}
+
+// The spool gives back what it was given, from memory and from disk, to
+// any number of readers, and removes its file.
+func TestSpool(t *testing.T) {
+	data := bytes.Repeat([]byte("0123456789"), spoolMemory/5) // two memories
+	s, err := readBody(bytes.NewReader(data), int64(len(data)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.file == nil {
+		t.Fatalf("a body of %d bytes did not spill to disk", len(data))
+	}
+	name := s.file.Name()
+	for i := range 2 {
+		got, _ := io.ReadAll(s.Reader())
+		if !bytes.Equal(got, data) {
+			t.Errorf("read %d gave %d bytes; want the %d written", i, len(got), len(data))
+		}
+	}
+	if err := s.Close(); err != nil {
+		t.Errorf("Close = %v", err)
+	}
+	if _, err := readBody(bytes.NewReader(data), int64(len(data))-1); err != errBodyTooLarge {
+		t.Errorf("readBody over the limit = %v; want errBodyTooLarge", err)
+	}
+	if f, err := http.Dir("/").Open(name); err == nil {
+		_ = f.Close()
+		t.Errorf("spool file %s remains after Close", name)
+	}
+}
+
+// The content type counts as its meaning, not its spelling.
+func TestFingerprintContentType(t *testing.T) {
+	fp := func(ct string) string {
+		r := httptest.NewRequest("POST", "/x", nil)
+		r.Header.Set("Content-Type", ct)
+		b, err := fingerprint(r, "/x", func() io.Reader { return strings.NewReader("{}") })
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	if fp("application/json; charset=utf-8") != fp(`Application/JSON;Charset="utf-8"`) {
+		t.Errorf("two spellings of one content type fingerprint differently")
+	}
+	if fp("application/json") == fp("text/plain") {
+		t.Errorf("two content types fingerprint alike")
+	}
+}
+
+// Options.Fingerprint replaces the default: here only the "amount" matters,
+// so a retry whose JSON is spelled differently replays; a long fingerprint
+// is hashed to fit the store.
+func TestFingerprintOption(t *testing.T) {
+	s := newCounting()
+	var c counter
+	h := mustNew(t, Options{Store: s, Fingerprint: func(r *http.Request, route string, body io.Reader) ([]byte, error) {
+		var v struct{ Amount int }
+		if err := json.NewDecoder(body).Decode(&v); err != nil {
+			return nil, err
+		}
+		return []byte(strings.Repeat(strconv.Itoa(v.Amount), 2000)), nil
+	}}, &c)
+	do(h, req{key: "k", body: `{"amount":5}`})
+	if w := do(h, req{key: "k", body: `{ "amount": 5, "note": "retry" }`}); w.Code != 201 || w.Header().Get(HeaderReplayed) != "true" {
+		t.Errorf("same amount = %d %v; want a replay", w.Code, w.Header())
+	}
+	wantProblem(t, do(h, req{key: "k", body: `{"amount":6}`}), 422, TypeFingerprintMismatch)
+	wantProblem(t, do(h, req{key: "k2", body: `not json`}), 400, TypeBodyUnreadable)
+	if c.runs.Load() != 1 {
+		t.Errorf("handler ran %d times; want 1", c.runs.Load())
+	}
+}
+
+type failingReader struct{}
+
+func (failingReader) Read([]byte) (int, error) { return 0, errors.New("connection reset: secret") }
+
+// A body that cannot be read to its end is 400, before any store call.
+func TestBodyUnreadable(t *testing.T) {
+	s := newCounting()
+	var c counter
+	h := mustNew(t, Options{Store: s}, &c)
+	r := httptest.NewRequest("POST", "/orders", io.MultiReader(strings.NewReader("{"), failingReader{}))
+	r.Header.Set("Idempotency-Key", "k")
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	wantProblem(t, w, 400, TypeBodyUnreadable)
+	if s.calls.Load() != 0 || c.runs.Load() != 0 {
+		t.Errorf("store calls %d, runs %d; want 0 and 0", s.calls.Load(), c.runs.Load())
+	}
+}

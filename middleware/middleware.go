@@ -1,0 +1,360 @@
+package middleware
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/idemgo/idem"
+)
+
+// Response headers the middleware adds to a replay.
+const (
+	// HeaderReplayed is "true" on every replayed response.
+	HeaderReplayed = "Idempotent-Replayed"
+	// HeaderBodyOmitted is "true" on a replay of a response whose body was
+	// over MaxResponseBytes: the status and allowlisted headers are the
+	// recorded ones, the body is empty. The work was done once; its full
+	// response was sent to the first request only.
+	HeaderBodyOmitted = "Idempotent-Body-Omitted"
+)
+
+// New returns the middleware that Options describe, or an error when they
+// are invalid (neither or both of Store and Tx, a negative duration or
+// size, a header name that is not a token, a credential header in
+// ReplayHeaders).
+//
+// The returned function is safe to call many times and its handlers are safe
+// for concurrent use.
+func New(o Options) (func(http.Handler) http.Handler, error) {
+	c, err := o.config()
+	if err != nil {
+		return nil, err
+	}
+	return func(next http.Handler) http.Handler {
+		mux := c.Mux
+		if m, ok := next.(*http.ServeMux); ok && mux == nil {
+			mux = m
+		}
+		return &handler{c: c, next: next, mux: mux}
+	}, nil
+}
+
+type handler struct {
+	c    *config
+	next http.Handler
+	mux  *http.ServeMux
+}
+
+type leaseKey struct{}
+
+// LeaseFrom returns the lease under which the handler runs, in lease mode:
+// its Token is the fencing token to pass to a downstream write. It returns
+// false outside the middleware and in transactional mode, where the
+// transaction (idem.TxFromContext) plays that part.
+func LeaseFrom(ctx context.Context) (*idem.Lease, bool) {
+	l, ok := ctx.Value(leaseKey{}).(*idem.Lease)
+	return l, ok
+}
+
+// ServeHTTP handles one request: everything up to the fingerprint makes no
+// store call, so a malformed request never costs a round trip.
+func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	c := h.c
+	if !c.methods[r.Method] {
+		h.next.ServeHTTP(w, r)
+		return
+	}
+	key, p := h.clientKey(r)
+	if p != nil {
+		h.fail(w, r, p)
+		return
+	}
+	if key == "" {
+		if c.Required {
+			h.fail(w, r, problem(TypeKeyMissing, "", nil))
+			return
+		}
+		h.next.ServeHTTP(w, r)
+		return
+	}
+	var scope string
+	if c.Scope != nil {
+		var err error
+		if scope, err = c.Scope(r); err != nil {
+			h.fail(w, r, problem(TypeScopeInvalid, "", err))
+			return
+		}
+	}
+	route := c.route(r, h.mux)
+	var body *spool
+	var err error
+	if r.ContentLength > c.MaxBodyBytes {
+		err = errBodyTooLarge // known without reading it
+	} else {
+		body, err = readBody(r.Body, c.MaxBodyBytes)
+	}
+	if errors.Is(err, errBodyTooLarge) {
+		h.fail(w, r, problem(TypeBodyTooLarge, "The request body exceeds "+strconv.FormatInt(c.MaxBodyBytes, 10)+" bytes.", err))
+		return
+	}
+	if err != nil {
+		h.fail(w, r, problem(TypeBodyUnreadable, "", err))
+		return
+	}
+	defer body.Close()
+	var fp []byte
+	if c.Fingerprint != nil {
+		fp, err = c.Fingerprint(r, route, body.Reader())
+	} else {
+		fp, err = fingerprint(r, route, body.Reader)
+	}
+	if err != nil {
+		h.fail(w, r, problem(TypeBodyUnreadable, "", err))
+		return
+	}
+	if len(fp) > idem.MaxFingerprintBytes {
+		sum := sha256.Sum256(fp) // a store refuses a longer one
+		fp = sum[:]
+	}
+	sk := storeKey(scope, r.Method, route, key)
+	if c.Tx != nil {
+		h.serveTx(w, r, sk, fp, body)
+		return
+	}
+	h.serveLease(w, r, sk, fp, body)
+}
+
+// clientKey returns the request's key ("" for none) or the problem with it.
+func (h *handler) clientKey(r *http.Request) (string, *Problem) {
+	if h.c.Key == nil {
+		k, err := headerKey(r.Header, h.c.Header, h.c.MaxKeyLength)
+		if err != nil {
+			return "", problem(TypeKeyInvalid, "The "+h.c.Header+" header is invalid: "+err.Error()+".", err)
+		}
+		return k, nil
+	}
+	k, err := h.c.Key(r)
+	if err != nil {
+		return "", problem(TypeKeyInvalid, "", err)
+	}
+	if len(k) > h.c.MaxKeyLength {
+		return "", problem(TypeKeyInvalid, "The key is too long.", errKeyTooLong)
+	}
+	return k, nil
+}
+
+// serveLease is lease mode: claim, and run the handler under the lease;
+// or replay; or wait for the holder.
+func (h *handler) serveLease(w http.ResponseWriter, r *http.Request, sk string, fp []byte, body *spool) {
+	store := h.c.Store
+	deadline := time.Now().Add(h.c.LockTimeout)
+	wait := 10 * time.Millisecond
+	for {
+		cl, err := store.Claim(r.Context(), sk, fp)
+		if err != nil {
+			h.storeFailed(w, r, err)
+			return
+		}
+		if cl.Outcome == idem.Claimed {
+			h.run(w, r, cl.Lease, body)
+			return
+		}
+		// A different request under the key is answered at once, in flight
+		// or done: waiting would not make it the same request.
+		if !bytes.Equal(cl.Record.Fingerprint, fp) {
+			h.fail(w, r, problem(TypeFingerprintMismatch, "", nil))
+			return
+		}
+		if cl.Outcome == idem.Duplicate {
+			h.replay(w, r, cl.Record.Result)
+			return
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			h.inProgress(w, r, cl.Record.Expires)
+			return
+		}
+		// Jittered, growing waits: many retries of one key do not poll the
+		// store in step.
+		d := min(wait/2+rand.N(wait), left)
+		wait = min(2*wait, 250*time.Millisecond)
+		if !sleep(r.Context(), d) {
+			return // the client is gone: nobody to answer
+		}
+	}
+}
+
+// run runs the handler under l, then records and sends its response, or
+// releases the key.
+func (h *handler) run(w http.ResponseWriter, r *http.Request, l *idem.Lease, body *spool) {
+	work, stop := idem.KeepAlive(r.Context(), h.c.Store, l)
+	rec := newRecorder(h.c.MaxResponseBytes)
+	defer rec.body.Close()
+	done := false
+	defer func() {
+		if !done {
+			// The handler panicked: release the key so that a retry does
+			// the work, and let the panic go on.
+			stop()
+			h.forget(r, l)
+		}
+	}()
+	r2 := r.WithContext(context.WithValue(work, leaseKey{}, l))
+	r2.Body = spoolBody{body.Reader()}
+	h.next.ServeHTTP(rec, r2)
+	done = true
+	stop()
+	rec.finish()
+	if !h.c.Keep(rec.status) {
+		h.forget(r, l)
+		rec.send(w)
+		return
+	}
+	h.confirm(r, l, rec)
+	rec.send(w)
+}
+
+// confirm records rec as l's result, on a context detached from the
+// request, retrying within RecordTimeout. A result the store finds too
+// large is recorded again without its body: the work is done, and must be
+// recorded as done whatever its size.
+func (h *handler) confirm(r *http.Request, l *idem.Lease, rec *recorder) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), h.c.RecordTimeout)
+	defer cancel()
+	resp := h.response(rec)
+	result := encodeResponse(resp)
+	err := retry(ctx, func() error {
+		err := h.c.Store.Confirm(ctx, l, result)
+		if errors.Is(err, idem.ErrTooLarge) && !resp.bodyOmitted {
+			resp.body, resp.bodyOmitted = nil, true
+			result = encodeResponse(resp)
+			err = h.c.Store.Confirm(ctx, l, result)
+		}
+		return err
+	})
+	if err != nil {
+		// The response still goes out: the work was done, and a client
+		// told otherwise would retry it once the lease runs out.
+		h.log(r, "middleware: the response could not be recorded; a retry after the lease may run the handler again", l.Key, err)
+	}
+}
+
+// forget releases l on a context detached from the request, retrying
+// within RecordTimeout.
+func (h *handler) forget(r *http.Request, l *idem.Lease) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), h.c.RecordTimeout)
+	defer cancel()
+	err := retry(ctx, func() error { return h.c.Store.Forget(ctx, l) })
+	if err != nil && !errors.Is(err, idem.ErrLeaseLost) {
+		h.log(r, "middleware: the key could not be released; retries wait for the lease to run out", l.Key, err)
+	}
+}
+
+// retry calls f until it succeeds, fails for good (lease lost, invalid or
+// too large input), or ctx is done.
+func retry(ctx context.Context, f func() error) error {
+	wait := 20 * time.Millisecond
+	for {
+		err := f()
+		if err == nil || errors.Is(err, idem.ErrLeaseLost) || errors.Is(err, idem.ErrInvalidKey) || errors.Is(err, idem.ErrTooLarge) {
+			return err
+		}
+		if !sleep(ctx, wait/2+rand.N(wait)) {
+			return errors.Join(err, ctx.Err())
+		}
+		wait = min(2*wait, time.Second)
+	}
+}
+
+// response is what of rec is recorded: the allowlisted headers, and the
+// body unless it is over MaxResponseBytes.
+func (h *handler) response(rec *recorder) *response {
+	resp := &response{status: rec.status, header: make(http.Header, len(h.c.replay))}
+	for _, k := range h.c.replay {
+		if vs := rec.header[k]; len(vs) > 0 {
+			resp.header[k] = vs
+		}
+	}
+	if rec.body.size > int64(h.c.MaxResponseBytes) {
+		resp.bodyOmitted = true
+	} else {
+		resp.body = rec.body.mem.Bytes() // the spool holds MaxResponseBytes in memory
+	}
+	return resp
+}
+
+// replay answers with a recorded response, its headers filtered by
+// today's allowlist whatever was recorded.
+func (h *handler) replay(w http.ResponseWriter, r *http.Request, result []byte) {
+	dst := w.Header()
+	status, omitted, body, err := walkResponse(result, func(k, v []byte) {
+		for _, name := range h.c.replay {
+			if name == string(k) { // compared without a copy
+				dst[name] = append(dst[name], string(v))
+				return
+			}
+		}
+	})
+	if err != nil {
+		h.fail(w, r, problem(TypeRecordDamaged, "", err))
+		return
+	}
+	// Shared, never modified: net/http only reads header values.
+	dst[HeaderReplayed] = headerTrue
+	if omitted {
+		dst[HeaderBodyOmitted] = headerTrue
+	}
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}
+
+var headerTrue = []string{"true"}
+
+// inProgress answers 409, with Retry-After when the holder's lease should
+// end (at least a second).
+func (h *handler) inProgress(w http.ResponseWriter, r *http.Request, until time.Time) {
+	secs := int64(time.Until(until)+time.Second-1) / int64(time.Second)
+	w.Header().Set("Retry-After", strconv.FormatInt(max(secs, 1), 10))
+	h.fail(w, r, problem(TypeInProgress, "", idem.ErrInProgress))
+}
+
+// storeFailed answers a failed Claim: 400 for a key the store refuses, 503
+// (fail closed) for anything else, nothing when the client is gone.
+func (h *handler) storeFailed(w http.ResponseWriter, r *http.Request, err error) {
+	switch {
+	case errors.Is(err, idem.ErrInvalidKey):
+		h.fail(w, r, problem(TypeKeyInvalid, "The key is too long.", err))
+	case r.Context().Err() != nil:
+	default:
+		w.Header().Set("Retry-After", "1")
+		h.fail(w, r, problem(TypeStoreUnavailable, "", err))
+	}
+}
+
+func (h *handler) fail(w http.ResponseWriter, r *http.Request, p *Problem) {
+	h.c.Error(w, r, p)
+}
+
+func (h *handler) log(r *http.Request, msg, key string, err error) {
+	if h.c.Logger != nil {
+		h.c.Logger.ErrorContext(r.Context(), msg, "key", idem.KeyHash(key), "err", err)
+	}
+}
+
+// sleep waits d, or returns false when ctx is done first.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

@@ -1,0 +1,219 @@
+package middleware
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/textproto"
+	"strings"
+	"time"
+
+	"github.com/idemgo/idem"
+)
+
+// Options configure the middleware. The zero value of every field means its
+// documented default; exactly one of Store and Tx must be set.
+type Options struct {
+	// Store holds the records in lease mode: the handler runs under a
+	// lease, renewed by idem.KeepAlive while it runs, and its response is
+	// confirmed afterwards. Set Store or Tx, not both. Default: none.
+	Store idem.Store
+	// Tx holds the records in transactional mode: the handler runs inside
+	// SQLStore.Run, its own SQL joins the record's transaction through
+	// idem.TxFromContext(r.Context()), and the response is sent only after
+	// the commit. Set Store or Tx, not both. Default: none.
+	Tx *idem.SQLStore
+	// Header names the request header that carries the client's key. It
+	// must be a valid header field name. Default "Idempotency-Key".
+	Header string
+	// Required answers 400 to a covered request without a key instead of
+	// passing it through. Default false.
+	Required bool
+	// Methods are the request methods the middleware covers; others pass
+	// through untouched. Default POST and PATCH.
+	Methods []string
+	// Key takes the client's key from elsewhere than Header, a webhook's
+	// event id say: it returns the key, "" for none (then Required
+	// decides), or an error (400 problem, the error never shown). A key
+	// must still be at most MaxKeyLength bytes. Default: the Header,
+	// parsed as an RFC 8941 string or a bare token.
+	Key func(*http.Request) (string, error)
+	// Scope names the tenant the request acts for (an account id, an API
+	// key's id), so that one tenant's key never replays another's. An error
+	// answers 400 unless the Error hook decides otherwise. Default: one
+	// scope for every request.
+	Scope func(*http.Request) (string, error)
+	// Route names the endpoint for routers other than http.ServeMux (with
+	// chi: chi.RouteContext(r.Context()).RoutePattern(), the middleware
+	// placed inside the route). Default: r.Pattern when the middleware sits
+	// inside a ServeMux route; else the pattern Mux.Handler(r) reports
+	// (Mux, or the *http.ServeMux the middleware wraps); else the path.
+	Route func(*http.Request) string
+	// Mux is the ServeMux whose pattern names the route when the
+	// middleware wraps the whole mux. Default: the handler the middleware
+	// wraps, when it is a *http.ServeMux.
+	Mux *http.ServeMux
+	// LockTimeout bounds how long a request waits for another request of
+	// the same key in flight before answering 409 with Retry-After.
+	// Default 5s.
+	LockTimeout time.Duration
+	// MaxKeyLength bounds the client's key, in bytes. Default 255.
+	MaxKeyLength int
+	// MaxBodyBytes bounds a covered request's body; a longer one is 413.
+	// Up to 64 KiB are held in memory, the rest spools to a temporary
+	// file (see the package documentation). Default 10 MiB.
+	MaxBodyBytes int64
+	// MaxResponseBytes bounds the response body that is recorded for
+	// replay. A longer response is still sent whole and recorded as done,
+	// without its body (replays carry Idempotent-Body-Omitted: true). The
+	// encoded record (body plus status and headers) must also fit the
+	// store's MaxResultBytes. Default 512 KiB.
+	MaxResponseBytes int
+	// ReplayHeaders are the response headers recorded and replayed.
+	// Set-Cookie, Authorization, WWW-Authenticate and Proxy-Authenticate
+	// may not be listed: credentials are never replayed to whoever holds a
+	// key. Default DefaultReplayHeaders.
+	ReplayHeaders []string
+	// Keep reports whether a response with this status is recorded. A
+	// response not kept releases the key, so that a retry runs the handler
+	// again. Default: every status below 500.
+	Keep func(status int) bool
+	// Fingerprint computes the request's fingerprint from the request and
+	// its body (a fresh reader over the bounded copy; the handler still
+	// gets the whole body). One longer than idem.MaxFingerprintBytes is
+	// replaced by its SHA-256. An error answers 400. Default
+	// SHA-256 over method, route, path and query, content type and body; for
+	// bodies, the fields and the files' names and sizes.
+	Fingerprint func(r *http.Request, route string, body io.Reader) ([]byte, error)
+	// Error writes an error response. It may change everything about it,
+	// the status included. Default: WriteProblem.
+	Error func(w http.ResponseWriter, r *http.Request, p *Problem)
+	// RecordTimeout bounds the store calls that record (Confirm) or release
+	// (Forget) the key after the handler ran, retries included. They run
+	// detached from the request's cancellation: a client that hangs up
+	// must not leave the key claimed. Default 10s.
+	RecordTimeout time.Duration
+	// Logger receives what the middleware cannot tell the client: a
+	// response that could not be recorded, a key that could not be
+	// released. Keys are logged as idem.KeyHash. Default: none.
+	Logger *slog.Logger
+}
+
+// Defaults of Options.
+const (
+	DefaultHeader           = "Idempotency-Key"
+	DefaultLockTimeout      = 5 * time.Second
+	DefaultMaxKeyLength     = 255
+	DefaultMaxBodyBytes     = 10 << 20
+	DefaultMaxResponseBytes = 512 << 10
+	DefaultRecordTimeout    = 10 * time.Second
+)
+
+// DefaultReplayHeaders are the response headers replayed by default: those
+// that describe the representation or the created resource.
+var DefaultReplayHeaders = []string{
+	"Cache-Control", "Content-Disposition", "Content-Encoding", "Content-Language",
+	"Content-Location", "Content-Type", "ETag", "Expires", "Last-Modified",
+	"Link", "Location", "Vary",
+}
+
+// neverReplayed are headers that carry credentials or challenges.
+var neverReplayed = map[string]bool{
+	"Set-Cookie": true, "Authorization": true, "Www-Authenticate": true, "Proxy-Authenticate": true,
+}
+
+// config is Options validated, with defaults filled in.
+type config struct {
+	Options
+	methods map[string]bool
+	replay  []string // canonical names
+}
+
+func (o Options) config() (*config, error) {
+	if (o.Store == nil) == (o.Tx == nil) {
+		return nil, errors.New("middleware: set exactly one of Options.Store and Options.Tx")
+	}
+	if o.Header == "" {
+		o.Header = DefaultHeader
+	}
+	if !validFieldName(o.Header) {
+		return nil, fmt.Errorf("middleware: Header %q is not a valid header field name", o.Header)
+	}
+	o.Header = textproto.CanonicalMIMEHeaderKey(o.Header)
+	if o.LockTimeout < 0 || o.RecordTimeout < 0 {
+		return nil, fmt.Errorf("middleware: negative LockTimeout %v or RecordTimeout %v", o.LockTimeout, o.RecordTimeout)
+	}
+	if o.MaxKeyLength < 0 || o.MaxBodyBytes < 0 || o.MaxResponseBytes < 0 {
+		return nil, fmt.Errorf("middleware: negative MaxKeyLength %d, MaxBodyBytes %d or MaxResponseBytes %d",
+			o.MaxKeyLength, o.MaxBodyBytes, o.MaxResponseBytes)
+	}
+	o.LockTimeout = or(o.LockTimeout, DefaultLockTimeout)
+	o.RecordTimeout = or(o.RecordTimeout, DefaultRecordTimeout)
+	o.MaxKeyLength = or(o.MaxKeyLength, DefaultMaxKeyLength)
+	o.MaxBodyBytes = or(o.MaxBodyBytes, DefaultMaxBodyBytes)
+	o.MaxResponseBytes = or(o.MaxResponseBytes, DefaultMaxResponseBytes)
+	if o.Keep == nil {
+		o.Keep = func(status int) bool { return status < 500 }
+	}
+	if o.Error == nil {
+		o.Error = WriteProblem
+	}
+	c := &config{Options: o, methods: map[string]bool{}}
+	methods := o.Methods
+	if len(methods) == 0 {
+		methods = []string{http.MethodPost, http.MethodPatch}
+	}
+	for _, m := range methods {
+		if !validFieldName(m) { // a method is a token, as a field name is
+			return nil, fmt.Errorf("middleware: Methods holds %q, which is not a method", m)
+		}
+		c.methods[m] = true
+	}
+	replay := o.ReplayHeaders
+	if len(replay) == 0 {
+		replay = DefaultReplayHeaders
+	}
+	for _, h := range replay {
+		if !validFieldName(h) {
+			return nil, fmt.Errorf("middleware: ReplayHeaders holds %q, which is not a header field name", h)
+		}
+		h = textproto.CanonicalMIMEHeaderKey(h)
+		if neverReplayed[h] {
+			return nil, fmt.Errorf("middleware: ReplayHeaders may not hold %s: credentials are never replayed", h)
+		}
+		c.replay = append(c.replay, h)
+	}
+	return c, nil
+}
+
+func or[T comparable](v, def T) T {
+	var zero T
+	if v == zero {
+		return def
+	}
+	return v
+}
+
+// validFieldName reports whether s is an RFC 9110 token.
+func validFieldName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if !isTchar(s[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// isTchar reports an RFC 9110 tchar.
+func isTchar(c byte) bool {
+	switch {
+	case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		return true
+	}
+	return strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
+}

@@ -1,0 +1,139 @@
+package middleware
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/idemgo/idem"
+)
+
+func TestResponseRoundTrip(t *testing.T) {
+	for _, r := range []*response{
+		{status: 201, header: http.Header{"Location": {"/a"}, "Link": {"<a>", "<b>"}}, body: []byte("hello")},
+		{status: 204, header: http.Header{}},
+		{status: 200, header: http.Header{"Content-Type": {"text/plain"}}, bodyOmitted: true},
+		{status: 999, header: http.Header{"X": {""}}, body: bytes.Repeat([]byte{0}, 300)},
+	} {
+		b := encodeResponse(r)
+		if !bytes.Equal(b, encodeResponse(r)) {
+			t.Errorf("encodeResponse(%+v) is not deterministic", r)
+		}
+		got, err := decodeResponse(b)
+		if err != nil {
+			t.Fatalf("decodeResponse(encodeResponse(%+v)) = %v", r, err)
+		}
+		if got.status != r.status || got.bodyOmitted != r.bodyOmitted || !bytes.Equal(got.body, r.body) || !reflect.DeepEqual(got.header, r.header) {
+			t.Errorf("round trip of %+v = %+v", r, got)
+		}
+	}
+}
+
+func TestDecodeDamaged(t *testing.T) {
+	good := encodeResponse(&response{status: 201, header: http.Header{"Location": {"/a"}}, body: []byte("hi")})
+	for name, b := range map[string][]byte{
+		"empty":          nil,
+		"short":          good[:3],
+		"version 2":      append([]byte{2}, good[1:]...),
+		"unknown flag":   append([]byte{1, 2}, good[2:]...),
+		"status 99":      append([]byte{1, 0, 0, 99}, good[4:]...),
+		"truncated":      good[:len(good)-1],
+		"trailing bytes": append(append([]byte{}, good...), 0),
+		"huge count":     {1, 0, 0, 200, 0xff, 0xff, 0xff, 0xff, 0x0f},
+		"bad varint":     {1, 0, 0, 200, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff},
+	} {
+		if _, err := decodeResponse(b); err != errDamaged {
+			t.Errorf("decodeResponse(%s %x) = %v; want errDamaged", name, b, err)
+		}
+	}
+}
+
+func FuzzDecodeResponse(f *testing.F) {
+	f.Add(encodeResponse(&response{status: 201, header: http.Header{"Location": {"/a"}}, body: []byte("hi")}))
+	f.Add([]byte{1, 1, 0, 200, 0, 0})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		r, err := decodeResponse(b)
+		if err != nil {
+			return
+		}
+		// What decodes re-encodes to itself when its header lines were in
+		// order; either way it must re-decode to the same response.
+		again, err := decodeResponse(encodeResponse(r))
+		if err != nil || again.status != r.status || !bytes.Equal(again.body, r.body) || again.bodyOmitted != r.bodyOmitted {
+			t.Errorf("re-decoding %+v gave %+v, %v", r, again, err)
+		}
+	})
+}
+
+// A response over MaxResponseBytes is sent whole, recorded as done without
+// its body, and replayed with HeaderBodyOmitted; the handler runs once.
+func TestLargeResponse(t *testing.T) {
+	eachStore(t, func(t *testing.T, s *countingStore) {
+		runs := 0
+		big := strings.Repeat("x", 1000)
+		h := mustNew(t, Options{Store: s, MaxResponseBytes: 100}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			runs++
+			w.Header().Set("Location", "/reports/1")
+			w.WriteHeader(http.StatusCreated)
+			_, _ = w.Write([]byte(big))
+		}))
+		first := do(h, req{key: "k", body: "{}"})
+		if first.Code != 201 || first.Body.String() != big || first.Header().Get(HeaderBodyOmitted) != "" {
+			t.Errorf("first = %d, %d bytes, %v; want 201 and the whole body", first.Code, first.Body.Len(), first.Header())
+		}
+		w := do(h, req{key: "k", body: "{}"})
+		hd := w.Header()
+		if w.Code != 201 || w.Body.Len() != 0 || hd.Get(HeaderBodyOmitted) != "true" || hd.Get(HeaderReplayed) != "true" ||
+			hd.Get("Location") != "/reports/1" || !strings.HasPrefix(hd.Get("Content-Type"), "text/plain") {
+			t.Errorf("replay = %d, %d bytes, %v; want 201, no body, body-omitted, Location and the sniffed Content-Type", w.Code, w.Body.Len(), hd)
+		}
+		if runs != 1 {
+			t.Errorf("handler ran %d times; want 1", runs)
+		}
+	})
+}
+
+// A result the store finds too large is recorded again without its body:
+// the work is done, whatever the size of its answer.
+func TestResultTooLargeForStore(t *testing.T) {
+	s := &countingStore{Store: idem.NewMemoryStore(idem.Options{MaxResultBytes: 200})}
+	runs := 0
+	h := mustNew(t, Options{Store: s}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs++
+		_, _ = w.Write(bytes.Repeat([]byte("y"), 500))
+	}))
+	if w := do(h, req{key: "k", body: "{}"}); w.Code != 200 || w.Body.Len() != 500 {
+		t.Fatalf("first = %d with %d bytes; want 200 with 500", w.Code, w.Body.Len())
+	}
+	w := do(h, req{key: "k", body: "{}"})
+	if w.Code != 200 || w.Header().Get(HeaderBodyOmitted) != "true" || runs != 1 {
+		t.Errorf("replay = %d %v after %d runs; want a 200 replay without body, 1 run", w.Code, w.Header(), runs)
+	}
+}
+
+// A recorded response that does not decode is a 500 problem, never a panic
+// and never a second run.
+func TestDamagedRecord(t *testing.T) {
+	mem := idem.NewMemoryStore(idem.Options{})
+	s := &countingStore{Store: mem}
+	var c counter
+	h := mustNew(t, Options{Store: s}, &c)
+	do(h, req{key: "k", body: "{}"})
+	key := s.claimedKeys()[0]
+	rec, err := mem.Lookup(context.Background(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Record garbage under the same key and fingerprint.
+	mem2 := idem.NewMemoryStore(idem.Options{})
+	cl, _ := mem2.Claim(context.Background(), key, rec.Fingerprint)
+	_ = mem2.Confirm(context.Background(), cl.Lease, []byte{1, 0, 0})
+	h2 := mustNew(t, Options{Store: mem2}, &c)
+	wantProblem(t, do(h2, req{key: "k", body: "{}"}), 500, TypeRecordDamaged)
+	if c.runs.Load() != 1 {
+		t.Errorf("handler ran %d times; want 1", c.runs.Load())
+	}
+}

@@ -1,0 +1,80 @@
+package middleware
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"math/rand/v2"
+	"net/http"
+	"time"
+
+	"github.com/idemgo/idem"
+)
+
+// errNotKept makes Run roll back a response that Keep refused.
+var errNotKept = errors.New("middleware: response not kept")
+
+// serveTx is transactional mode: the handler runs inside SQLStore.Run, its
+// SQL in the transaction that records its response, and the response is
+// sent only once that transaction committed (or, for a response not kept,
+// rolled back).
+func (h *handler) serveTx(w http.ResponseWriter, r *http.Request, sk string, fp []byte, body *spool) {
+	deadline := time.Now().Add(h.c.LockTimeout)
+	wait := 10 * time.Millisecond
+	var rec *recorder
+	defer func() {
+		if rec != nil { // also when the handler panicked
+			_ = rec.body.Close()
+		}
+	}()
+	for {
+		result, replayed, err := h.c.Tx.Run(r.Context(), sk, fp, func(ctx context.Context, _ *sql.Tx) ([]byte, error) {
+			rec = newRecorder(h.c.MaxResponseBytes)
+			r2 := r.WithContext(ctx)
+			r2.Body = spoolBody{body.Reader()}
+			h.next.ServeHTTP(rec, r2)
+			rec.finish()
+			if !h.c.Keep(rec.status) {
+				return nil, errNotKept
+			}
+			return encodeResponse(h.response(rec)), nil
+		})
+		switch {
+		case err == nil && replayed:
+			h.replay(w, r, result)
+		case err == nil, errors.Is(err, errNotKept):
+			rec.send(w)
+		case errors.Is(err, idem.ErrFingerprintMismatch):
+			h.fail(w, r, problem(TypeFingerprintMismatch, "", nil))
+		case errors.Is(err, idem.ErrInProgress) && rec == nil:
+			left := time.Until(deadline)
+			if left <= 0 {
+				h.inProgress(w, r, h.holderExpires(r, sk))
+				return
+			}
+			d := min(wait/2+rand.N(wait), left)
+			wait = min(2*wait, 250*time.Millisecond)
+			if sleep(r.Context(), d) {
+				continue
+			}
+		case errors.Is(err, idem.ErrTooLarge) && rec != nil:
+			h.fail(w, r, problem(TypeResponseTooLarge, "", err))
+		default:
+			// A failed claim, or a failed commit: either way the work was
+			// rolled back, and the client may retry.
+			h.storeFailed(w, r, err)
+		}
+		return
+	}
+}
+
+// holderExpires is when the holder of sk should be done, for Retry-After:
+// its lease's end when a lease holds it, else a second from now (a Run in
+// flight holds no lease, and its end is not known).
+func (h *handler) holderExpires(r *http.Request, sk string) time.Time {
+	rec, err := h.c.Tx.Lookup(r.Context(), sk)
+	if err != nil || rec.Confirmed {
+		return time.Now().Add(time.Second)
+	}
+	return rec.Expires
+}

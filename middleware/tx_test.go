@@ -1,0 +1,252 @@
+package middleware
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/testenv"
+	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
+	_ "modernc.org/sqlite"             // database/sql driver "sqlite"
+)
+
+// txEnv is a transactional-mode store and an orders table the handler
+// inserts into.
+type txEnv struct {
+	db     *sql.DB
+	store  *idem.SQLStore
+	orders string
+	insert string
+}
+
+func uniqueName(prefix string) string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return prefix + hex.EncodeToString(b[:])
+}
+
+func newTxEnv(t *testing.T, d idem.Dialect) *txEnv {
+	return newTxEnvLock(t, d, 0)
+}
+
+// newTxEnvLock is newTxEnv with the store's LockTimeout.
+func newTxEnvLock(t *testing.T, d idem.Dialect, lock time.Duration) *txEnv {
+	t.Helper()
+	var db *sql.DB
+	var err error
+	e := &txEnv{orders: uniqueName("orders_")}
+	switch d {
+	case idem.SQLite:
+		path := filepath.Join(t.TempDir(), "idem.db")
+		db, err = sql.Open("sqlite", "file:"+path+"?_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)")
+		e.insert = "INSERT INTO " + e.orders + " (note) VALUES (?) RETURNING id"
+	case idem.Postgres:
+		db, err = sql.Open("pgx", testenv.PostgresDSN(t))
+		e.insert = "INSERT INTO " + e.orders + " (note) VALUES ($1) RETURNING id"
+	}
+	if err != nil {
+		t.Fatalf("sql.Open = %v", err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	e.db = db
+	table := uniqueName("idemtest_")
+	e.store, err = idem.NewSQLStore(db, idem.SQLOptions{Dialect: d, Table: table, LockTimeout: lock})
+	if err != nil {
+		t.Fatalf("NewSQLStore = %v", err)
+	}
+	ctx := context.Background()
+	if err := e.store.CreateSchema(ctx); err != nil {
+		t.Fatalf("CreateSchema = %v", err)
+	}
+	ddl := "CREATE TABLE " + e.orders + " (id INTEGER PRIMARY KEY AUTOINCREMENT, note TEXT)"
+	if d == idem.Postgres {
+		ddl = "CREATE TABLE " + e.orders + " (id BIGSERIAL PRIMARY KEY, note TEXT)"
+		t.Cleanup(func() {
+			_, _ = db.Exec("DROP TABLE IF EXISTS " + e.orders)
+			_, _ = db.Exec(`DROP TABLE IF EXISTS "` + table + `"`)
+		})
+	}
+	if _, err := db.ExecContext(ctx, ddl); err != nil {
+		t.Fatalf("%s = %v", ddl, err)
+	}
+	return e
+}
+
+func (e *txEnv) rows(t *testing.T) int {
+	t.Helper()
+	var n int
+	if err := e.db.QueryRow("SELECT count(*) FROM " + e.orders).Scan(&n); err != nil {
+		t.Fatalf("counting orders: %v", err)
+	}
+	return n
+}
+
+// orderHandler inserts an order through the request's transaction, then
+// answers with its id; a body of "fail" answers 500 after the insert and
+// "panic" panics after it.
+func (e *txEnv) orderHandler(runs *atomic.Int64) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		tx, ok := idem.TxFromContext(r.Context())
+		if !ok {
+			http.Error(w, "no transaction", 500)
+			return
+		}
+		note, _ := io.ReadAll(r.Body)
+		var id int64
+		if err := tx.QueryRowContext(r.Context(), e.insert, string(note)).Scan(&id); err != nil {
+			http.Error(w, err.Error(), 500)
+			return
+		}
+		switch string(note) {
+		case "fail":
+			http.Error(w, "failed after the insert", 500)
+			return
+		case "panic":
+			panic("after the insert")
+		}
+		w.Header().Set("Location", fmt.Sprintf("/orders/%d", id))
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"id":%d}`, id)
+	})
+}
+
+func eachDialect(t *testing.T, f func(t *testing.T, e *txEnv)) {
+	t.Run("sqlite", func(t *testing.T) { f(t, newTxEnv(t, idem.SQLite)) })
+	t.Run("postgres", func(t *testing.T) { f(t, newTxEnv(t, idem.Postgres)) })
+}
+
+// N concurrent retries: the row exists once and every client gets the same
+// body.
+func TestTxConcurrentRetries(t *testing.T) {
+	eachDialect(t, func(t *testing.T, e *txEnv) {
+		var runs atomic.Int64
+		h := mustNew(t, Options{Tx: e.store}, e.orderHandler(&runs))
+		const n = 8
+		var wg sync.WaitGroup
+		codes, bodies := make([]int, n), make([]string, n)
+		for i := range n {
+			wg.Go(func() {
+				w := do(h, req{key: "order-1", body: "widget"})
+				codes[i], bodies[i] = w.Code, w.Body.String()
+			})
+		}
+		wg.Wait()
+		for i := range n {
+			if codes[i] != 201 || bodies[i] != bodies[0] {
+				t.Errorf("client %d = %d %q; want 201 %q like client 0", i, codes[i], bodies[i], bodies[0])
+			}
+		}
+		if got := e.rows(t); got != 1 || runs.Load() != 1 {
+			t.Errorf("orders = %d after %d handler runs; want 1 and 1", got, runs.Load())
+		}
+		wantProblem(t, do(h, req{key: "order-1", body: "gadget"}), 422, TypeFingerprintMismatch)
+		if _, ok := LeaseFrom(context.Background()); ok {
+			t.Errorf("LeaseFrom outside the middleware = ok")
+		}
+	})
+}
+
+// A 5xx or a panic rolls back the handler's row and the record: the retry
+// runs the handler again.
+func TestTxRollback(t *testing.T) {
+	eachDialect(t, func(t *testing.T, e *txEnv) {
+		var runs atomic.Int64
+		h := mustNew(t, Options{Tx: e.store}, e.orderHandler(&runs))
+		if w := do(h, req{key: "k", body: "fail"}); w.Code != 500 {
+			t.Errorf("failing handler = %d; want its 500", w.Code)
+		}
+		func() {
+			defer func() {
+				if v := recover(); v != "after the insert" {
+					t.Errorf("recovered %v; want the handler's panic", v)
+				}
+			}()
+			do(h, req{key: "k2", body: "panic"})
+		}()
+		if got := e.rows(t); got != 0 {
+			t.Errorf("orders = %d after a 5xx and a panic; want 0 (rolled back)", got)
+		}
+		// Both keys are free again: different bodies under them are not 422.
+		for _, key := range []string{"k", "k2"} {
+			if w := do(h, req{key: key, body: "ok-" + key}); w.Code != 201 {
+				t.Errorf("retry of %s = %d %q; want 201", key, w.Code, w.Body)
+			}
+		}
+		if got := e.rows(t); got != 2 || runs.Load() != 4 {
+			t.Errorf("orders = %d after %d runs; want 2 after 4", got, runs.Load())
+		}
+	})
+}
+
+// A request that meets another of its key in flight waits (each Run for the
+// store's LockTimeout, retried up to Options.LockTimeout), then answers 409
+// with Retry-After; once the first commits, a retry replays it.
+func TestTxInFlight(t *testing.T) {
+	for _, d := range []idem.Dialect{idem.SQLite, idem.Postgres} {
+		t.Run(d.String(), func(t *testing.T) {
+			e := newTxEnvLock(t, d, 100*time.Millisecond)
+			var runs atomic.Int64
+			started, release := make(chan struct{}), make(chan struct{})
+			inner := e.orderHandler(&runs)
+			h := mustNew(t, Options{Tx: e.store, LockTimeout: 300 * time.Millisecond}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if runs.Load() == 0 {
+					close(started)
+					<-release
+				}
+				inner.ServeHTTP(w, r)
+			}))
+			first := make(chan string)
+			go func() { first <- do(h, req{key: "k", body: "slow"}).Body.String() }()
+			<-started
+			start := time.Now()
+			w := do(h, req{key: "k", body: "slow"})
+			wantProblem(t, w, 409, TypeInProgress)
+			if took := time.Since(start); took < 300*time.Millisecond || w.Header().Get("Retry-After") == "" {
+				t.Errorf("409 after %v with Retry-After %q; want it after LockTimeout 300ms, with Retry-After", took, w.Header().Get("Retry-After"))
+			}
+			close(release)
+			body := <-first
+			if w := do(h, req{key: "k", body: "slow"}); w.Code != 201 || w.Body.String() != body || w.Header().Get(HeaderReplayed) != "true" {
+				t.Errorf("after the commit = %d %q %v; want a replay of %q", w.Code, w.Body, w.Header(), body)
+			}
+			if got := e.rows(t); got != 1 || runs.Load() != 1 {
+				t.Errorf("orders = %d after %d runs; want 1 and 1", got, runs.Load())
+			}
+		})
+	}
+}
+
+// In transactional mode a record over the store's MaxResultBytes rolls the
+// work back and answers 500: the work is undone, so a retry may run it.
+func TestTxResultTooLarge(t *testing.T) {
+	e := newTxEnv(t, idem.SQLite)
+	small, err := idem.NewSQLStore(e.db, idem.SQLOptions{Dialect: idem.SQLite, Table: uniqueName("idemtest_"), Options: idem.Options{MaxResultBytes: 64}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := small.CreateSchema(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	var runs atomic.Int64
+	inner := e.orderHandler(&runs)
+	h := mustNew(t, Options{Tx: small}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Link", "<"+strings.Repeat("x", 100)+">")
+		inner.ServeHTTP(w, r)
+	}))
+	wantProblem(t, do(h, req{key: "k", body: "big"}), 500, TypeResponseTooLarge)
+	if got := e.rows(t); got != 0 {
+		t.Errorf("orders = %d; want 0 (rolled back)", got)
+	}
+}
