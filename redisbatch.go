@@ -56,17 +56,20 @@ func (s *RedisStore) ClaimBatch(ctx context.Context, keys []string, fingerprints
 		for lo := 0; lo < len(keys); lo += batchChunk {
 			hi := min(lo+batchChunk, len(keys))
 			c := scriptCall{script: claimBatchScript, keys: make([]string, 0, hi-lo), args: make([]any, 3, 3+hi-lo)}
-			c.args[0], c.args[1], c.args[2] = s.worker, attempt+"."+strconv.Itoa(lo), s.leaseMs
+			chunk := attempt + "." + strconv.Itoa(lo)
+			c.args[0], c.args[1], c.args[2] = s.worker, chunk, s.leaseMs
 			for i := lo; i < hi; i++ {
 				c.keys = append(c.keys, s.redisKey(keys[i]))
-				c.args = append(c.args, fp(i))
+				// claim_batch.lua names item i (from 1) attempt chunk:i.
+				c.args = append(c.args, claimTail(s.o.Worker, chunk+":"+strconv.Itoa(i-lo+1), fp(i)))
 			}
 			calls = append(calls, c)
 		}
 	} else {
 		for i, k := range keys {
+			a := attempt + ":" + strconv.Itoa(i+1)
 			calls = append(calls, scriptCall{script: claimScript, keys: []string{s.redisKey(k)},
-				args: []any{s.worker, attempt + ":" + strconv.Itoa(i+1), s.leaseMs, fp(i)}})
+				args: []any{s.worker, a, s.leaseMs, claimTail(s.o.Worker, a, fp(i))}})
 		}
 	}
 	cs = make([]Claim, len(keys))
@@ -103,12 +106,12 @@ func (s *RedisStore) ConfirmBatch(ctx context.Context, leases []*Lease, results 
 	if s.shared() {
 		for lo := 0; lo < len(leases); lo += batchChunk {
 			hi := min(lo+batchChunk, len(leases))
-			c := scriptCall{script: confirmBatchScript, keys: make([]string, 0, hi-lo), args: make([]any, 1, 1+4*(hi-lo))}
+			c := scriptCall{script: confirmBatchScript, keys: make([]string, 0, hi-lo), args: make([]any, 1, 1+3*(hi-lo))}
 			c.args[0] = s.retentionMs
 			for i := lo; i < hi; i++ {
 				c.keys = append(c.keys, s.redisKey(leases[i].Key))
 				a := s.confirmArgs(leases[i], at(results, i))
-				c.args = append(c.args, a[0], a[1], a[3], a[4]) // all but the retention, given once
+				c.args = append(c.args, a[0], a[1], a[3]) // all but the retention, given once
 			}
 			calls = append(calls, c)
 		}

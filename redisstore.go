@@ -194,15 +194,13 @@ func (s *RedisStore) Claim(ctx context.Context, key string, fingerprint []byte) 
 	if fingerprint == nil {
 		fingerprint = []byte{}
 	}
-	v, err := claimScript.Run(ctx, s.c, []string{s.redisKey(key)}, s.claimArgs(fingerprint)...).Result()
+	attempt := s.attempt()
+	v, err := claimScript.Run(ctx, s.c, []string{s.redisKey(key)},
+		s.worker, attempt, s.leaseMs, claimTail(s.o.Worker, attempt, fingerprint)).Result()
 	if err != nil {
 		return Claim{}, s.fail(ctx, "claim", key, err)
 	}
 	return s.parseClaim(key, fingerprint, start, v)
-}
-
-func (s *RedisStore) claimArgs(fingerprint []byte) []any {
-	return []any{s.worker, s.attempt(), s.leaseMs, fingerprint}
 }
 
 // parseClaim turns claim.lua's reply into a Claim.
@@ -318,8 +316,7 @@ func (s *RedisStore) Renew(ctx context.Context, l *Lease) (err error) {
 	if err := s.o.checkLease(l); err != nil {
 		return err
 	}
-	n, err := renewScript.Run(ctx, s.c, []string{s.redisKey(l.Key)},
-		l.Owner, strconv.FormatInt(l.Token, 10), s.leaseMs).Int64()
+	n, err := renewScript.Run(ctx, s.c, []string{s.redisKey(l.Key)}, heldPrefix(l), s.leaseMs).Int64()
 	if err != nil {
 		return s.fail(ctx, "renew", l.Key, err)
 	}
@@ -345,15 +342,9 @@ func (s *RedisStore) Confirm(ctx context.Context, l *Lease, result []byte) (err 
 	return err
 }
 
+// confirmArgs are confirm.lua's ARGV for l.
 func (s *RedisStore) confirmArgs(l *Lease, result []byte) []any {
-	fp, res := l.Fingerprint, result
-	if fp == nil {
-		fp = []byte{}
-	}
-	if res == nil {
-		res = []byte{}
-	}
-	return []any{l.Owner, strconv.FormatInt(l.Token, 10), s.retentionMs, fp, res}
+	return []any{heldPrefix(l), strconv.FormatInt(l.Token, 10), s.retentionMs, doneValue(l, result)}
 }
 
 // confirmed interprets confirm.lua's answer n, logging a late confirm.
@@ -377,7 +368,7 @@ func (s *RedisStore) Forget(ctx context.Context, l *Lease) (err error) {
 	if err := s.o.checkLease(l); err != nil {
 		return err
 	}
-	n, err := forgetScript.Run(ctx, s.c, []string{s.redisKey(l.Key)}, l.Owner, strconv.FormatInt(l.Token, 10)).Int64()
+	n, err := forgetScript.Run(ctx, s.c, []string{s.redisKey(l.Key)}, heldPrefix(l), strconv.FormatInt(l.Token, 10)).Int64()
 	if err != nil {
 		return s.fail(ctx, "forget", l.Key, err)
 	}

@@ -5,7 +5,7 @@
 -- ARGV[2]  attempt: unique per Claim call and the same on go-redis's retries
 --          of it, so a retry whose first reply was lost gets its lease back
 -- ARGV[3]  lease in milliseconds
--- ARGV[4]  fingerprint
+-- ARGV[4]  the claim's value after "1C<token>:": #owner:owner #attempt:attempt fingerprint
 -- Reply:   {'C', token}                              claimed: a new lease
 --          {'A', token, pttl}                        claimed before by this same attempt
 --          {'D', token, pttl, fingerprint, result}   confirmed

@@ -15,6 +15,11 @@
 -- claim is kept for what remained of its lease only so that the next
 -- claim's token exceeds it even within the same clock tick; it reads as no
 -- record.
+--
+-- The client builds the parts it knows (redisrecord.go): a claim's tail
+-- after "<token>:", a claim's prefix up to its owner, a whole confirmation.
+-- Building them in Lua would cost Redis, which every client shares, what
+-- costs a client next to nothing.
 
 local DAMAGED = 'idem: damaged record'
 
@@ -71,19 +76,6 @@ local function decode(v)
   return r
 end
 
--- held is how a live claim by owner with token toks begins.
-local function held(toks, owner)
-  return '1C' .. toks .. ':' .. #owner .. ':' .. owner
-end
-
-local function claimed(toks, owner, attempt, fp)
-  return held(toks, owner) .. #attempt .. ':' .. attempt .. fp
-end
-
-local function done(toks, fp, result)
-  return '1D' .. toks .. ':' .. #fp .. ':' .. fp .. result
-end
-
 -- reply describes a live record the way Claim and Lookup answer it:
 -- {'D', token, pttl, fingerprint, result} or {'P', token, pttl, fingerprint, owner}.
 local function reply(key, r)
@@ -92,14 +84,15 @@ local function reply(key, r)
   return {'P', r.toks, pttl, r.fp, r.owner}
 end
 
--- claim claims key for owner, or says who has it. See claim.lua.
-local function claim(key, owner, attempt, lease, fp)
+-- claim claims key for owner, or says who has it. tail is the claim's value
+-- after "1C<token>:". See claim.lua.
+local function claim(key, owner, attempt, lease, tail)
   -- The token is the store's clock in microseconds: greater than the token
   -- of any lease that expired before now, without a counter key per record.
   local t = redis.call('TIME')
   local toks = t[1] .. string.sub('00000' .. t[2], -6)
   -- The common case, a new key, costs one write.
-  if redis.call('SET', key, claimed(toks, owner, attempt, fp), 'NX', 'PX', lease) then
+  if redis.call('SET', key, '1C' .. toks .. ':' .. tail, 'NX', 'PX', lease) then
     return {'C', toks}
   end
   local v = redis.call('GET', key)
@@ -115,17 +108,17 @@ local function claim(key, owner, attempt, lease, fp)
   end
   -- A forgotten claim: the new token must exceed it even in the same tick.
   if tonumber(toks) <= floor then toks = string.format('%d', floor + 1) end
-  redis.call('SET', key, claimed(toks, owner, attempt, fp), 'PX', lease)
+  redis.call('SET', key, '1C' .. toks .. ':' .. tail, 'PX', lease)
   return {'C', toks}
 end
 
--- confirm records key as done. See confirm.lua for the answers; 0 is DAMAGED.
-local function confirm(key, owner, toks, retention, fp, result)
+-- confirm records key as done. held is how the lease's claim begins, value
+-- the whole confirmation. See confirm.lua for the answers; 0 is DAMAGED.
+local function confirm(key, held, toks, retention, value)
   local v = redis.call('GET', key)
   local answer = 2
   if v then
-    local h = held(toks, owner)
-    if string.sub(v, 1, #h) == h then
+    if string.find(v, held, 1, true) == 1 then
       answer = 1
     else
       local r = decode(v)
@@ -136,17 +129,16 @@ local function confirm(key, owner, toks, retention, fp, result)
       end
     end
   end
-  redis.call('SET', key, done(toks, fp, result), 'PX', retention)
+  redis.call('SET', key, value, 'PX', retention)
   return answer
 end
 
--- mine answers whether key holds the live claim of owner with token toks:
--- the record when it does, false when it does not, nil when it is damaged.
-local function mine(key, owner, toks)
+-- mine answers whether key holds the live claim that begins with held: true
+-- when it does, false when it does not, nil when the record is damaged.
+local function mine(key, held)
   local v = redis.call('GET', key)
   if not v then return false end
-  local h = held(toks, owner)
-  if string.sub(v, 1, #h) == h then return v end
+  if string.find(v, held, 1, true) == 1 then return true end
   if not decode(v) then return nil end
   return false
 end
