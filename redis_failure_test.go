@@ -1,0 +1,295 @@
+package idem
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemgo/idem/internal/testenv"
+)
+
+// --- 3. Script cache lost ---------------------------------------------------
+
+// TestRedisNoScript flushes Redis's script cache (as a restart or failover
+// does): every call must still succeed, batches included.
+func TestRedisNoScript(t *testing.T) {
+	c := testenv.Redis(t)
+	s := newTestRedisStore(t, c, RedisOptions{})
+	ctx := context.Background()
+	h := &tripCounter{}
+	c.AddHook(h)
+	flush := func() {
+		t.Helper()
+		if err := c.ScriptFlush(ctx).Err(); err != nil {
+			t.Fatalf("SCRIPT FLUSH: %v", err)
+		}
+		h.take()
+	}
+
+	// Open the pipeline connection, whose setup the hook would count.
+	if err := s.ConfirmBatch(ctx, claimAllOK(t, s, uuidKeys(2), nil), nil); err != nil {
+		t.Fatalf("ConfirmBatch: %v", err)
+	}
+	flush()
+	keys := uuidKeys(50)
+	leases := claimAllOK(t, s, keys, nil)
+	// Another test may load the script again in between: at most 2.
+	if n, sent := h.take(); n > 2 {
+		t.Errorf("ClaimBatch after SCRIPT FLUSH cost %d round trips (%v); want at most 2", n, sent)
+	}
+	flush()
+	if err := s.ConfirmBatch(ctx, leases, nil); err != nil {
+		t.Fatalf("ConfirmBatch after SCRIPT FLUSH: %v", err)
+	}
+	flush()
+	checkAllDuplicate(t, s, keys)
+
+	key := uuid.NewString()
+	flush()
+	cl, err := s.Claim(ctx, key, nil)
+	if err != nil || cl.Outcome != Claimed {
+		t.Fatalf("Claim(%q) after SCRIPT FLUSH = %v, %v; want claimed", key, cl.Outcome, err)
+	}
+	for name, op := range map[string]func() error{
+		"Renew":  func() error { return s.Renew(ctx, cl.Lease) },
+		"Lookup": func() error { _, err := s.Lookup(ctx, key); return err },
+	} {
+		flush()
+		if err := op(); err != nil {
+			t.Errorf("%s(%q) after SCRIPT FLUSH: %v", name, key, err)
+		}
+	}
+	flush()
+	if err := s.Forget(ctx, cl.Lease); err != nil {
+		t.Errorf("Forget(%q) after SCRIPT FLUSH: %v", key, err)
+	}
+	cl, err = s.Claim(ctx, key, nil)
+	if err != nil || cl.Outcome != Claimed {
+		t.Fatalf("Claim(%q) after Forget = %v, %v; want claimed", key, cl.Outcome, err)
+	}
+	flush()
+	if err := s.Confirm(ctx, cl.Lease, []byte("r")); err != nil {
+		t.Errorf("Confirm(%q) after SCRIPT FLUSH: %v", key, err)
+	}
+	flush()
+	if d, err := s.Claim(ctx, key, nil); err != nil || d.Outcome != Duplicate {
+		t.Errorf("Claim(%q) after SCRIPT FLUSH = %v, %v; want duplicate", key, d.Outcome, err)
+	}
+}
+
+func TestRedisNoScriptCluster(t *testing.T) {
+	c := testenv.Cluster(t)
+	s := newTestRedisStore(t, c, RedisOptions{})
+	ctx := context.Background()
+	trips, masters := hookMasters(t, c)
+	flush := func() {
+		t.Helper()
+		if err := c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+			return m.ScriptFlush(ctx).Err()
+		}); err != nil {
+			t.Fatalf("SCRIPT FLUSH on every master: %v", err)
+		}
+		trips.take()
+	}
+	flush()
+	keys := uuidKeys(100)
+	leases := claimAllOK(t, s, keys, nil)
+	if got := trips.take(); len(got) != masters {
+		t.Errorf("ClaimBatch reached %d masters (%v); want all %d", len(got), got, masters)
+	}
+	flush()
+	if err := s.ConfirmBatch(ctx, leases, nil); err != nil {
+		t.Fatalf("ConfirmBatch after SCRIPT FLUSH on every master: %v", err)
+	}
+	flush()
+	checkAllDuplicate(t, s, keys)
+}
+
+// --- 4. Bad input before any I/O --------------------------------------------
+
+func TestRedisBadInputBeforeIO(t *testing.T) {
+	t.Parallel()
+	// A port nothing listens on.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	_ = l.Close()
+	d := &lossyDialer{}
+	c := redis.NewClient(&redis.Options{Addr: addr, Dialer: d.dial, MaxRetries: -1})
+	t.Cleanup(func() { _ = c.Close() })
+	h := &tripCounter{}
+	c.AddHook(h)
+	// AllowEviction: the constructor's only I/O is the eviction check.
+	s, err := NewRedisStore(c, RedisOptions{AllowEviction: true, Options: Options{MaxKeyBytes: 16, MaxResultBytes: 8}})
+	if err != nil {
+		t.Fatalf("NewRedisStore: %v", err)
+	}
+	ctx := context.Background()
+	lease := &Lease{Key: "k", Token: 1, Owner: "w", TTL: time.Second}
+	long := strings.Repeat("k", 17)
+	for _, tt := range []struct {
+		name string
+		op   func() error
+		want error // nil: any error but a connection's
+	}{
+		{"Claim(empty)", func() error { _, err := s.Claim(ctx, "", nil); return err }, ErrInvalidKey},
+		{"Claim(long)", func() error { _, err := s.Claim(ctx, long, nil); return err }, ErrInvalidKey},
+		{"Claim(big fingerprint)", func() error {
+			_, err := s.Claim(ctx, "k", make([]byte, MaxFingerprintBytes+1))
+			return err
+		}, ErrTooLarge},
+		{"Lookup(empty)", func() error { _, err := s.Lookup(ctx, ""); return err }, ErrInvalidKey},
+		{"Lookup(long)", func() error { _, err := s.Lookup(ctx, long); return err }, ErrInvalidKey},
+		{"Confirm(big result)", func() error { return s.Confirm(ctx, lease, make([]byte, 9)) }, ErrTooLarge},
+		{"Confirm(empty key)", func() error { return s.Confirm(ctx, &Lease{Token: 1}, nil) }, ErrInvalidKey},
+		{"Confirm(nil)", func() error { return s.Confirm(ctx, nil, nil) }, nil},
+		{"Renew(nil)", func() error { return s.Renew(ctx, nil) }, nil},
+		{"Forget(nil)", func() error { return s.Forget(ctx, nil) }, nil},
+		{"Renew(long key)", func() error { return s.Renew(ctx, &Lease{Key: long}) }, ErrInvalidKey},
+		{"Forget(empty key)", func() error { return s.Forget(ctx, &Lease{}) }, ErrInvalidKey},
+		{"ClaimBatch(one empty)", func() error { _, err := s.ClaimBatch(ctx, []string{"a", ""}, nil); return err }, ErrInvalidKey},
+		{"ClaimBatch(fingerprints short)", func() error {
+			_, err := s.ClaimBatch(ctx, []string{"a", "b"}, [][]byte{nil})
+			return err
+		}, nil},
+		{"ConfirmBatch(one big)", func() error {
+			return s.ConfirmBatch(ctx, []*Lease{lease, lease}, [][]byte{nil, make([]byte, 9)})
+		}, ErrTooLarge},
+		{"ConfirmBatch(one nil)", func() error { return s.ConfirmBatch(ctx, []*Lease{lease, nil}, nil) }, nil},
+	} {
+		err := tt.op()
+		switch {
+		case err == nil:
+			t.Errorf("%s = nil; want an error", tt.name)
+		case tt.want != nil && !errors.Is(err, tt.want):
+			t.Errorf("%s = %v; want %v", tt.name, err, tt.want)
+		case strings.Contains(err.Error(), "refused") || strings.Contains(err.Error(), "dial"):
+			t.Errorf("%s = %v; want an input error before any I/O", tt.name, err)
+		}
+	}
+	if n, sent := h.take(); n != 0 {
+		t.Errorf("bad input cost %d round trips (%v); want none", n, sent)
+	}
+	if d.dials != 0 {
+		t.Errorf("bad input dialed Redis %d times; want never", d.dials)
+	}
+	// The client really cannot reach Redis: good input fails on I/O.
+	if _, err := s.Claim(ctx, "k", nil); err == nil {
+		t.Errorf("Claim(%q) on a closed port = nil error; want a connection error", "k")
+	}
+}
+
+// --- 5. Damaged records -----------------------------------------------------
+
+// damagedRecords are values no release of idem writes.
+var damagedRecords = []string{
+	"garbage",
+	"",
+	"1",
+	"1C12:5:ab",              // a length longer than the value
+	"1C12:0:5:ab",            // ... the second one too
+	"1C12:0:",                // a field missing
+	"1C12:00x:",              // a length that is not a number
+	"1Cx:0:0:0:",             // token not a number
+	"1C-5:0:0:0:",            // negative token
+	"1Dx:0:",                 // token not a number
+	"1D12:5:ab",              // fingerprint longer than the value
+	"1D12",                   // fields missing
+	"1D:0:",                  // empty token
+	"1D12:-1:",               // negative length
+	"2D1:0:",                 // a later format version
+	"1X12:0:",                // unknown state
+	"1F",                     // forgotten without a token
+	"1Fx",                    // ... or with a bad one
+	"1F-5",                   // ... or a negative one
+	"1F0x10",                 // ... or one in hex
+	"1Finf",                  // ... or an infinite one: the next token would be -2^63
+	"1F99999999999999999999", // ... or one past int64: the same
+	"\x00\xff{}%",            // binary
+	strings.Repeat("1", 100),
+}
+
+func TestRedisDamagedRecords(t *testing.T) {
+	for _, backend := range []struct {
+		name   string
+		client func(t *testing.T) *redis.Client
+	}{
+		{"miniredis", func(t *testing.T) *redis.Client { _, c := newMiniredisClient(t); return c }},
+		{"redis", func(t *testing.T) *redis.Client { return testenv.Redis(t) }},
+	} {
+		t.Run(backend.name, func(t *testing.T) {
+			t.Parallel()
+			c := backend.client(t)
+			var logs bytes.Buffer
+			s := newTestRedisStore(t, c, RedisOptions{Options: Options{
+				Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+			}})
+			for i, v := range damagedRecords {
+				t.Run(strconv.Quote(v), func(t *testing.T) {
+					checkDamaged(t, s, c, "damaged-"+strconv.Itoa(i), v)
+				})
+			}
+			if !strings.Contains(logs.String(), "damaged record") {
+				t.Errorf("log = %q; want the damaged records logged", logs.String())
+			}
+			if strings.Contains(logs.String(), "damaged-1") {
+				t.Errorf("log = %q; want no raw key in it", logs.String())
+			}
+		})
+	}
+}
+
+// checkDamaged stores value as key's record and checks that every
+// operation on key answers ErrDamaged, leaves the value alone, and does not
+// panic.
+func checkDamaged(t *testing.T, s *RedisStore, c *redis.Client, key, value string) {
+	t.Helper()
+	ctx := context.Background()
+	rk := s.redisKey(key)
+	if err := c.Set(ctx, rk, value, time.Minute).Err(); err != nil {
+		t.Fatalf("SET %q: %v", rk, err)
+	}
+	lease := &Lease{Key: key, Token: 12, Owner: s.o.Worker, TTL: time.Second}
+	for _, tt := range []struct {
+		name string
+		op   func() error
+	}{
+		{"Claim", func() error { _, err := s.Claim(ctx, key, nil); return err }},
+		{"Renew", func() error { return s.Renew(ctx, lease) }},
+		{"Confirm", func() error { return s.Confirm(ctx, lease, []byte("r")) }},
+		{"Forget", func() error { return s.Forget(ctx, lease) }},
+		{"Lookup", func() error { _, err := s.Lookup(ctx, key); return err }},
+		{"ClaimBatch", func() error { _, err := s.ClaimBatch(ctx, []string{key}, nil); return err }},
+		{"ConfirmBatch", func() error { return s.ConfirmBatch(ctx, []*Lease{lease}, nil) }},
+	} {
+		err := func() (err error) {
+			defer func() {
+				if p := recover(); p != nil {
+					err = fmt.Errorf("panic: %v", p)
+				}
+			}()
+			return tt.op()
+		}()
+		if !errors.Is(err, ErrDamaged) {
+			t.Errorf("%s(%q) on record %q = %v; want %v", tt.name, key, value, err, ErrDamaged)
+		}
+		if got, err := c.Get(ctx, rk).Result(); err != nil || got != value {
+			t.Errorf("after %s(%q) the record is %q, %v; want it left as %q", tt.name, key, got, err, value)
+			if err := c.Set(ctx, rk, value, time.Minute).Err(); err != nil {
+				t.Fatalf("SET %q: %v", rk, err)
+			}
+		}
+	}
+}

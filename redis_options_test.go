@@ -1,0 +1,191 @@
+package idem
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemgo/idem/internal/testenv"
+)
+
+// --- 6. Eviction policy -----------------------------------------------------
+
+// TestRedisEvictionPolicy changes the shared Redis's maxmemory-policy for a
+// moment: not parallel, and restored at once.
+func TestRedisEvictionPolicy(t *testing.T) {
+	c := testenv.Redis(t)
+	ctx := context.Background()
+	was, err := c.ConfigGet(ctx, "maxmemory-policy").Result()
+	if err != nil {
+		t.Fatalf("CONFIG GET maxmemory-policy: %v", err)
+	}
+	if was["maxmemory-policy"] != "noeviction" {
+		t.Fatalf("maxmemory-policy is %q; want the test Redis at noeviction", was["maxmemory-policy"])
+	}
+	if err := c.ConfigSet(ctx, "maxmemory-policy", "allkeys-lru").Err(); err != nil {
+		t.Fatalf("CONFIG SET maxmemory-policy allkeys-lru: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := c.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err(); err != nil {
+			t.Errorf("restoring maxmemory-policy noeviction: %v", err)
+		}
+	})
+	_, err = NewRedisStore(c, RedisOptions{Prefix: redisTestPrefix(t)})
+	if err == nil || !strings.Contains(err.Error(), "allkeys-lru") {
+		t.Errorf("NewRedisStore on allkeys-lru = %v; want an error naming the policy", err)
+	}
+	if _, err := NewRedisStore(c, RedisOptions{Prefix: redisTestPrefix(t), AllowEviction: true}); err != nil {
+		t.Errorf("NewRedisStore on allkeys-lru with AllowEviction = %v; want nil", err)
+	}
+	if err := c.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err(); err != nil {
+		t.Fatalf("restoring maxmemory-policy noeviction: %v", err)
+	}
+	if _, err := NewRedisStore(c, RedisOptions{Prefix: redisTestPrefix(t)}); err != nil {
+		t.Errorf("NewRedisStore on noeviction = %v; want nil", err)
+	}
+}
+
+// TestRedisEvictionPolicyCluster: one master that may evict is enough to
+// refuse the cluster.
+func TestRedisEvictionPolicyCluster(t *testing.T) {
+	c := testenv.Cluster(t)
+	ctx := context.Background()
+	var one *redis.Client
+	var mu sync.Mutex
+	_ = c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+		mu.Lock()
+		defer mu.Unlock()
+		if one == nil || m.Options().Addr > one.Options().Addr {
+			one = m
+		}
+		return nil
+	})
+	if err := one.ConfigSet(ctx, "maxmemory-policy", "volatile-ttl").Err(); err != nil {
+		t.Fatalf("CONFIG SET maxmemory-policy volatile-ttl on %s: %v", one.Options().Addr, err)
+	}
+	t.Cleanup(func() {
+		if err := one.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err(); err != nil {
+			t.Errorf("restoring maxmemory-policy noeviction on %s: %v", one.Options().Addr, err)
+		}
+	})
+	_, err := NewRedisStore(c, RedisOptions{Prefix: redisTestPrefix(t)})
+	if err == nil || !strings.Contains(err.Error(), "volatile-ttl") {
+		t.Errorf("NewRedisStore on a cluster with one volatile-ttl master = %v; want an error naming the policy", err)
+	}
+}
+
+// TestRedisEvictionPolicyUnreadable: miniredis has no CONFIG command, like
+// managed services that refuse it: the store is made, with a warning.
+func TestRedisEvictionPolicyUnreadable(t *testing.T) {
+	t.Parallel()
+	_, c := newMiniredisClient(t)
+	if err := c.ConfigGet(context.Background(), "maxmemory-policy").Err(); err == nil {
+		t.Fatalf("miniredis answered CONFIG GET; this test needs a server that refuses it")
+	}
+	if _, err := NewRedisStore(c, RedisOptions{}); err != nil {
+		t.Errorf("NewRedisStore on a server refusing CONFIG, no Logger = %v; want nil", err)
+	}
+	var logs bytes.Buffer
+	logger := slog.New(slog.NewTextHandler(&logs, nil))
+	if _, err := NewRedisStore(c, RedisOptions{Options: Options{Logger: logger}}); err != nil {
+		t.Errorf("NewRedisStore on a server refusing CONFIG = %v; want nil", err)
+	}
+	if got := logs.String(); !strings.Contains(got, "level=WARN") || !strings.Contains(got, "maxmemory-policy") {
+		t.Errorf("log = %q; want a warning about maxmemory-policy", got)
+	}
+}
+
+// --- 7. Options -------------------------------------------------------------
+
+func TestRedisOptionsRefused(t *testing.T) {
+	t.Parallel()
+	_, c := newMiniredisClient(t)
+	var nilClient *redis.Client
+	for _, tt := range []struct {
+		name string
+		c    redis.UniversalClient
+		o    RedisOptions
+	}{
+		{"nil client", nil, RedisOptions{}},
+		{"typed nil client", nilClient, RedisOptions{}},
+		{"typed nil client, AllowEviction", nilClient, RedisOptions{AllowEviction: true}},
+		{"prefix with {", c, RedisOptions{Prefix: "a{"}},
+		{"prefix with }", c, RedisOptions{Prefix: "}a:"}},
+		{"prefix with a hash tag", c, RedisOptions{Prefix: "{tenant}:"}},
+		{"negative Retention", c, RedisOptions{Options: Options{Retention: -time.Second}}},
+		{"negative LeaseTTL", c, RedisOptions{Options: Options{LeaseTTL: -1}}},
+		{"sub-millisecond LeaseTTL", c, RedisOptions{Options: Options{LeaseTTL: time.Microsecond}}},
+		{"negative MaxKeyBytes", c, RedisOptions{Options: Options{MaxKeyBytes: -1}}},
+		{"negative MaxResultBytes", c, RedisOptions{Options: Options{MaxResultBytes: -1}}},
+		{"Worker with NUL", c, RedisOptions{Options: Options{Worker: "a\x00b"}}},
+	} {
+		s, err := func() (s *RedisStore, err error) {
+			defer func() {
+				if p := recover(); p != nil {
+					err = fmt.Errorf("panic: %v", p)
+				}
+			}()
+			return NewRedisStore(tt.c, tt.o)
+		}()
+		if err == nil || strings.HasPrefix(err.Error(), "panic") {
+			t.Errorf("NewRedisStore(%s) = %v, %v; want an error", tt.name, s, err)
+		}
+	}
+	s, err := NewRedisStore(c, RedisOptions{})
+	if err != nil {
+		t.Fatalf("NewRedisStore(zero options) = %v; want nil", err)
+	}
+	if got := s.redisKey("k"); got != "idem:{k}" {
+		t.Errorf("redisKey(%q) with the default prefix = %q; want %q", "k", got, "idem:{k}")
+	}
+}
+
+// --- 8. UniversalClient -----------------------------------------------------
+
+func TestRedisUniversalClient(t *testing.T) {
+	for _, backend := range []struct {
+		name  string
+		addrs func(t *testing.T) []string
+	}{
+		{"redis", func(t *testing.T) []string { return []string{testenv.Lookup(t, testenv.RedisAddrVar)} }},
+		{"cluster", func(t *testing.T) []string {
+			return strings.Split(testenv.Lookup(t, testenv.ClusterAddrsVar), ",")
+		}},
+	} {
+		t.Run(backend.name, func(t *testing.T) {
+			t.Parallel()
+			c := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: backend.addrs(t)})
+			t.Cleanup(func() { _ = c.Close() })
+			s := newTestRedisStore(t, c, RedisOptions{})
+			ctx := context.Background()
+			key := uuid.NewString()
+			cl, err := s.Claim(ctx, key, []byte("fp"))
+			if err != nil || cl.Outcome != Claimed {
+				t.Fatalf("Claim(%q) = %v, %v; want claimed", key, cl.Outcome, err)
+			}
+			if again, err := s.Claim(ctx, key, []byte("fp")); err != nil || again.Outcome != InProgress {
+				t.Fatalf("second Claim(%q) = %v, %v; want in-progress", key, again.Outcome, err)
+			}
+			if err := s.Confirm(ctx, cl.Lease, []byte("done")); err != nil {
+				t.Fatalf("Confirm(%q): %v", key, err)
+			}
+			d, err := s.Claim(ctx, key, []byte("fp"))
+			if err != nil || d.Outcome != Duplicate || string(d.Record.Result) != "done" {
+				t.Fatalf("Claim(%q) after Confirm = %+v, %v; want duplicate with result %q", key, d, err, "done")
+			}
+			keys := uuidKeys(30)
+			if err := s.ConfirmBatch(ctx, claimAllOK(t, s, keys, nil), nil); err != nil {
+				t.Fatalf("ConfirmBatch: %v", err)
+			}
+			checkAllDuplicate(t, s, keys)
+		})
+	}
+}
