@@ -10,10 +10,13 @@ STATICCHECK = $(firstword $(subst :, ,$(shell go env GOPATH)))/bin/staticcheck
 
 .PHONY: test check services-up services-down
 
-# Starts throwaway Redis, Redis Cluster and Postgres, runs go test -race, stops them.
+# Starts throwaway Redis, Redis Cluster, Sentinel, Postgres and RabbitMQ, runs go test -race
+# (root module and nested modules), stops them.
 test:
 	bash .ci/test.sh
 
+# gofmt, vet and staticcheck; vet and staticcheck also in the nested module
+# consumer/watermill, which the root module's ./... does not include.
 check:
 	@unformatted=$$(gofmt -l .); \
 	if [[ -n $$unformatted ]]; then \
@@ -22,6 +25,7 @@ check:
 	go vet ./...
 	bash .ci/services.sh install-tools
 	$(STATICCHECK) ./...
+	cd consumer/watermill && go vet ./... && $(STATICCHECK) ./...
 
 # For running tests by hand: start the servers once, paste the exports, then
 # `go test ./...` as often as you like. Running it again restarts them.

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Throwaway servers for idem's integration tests (DESIGN.md section 8).
 #
-#   services.sh install         install redis-server/redis-tools/postgresql if missing (root)
+#   services.sh install         install redis-server/redis-tools/postgresql/rabbitmq-server
+#                               if missing (root)
 #   services.sh install-tools   install staticcheck into $(go env GOPATH)/bin if missing
-#   services.sh start DIR       start Redis, a 3-master Redis Cluster and Postgres, data in DIR;
+#   services.sh start DIR       start Redis, a 3-master Redis Cluster, a Sentinel set, Postgres
+#                               and RabbitMQ, data in DIR;
 #                               writes DIR/env with the IDEM_* exports the tests read
 #   services.sh stop DIR        stop what `start DIR` started and remove DIR
 #
@@ -15,6 +17,9 @@
 #   IDEM_TEST_POSTGRES_PORT      Postgres                            (default 55432)
 #   IDEM_TEST_SENTINEL_PORT      first of 5 consecutive ports of a Sentinel set: master,
 #                                replica, 3 sentinels (default 16380)
+#   IDEM_TEST_AMQP_PORT          first of 3 consecutive RabbitMQ ports: AMQP, Erlang
+#                                distribution, and a private epmd (default 35672; not
+#                                25672, a system RabbitMQ's distribution port)
 #   IDEM_TEST_PG_BIN             Postgres binaries (default /usr/lib/postgresql/15/bin,
 #                                else the newest /usr/lib/postgresql/*/bin)
 #
@@ -31,6 +36,7 @@ REDIS_PORT=${IDEM_TEST_REDIS_PORT:-16379}
 CLUSTER_PORT=${IDEM_TEST_CLUSTER_PORT:-17000}
 PG_PORT=${IDEM_TEST_POSTGRES_PORT:-55432}
 SENTINEL_BASE=${IDEM_TEST_SENTINEL_PORT:-16380}
+AMQP_PORT=${IDEM_TEST_AMQP_PORT:-35672}
 
 for _p in "$REDIS_PORT" "$CLUSTER_PORT" "$PG_PORT" "$SENTINEL_BASE"; do
 	if ! [[ $_p =~ ^[0-9]+$ ]] || ((_p < 1 || _p > 55533)); then
@@ -38,6 +44,16 @@ for _p in "$REDIS_PORT" "$CLUSTER_PORT" "$PG_PORT" "$SENTINEL_BASE"; do
 		exit 2
 	fi
 done
+if ! [[ $AMQP_PORT =~ ^[0-9]+$ ]] || ((AMQP_PORT < 1 || AMQP_PORT > 65533)); then
+	echo "services: error: bad port '$AMQP_PORT' (need 1..65533: RabbitMQ uses 3 consecutive ports)" >&2
+	exit 2
+fi
+# RabbitMQ's Erlang VM needs a distribution port and an epmd (port mapper). A private
+# epmd on its own port, rather than the shared one on 4369, is one we can stop without
+# touching anybody else's Erlang nodes.
+AMQP_DIST_PORT=$((AMQP_PORT + 1))
+AMQP_EPMD_PORT=$((AMQP_PORT + 2))
+readonly RABBITMQ_BIN=/usr/lib/rabbitmq/bin
 CLUSTER_PORTS=("$CLUSTER_PORT" "$((CLUSTER_PORT + 1))" "$((CLUSTER_PORT + 2))")
 SENTINEL_MASTER_PORT=$SENTINEL_BASE
 SENTINEL_REPLICA_PORT=$((SENTINEL_BASE + 1))
@@ -78,6 +94,7 @@ cmd_install() {
 	command -v redis-server >/dev/null || pkgs+=(redis-server)
 	command -v redis-cli >/dev/null || pkgs+=(redis-tools)
 	[[ -x "$(pg_bin)/initdb" ]] || pkgs+=(postgresql)
+	[[ -x $RABBITMQ_BIN/rabbitmq-server ]] || pkgs+=(rabbitmq-server)
 	((${#pkgs[@]} > 0)) || return 0 # the common case: quiet no-op
 
 	((EUID == 0)) || die "missing ${pkgs[*]}; run '$0 install' as root or install them yourself"
@@ -150,7 +167,8 @@ check_ports_free() {
 	local p busy=0 line pid cwd leftovers=() what
 	for p in "$REDIS_PORT" "${CLUSTER_PORTS[@]}" "$((CLUSTER_PORT + 10000))" \
 		"$((CLUSTER_PORT + 10001))" "$((CLUSTER_PORT + 10002))" "$PG_PORT" \
-		"$SENTINEL_MASTER_PORT" "$SENTINEL_REPLICA_PORT" "${SENTINEL_PORTS[@]}"; do
+		"$SENTINEL_MASTER_PORT" "$SENTINEL_REPLICA_PORT" "${SENTINEL_PORTS[@]}" \
+		"$AMQP_PORT" "$AMQP_DIST_PORT" "$AMQP_EPMD_PORT"; do
 		port_in_use "$p" || continue
 		busy=1
 		what=
@@ -161,8 +179,8 @@ check_ports_free() {
 		if [[ $line =~ pid=([0-9]+) ]]; then
 			pid=${BASH_REMATCH[1]}
 			cwd=$(readlink "/proc/$pid/cwd" 2>/dev/null || true)
-			# Our servers run in DIR/redis-PORT or DIR/pg/data: point at DIR.
-			if [[ $cwd =~ ^(.*)/(redis-[0-9]+|pg/data)$ && -f ${BASH_REMATCH[1]}/$MARKER ]]; then
+			# Our servers run in DIR/redis-PORT, DIR/pg/data or DIR/rabbitmq: point at DIR.
+			if [[ $cwd =~ ^(.*)/(redis-[0-9]+|pg/data|rabbitmq)$ && -f ${BASH_REMATCH[1]}/$MARKER ]]; then
 				[[ " ${leftovers[*]-} " == *" ${BASH_REMATCH[1]} "* ]] || leftovers+=("${BASH_REMATCH[1]}")
 			fi
 		fi
@@ -287,6 +305,49 @@ start_postgres() {
 		-v ON_ERROR_STOP=1 -qc 'CREATE DATABASE idem'
 }
 
+# RabbitMQ (ready in ~6-10 s, the slowest of all: started first, waited for last) runs as
+# the rabbitmq user with everything private to DIR/rabbitmq: node name, ports, data, logs,
+# Erlang cookie (HOME) and epmd. Its working directory is DIR/rabbitmq, which is how
+# `stop` recognizes it.
+rabbitmq_vars() {
+	local d="$DIR/rabbitmq"
+	RABBITMQ_VARS=(HOME="$d" RABBITMQ_NODENAME="idemtest-$AMQP_PORT@localhost"
+		RABBITMQ_NODE_IP_ADDRESS=127.0.0.1 RABBITMQ_NODE_PORT="$AMQP_PORT"
+		RABBITMQ_DIST_PORT="$AMQP_DIST_PORT" ERL_EPMD_PORT="$AMQP_EPMD_PORT" ERL_EPMD_ADDRESS=127.0.0.1
+		RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS='-kernel inet_dist_use_interface {127,0,0,1}'
+		RABBITMQ_MNESIA_BASE="$d/mnesia" RABBITMQ_LOG_BASE="$d/log" RABBITMQ_PID_FILE="$d/pid"
+		RABBITMQ_ENABLED_PLUGINS_FILE="$d/enabled_plugins" RABBITMQ_CONFIG_FILE="$d/rabbitmq"
+		RABBITMQ_ADVANCED_CONFIG_FILE="$d/advanced.config" RABBITMQ_CONF_ENV_FILE="$d/rabbitmq-env.conf")
+}
+
+start_rabbitmq() {
+	local d="$DIR/rabbitmq" as=()
+	[[ -x $RABBITMQ_BIN/rabbitmq-server ]] || die "no RabbitMQ at $RABBITMQ_BIN (run '$0 install')"
+	mkdir -p "$d"
+	if ((EUID == 0)); then
+		chown rabbitmq:rabbitmq "$d"
+		as=(runuser -u rabbitmq --)
+	fi
+	rabbitmq_vars
+	# A plain background job, as for Redis; the server writes DIR/rabbitmq/pid (the
+	# Erlang VM's PID) once it boots. On SIGTERM runuser passes the signal on, and the
+	# rabbitmq-server script stops the node.
+	(cd "$d" && exec ${as[@]+"${as[@]}"} env "${RABBITMQ_VARS[@]}" "$RABBITMQ_BIN/rabbitmq-server") \
+		</dev/null >>"$d/out.log" 2>&1 &
+	echo $! >"$DIR/rabbitmq-launcher.pid"
+}
+
+# The AMQP listener opens at the end of the broker's boot: an open port means ready.
+wait_rabbitmq() {
+	local d="$DIR/rabbitmq" launcher deadline=$((SECONDS + 60))
+	launcher=$(<"$DIR/rabbitmq-launcher.pid")
+	until (exec 3<>"/dev/tcp/127.0.0.1/$AMQP_PORT") 2>/dev/null; do
+		is_alive "$launcher" || fail_with_logs "rabbitmq-server exited" "$d/out.log"
+		((SECONDS < deadline)) || fail_with_logs "RabbitMQ not ready after 60s" "$d/out.log"
+		sleep 0.1
+	done
+}
+
 PG_JOB=
 START_OK=0
 # On any failure of `start`: stop what was started, keep DIR (its logs) for inspection.
@@ -319,6 +380,7 @@ cmd_start() {
 		start_postgres
 	) >"$DIR/pg-setup.log" 2>&1 &
 	PG_JOB=$!
+	start_rabbitmq
 
 	start_redis "$REDIS_PORT"
 	for p in "${CLUSTER_PORTS[@]}"; do
@@ -365,6 +427,8 @@ cmd_start() {
 	((pg_status == 0)) || fail_with_logs "Postgres did not start (exit $pg_status)" \
 		"$DIR/pg-setup.log" "$DIR/pg/log"
 
+	wait_rabbitmq
+
 	local cluster_addrs
 	cluster_addrs=$(printf '127.0.0.1:%s,' "${CLUSTER_PORTS[@]}")
 	cat >"$DIR/env" <<EOF
@@ -373,6 +437,7 @@ export IDEM_REDIS_CLUSTER_ADDRS=${cluster_addrs%,}
 export IDEM_REDIS_SENTINEL_ADDRS=$(printf '127.0.0.1:%s,' "${SENTINEL_PORTS[@]}" | sed 's/,$//')
 export IDEM_REDIS_SENTINEL_MASTER=mymaster
 export IDEM_POSTGRES_DSN='postgres://postgres@127.0.0.1:$PG_PORT/idem?sslmode=disable'
+export IDEM_AMQP_URL=amqp://guest:guest@127.0.0.1:$AMQP_PORT/
 EOF
 	START_OK=1
 	local us=$((${EPOCHREALTIME//[!0-9]/} - t0))
@@ -421,7 +486,54 @@ stop_processes() {
 		pids+=("$pid")
 		rm -f "$dir/postgres.pid"
 	fi
+	stop_rabbitmq "$dir"
 	wait_reaped ${pids[@]+"${pids[@]}"}
+}
+
+# stop_rabbitmq DIR: the Erlang VM shuts down cleanly on SIGTERM (~2 s; the launcher
+# script exits with it), then our private epmd, which outlives the node.
+stop_rabbitmq() {
+	local dir=$1 pid reap=()
+	if [[ -f $dir/rabbitmq/pid ]]; then
+		pid=$(<"$dir/rabbitmq/pid")
+		if [[ $pid =~ ^[0-9]+$ ]] && is_alive "$pid" && is_ours "$pid" beam.smp "$dir/rabbitmq"; then
+			kill -TERM "$pid" 2>/dev/null || true
+			wait_gone "$pid" 15 || {
+				log "RabbitMQ $pid ignored SIGTERM for 15s; sending SIGKILL"
+				kill -KILL "$pid" 2>/dev/null || true
+				wait_gone "$pid" 5 || log "warning: RabbitMQ $pid still alive"
+			}
+		fi
+		reap+=("$pid")
+	fi
+	# The launcher (runuser, or the rabbitmq-server script) exits with the VM. If the VM
+	# never wrote its PID (a boot that failed early), SIGTERM to the launcher stops it.
+	if [[ -f $dir/rabbitmq-launcher.pid ]]; then
+		pid=$(<"$dir/rabbitmq-launcher.pid")
+		if is_alive "$pid" && [[ $(readlink "/proc/$pid/cwd" 2>/dev/null) == "$dir/rabbitmq" ]]; then
+			wait_gone "$pid" 3 || {
+				kill -TERM "$pid" 2>/dev/null || true
+				wait_gone "$pid" 15 || log "warning: RabbitMQ launcher $pid still alive"
+			}
+		fi
+		reap+=("$pid")
+	fi
+	# epmd daemonizes (its parent is PID 1, its cwd /), so it is found by name *and* by
+	# the private HOME it inherited from our node: nobody else's epmd has that.
+	local f comm
+	for f in /proc/[0-9]*/comm; do
+		{ read -r comm <"$f"; } 2>/dev/null || continue
+		[[ $comm == epmd ]] || continue
+		pid=${f#/proc/}
+		pid=${pid%/comm}
+		if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qxF "HOME=$dir/rabbitmq"; then
+			kill -TERM "$pid" 2>/dev/null || true
+			wait_gone "$pid" 5 || log "warning: epmd $pid still alive"
+			reap+=("$pid")
+		fi
+	done
+	rm -f "$dir/rabbitmq-launcher.pid"
+	wait_reaped ${reap[@]+"${reap[@]}"}
 }
 
 # The dead servers are zombies of PID 1 until it reaps them (about 1 s on these

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What `make test` runs (DESIGN.md section 8): install missing servers, start
-# throwaway Redis / Redis Cluster / Postgres on loopback, run the whole test suite
-# against them with the race detector, and stop them on every exit path.
+# throwaway Redis / Redis Cluster / Sentinel / Postgres / RabbitMQ on loopback, run the
+# whole test suite (and the nested modules') against them with the race detector, and
+# stop them on every exit path.
 #
 # It always starts its own servers, even when IDEM_* are already set: the suite then
 # runs against known, empty servers, and a green run means they were exercised.
@@ -21,10 +22,15 @@ trap 'exit 143' TERM
 
 bash "$svc" start "$dir"
 # shellcheck source=/dev/null
-source "$dir/env" # export lines: IDEM_REDIS_ADDR, IDEM_REDIS_CLUSTER_ADDRS, IDEM_POSTGRES_DSN
+source "$dir/env" # export lines: IDEM_REDIS_ADDR, IDEM_REDIS_CLUSTER_ADDRS, IDEM_POSTGRES_DSN, IDEM_AMQP_URL, ...
 env | grep '^IDEM_' | sort >&2
 
 cd "$root"
 status=0
 go test -race -count=1 ./... || status=$?
+# Nested modules (kept apart for their heavy dependency trees) are not part of ./...
+nested=(consumer/watermill)
+for mod in "${nested[@]}"; do
+	(cd "$root/$mod" && go test -race -count=1 ./...) || status=$?
+done
 exit "$status"

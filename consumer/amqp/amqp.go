@@ -1,0 +1,208 @@
+// Package amqp makes a RabbitMQ consumer (github.com/rabbitmq/amqp091-go)
+// handle each message once, however often the broker delivers it.
+//
+// [Handler] wraps a delivery handler with consumer.Idempotent and settles
+// every delivery itself:
+//
+//	outcome                                  settlement
+//	handler succeeded, or a duplicate        Ack
+//	handler failed, key in progress,         Nack with requeue, after a delay that
+//	  store unavailable                        grows with each retry of the key
+//	no key (no MessageId), invalid key,      Reject without requeue (dead-letter),
+//	  fingerprint mismatch                     logged: never dropped as a duplicate
+//	done but not recorded                    Ack, logged as an error
+//	  (consumer.ErrNotRecorded)
+//
+// The package is named amqp like the broker's protocol; import it under
+// another name (idemamqp) next to amqp091-go, which is usually imported as
+// amqp.
+package amqp
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/consumer"
+	amqp091 "github.com/rabbitmq/amqp091-go"
+)
+
+// Action is how a delivery was settled.
+type Action uint8
+
+// The settlements of a delivery.
+const (
+	Ack    Action = iota + 1 // done (now or before): removed from the queue
+	Nack                     // requeued, after Settlement.Delay
+	Reject                   // not requeued: dead-lettered if the queue has a dead-letter exchange, else dropped
+)
+
+func (a Action) String() string {
+	switch a {
+	case Ack:
+		return "ack"
+	case Nack:
+		return "nack"
+	case Reject:
+		return "reject"
+	}
+	return "action(" + strconv.Itoa(int(a)) + ")"
+}
+
+// Settlement reports how one delivery was settled, for metrics and tests.
+type Settlement struct {
+	Action Action
+	// Delay is how long a Nack waited before requeueing; zero otherwise.
+	Delay time.Duration
+	// Err is the wrapped handler's error; nil for a plain Ack.
+	Err error
+	// SettleErr is the broker's error for the Ack, Nack or Reject itself.
+	SettleErr error
+}
+
+// Options configure Handler. The zero value is valid.
+type Options struct {
+	// Key names the work a delivery stands for. Default: its MessageId.
+	// An empty key is rejected without requeue.
+	Key func(d *amqp091.Delivery) string
+	// MinDelay is the wait before the first requeue of a key; each further
+	// requeue of the same key doubles it, up to MaxDelay. The delay keeps a
+	// busy key (InProgress) or a failing handler from spinning through the
+	// broker. The delivery stays unacknowledged meanwhile, so it counts
+	// against the channel's prefetch. Default 50ms.
+	MinDelay time.Duration
+	// MaxDelay bounds the requeue delay. Default 5s.
+	MaxDelay time.Duration
+	// Logger receives rejections and unrecorded work. Keys are logged as
+	// idem.KeyHash. Default: slog.Default().
+	Logger *slog.Logger
+	// OnSettle, when set, is called after each settlement, on the goroutine
+	// that settles (for a Nack, a timer's). It must be quick and safe for
+	// concurrent use. Default: none.
+	OnSettle func(d *amqp091.Delivery, s Settlement)
+	// Consumer options for the wrapped handler: hooks, fingerprint
+	// (consumer.WithFingerprint[amqp091.Delivery]), confirm budget.
+	Consumer []consumer.Option
+}
+
+// Defaults of Options.
+const (
+	DefaultMinDelay = 50 * time.Millisecond
+	DefaultMaxDelay = 5 * time.Second
+)
+
+// maxTracked bounds the per-key retry counts kept for the growing delay;
+// past it they are all forgotten (delays restart from MinDelay), so that
+// keys that never succeed cannot grow the map without bound.
+const maxTracked = 1 << 16
+
+// Handler returns a func that handles one delivery with h at most once per
+// key (see consumer.Idempotent) and then acks, nacks or rejects it as the
+// package documentation's table says. The delivery must come from a
+// consumer with auto-ack off. Nacks are sent from a timer after their delay,
+// so the returned func does not block for it; if the channel closes
+// meanwhile, the broker requeues the delivery itself.
+//
+// If h panics, the delivery is nacked with requeue at once and the panic
+// re-raised. The returned func is safe for concurrent use if h is.
+func Handler(store idem.Store, h func(ctx context.Context, d amqp091.Delivery) error, o Options) func(ctx context.Context, d amqp091.Delivery) {
+	if o.MinDelay <= 0 {
+		o.MinDelay = DefaultMinDelay
+	}
+	if o.MaxDelay <= 0 {
+		o.MaxDelay = DefaultMaxDelay
+	}
+	o.MaxDelay = max(o.MaxDelay, o.MinDelay)
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	key := o.Key
+	if key == nil {
+		key = func(d *amqp091.Delivery) string { return d.MessageId }
+	}
+	a := &adapter{o: o, key: key, retries: map[string]int{}}
+	wrapped := consumer.Idempotent(store, func(d amqp091.Delivery) string { return key(&d) }, h, o.Consumer...)
+	return func(ctx context.Context, d amqp091.Delivery) {
+		k := key(&d)
+		if k == "" {
+			// Checked here too, to say why: without an id the delivery cannot be
+			// told from its duplicates, and acking it as one would drop it.
+			a.reject(ctx, &d, errors.New("idem/amqp: delivery without a key (MessageId) cannot be deduplicated"))
+			return
+		}
+		settled := false
+		defer func() {
+			if !settled {
+				a.settle(&d, Nack, 0, errors.New("idem/amqp: handler panicked"), d.Nack(false, true))
+			}
+		}()
+		err := wrapped(ctx, d)
+		settled = true
+		switch {
+		case err == nil:
+			a.ack(&d, k, nil)
+		case errors.Is(err, consumer.ErrNotRecorded):
+			o.Logger.LogAttrs(ctx, slog.LevelError, "idem/amqp: work done but not recorded; acked so it is not done again now",
+				slog.String("key_hash", idem.KeyHash(k)), slog.Any("err", err))
+			a.ack(&d, k, err)
+		case errors.Is(err, idem.ErrInvalidKey), errors.Is(err, idem.ErrFingerprintMismatch):
+			a.reject(ctx, &d, err)
+		default:
+			a.nackLater(&d, k, err)
+		}
+	}
+}
+
+type adapter struct {
+	o   Options
+	key func(*amqp091.Delivery) string
+
+	mu      sync.Mutex
+	retries map[string]int // requeues per key since its last ack
+}
+
+func (a *adapter) settle(d *amqp091.Delivery, act Action, delay time.Duration, err, settleErr error) {
+	if settleErr != nil {
+		a.o.Logger.Warn("idem/amqp: settling a delivery failed", slog.String("action", act.String()), slog.Any("err", settleErr))
+	}
+	if a.o.OnSettle != nil {
+		a.o.OnSettle(d, Settlement{Action: act, Delay: delay, Err: err, SettleErr: settleErr})
+	}
+}
+
+func (a *adapter) ack(d *amqp091.Delivery, key string, err error) {
+	a.mu.Lock()
+	delete(a.retries, key)
+	a.mu.Unlock()
+	a.settle(d, Ack, 0, err, d.Ack(false))
+}
+
+func (a *adapter) reject(ctx context.Context, d *amqp091.Delivery, err error) {
+	a.mu.Lock()
+	delete(a.retries, a.key(d))
+	a.mu.Unlock()
+	a.o.Logger.LogAttrs(ctx, slog.LevelError, "idem/amqp: delivery rejected without requeue",
+		slog.String("key_hash", idem.KeyHash(a.key(d))), slog.String("message_id_hash", idem.KeyHash(d.MessageId)),
+		slog.Uint64("delivery_tag", d.DeliveryTag), slog.Any("err", err))
+	a.settle(d, Reject, 0, err, d.Reject(false))
+}
+
+// nackLater requeues d after a delay that doubles with each requeue of key.
+func (a *adapter) nackLater(d *amqp091.Delivery, key string, err error) {
+	a.mu.Lock()
+	if len(a.retries) >= maxTracked {
+		clear(a.retries)
+	}
+	n := a.retries[key]
+	a.retries[key] = n + 1
+	a.mu.Unlock()
+	delay := a.o.MinDelay << min(n, 30)
+	if delay <= 0 || delay > a.o.MaxDelay {
+		delay = a.o.MaxDelay
+	}
+	time.AfterFunc(delay, func() { a.settle(d, Nack, delay, err, d.Nack(false, true)) })
+}

@@ -1,0 +1,202 @@
+package amqp_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/consumer"
+	idemamqp "github.com/idemgo/idem/consumer/amqp"
+	amqp091 "github.com/rabbitmq/amqp091-go"
+)
+
+// settlements records what Handler did with each delivery.
+type settlements struct {
+	mu sync.Mutex
+	s  []idemamqp.Settlement
+	ch chan idemamqp.Settlement
+}
+
+func newSettlements() *settlements { return &settlements{ch: make(chan idemamqp.Settlement, 100)} }
+
+func (s *settlements) on(_ *amqp091.Delivery, st idemamqp.Settlement) {
+	s.mu.Lock()
+	s.s = append(s.s, st)
+	s.mu.Unlock()
+	s.ch <- st
+}
+
+func (s *settlements) next(t *testing.T) idemamqp.Settlement {
+	t.Helper()
+	select {
+	case st := <-s.ch:
+		return st
+	case <-time.After(5 * time.Second):
+		t.Fatal("no settlement within 5s")
+	}
+	return idemamqp.Settlement{}
+}
+
+// acker is an amqp091.Acknowledger that records calls.
+type acker struct {
+	mu    sync.Mutex
+	calls []string
+}
+
+func (a *acker) record(s string) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.calls = append(a.calls, s)
+	return nil
+}
+func (a *acker) Ack(uint64, bool) error { return a.record("ack") }
+func (a *acker) Nack(_ uint64, _ bool, requeue bool) error {
+	if requeue {
+		return a.record("nack-requeue")
+	}
+	return a.record("nack")
+}
+func (a *acker) Reject(_ uint64, requeue bool) error {
+	if requeue {
+		return a.record("reject-requeue")
+	}
+	return a.record("reject")
+}
+
+func (a *acker) last() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if len(a.calls) == 0 {
+		return ""
+	}
+	return a.calls[len(a.calls)-1]
+}
+
+func delivery(a *acker, id string) amqp091.Delivery {
+	return amqp091.Delivery{Acknowledger: a, MessageId: id, DeliveryTag: 1}
+}
+
+func TestHandlerSettlements(t *testing.T) {
+	ctx := context.Background()
+	store := idem.NewMemoryStore(idem.Options{})
+	var logs bytes.Buffer
+	st := newSettlements()
+	fail := errors.New("handler failed")
+	runs := map[string]int{}
+	h := idemamqp.Handler(store, func(ctx context.Context, d amqp091.Delivery) error {
+		runs[d.MessageId]++
+		if string(d.Body) == "fail" {
+			return fail
+		}
+		return nil
+	}, idemamqp.Options{MinDelay: 10 * time.Millisecond, MaxDelay: 25 * time.Millisecond, OnSettle: st.on,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+
+	a := &acker{}
+	h(ctx, delivery(a, "m1"))
+	if s := st.next(t); s.Action != idemamqp.Ack || a.last() != "ack" {
+		t.Fatalf("first delivery: %v, broker saw %q; want ack", s.Action, a.last())
+	}
+	h(ctx, delivery(a, "m1"))
+	if s := st.next(t); s.Action != idemamqp.Ack || runs["m1"] != 1 {
+		t.Fatalf("duplicate: %v after %d runs; want ack without running again", s.Action, runs["m1"])
+	}
+
+	// No MessageId: rejected without requeue and logged, never acked as a duplicate.
+	h(ctx, delivery(a, ""))
+	if s := st.next(t); s.Action != idemamqp.Reject || a.last() != "reject" || runs[""] != 0 {
+		t.Fatalf("no MessageId: %v, broker saw %q, ran %d; want reject without requeue and no run", s.Action, a.last(), runs[""])
+	}
+	if !strings.Contains(logs.String(), "rejected without requeue") {
+		t.Fatalf("log = %q; want the rejection logged", logs.String())
+	}
+
+	// A failing handler: nacked with requeue after a growing, bounded delay.
+	var delays []time.Duration
+	for range 3 {
+		d := delivery(a, "m2")
+		d.Body = []byte("fail")
+		h(ctx, d)
+		s := st.next(t)
+		if s.Action != idemamqp.Nack || !errors.Is(s.Err, fail) || a.last() != "nack-requeue" {
+			t.Fatalf("failing handler: %+v, broker saw %q; want nack with requeue and the handler's error", s, a.last())
+		}
+		delays = append(delays, s.Delay)
+	}
+	want := []time.Duration{10 * time.Millisecond, 20 * time.Millisecond, 25 * time.Millisecond}
+	for i := range want {
+		if delays[i] != want[i] {
+			t.Fatalf("requeue delays %v; want %v (doubling, bounded by MaxDelay)", delays, want)
+		}
+	}
+
+	// In progress: nacked with requeue.
+	if _, err := store.Claim(ctx, "m3", nil); err != nil {
+		t.Fatal(err)
+	}
+	h(ctx, delivery(a, "m3"))
+	if s := st.next(t); s.Action != idemamqp.Nack || !errors.Is(s.Err, idem.ErrInProgress) || runs["m3"] != 0 {
+		t.Fatalf("in progress: %+v, ran %d; want nack with ErrInProgress, no run", s, runs["m3"])
+	}
+}
+
+func TestHandlerNotRecordedIsAcked(t *testing.T) {
+	store := unconfirmable{idem.NewMemoryStore(idem.Options{})}
+	st := newSettlements()
+	h := idemamqp.Handler(store, func(context.Context, amqp091.Delivery) error { return nil },
+		idemamqp.Options{OnSettle: st.on, Logger: slog.New(slog.DiscardHandler),
+			Consumer: []consumer.Option{consumer.WithConfirmBudget(20 * time.Millisecond)}})
+	a := &acker{}
+	h(context.Background(), delivery(a, "m"))
+	if s := st.next(t); s.Action != idemamqp.Ack || !errors.Is(s.Err, consumer.ErrNotRecorded) {
+		t.Fatalf("unrecorded work: %+v; want ack (redelivery would surely redo it) with ErrNotRecorded", s)
+	}
+}
+
+type unconfirmable struct{ idem.Store }
+
+func (unconfirmable) Confirm(context.Context, *idem.Lease, []byte) error {
+	return errors.New("store down")
+}
+
+func TestHandlerPanicNacks(t *testing.T) {
+	store := idem.NewMemoryStore(idem.Options{})
+	st := newSettlements()
+	h := idemamqp.Handler(store, func(context.Context, amqp091.Delivery) error { panic("kaput") },
+		idemamqp.Options{OnSettle: st.on})
+	a := &acker{}
+	func() {
+		defer func() {
+			if v := recover(); v != "kaput" {
+				t.Fatalf("recovered %v; want the panic re-raised", v)
+			}
+		}()
+		h(context.Background(), delivery(a, "p"))
+	}()
+	if s := st.next(t); s.Action != idemamqp.Nack || a.last() != "nack-requeue" {
+		t.Fatalf("panic: %+v, broker saw %q; want an immediate nack with requeue", s, a.last())
+	}
+}
+
+func TestHandlerNackDoesNotBlock(t *testing.T) {
+	store := idem.NewMemoryStore(idem.Options{})
+	st := newSettlements()
+	const delay = 300 * time.Millisecond
+	h := idemamqp.Handler(store, func(context.Context, amqp091.Delivery) error { return errors.New("fail") },
+		idemamqp.Options{MinDelay: delay, OnSettle: st.on})
+	start := time.Now()
+	h(context.Background(), delivery(&acker{}, "slow"))
+	returned := time.Since(start)
+	st.next(t)
+	settled := time.Since(start)
+	if returned >= delay || settled < delay {
+		t.Fatalf("Handler returned after %v, nacked after %v; want it to return at once and nack after the %v delay",
+			returned, settled, delay)
+	}
+}

@@ -1,0 +1,258 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/idemgo/idem"
+)
+
+// Batch wraps h for consumers that receive deliveries in batches. The
+// returned func handles ms and returns one result per message, errs[i] for
+// ms[i], with the meaning Idempotent gives its error: nil (done now, or a
+// duplicate: ack), an error matching idem.ErrInProgress (redeliver later),
+// ErrNotRecorded (done but not recorded: ack and alert), anything else
+// (nothing recorded: redeliver).
+//
+// When store is an idem.Batcher, the whole batch is claimed in one call
+// (one round trip on a single Redis) and the successes are confirmed in one
+// call; otherwise each message is claimed and confirmed on its own. A key
+// that appears twice in one batch is claimed by the first and InProgress for
+// the second. Claimed messages run under idem.KeepAlive from the moment they
+// are claimed, at most WithConcurrency at a time, each with its lease in its
+// context. Failed handlers' claims are forgotten. If a handler panics, the
+// rest of the batch is still settled (successes confirmed, failures
+// forgotten), and then the first panic is re-raised on the caller's
+// goroutine.
+//
+// The returned func is safe for concurrent use if h and key are.
+func Batch[M any](store idem.Store, key func(M) string, h func(ctx context.Context, m M) error, opts ...Option) func(ctx context.Context, ms []M) []error {
+	c := newConfig(opts)
+	fp := fingerprintFunc[M](c)
+	batcher, _ := store.(idem.Batcher)
+	return func(ctx context.Context, ms []M) []error {
+		errs := make([]error, len(ms))
+		keys := make([]string, 0, len(ms))
+		at := make([]int, 0, len(ms)) // at[j]: the message of keys[j]
+		var fps [][]byte
+		for i, m := range ms {
+			k := key(m)
+			if k == "" {
+				errs[i] = fmt.Errorf("%w: the message's key is empty", idem.ErrInvalidKey)
+				continue
+			}
+			keys = append(keys, k)
+			at = append(at, i)
+			if fp != nil {
+				fps = append(fps, fp(m))
+			}
+		}
+		claims, cerrs := claimAll(ctx, store, batcher, keys, fps)
+
+		var jobs []*job
+		for j, cl := range claims {
+			i := at[j]
+			switch {
+			case cerrs != nil && cerrs[j] != nil:
+				errs[i] = cerrs[j]
+			case cl.Outcome != idem.Claimed:
+				errs[i] = c.notClaimed(ctx, keys[j], item(fps, j), fp != nil, cl)
+			default:
+				work, cancel := context.WithCancelCause(ctx)
+				jobs = append(jobs, &job{i: i, lease: cl.Lease, work: work, cancel: cancel})
+			}
+		}
+		// Renewed from the claim on, not from the handler's start: a message
+		// waiting for a free slot must not lose its lease.
+		stop := keepAll(ctx, store, jobs)
+		runAll(c.concurrency, jobs, h, ms)
+		stop()
+		for _, j := range jobs {
+			j.cancel(context.Canceled) // releases the context; a lost lease's cause stays
+		}
+
+		var done []*idem.Lease
+		var doneJobs []*job
+		var first *panicValue
+		for _, j := range jobs {
+			lost := c.lost(ctx, j.work, j.lease)
+			if j.err != nil || j.panic != nil {
+				c.forget(ctx, store, j.lease, lost)
+				errs[j.i] = j.err
+				if first == nil && j.panic != nil {
+					first = j.panic
+				}
+				continue
+			}
+			j.late = lost
+			done = append(done, j.lease)
+			doneJobs = append(doneJobs, j)
+		}
+		for n, err := range c.confirmAll(ctx, store, batcher, done) {
+			j := doneJobs[n]
+			switch {
+			case err != nil:
+				c.emit(ctx, ConfirmFailed, j.lease.Key, j.lease.Token, err)
+				errs[j.i] = fmt.Errorf("%w: key %s token %d: %w", ErrNotRecorded, idem.KeyHash(j.lease.Key), j.lease.Token, err)
+			case j.late:
+				c.emit(ctx, LateConfirm, j.lease.Key, j.lease.Token, nil)
+			}
+		}
+		if first != nil {
+			panic(first.v)
+		}
+		return errs
+	}
+}
+
+// job is one claimed message of a batch.
+type job struct {
+	i        int // index in the batch
+	lease    *idem.Lease
+	work     context.Context // cancelled with cause idem.ErrLeaseLost by keepAll
+	cancel   context.CancelCauseFunc
+	finished atomic.Bool // the handler returned: keepAll stops renewing
+	err      error
+	panic    *panicValue
+	late     bool
+}
+
+// item returns s[i], or nil when s is nil (no fingerprints).
+func item(s [][]byte, i int) []byte {
+	if s == nil {
+		return nil
+	}
+	return s[i]
+}
+
+// runAll runs the jobs' handlers on at most n goroutines, each taking the
+// next job as it becomes free.
+func runAll[M any](n int, jobs []*job, h func(context.Context, M) error, ms []M) {
+	run := func(j *job) {
+		defer j.finished.Store(true)
+		j.panic, j.err = call(context.WithValue(j.work, leaseKey{}, j.lease), h, ms[j.i])
+	}
+	n = min(n, len(jobs))
+	if n <= 1 {
+		for _, j := range jobs {
+			run(j)
+		}
+		return
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			for k := next.Add(1) - 1; k < int64(len(jobs)); k = next.Add(1) - 1 {
+				run(jobs[k])
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// claimAll claims keys, in one call when the store is a Batcher. It returns
+// one claim per key and, when some failed, one error per key (nil for those
+// that did not).
+func claimAll(ctx context.Context, s idem.Store, b idem.Batcher, keys []string, fps [][]byte) ([]idem.Claim, []error) {
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	if b != nil {
+		cs, err := b.ClaimBatch(ctx, keys, fps)
+		if err == nil {
+			return cs, nil
+		}
+		var be *idem.BatchError
+		if errors.As(err, &be) && len(be.Errs) == len(keys) && len(cs) == len(keys) {
+			return cs, be.Errs
+		}
+		if permanent(err) {
+			// One bad item (an oversized key or fingerprint) fails a batch call
+			// before any I/O; claimed one by one, only that item fails instead
+			// of every message of the batch being dead-lettered with it.
+			return claimAll(ctx, s, nil, keys, fps)
+		}
+		// The whole call failed: nothing was claimed.
+		errs := make([]error, len(keys))
+		for i := range errs {
+			errs[i] = err
+		}
+		return make([]idem.Claim, len(keys)), errs
+	}
+	cs := make([]idem.Claim, len(keys))
+	var errs []error
+	for i, k := range keys {
+		var err error
+		if cs[i], err = s.Claim(ctx, k, item(fps, i)); err != nil {
+			if errs == nil {
+				errs = make([]error, len(keys))
+			}
+			errs[i] = err
+		}
+	}
+	return cs, errs
+}
+
+// confirmAll confirms the leases, retrying the failed ones with backoff
+// within the budget on a context detached from ctx's cancellation, in one
+// call per attempt when the store is a Batcher. It returns one error per
+// lease: nil once it is confirmed, else its last error.
+func (c *config) confirmAll(ctx context.Context, s idem.Store, b idem.Batcher, leases []*idem.Lease) []error {
+	errs := make([]error, len(leases))
+	if len(leases) == 0 {
+		return errs
+	}
+	cctx, cancel := detached(ctx, c.budget(leases[0]))
+	defer cancel()
+	if b == nil {
+		for i, l := range leases {
+			errs[i] = retry(cctx, func(ctx context.Context) error { return s.Confirm(ctx, l, nil) })
+		}
+		return errs
+	}
+	pending := make([]int, len(leases))
+	for i := range pending {
+		pending[i] = i
+	}
+	batch := leases
+	_ = retry(cctx, func(ctx context.Context) error {
+		err := b.ConfirmBatch(ctx, batch, nil)
+		var be *idem.BatchError
+		if err != nil && errors.As(err, &be) && len(be.Errs) == len(batch) {
+			// Only the items that failed are sent again.
+			var still []int
+			for k, e := range be.Errs {
+				errs[pending[k]] = e
+				if e != nil && !permanent(e) {
+					still = append(still, pending[k])
+				}
+			}
+			pending = still
+		} else {
+			for _, i := range pending {
+				errs[i] = err
+			}
+			if err == nil || permanent(err) {
+				pending = nil
+			}
+		}
+		if len(pending) == 0 {
+			return nil
+		}
+		batch = make([]*idem.Lease, len(pending))
+		for k, i := range pending {
+			batch[k] = leases[i]
+		}
+		return err
+	})
+	if cctx.Err() != nil {
+		for _, i := range pending {
+			errs[i] = errors.Join(errs[i], cctx.Err())
+		}
+	}
+	return errs
+}

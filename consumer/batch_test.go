@@ -1,0 +1,267 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/consumer"
+	"github.com/redis/go-redis/v9"
+)
+
+var errHandler = errors.New("test: handler failed")
+
+// batchCase runs one mixed batch and checks every per-message result:
+// new, duplicate (confirmed earlier), held by another, twice in one batch,
+// failing, empty key.
+func batchCase(t *testing.T, s idem.Store, b *spyStore) {
+	ctx := context.Background()
+	var ev events
+	var mu sync.Mutex
+	ran := map[string]int{}
+	h := consumer.Batch(b.asStore(), msgKey, func(ctx context.Context, m msg) error {
+		if l, ok := consumer.LeaseFrom(ctx); !ok || l.Key != m.ID {
+			t.Errorf("LeaseFrom in batch handler = %v, %v; want the lease of %q", l, ok, m.ID)
+		}
+		mu.Lock()
+		ran[m.ID]++
+		mu.Unlock()
+		if m.Body == "fail" {
+			return errHandler
+		}
+		return nil
+	}, consumer.WithHook(ev.hook), consumer.WithConcurrency(4))
+
+	k := func(s string) string { return uniq(t, s) }
+	pre := consumer.Idempotent(s, msgKey, func(context.Context, msg) error { return nil })
+	if err := pre(ctx, msg{ID: k("done")}); err != nil {
+		t.Fatal(err)
+	}
+	held, err := s.Claim(ctx, k("held"), nil)
+	if err != nil || held.Outcome != idem.Claimed {
+		t.Fatalf("Claim(held) = %v, %v", held.Outcome, err)
+	}
+	before := b.total()
+	ms := []msg{{ID: k("new1")}, {ID: k("done")}, {ID: k("held")}, {ID: k("twice")}, {ID: k("twice")},
+		{ID: k("bad"), Body: "fail"}, {ID: ""}, {ID: k("new2")}}
+	errs := h(ctx, ms)
+	if len(errs) != len(ms) {
+		t.Fatalf("got %d results for %d messages", len(errs), len(ms))
+	}
+	want := []func(error) bool{
+		isNil, isNil, is(idem.ErrInProgress), isNil, is(idem.ErrInProgress), is(errHandler), is(idem.ErrInvalidKey), isNil,
+	}
+	for i, ok := range want {
+		if !ok(errs[i]) {
+			t.Errorf("result %d (%q) = %v; unexpected", i, ms[i].ID, errs[i])
+		}
+	}
+	for _, id := range []string{k("new1"), k("twice"), k("new2")} {
+		if ran[id] != 1 || !confirmed(t, s, id) {
+			t.Errorf("%q: ran %d times, confirmed %v; want once and confirmed", id, ran[id], confirmed(t, s, id))
+		}
+	}
+	if ran[k("done")] != 0 || ran[k("held")] != 0 {
+		t.Errorf("duplicate ran %d, held ran %d; want neither run", ran[k("done")], ran[k("held")])
+	}
+	if _, err := s.Lookup(ctx, k("bad")); !errors.Is(err, idem.ErrNotFound) {
+		t.Errorf("failed message's claim: Lookup = %v; want ErrNotFound (forgotten)", err)
+	}
+	if !ev.has(consumer.DuplicateSkipped) || !ev.has(consumer.InProgress) {
+		t.Errorf("hook saw %v; want duplicate-skipped and in-progress", ev.kinds())
+	}
+	if _, isB := b.asStore().(idem.Batcher); isB {
+		if c, f := b.count("claim_batch"), b.count("confirm_batch"); c != 1 || f != 1 || b.count("claim") != 0 {
+			t.Errorf("batcher store: %d ClaimBatch, %d ConfirmBatch, %d Claim; want one of each batch call and no single claims",
+				c, f, b.count("claim"))
+		}
+	} else if n := b.count("claim"); n != 7 {
+		t.Errorf("plain store: %d Claims (of %d store calls since the start); want 7, one per keyed message", n, b.total()-before)
+	}
+}
+
+func isNil(err error) bool { return err == nil }
+func is(target error) func(error) bool {
+	return func(err error) bool { return errors.Is(err, target) }
+}
+
+// asStore returns the spy as a Batcher when its store is one.
+func (s *spyStore) asStore() idem.Store {
+	if _, ok := s.Store.(idem.Batcher); ok {
+		return spyBatcher{s}
+	}
+	return s
+}
+
+func TestBatchMemory(t *testing.T) {
+	s := idem.NewMemoryStore(idem.Options{})
+	batchCase(t, s, spy(s))
+}
+
+func TestBatchPlainStore(t *testing.T) {
+	s := idem.NewMemoryStore(idem.Options{})
+	// Hiding the Batcher methods: the batch form claims one by one.
+	batchCase(t, s, spy(struct{ idem.Store }{s}))
+}
+
+func TestBatchMiniredis(t *testing.T) {
+	srv := miniredis.RunT(t)
+	s, err := idem.NewRedisStore(redis.NewClient(&redis.Options{Addr: srv.Addr()}), idem.RedisOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	batchCase(t, s, spy(s))
+}
+
+func TestBatchConcurrencyBound(t *testing.T) {
+	s := idem.NewMemoryStore(idem.Options{})
+	var now, peak atomic.Int64
+	h := consumer.Batch(s, msgKey, func(context.Context, msg) error {
+		n := now.Add(1)
+		for {
+			p := peak.Load()
+			if n <= p || peak.CompareAndSwap(p, n) {
+				break
+			}
+		}
+		time.Sleep(5 * time.Millisecond)
+		now.Add(-1)
+		return nil
+	}, consumer.WithConcurrency(3))
+	ms := make([]msg, 30)
+	for i := range ms {
+		ms[i] = msg{ID: uniq(t, string(rune('a'+i)))}
+	}
+	for i, err := range h(context.Background(), ms) {
+		if err != nil {
+			t.Fatalf("message %d: %v", i, err)
+		}
+	}
+	if p := peak.Load(); p > 3 || p < 2 {
+		t.Fatalf("peak concurrency %d; want at most 3 (and more than 1: the batch runs in parallel)", p)
+	}
+}
+
+func TestBatchPanicSettlesThenReraises(t *testing.T) {
+	ctx := context.Background()
+	s := idem.NewMemoryStore(idem.Options{})
+	h := consumer.Batch(s, msgKey, func(_ context.Context, m msg) error {
+		if m.Body == "panic" {
+			panic("kaput")
+		}
+		return nil
+	})
+	func() {
+		defer func() {
+			if v := recover(); v != "kaput" {
+				t.Fatalf("recovered %v; want the handler's panic re-raised", v)
+			}
+		}()
+		h(ctx, []msg{{ID: "ok"}, {ID: "p", Body: "panic"}})
+		t.Fatal("Batch returned; want the panic re-raised")
+	}()
+	if !confirmed(t, s, "ok") {
+		t.Fatal("the batch's successful message was not confirmed before the panic was re-raised")
+	}
+	if _, err := s.Lookup(ctx, "p"); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("panicked message: Lookup = %v; want ErrNotFound (forgotten)", err)
+	}
+}
+
+func TestBatchConfirmRetriesOnlyFailed(t *testing.T) {
+	ctx := context.Background()
+	sp := spy(idem.NewMemoryStore(idem.Options{}))
+	sp.setFail("confirm_batch", func(n int) error {
+		if n == 1 {
+			return errDown
+		}
+		return nil
+	})
+	h := consumer.Batch(sp.asStore(), msgKey, func(context.Context, msg) error { return nil })
+	errs := h(ctx, []msg{{ID: "a"}, {ID: "b"}})
+	if errs[0] != nil || errs[1] != nil {
+		t.Fatalf("results %v; want nil after a retried ConfirmBatch", errs)
+	}
+	if n := sp.count("confirm_batch"); n != 2 {
+		t.Fatalf("ConfirmBatch called %d times; want 2 (one failure, one retry)", n)
+	}
+
+	sp.setFail("confirm_batch", func(int) error { return errDown })
+	h = consumer.Batch(sp.asStore(), msgKey, func(context.Context, msg) error { return nil },
+		consumer.WithConfirmBudget(50*time.Millisecond))
+	errs = h(ctx, []msg{{ID: "c"}})
+	if !errors.Is(errs[0], consumer.ErrNotRecorded) {
+		t.Fatalf("ConfirmBatch never succeeding: %v; want ErrNotRecorded", errs[0])
+	}
+}
+
+func TestBatchClaimFails(t *testing.T) {
+	sp := spy(idem.NewMemoryStore(idem.Options{}))
+	sp.setFail("claim_batch", func(int) error { return errDown })
+	ran := false
+	h := consumer.Batch(sp.asStore(), msgKey, func(context.Context, msg) error { ran = true; return nil })
+	errs := h(context.Background(), []msg{{ID: "a"}, {ID: "b"}})
+	if !errors.Is(errs[0], errDown) || !errors.Is(errs[1], errDown) || ran {
+		t.Fatalf("ClaimBatch failing: results %v, ran %v; want the store's error for each and no run", errs, ran)
+	}
+}
+
+func TestBatchKeepsWaitingLeasesAlive(t *testing.T) {
+	ctx := context.Background()
+	s := idem.NewMemoryStore(idem.Options{LeaseTTL: 60 * time.Millisecond})
+	var ev events
+	h := consumer.Batch(s, msgKey, func(context.Context, msg) error {
+		time.Sleep(30 * time.Millisecond)
+		return nil
+	}, consumer.WithConcurrency(1), consumer.WithHook(ev.hook))
+	// Run one at a time, the last message waits 150ms for its turn: more
+	// than its 60ms lease, which must be renewed meanwhile.
+	ms := []msg{{ID: "a"}, {ID: "b"}, {ID: "c"}, {ID: "d"}, {ID: "e"}, {ID: "f"}}
+	for i, err := range h(ctx, ms) {
+		if err != nil {
+			t.Errorf("message %d: %v", i, err)
+		}
+	}
+	if k := ev.kinds(); len(k) != 0 {
+		t.Fatalf("hook saw %v; want no lost leases while messages wait for a slot", k)
+	}
+}
+
+func TestBatchLeaseLost(t *testing.T) {
+	ctx := context.Background()
+	s := idem.NewMemoryStore(idem.Options{LeaseTTL: 60 * time.Millisecond})
+	var ev events
+	var cause error
+	h := consumer.Batch(s, msgKey, func(ctx context.Context, m msg) error {
+		if m.Body != "lose" {
+			return nil
+		}
+		l, _ := consumer.LeaseFrom(ctx)
+		_ = s.Forget(context.Background(), l)
+		<-ctx.Done()
+		cause = context.Cause(ctx)
+		return errHandler
+	}, consumer.WithHook(ev.hook))
+	errs := h(ctx, []msg{{ID: "x", Body: "lose"}, {ID: "y"}})
+	if !errors.Is(cause, idem.ErrLeaseLost) || !errors.Is(errs[0], errHandler) || errs[1] != nil {
+		t.Fatalf("cause %v, results %v; want ErrLeaseLost as the cause, the handler's error, and nil", cause, errs)
+	}
+	if !ev.has(consumer.LeaseLost) {
+		t.Fatalf("hook saw %v; want lease-lost", ev.kinds())
+	}
+}
+
+func TestBatchOversizedKeyFailsAlone(t *testing.T) {
+	s := idem.NewMemoryStore(idem.Options{MaxKeyBytes: 16})
+	h := consumer.Batch(s, msgKey, func(context.Context, msg) error { return nil })
+	errs := h(context.Background(), []msg{{ID: "ok-1"}, {ID: strings.Repeat("x", 17)}, {ID: "ok-2"}})
+	if errs[0] != nil || !errors.Is(errs[1], idem.ErrInvalidKey) || errs[2] != nil {
+		t.Fatalf("results %v; want only the oversized key to fail (ErrInvalidKey), not the whole batch", errs)
+	}
+}

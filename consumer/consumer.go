@@ -1,0 +1,199 @@
+package consumer
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/idemgo/idem"
+)
+
+// ErrNotRecorded means the handler succeeded but its work could not be
+// confirmed in the store within the retry budget. The work happened; the key
+// stays claimed until its lease runs out, and a delivery after that does the
+// work again.
+//
+// What the broker should do: acknowledge the delivery and alert. Redelivering
+// it is certain to do the work a second time (the redelivery claims the key
+// once the lease runs out), while acknowledging it risks a second time only
+// if yet another duplicate arrives. The amqp adapter acks and logs it at
+// error level.
+var ErrNotRecorded = errors.New("consumer: work done but not recorded")
+
+type leaseKey struct{}
+
+// LeaseFrom returns the lease under which the handler runs, for its fencing
+// token (pass Lease.Token to a downstream write guarded by "fence < token").
+// It reports false outside a handler run by Idempotent or Batch.
+func LeaseFrom(ctx context.Context) (*idem.Lease, bool) {
+	l, ok := ctx.Value(leaseKey{}).(*idem.Lease)
+	return l, ok
+}
+
+// Idempotent wraps h so that a message delivered more than once is handled
+// once. The key func names the work a message stands for (a message id, an
+// order id); it must return a non-empty key.
+//
+// The returned handler claims the key in store and then:
+//
+//   - Claimed: it runs h under idem.KeepAlive, with the lease in h's context
+//     (LeaseFrom). When the lease is lost, h's context is cancelled with cause
+//     idem.ErrLeaseLost. If h returns nil, the work is confirmed, retried with
+//     backoff within the confirm budget on a context detached from ctx's
+//     cancellation (a consumer shutting down after the work is done must
+//     still record it), and nil is returned; if no Confirm succeeds, the
+//     error matches ErrNotRecorded. If h returns an error or panics, the
+//     claim is forgotten, so a redelivery does the work, and the error is
+//     returned or the panic re-raised.
+//   - Duplicate: h does not run; nil is returned. The broker should ack.
+//   - InProgress: h does not run; an error matching idem.ErrInProgress is
+//     returned. The broker should redeliver later, after a delay.
+//   - A store error, an empty key: h does not run, nothing was done, the
+//     error is returned (an empty key matches idem.ErrInvalidKey and is
+//     refused before any store call). The broker should redeliver, except for
+//     an invalid key, which no redelivery fixes.
+//
+// The returned handler is safe for concurrent use if h and key are.
+func Idempotent[M any](store idem.Store, key func(M) string, h func(ctx context.Context, m M) error, opts ...Option) func(ctx context.Context, m M) error {
+	c := newConfig(opts)
+	fp := fingerprintFunc[M](c)
+	return func(ctx context.Context, m M) error {
+		k := key(m)
+		if k == "" {
+			return fmt.Errorf("%w: the message's key is empty", idem.ErrInvalidKey)
+		}
+		var f []byte
+		if fp != nil {
+			f = fp(m)
+		}
+		cl, err := store.Claim(ctx, k, f)
+		if err != nil {
+			return err
+		}
+		if cl.Outcome != idem.Claimed {
+			return c.notClaimed(ctx, k, f, fp != nil, cl)
+		}
+		work, stop := idem.KeepAlive(ctx, store, cl.Lease)
+		defer stop() // also when h calls runtime.Goexit
+		p, err := call(context.WithValue(work, leaseKey{}, cl.Lease), h, m)
+		stop() // no Renew in flight from here on
+		lost := c.lost(ctx, work, cl.Lease)
+		if err != nil || p != nil {
+			c.forget(ctx, store, cl.Lease, lost)
+			if p != nil {
+				panic(p.v)
+			}
+			return err
+		}
+		return c.confirm(ctx, store, cl.Lease, lost)
+	}
+}
+
+// notClaimed answers a claim that found a confirmation or a live holder.
+func (c *config) notClaimed(ctx context.Context, key string, fp []byte, checkFP bool, cl idem.Claim) error {
+	var token int64
+	var recFP []byte
+	if cl.Record != nil {
+		token, recFP = cl.Record.Token, cl.Record.Fingerprint
+	}
+	if checkFP && !bytes.Equal(fp, recFP) {
+		return fmt.Errorf("%w: key %s was %s with another fingerprint",
+			idem.ErrFingerprintMismatch, idem.KeyHash(key), cl.Outcome)
+	}
+	switch cl.Outcome {
+	case idem.Duplicate:
+		c.emit(ctx, DuplicateSkipped, key, token, nil)
+		return nil
+	case idem.InProgress:
+		c.emit(ctx, InProgress, key, token, nil)
+		return fmt.Errorf("%w: key %s is held by another delivery (token %d)", idem.ErrInProgress, idem.KeyHash(key), token)
+	}
+	return fmt.Errorf("consumer: unexpected claim outcome %v", cl.Outcome)
+}
+
+// panicValue carries a handler's panic to where it is re-raised, after the
+// claim has been forgotten.
+type panicValue struct{ v any }
+
+func call[M any](ctx context.Context, h func(context.Context, M) error, m M) (p *panicValue, err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			p = &panicValue{v}
+		}
+	}()
+	return nil, h(ctx, m)
+}
+
+// lost reports (and tells the hook) whether KeepAlive lost the lease while
+// the handler ran.
+func (c *config) lost(ctx, work context.Context, l *idem.Lease) bool {
+	cause := context.Cause(work)
+	if !errors.Is(cause, idem.ErrLeaseLost) {
+		return false
+	}
+	c.emit(ctx, LeaseLost, l.Key, l.Token, cause)
+	return true
+}
+
+// detached returns a context for recording the outcome: it keeps ctx's
+// values but not its cancellation, so a consumer that is shutting down still
+// records work that was done, and it ends after d.
+func detached(ctx context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(ctx), d)
+}
+
+// forget releases a failed delivery's claim, so a redelivery can do the work
+// at once instead of waiting for the lease to run out. After a lost lease
+// there is nothing of ours left to release.
+func (c *config) forget(ctx context.Context, s idem.Store, l *idem.Lease, lost bool) {
+	if lost {
+		return
+	}
+	fctx, cancel := detached(ctx, c.budget(l))
+	defer cancel()
+	if err := s.Forget(fctx, l); err != nil && !errors.Is(err, idem.ErrLeaseLost) {
+		c.emit(ctx, ForgetFailed, l.Key, l.Token, err)
+	}
+}
+
+// confirm records a successful delivery, retrying within the budget.
+func (c *config) confirm(ctx context.Context, s idem.Store, l *idem.Lease, lost bool) error {
+	cctx, cancel := detached(ctx, c.budget(l))
+	defer cancel()
+	err := retry(cctx, func(ctx context.Context) error { return s.Confirm(ctx, l, nil) })
+	if err != nil {
+		c.emit(ctx, ConfirmFailed, l.Key, l.Token, err)
+		return fmt.Errorf("%w: key %s token %d: %w", ErrNotRecorded, idem.KeyHash(l.Key), l.Token, err)
+	}
+	if lost {
+		c.emit(ctx, LateConfirm, l.Key, l.Token, nil)
+	}
+	return nil
+}
+
+// retry calls f until it succeeds, fails permanently, or ctx ends, sleeping
+// a doubling backoff between calls. It returns f's last error.
+func retry(ctx context.Context, f func(context.Context) error) error {
+	wait := 5 * time.Millisecond
+	for {
+		err := f(ctx)
+		if err == nil || permanent(err) {
+			return err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return errors.Join(err, ctx.Err())
+		case <-t.C:
+		}
+		wait = min(2*wait, 250*time.Millisecond)
+	}
+}
+
+// permanent reports errors that no retry can fix.
+func permanent(err error) bool {
+	return errors.Is(err, idem.ErrInvalidKey) || errors.Is(err, idem.ErrTooLarge) || errors.Is(err, idem.ErrDamaged)
+}

@@ -1,0 +1,233 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/consumer"
+)
+
+func TestIdempotentOnceThenDuplicate(t *testing.T) {
+	ctx := context.Background()
+	s := idem.NewMemoryStore(idem.Options{})
+	var ev events
+	var runs atomic.Int64
+	var token int64
+	h := consumer.Idempotent(s, msgKey, func(ctx context.Context, m msg) error {
+		l, ok := consumer.LeaseFrom(ctx)
+		if !ok || l.Key != m.ID {
+			t.Errorf("LeaseFrom(handler ctx) = %v, %v; want the lease of %q", l, ok, m.ID)
+		} else {
+			token = l.Token
+		}
+		runs.Add(1)
+		return nil
+	}, consumer.WithHook(ev.hook))
+
+	m := msg{ID: "m1"}
+	if err := h(ctx, m); err != nil {
+		t.Fatalf("first delivery: %v; want nil", err)
+	}
+	if err := h(ctx, m); err != nil {
+		t.Fatalf("second delivery: %v; want nil (duplicate)", err)
+	}
+	if n := runs.Load(); n != 1 {
+		t.Fatalf("handler ran %d times for two deliveries of one message; want 1", n)
+	}
+	if !confirmed(t, s, "m1") {
+		t.Fatal("m1 not confirmed after a successful delivery")
+	}
+	if got := ev.kinds(); !slices.Equal(got, []consumer.Kind{consumer.DuplicateSkipped}) {
+		t.Fatalf("hook saw %v; want [duplicate-skipped]", got)
+	}
+	if ev.es[0].Token != token || ev.es[0].KeyHash != idem.KeyHash("m1") {
+		t.Fatalf("duplicate event = %+v; want token %d and the key's hash", ev.es[0], token)
+	}
+	if _, ok := consumer.LeaseFrom(ctx); ok {
+		t.Fatal("LeaseFrom(background) reported a lease")
+	}
+}
+
+func TestIdempotentErrorForgets(t *testing.T) {
+	ctx := context.Background()
+	s := idem.NewMemoryStore(idem.Options{})
+	boom := errors.New("boom")
+	var runs atomic.Int64
+	h := consumer.Idempotent(s, msgKey, func(ctx context.Context, m msg) error {
+		if runs.Add(1) == 1 {
+			return boom
+		}
+		return nil
+	})
+	if err := h(ctx, msg{ID: "m"}); !errors.Is(err, boom) {
+		t.Fatalf("failing handler: got %v; want the handler's error", err)
+	}
+	if _, err := s.Lookup(ctx, "m"); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("Lookup after a failure = %v; want ErrNotFound (the claim forgotten so a redelivery runs at once)", err)
+	}
+	if err := h(ctx, msg{ID: "m"}); err != nil {
+		t.Fatalf("redelivery: %v; want nil", err)
+	}
+	if runs.Load() != 2 || !confirmed(t, s, "m") {
+		t.Fatalf("runs = %d, confirmed = %v; want 2 runs and a confirmation", runs.Load(), confirmed(t, s, "m"))
+	}
+}
+
+func TestIdempotentPanicForgetsAndReraises(t *testing.T) {
+	ctx := context.Background()
+	s := idem.NewMemoryStore(idem.Options{})
+	h := consumer.Idempotent(s, msgKey, func(ctx context.Context, m msg) error { panic("kaput") })
+	func() {
+		defer func() {
+			if v := recover(); v != "kaput" {
+				t.Fatalf("recovered %v; want the handler's panic value re-raised", v)
+			}
+		}()
+		_ = h(ctx, msg{ID: "p"})
+		t.Fatal("the wrapper returned; want the panic re-raised")
+	}()
+	if _, err := s.Lookup(ctx, "p"); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("Lookup after a panic = %v; want ErrNotFound (claim forgotten)", err)
+	}
+}
+
+func TestIdempotentInProgress(t *testing.T) {
+	ctx := context.Background()
+	s := idem.NewMemoryStore(idem.Options{})
+	var ev events
+	held, _ := s.Claim(ctx, "busy", nil)
+	ran := false
+	h := consumer.Idempotent(s, msgKey, func(context.Context, msg) error { ran = true; return nil }, consumer.WithHook(ev.hook))
+	err := h(ctx, msg{ID: "busy"})
+	if !errors.Is(err, idem.ErrInProgress) || ran {
+		t.Fatalf("delivery of a held key: err %v, ran %v; want ErrInProgress without running", err, ran)
+	}
+	if !ev.has(consumer.InProgress) || ev.es[0].Token != held.Lease.Token {
+		t.Fatalf("hook saw %+v; want in-progress with the holder's token %d", ev.es, held.Lease.Token)
+	}
+}
+
+func TestIdempotentStoreErrorAndBadKey(t *testing.T) {
+	ctx := context.Background()
+	s := spy(idem.NewMemoryStore(idem.Options{}))
+	ran := false
+	h := consumer.Idempotent(s, msgKey, func(context.Context, msg) error { ran = true; return nil })
+
+	if err := h(ctx, msg{ID: ""}); !errors.Is(err, idem.ErrInvalidKey) {
+		t.Fatalf("empty key: %v; want ErrInvalidKey", err)
+	}
+	if n := s.total(); n != 0 || ran {
+		t.Fatalf("empty key: %d store calls, ran %v; want none before the key is checked", n, ran)
+	}
+	s.setFail("claim", func(int) error { return errDown })
+	if err := h(ctx, msg{ID: "x"}); !errors.Is(err, errDown) || ran {
+		t.Fatalf("store down: err %v, ran %v; want the store's error and no run", err, ran)
+	}
+}
+
+func TestIdempotentLeaseLost(t *testing.T) {
+	ctx := context.Background()
+	s := idem.NewMemoryStore(idem.Options{LeaseTTL: 60 * time.Millisecond})
+	var ev events
+	var cause error
+	h := consumer.Idempotent(s, msgKey, func(ctx context.Context, m msg) error {
+		l, _ := consumer.LeaseFrom(ctx)
+		_ = s.Forget(context.Background(), l) // taken away behind the handler's back
+		<-ctx.Done()
+		cause = context.Cause(ctx)
+		return nil // the work was done anyway
+	}, consumer.WithHook(ev.hook))
+	if err := h(ctx, msg{ID: "lost"}); err != nil {
+		t.Fatalf("late success: %v; want nil (the work is confirmed late)", err)
+	}
+	if !errors.Is(cause, idem.ErrLeaseLost) {
+		t.Fatalf("handler ctx cause = %v; want ErrLeaseLost", cause)
+	}
+	if got := ev.kinds(); !slices.Equal(got, []consumer.Kind{consumer.LeaseLost, consumer.LateConfirm}) {
+		t.Fatalf("hook saw %v; want [lease-lost late-confirm]", got)
+	}
+	if !confirmed(t, s, "lost") {
+		t.Fatal("a late success was not confirmed; the work happened and must be recorded")
+	}
+}
+
+func TestIdempotentConfirmRetried(t *testing.T) {
+	ctx := context.Background()
+	s := spy(idem.NewMemoryStore(idem.Options{}))
+	s.setFail("confirm", func(n int) error {
+		if n < 3 {
+			return errDown
+		}
+		return nil
+	})
+	h := consumer.Idempotent(s, msgKey, func(context.Context, msg) error { return nil })
+	if err := h(ctx, msg{ID: "r"}); err != nil {
+		t.Fatalf("confirm failing twice: %v; want nil after retries", err)
+	}
+	if n := s.count("confirm"); n != 3 || !confirmed(t, s, "r") {
+		t.Fatalf("Confirm called %d times, confirmed %v; want 3 and true", n, confirmed(t, s, "r"))
+	}
+}
+
+func TestIdempotentConfirmFails(t *testing.T) {
+	ctx := context.Background()
+	s := spy(idem.NewMemoryStore(idem.Options{}))
+	s.setFail("confirm", func(int) error { return errDown })
+	var ev events
+	h := consumer.Idempotent(s, msgKey, func(context.Context, msg) error { return nil },
+		consumer.WithHook(ev.hook), consumer.WithConfirmBudget(80*time.Millisecond))
+	start := time.Now()
+	err := h(ctx, msg{ID: "f"})
+	if !errors.Is(err, consumer.ErrNotRecorded) || !errors.Is(err, errDown) {
+		t.Fatalf("confirm never succeeding: %v; want ErrNotRecorded wrapping the store's error (never success)", err)
+	}
+	if took := time.Since(start); took > time.Second {
+		t.Fatalf("gave up after %v; want within the 80ms budget", took)
+	}
+	if n := s.count("confirm"); n < 2 || !ev.has(consumer.ConfirmFailed) {
+		t.Fatalf("Confirm tried %d times, hook %v; want retries and confirm-failed", n, ev.kinds())
+	}
+}
+
+func TestIdempotentConfirmDetachedFromCancel(t *testing.T) {
+	s := idem.NewMemoryStore(idem.Options{})
+	ctx, cancel := context.WithCancel(context.Background())
+	h := consumer.Idempotent(s, msgKey, func(context.Context, msg) error {
+		cancel() // the consumer shuts down after the work is done
+		return nil
+	})
+	if err := h(ctx, msg{ID: "c"}); err != nil {
+		t.Fatalf("cancelled after the work: %v; want nil", err)
+	}
+	if !confirmed(t, s, "c") {
+		t.Fatal("work done before a cancellation was not confirmed; a redelivery would do it again")
+	}
+}
+
+func TestIdempotentFingerprint(t *testing.T) {
+	ctx := context.Background()
+	s := idem.NewMemoryStore(idem.Options{})
+	h := consumer.Idempotent(s, msgKey, func(context.Context, msg) error { return nil },
+		consumer.WithFingerprint(func(m msg) []byte { return []byte(m.Body) }))
+	if err := h(ctx, msg{ID: "k", Body: "a"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := h(ctx, msg{ID: "k", Body: "a"}); err != nil {
+		t.Fatalf("same key, same body: %v; want nil (duplicate)", err)
+	}
+	if err := h(ctx, msg{ID: "k", Body: "b"}); !errors.Is(err, idem.ErrFingerprintMismatch) {
+		t.Fatalf("same key, other body: %v; want ErrFingerprintMismatch", err)
+	}
+	defer func() {
+		if recover() == nil {
+			t.Fatal("WithFingerprint of the wrong message type: want a panic when the wrapper is built")
+		}
+	}()
+	consumer.Idempotent(s, msgKey, func(context.Context, msg) error { return nil },
+		consumer.WithFingerprint(func(s string) []byte { return nil }))
+}

@@ -1,0 +1,66 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/consumer"
+)
+
+type Order struct {
+	ID     string
+	Amount int
+}
+
+// A handler behind an at-least-once broker: the second delivery of an order
+// is acknowledged without charging it again, and a delivery that arrives
+// while another holds the order is told to come back later.
+func ExampleIdempotent() {
+	ctx := context.Background()
+	store := idem.NewMemoryStore(idem.Options{}) // a RedisStore in production
+
+	charge := consumer.Idempotent(store, func(o Order) string { return "charge:" + o.ID },
+		func(ctx context.Context, o Order) error {
+			l, _ := consumer.LeaseFrom(ctx) // l.Token fences downstream writes
+			fmt.Printf("charging %s %d (token %d)\n", o.ID, o.Amount, l.Token)
+			return nil
+		})
+
+	fmt.Println(charge(ctx, Order{"o-1", 42})) // first delivery: charged
+	fmt.Println(charge(ctx, Order{"o-1", 42})) // redelivery: acked, not charged
+
+	held, _ := store.Claim(ctx, "charge:o-2", nil) // another consumer is at work on o-2
+	err := charge(ctx, Order{"o-2", 7})
+	fmt.Println(errors.Is(err, idem.ErrInProgress), held.Outcome)
+	// Output:
+	// charging o-1 42 (token 1)
+	// <nil>
+	// <nil>
+	// true claimed
+}
+
+// A delivery batch: claimed in one call, run in parallel, confirmed in one
+// call, one result per message.
+func ExampleBatch() {
+	ctx := context.Background()
+	store := idem.NewMemoryStore(idem.Options{})
+	handle := consumer.Batch(store, func(o Order) string { return o.ID },
+		func(ctx context.Context, o Order) error {
+			if o.Amount < 0 {
+				return errors.New("negative amount")
+			}
+			return nil
+		})
+
+	batch := []Order{{"a", 1}, {"b", -1}, {"a", 1}, {"c", 3}}
+	for i, err := range handle(ctx, batch) {
+		fmt.Println(batch[i].ID, err)
+	}
+	// Output:
+	// a <nil>
+	// b negative amount
+	// a idem: in progress: key ca978112ca1bbdca is held by another delivery (token 1)
+	// c <nil>
+}
