@@ -1,0 +1,333 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/consumer"
+)
+
+const demoAbout = `Runs a fleet of workers on an in-process at-least-once queue that duplicates
+messages, redelivers them, and crashes workers mid-handler (a crashed worker
+abandons its lease: no Forget, the lease runs out and another worker takes
+the message over). Every handler runs through consumer.Idempotent and applies
+the message's effect to a ledger. The report checks the ledger against idem's
+guarantees: every message takes effect, and an effect is applied twice only
+after a crash between the effect and its confirm (the store never learned the
+work was done). Exit status 1 when the ledger disagrees.
+
+With no store flag the demo runs on an embedded Redis (miniredis, in this
+process) through the real RedisStore and its Lua scripts. --redis, --cluster,
+--postgres or --sqlite run it on a real store (a SQL table is created if
+missing). Keys are demo:RUN:NNNNNN, RUN random per run, kept for --retention.
+
+The same --seed gives the same plan: the same copies of each message at the
+same places in the queue, and the same handler runs crash. The goroutines'
+interleaving is not part of the plan, so counts such as duplicates skipped and
+in-progress redeliveries vary a little between runs of one seed.`
+
+// demoRun is one demo: its settings, plan, stores and ledger.
+type demoRun struct {
+	messages, workers  int
+	dupRate, crashRate float64
+	seed               uint64
+	lease, retryDelay  time.Duration
+	retention, timeout time.Duration
+	store, runID       string
+	plan               *plan
+	ledger             *ledger
+	queue              *queue
+	fault              func(*ledger) // tests only: breaks the ledger before the check
+	progressEvery      time.Duration
+	terminal           bool
+	stores             []idem.Store // [0] checks the records; [1:] one per worker
+	interrupted        error        // why the run stopped before the queue drained
+}
+
+// key returns message m's idempotency key.
+func (d *demoRun) key(m int) string {
+	return "demo:" + d.runID + ":" + fmt.Sprintf("%06d", m)
+}
+
+func (c *cli) demo(args []string) int {
+	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+	var sf storeFlags
+	sf.register(fs, c.getenv, true)
+	d := &demoRun{}
+	fs.IntVar(&d.messages, "messages", 2000, "how many distinct messages")
+	fs.IntVar(&d.workers, "workers", 8, "how many workers consume the queue")
+	fs.Float64Var(&d.dupRate, "dup-rate", 0.3, "probability of each further copy of a message in the queue (up to 4 copies)")
+	fs.Float64Var(&d.crashRate, "crash-rate", 0.02, "probability that a handler run crashes (half before, half after the effect; up to 3 per message)")
+	fs.Uint64Var(&d.seed, "seed", 1, "seed of the plan: copies, queue order and crashes")
+	fs.DurationVar(&d.lease, "lease", 0, "the lease TTL: how long a crashed worker's message waits for a take-over (default 300ms; 1s on SQLite)")
+	fs.DurationVar(&d.retention, "retention", time.Hour, "how long the store remembers a confirmed key")
+	fs.DurationVar(&d.timeout, "timeout", 2*time.Minute, "give up (exit 1) when the run takes longer")
+	pos, done, st := c.parse(fs, args, "[flags]", demoAbout+"\n\n"+envHelp)
+	if done {
+		return st
+	}
+	if len(pos) > 0 {
+		return c.noArgs("demo", pos)
+	}
+	switch {
+	case d.messages < 1 || d.workers < 1:
+		return c.usageError("demo", errors.New("--messages and --workers must be at least 1"))
+	case d.dupRate < 0 || d.dupRate >= 1 || d.crashRate < 0 || d.crashRate >= 1:
+		return c.usageError("demo", errors.New("--dup-rate and --crash-rate must be in [0, 1)"))
+	case d.lease != 0 && d.lease < 10*time.Millisecond || d.retention < time.Second || d.timeout <= 0:
+		return c.usageError("demo", errors.New("--lease must be at least 10ms, --retention at least 1s, --timeout positive"))
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	b, err := sf.open(ctx, true, false)
+	if err != nil {
+		return c.fail("demo", exitUsage, err)
+	}
+	defer b.close()
+	if d.lease == 0 {
+		// Short, so that take-overs happen within a run of a few seconds;
+		// longer on SQLite, which serializes every write (claims, renewals,
+		// confirms) behind one lock: a confirm that cannot get the lock
+		// within the lease is work done but not recorded.
+		d.lease = 300 * time.Millisecond
+		if b.dialect == idem.SQLite {
+			d.lease = time.Second
+		}
+	}
+	opts := idem.Options{LeaseTTL: d.lease, Retention: d.retention}
+	if b.isSQL() {
+		s, err := b.sqlStore(opts)
+		if err == nil {
+			err = s.CreateSchema(ctx)
+		}
+		if err != nil {
+			return c.fail("demo", exitUsage, err)
+		}
+	}
+	d.store = b.desc
+	// One store per worker, each naming its leases, as separate processes
+	// would: inspect shows which worker holds a key.
+	for i := range d.workers + 1 {
+		o := opts
+		o.Worker = "worker-" + strconv.Itoa(i)
+		if i == 0 {
+			o.Worker = "demo-check"
+		}
+		s, err := b.store(o)
+		if err != nil {
+			return c.fail("demo", exitUsage, err)
+		}
+		d.stores = append(d.stores, s)
+	}
+	d.fault = c.demoFault
+	d.terminal = isTerminal(c.stdout)
+	d.progressEvery = time.Second
+	if d.terminal {
+		d.progressEvery = 100 * time.Millisecond
+	}
+	return d.run(ctx, c.stdout)
+}
+
+// isTerminal reports whether w is a terminal, where the progress line is
+// redrawn in place; elsewhere (a pipe, a file, a test) it is printed as
+// plain lines.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+// run runs the demo and writes progress and the report to w. It returns
+// exitOK when the ledger agrees with the guarantees, exitFailed otherwise.
+func (d *demoRun) run(ctx context.Context, w io.Writer) int {
+	var id [4]byte
+	_, _ = rand.Read(id[:])
+	d.runID = hex.EncodeToString(id[:])
+	d.plan = newPlan(d.messages, d.dupRate, d.crashRate, d.seed)
+	d.ledger = newLedger(d.messages)
+	d.queue = newQueue(d.plan.order)
+	// A message another worker holds is tried again after a sixth of the
+	// lease: a crashed holder's lease is taken over within a few retries.
+	d.retryDelay = d.lease / 6
+
+	handlers := make([]func(context.Context, int) error, d.workers)
+	hook := consumer.WithHook(func(_ context.Context, e consumer.Event) {
+		switch e.Kind {
+		case consumer.DuplicateSkipped:
+			d.ledger.count(func(c *counts) { c.duplicates++ })
+		case consumer.LeaseLost:
+			d.ledger.count(func(c *counts) { c.leaseLost++ })
+		}
+	})
+	for i := range handlers {
+		handlers[i] = consumer.Idempotent(d.stores[i+1], d.key, d.handle, hook)
+	}
+	fmt.Fprintf(w, "idem demo: %d messages (%d deliveries planned), %d workers, dup-rate %.2f, crash-rate %.2f, seed %d, lease %v\nstore: %s\n",
+		d.messages, len(d.plan.order), d.workers, d.dupRate, d.crashRate, d.seed, d.lease, d.store)
+
+	ctx, cancel := context.WithTimeout(ctx, d.timeout)
+	defer cancel()
+	stopWatch := context.AfterFunc(ctx, d.queue.close)
+	defer stopWatch()
+	start := time.Now()
+	stopProgress := d.progress(w, start)
+	var wg sync.WaitGroup
+	for _, h := range handlers {
+		wg.Go(func() { d.work(ctx, h) })
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	stopProgress()
+	d.interrupted = ctx.Err()
+
+	v := d.ledger.check()
+	d.checkRecords(context.WithoutCancel(ctx), v)
+	if d.fault != nil {
+		d.fault(d.ledger)
+		v = d.ledger.check()
+		d.checkRecords(context.WithoutCancel(ctx), v)
+	}
+	c := d.ledger.snapshot()
+	report(w, d, c, v, elapsed)
+	if d.interrupted != nil || !v.ok(c) {
+		return exitFailed
+	}
+	return exitOK
+}
+
+// work is one worker: it takes deliveries until the queue is drained and
+// settles each as a broker would (see consumer.Idempotent).
+func (d *demoRun) work(ctx context.Context, h func(context.Context, int) error) {
+	for {
+		m, ok := d.queue.next()
+		if !ok {
+			return
+		}
+		d.ledger.count(func(c *counts) { c.deliveries++ })
+		crashed, err := deliver(ctx, h, m)
+		switch {
+		case crashed:
+			// The worker died holding the delivery: the broker notices the
+			// lost connection and redelivers at once; the key stays claimed
+			// by the dead worker until its lease runs out.
+			d.queue.redeliver(m, 0)
+		case err == nil:
+			d.ledger.count(func(c *counts) { c.acked++ })
+			d.queue.ack()
+		case errors.Is(err, consumer.ErrNotRecorded):
+			d.ledger.count(func(c *counts) { c.notRecorded++ })
+			d.queue.ack()
+		case errors.Is(err, idem.ErrInProgress):
+			d.ledger.count(func(c *counts) { c.inProgress++ })
+			d.queue.redeliver(m, d.retryDelay)
+		default:
+			// A store error, or a handler that stopped because its lease
+			// was lost: nothing was recorded, so the message goes back.
+			d.ledger.count(func(c *counts) { c.storeErrors++ })
+			d.queue.redeliver(m, d.retryDelay)
+		}
+	}
+}
+
+// deliver runs h on its own goroutine, so that a crash (runtime.Goexit in
+// the handler) ends that goroutine as a dead process would: deferred calls
+// run, nothing returns, the lease is neither confirmed nor forgotten.
+func deliver(ctx context.Context, h func(context.Context, int) error, m int) (crashed bool, err error) {
+	done := make(chan struct{})
+	crashed = true
+	go func() {
+		defer close(done)
+		err = h(ctx, m)
+		crashed = false
+	}()
+	<-done
+	return crashed, err
+}
+
+// handle is the demo's handler, run under the key's lease by
+// consumer.Idempotent: it applies message m's effect to the ledger, fenced
+// by the lease's token, and crashes where the plan says.
+func (d *demoRun) handle(ctx context.Context, m int) error {
+	l, _ := consumer.LeaseFrom(ctx)
+	n := d.ledger.begin(m, l.Token)
+	k := d.plan.crashAt(m, n)
+	if k == crashBefore {
+		d.ledger.crashed(m, k)
+		runtime.Goexit()
+	}
+	// A lease lost while the handler ran (a stall) cancels ctx: do not apply
+	// an effect that a successor may be applying.
+	if err := context.Cause(ctx); err != nil {
+		return err
+	}
+	d.ledger.apply(m, l.Token)
+	if k == crashAfter {
+		d.ledger.crashed(m, k)
+		runtime.Goexit()
+	}
+	return nil
+}
+
+// checkRecords looks up every message's key: after the run each must hold a
+// confirmed record.
+func (d *demoRun) checkRecords(ctx context.Context, v *verdict) {
+	v.unconfirmed, v.lookupErrors = 0, 0
+	for m := range d.messages {
+		r, err := d.stores[0].Lookup(ctx, d.key(m))
+		switch {
+		case errors.Is(err, idem.ErrNotFound):
+			v.unconfirmed++
+		case err != nil:
+			v.lookupErrors++
+		case !r.Confirmed:
+			v.unconfirmed++
+		}
+	}
+}
+
+// progress prints a progress line every d.progressEvery until the returned
+// stop is called: redrawn in place on a terminal, plain lines elsewhere.
+func (d *demoRun) progress(w io.Writer, start time.Time) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	line := func() string {
+		c := d.ledger.snapshot()
+		return fmt.Sprintf("%d/%d messages done, %d deliveries, %d duplicates skipped, %d crashes, %.1fs",
+			c.messagesDone, d.messages, c.deliveries, c.duplicates, c.crashBefore+c.crashAfter, time.Since(start).Seconds())
+	}
+	wg.Go(func() {
+		t := time.NewTicker(d.progressEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				if d.terminal {
+					fmt.Fprintf(w, "\r%s\033[K\n", line())
+				}
+				return
+			case <-t.C:
+				if d.terminal {
+					fmt.Fprintf(w, "\r%s\033[K", line())
+				} else {
+					fmt.Fprintln(w, line())
+				}
+			}
+		}
+	})
+	return func() { close(done); wg.Wait() }
+}

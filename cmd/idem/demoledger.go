@@ -1,0 +1,215 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"sync"
+	"time"
+)
+
+// ledger is the demo's effect: what a handler does to the world, once per
+// message if idem does its job. It also keeps what it needs to explain every
+// double effect: the crashes between an effect and its confirm.
+//
+// Writes are fenced by the lease's token (a write with a token not greater
+// than the last accepted one is refused), as DESIGN 3.3 advises for any
+// downstream write: a worker that stalled past its lease cannot apply the
+// effect over its successor.
+type ledger struct {
+	mu   sync.Mutex
+	msgs []msgState
+	counts
+}
+
+type msgState struct {
+	runs        int   // handler runs, crashed or not
+	applied     int   // effects applied
+	fence       int64 // token of the last accepted effect
+	lastToken   int64 // token of the last run's lease
+	abandoned   bool  // the last run crashed: its lease was left to expire
+	crashBefore int
+	crashAfter  int
+}
+
+// counts are the run's totals, read by the progress line and the report.
+type counts struct {
+	deliveries   int
+	acked        int
+	duplicates   int // skipped: the key was confirmed
+	inProgress   int // redelivered later: another delivery held the key
+	storeErrors  int // redelivered later: the store failed, or the handler lost its lease
+	notRecorded  int // the work was done but could not be confirmed
+	leaseLost    int // a handler's lease ran out while it ran
+	takeOvers    int // a run that claimed a key whose last run crashed
+	crashBefore  int
+	crashAfter   int
+	effects      int
+	fenced       int // effects refused by the fence
+	staleTokens  int // a lease whose token was not above its predecessor's
+	messagesDone int // messages with at least one effect
+}
+
+func newLedger(messages int) *ledger { return &ledger{msgs: make([]msgState, messages)} }
+
+// count applies f to the totals under the ledger's lock.
+func (l *ledger) count(f func(c *counts)) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	f(&l.counts)
+}
+
+// snapshot returns the totals as they are now.
+func (l *ledger) snapshot() counts {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.counts
+}
+
+// begin records the start of a handler run of message m under a lease with
+// token, and returns the run's index (from 0).
+func (l *ledger) begin(m int, token int64) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s := &l.msgs[m]
+	if s.abandoned {
+		l.takeOvers++
+		s.abandoned = false
+	}
+	if s.runs > 0 && token <= s.lastToken {
+		l.staleTokens++
+	}
+	s.lastToken = token
+	s.runs++
+	return s.runs - 1
+}
+
+// apply applies message m's effect under token, unless the fence refuses it.
+func (l *ledger) apply(m int, token int64) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s := &l.msgs[m]
+	if token <= s.fence {
+		l.fenced++
+		return
+	}
+	s.fence = token
+	s.applied++
+	l.effects++
+	if s.applied == 1 {
+		l.messagesDone++
+	}
+}
+
+// crashed records that message m's current run crashed at k.
+func (l *ledger) crashed(m int, k crashKind) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	s := &l.msgs[m]
+	s.abandoned = true
+	if k == crashAfter {
+		s.crashAfter++
+		l.crashAfter++
+	} else {
+		s.crashBefore++
+		l.crashBefore++
+	}
+}
+
+// verdict is the ledger checked against idem's guarantees.
+type verdict struct {
+	neverApplied []int // messages without an effect
+	doubles      int   // effects beyond the first, all messages
+	explained    int   // doubles that follow a crash between effect and confirm
+	unexplained  int   // doubles with no such crash: a broken guarantee
+	unconfirmed  int   // keys without a confirmed record at the end
+	lookupErrors int
+}
+
+func (v *verdict) ok(c counts) bool {
+	return len(v.neverApplied) == 0 && v.unexplained == 0 && v.unconfirmed == 0 &&
+		v.lookupErrors == 0 && c.staleTokens == 0 && c.takeOvers == c.crashBefore+c.crashAfter
+}
+
+// check compares every message's effects with its crashes. The only allowed
+// cause of a double effect is a crash after the effect and before the
+// confirm: the store never learned that the work was done, so the take-over
+// does it again. A message may be doubled at most once per such crash.
+func (l *ledger) check() *verdict {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	v := &verdict{}
+	for m, s := range l.msgs {
+		if s.applied == 0 {
+			v.neverApplied = append(v.neverApplied, m)
+			continue
+		}
+		extra := s.applied - 1
+		v.doubles += extra
+		allowed := min(extra, s.crashAfter)
+		v.explained += allowed
+		v.unexplained += extra - allowed
+	}
+	return v
+}
+
+// report writes the run's report and the verdict.
+func report(w io.Writer, d *demoRun, c counts, v *verdict, elapsed time.Duration) {
+	secs := elapsed.Seconds()
+	crashes := c.crashBefore + c.crashAfter
+	row := func(name string, format string, args ...any) {
+		fmt.Fprintf(w, "  %-26s %s\n", name, fmt.Sprintf(format, args...))
+	}
+	fmt.Fprintf(w, "\nidem demo report (%s, seed %d, run %s)\n", d.store, d.seed, d.runID)
+	row("messages", "%d", d.messages)
+	row("deliveries", "%d (%d initial, %d redeliveries)", c.deliveries, len(d.plan.order), c.deliveries-len(d.plan.order))
+	row("duplicates skipped", "%d (the key was confirmed: the handler did not run)", c.duplicates)
+	row("in-progress redeliveries", "%d (another worker held the key: redelivered after %v)", c.inProgress, d.retryDelay)
+	row("crashes", "%d (%d before the effect, %d after the effect and before the confirm)", crashes, c.crashBefore, c.crashAfter)
+	row("take-overs after crashes", "%d (after the crashed worker's lease of %v ran out)", c.takeOvers, d.lease)
+	row("effects applied", "%d", c.effects)
+	row("double effects", "%d (%d after a crash between effect and confirm, %d unexplained)", v.doubles, v.explained, v.unexplained)
+	row("never applied", "%d", len(v.neverApplied))
+	row("records confirmed", "%d of %d", d.messages-v.unconfirmed-v.lookupErrors, d.messages)
+	if c.fenced > 0 || c.leaseLost > 0 {
+		row("leases lost while running", "%d (stale effects refused by the fencing token: %d)", c.leaseLost, c.fenced)
+	}
+	if c.storeErrors > 0 || c.notRecorded > 0 {
+		row("errors", "%d (store errors or lost leases: redelivered), %d done but not recorded", c.storeErrors, c.notRecorded)
+	}
+	if c.staleTokens > 0 {
+		row("fencing violations", "%d (a lease's token was not above its predecessor's)", c.staleTokens)
+	}
+	row("throughput", "%.0f messages/s, %.0f deliveries/s (%v, %d workers)",
+		float64(d.messages)/secs, float64(c.deliveries)/secs, elapsed.Round(time.Millisecond), d.workers)
+	if d.interrupted != nil {
+		fmt.Fprintf(w, "\nFAILED: the run did not finish (%v); the counts above are partial.\n", d.interrupted)
+		return
+	}
+	if v.ok(c) {
+		fmt.Fprintf(w, "\nOK: every message took effect; each of the %d double effects follows a crash between effect and confirm (%d such crashes).\n",
+			v.doubles, c.crashAfter)
+		return
+	}
+	fmt.Fprintf(w, "\nFAILED: the ledger disagrees with idem's guarantees:\n")
+	if n := len(v.neverApplied); n > 0 {
+		fmt.Fprintf(w, "  %d messages never took effect (first: %s)\n", n, d.key(v.neverApplied[0]))
+	}
+	if v.unexplained > 0 {
+		fmt.Fprintf(w, "  %d double effects without a crash between effect and confirm to explain them\n", v.unexplained)
+	}
+	if v.unconfirmed > 0 || v.lookupErrors > 0 {
+		fmt.Fprintf(w, "  %d keys without a confirmed record, %d lookups failed\n", v.unconfirmed, v.lookupErrors)
+	}
+	if c.leaseLost > 0 {
+		fmt.Fprintf(w, "  %d leases ran out while their handler ran (a stalled worker: is the machine too loaded for a %v lease? try a longer --lease)\n", c.leaseLost, d.lease)
+	}
+	if c.notRecorded > 0 {
+		fmt.Fprintf(w, "  %d effects done but not recorded: the store did not take the confirm within the lease (overloaded? try a longer --lease)\n", c.notRecorded)
+	}
+	if c.staleTokens > 0 {
+		fmt.Fprintf(w, "  %d leases whose fencing token did not increase\n", c.staleTokens)
+	}
+	if c.takeOvers != crashes {
+		fmt.Fprintf(w, "  %d take-overs for %d crashes\n", c.takeOvers, crashes)
+	}
+}

@@ -1,0 +1,181 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"database/sql"
+	"encoding/hex"
+	"encoding/json"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/testenv"
+)
+
+func TestSchema(t *testing.T) {
+	t.Parallel()
+	for _, d := range []struct {
+		flag    string
+		dialect idem.Dialect
+	}{{"postgres", idem.Postgres}, {"sqlite", idem.SQLite}} {
+		r := runCLI(t, nil, "schema", "--dialect", d.flag, "--table", "app.idem_keys")
+		ddl, err := idem.SchemaDDL(d.dialect, "app.idem_keys")
+		if err != nil {
+			t.Fatalf("SchemaDDL = %v", err)
+		}
+		if want := strings.Join(ddl, ";\n\n") + ";\n"; r.code != exitOK || r.stdout != want {
+			t.Errorf("schema --dialect %s = %d\n%s\nwant 0\n%s", d.flag, r.code, r.stdout, want)
+		}
+	}
+	// The table may also come from the environment.
+	r := runCLI(t, map[string]string{envTable: "from_env"}, "schema", "--dialect", "sqlite")
+	if !strings.Contains(r.stdout, `"from_env"`) {
+		t.Errorf("schema with %s=from_env:\n%s", envTable, r.stdout)
+	}
+}
+
+// inspect on the SQL and Redis stores: text and JSON, confirmed and
+// claimed, and exit 1 for a key without a record.
+func TestInspect(t *testing.T) {
+	t.Parallel()
+	path, sqlStore := sqliteFile(t, idem.Options{Worker: "w-7"})
+	m := miniredis.RunT(t)
+	rc := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { _ = rc.Close() })
+	redisStore, err := idem.NewRedisStore(rc, idem.RedisOptions{Options: idem.Options{Worker: "w-7"}})
+	if err != nil {
+		t.Fatalf("NewRedisStore = %v", err)
+	}
+	for _, tt := range []struct {
+		name  string
+		store idem.Store
+		flags []string
+	}{
+		{"sqlite", sqlStore, []string{"--sqlite", path}},
+		{"redis", redisStore, []string{"--redis", "redis://" + m.Addr()}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			confirm(t, tt.store, "order:1", []byte{0xfe, 0xed}, []byte("hello"))
+			if _, err := tt.store.Claim(context.Background(), "order:2", nil); err != nil {
+				t.Fatalf("Claim = %v", err)
+			}
+			args := append([]string{"inspect"}, tt.flags...)
+			r := runCLI(t, nil, append(args, "order:1")...)
+			for _, want := range []string{"key          order:1\n", "state        confirmed\n", "owner        -\n",
+				"fingerprint  feed\n", "result       5 bytes\n", "retention ends in"} {
+				if !strings.Contains(r.stdout, want) {
+					t.Errorf("inspect order:1 = %d, lacks %q:\n%s%s", r.code, want, r.stdout, r.stderr)
+				}
+			}
+			if !regexp.MustCompile(`(?m)^token        [1-9]\d*$`).MatchString(r.stdout) {
+				t.Errorf("inspect order:1 has no token:\n%s", r.stdout)
+			}
+
+			r = runCLI(t, nil, append(args, "order:2", "--json")...) // a flag after KEY
+			var in inspection
+			if err := json.Unmarshal([]byte(r.stdout), &in); err != nil || r.code != exitOK {
+				t.Fatalf("inspect --json order:2 = %d %q: %v", r.code, r.stdout, err)
+			}
+			if in.Key != "order:2" || in.State != "claimed" || in.Owner != "w-7" || in.Token <= 0 ||
+				in.Fingerprint != "" || in.ResultBytes != 0 || time.Until(in.Expires) <= 0 {
+				t.Errorf("inspect --json order:2 = %+v; want a live claim by w-7", in)
+			}
+
+			r = runCLI(t, nil, append(args, "--hex", hex.EncodeToString([]byte("order:1")))...)
+			if !strings.Contains(r.stdout, "state        confirmed") {
+				t.Errorf("inspect --hex = %d:\n%s%s", r.code, r.stdout, r.stderr)
+			}
+
+			r = runCLI(t, nil, append(args, "order:none")...)
+			if r.code != exitFailed || !strings.Contains(r.stderr, "no live record") {
+				t.Errorf("inspect of a missing key = %d %q; want %d, no live record", r.code, r.stderr, exitFailed)
+			}
+			r.wantOneLine(t, args)
+		})
+	}
+}
+
+func mustOpen(t *testing.T, path string) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=journal_mode(WAL)")
+	if err != nil {
+		t.Fatalf("sql.Open = %v", err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+// fillForPrune writes 3 records that expire at once and 2 that live, and
+// waits until the 3 have expired.
+func fillForPrune(t *testing.T, short, long idem.Store) {
+	t.Helper()
+	for _, k := range []string{"gone:1", "gone:2", "gone:3"} {
+		confirm(t, short, k, nil, nil)
+	}
+	confirm(t, long, "kept:1", nil, nil)
+	if _, err := long.Claim(context.Background(), "kept:2", nil); err != nil {
+		t.Fatalf("Claim = %v", err)
+	}
+	time.Sleep(50 * time.Millisecond) // the short retention is 10ms
+}
+
+func checkPruned(t *testing.T, r result, s idem.Store) {
+	t.Helper()
+	if r.code != exitOK || !strings.Contains(r.stdout, "deleted 3 expired rows") {
+		t.Errorf("prune = %d; want 0 and 3 deleted:\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	for _, k := range []string{"kept:1", "kept:2"} {
+		if _, err := s.Lookup(context.Background(), k); err != nil {
+			t.Errorf("Lookup(%q) after prune = %v; want the live record kept", k, err)
+		}
+	}
+}
+
+func TestPruneSQLite(t *testing.T) {
+	t.Parallel()
+	path, long := sqliteFile(t, idem.Options{})
+	short, err := idem.NewSQLStore(mustOpen(t, path), idem.SQLOptions{Options: idem.Options{Retention: 10 * time.Millisecond}, Dialect: idem.SQLite})
+	if err != nil {
+		t.Fatalf("NewSQLStore = %v", err)
+	}
+	fillForPrune(t, short, long)
+	checkPruned(t, runCLI(t, nil, "prune", "--sqlite", path), long)
+	if r := runCLI(t, nil, "prune", "--sqlite", path); !strings.Contains(r.stdout, "deleted 0 expired rows") {
+		t.Errorf("second prune:\n%s", r.stdout)
+	}
+}
+
+func TestPrunePostgres(t *testing.T) {
+	t.Parallel()
+	dsn := testenv.PostgresDSN(t)
+	db, err := sql.Open("pgx", dsn)
+	if err != nil {
+		t.Fatalf("sql.Open(pgx) = %v", err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	table := "idem_prune_" + hex.EncodeToString(b[:])
+	t.Cleanup(func() { _, _ = db.Exec(`DROP TABLE IF EXISTS "` + table + `"`) })
+	newStore := func(retention time.Duration) *idem.SQLStore {
+		s, err := idem.NewSQLStore(db, idem.SQLOptions{Options: idem.Options{Retention: retention}, Dialect: idem.Postgres, Table: table})
+		if err != nil {
+			t.Fatalf("NewSQLStore = %v", err)
+		}
+		return s
+	}
+	long := newStore(0)
+	if err := long.CreateSchema(context.Background()); err != nil {
+		t.Fatalf("CreateSchema = %v", err)
+	}
+	fillForPrune(t, newStore(10*time.Millisecond), long)
+	// The DSN and table come from the environment, as an operator's cron
+	// job would set them.
+	checkPruned(t, runCLI(t, map[string]string{envPostgresDSN: dsn, envTable: table}, "prune"), long)
+}

@@ -1,0 +1,50 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+
+	"github.com/idemgo/idem"
+)
+
+const schemaAbout = `Prints the statements that create a SQL store's table and its index on
+expires_at (idem.SchemaDDL), each ending with a semicolon, for a migration
+tool. They are idempotent (IF NOT EXISTS). Connects to nothing.`
+
+func (c *cli) schema(args []string) int {
+	fs := flag.NewFlagSet("schema", flag.ContinueOnError)
+	dialect := fs.String("dialect", "postgres", "the SQL `dialect`: postgres or sqlite")
+	table := fs.String("table", or(c.getenv(envTable), idem.DefaultTable), "the `table` name, optionally schema-qualified (env "+envTable+")")
+	pos, done, st := c.parse(fs, args, "[--dialect postgres|sqlite] [--table NAME]", schemaAbout)
+	if done {
+		return st
+	}
+	if len(pos) > 0 {
+		return c.noArgs("schema", pos)
+	}
+	d, err := parseDialect(*dialect)
+	if err != nil {
+		return c.usageError("schema", err)
+	}
+	ddl, err := idem.SchemaDDL(d, *table)
+	if err != nil {
+		return c.usageError("schema", err)
+	}
+	for i, q := range ddl {
+		if i > 0 {
+			fmt.Fprintln(c.stdout)
+		}
+		fmt.Fprintf(c.stdout, "%s;\n", q)
+	}
+	return exitOK
+}
+
+func parseDialect(s string) (idem.Dialect, error) {
+	switch s {
+	case "postgres", "postgresql":
+		return idem.Postgres, nil
+	case "sqlite", "sqlite3":
+		return idem.SQLite, nil
+	}
+	return 0, fmt.Errorf("unknown --dialect %q: want postgres or sqlite", s)
+}
