@@ -50,26 +50,24 @@ func (s *RedisStore) ClaimBatch(ctx context.Context, keys []string, fingerprints
 	// One attempt id for the batch; item i (from 1) is attempt "id:i", so a
 	// key twice in one batch is two attempts, and go-redis's retry of the
 	// whole pipeline repeats the same ones.
-	attempt := s.attempt()
+	attempt := string(s.appendAttempt(nil))
+	item := func(i int) []byte { return strconv.AppendInt(append([]byte(attempt), ':'), int64(i+1), 10) }
 	var calls []scriptCall
 	if s.shared() {
 		for lo := 0; lo < len(keys); lo += batchChunk {
 			hi := min(lo+batchChunk, len(keys))
-			c := scriptCall{script: claimBatchScript, keys: make([]string, 0, hi-lo), args: make([]any, 3, 3+hi-lo)}
-			chunk := attempt + "." + strconv.Itoa(lo)
-			c.args[0], c.args[1], c.args[2] = s.worker, chunk, s.leaseMs
+			c := scriptCall{script: claimBatchScript, keys: make([]string, 0, hi-lo), args: make([]any, 1, 1+hi-lo)}
+			c.args[0] = s.leaseMs
 			for i := lo; i < hi; i++ {
 				c.keys = append(c.keys, s.redisKey(keys[i]))
-				// claim_batch.lua names item i (from 1) attempt chunk:i.
-				c.args = append(c.args, claimTail(s.o.Worker, chunk+":"+strconv.Itoa(i-lo+1), fp(i)))
+				c.args = append(c.args, claimTail(s.o.Worker, item(i), fp(i)))
 			}
 			calls = append(calls, c)
 		}
 	} else {
 		for i, k := range keys {
-			a := attempt + ":" + strconv.Itoa(i+1)
 			calls = append(calls, scriptCall{script: claimScript, keys: []string{s.redisKey(k)},
-				args: []any{s.worker, a, s.leaseMs, claimTail(s.o.Worker, a, fp(i))}})
+				args: []any{s.leaseMs, claimTail(s.o.Worker, item(i), fp(i))}})
 		}
 	}
 	cs = make([]Claim, len(keys))
@@ -106,12 +104,12 @@ func (s *RedisStore) ConfirmBatch(ctx context.Context, leases []*Lease, results 
 	if s.shared() {
 		for lo := 0; lo < len(leases); lo += batchChunk {
 			hi := min(lo+batchChunk, len(leases))
-			c := scriptCall{script: confirmBatchScript, keys: make([]string, 0, hi-lo), args: make([]any, 1, 1+3*(hi-lo))}
+			c := scriptCall{script: confirmBatchScript, keys: make([]string, 0, hi-lo), args: make([]any, 1, 1+2*(hi-lo))}
 			c.args[0] = s.retentionMs
 			for i := lo; i < hi; i++ {
 				c.keys = append(c.keys, s.redisKey(leases[i].Key))
 				a := s.confirmArgs(leases[i], at(results, i))
-				c.args = append(c.args, a[0], a[1], a[3]) // all but the retention, given once
+				c.args = append(c.args, a[0], a[2]) // all but the retention, given once
 			}
 			calls = append(calls, c)
 		}

@@ -8,21 +8,23 @@ import "strconv"
 
 // claimTail is a claim's value after "1C<token>:":
 // <#owner>:<owner><#attempt>:<attempt><fingerprint>.
-func claimTail(owner, attempt string, fingerprint []byte) []byte {
+func claimTail(owner string, attempt, fingerprint []byte) []byte {
 	b := make([]byte, 0, len(owner)+len(attempt)+len(fingerprint)+8)
 	b = appendField(b, owner)
-	b = appendField(b, attempt)
+	b = strconv.AppendInt(b, int64(len(attempt)), 10)
+	b = append(b, ':')
+	b = append(b, attempt...)
 	return append(b, fingerprint...)
 }
 
 // heldPrefix is how the live claim of a lease begins:
 // 1C<token>:<#owner>:<owner>.
-func heldPrefix(l *Lease) string {
+func heldPrefix(l *Lease) []byte {
 	b := make([]byte, 0, 24+len(l.Owner))
 	b = append(b, "1C"...)
 	b = strconv.AppendInt(b, l.Token, 10)
 	b = append(b, ':')
-	return string(appendField(b, l.Owner))
+	return appendField(b, l.Owner)
 }
 
 // doneValue is a confirmation: 1D<token>:<#fingerprint>:<fingerprint><result>.

@@ -34,15 +34,26 @@ var (
 	//go:embed scripts/confirm_batch.lua
 	confirmBatchLua string
 
-	// Each script is the record format's functions followed by one operation.
-	claimScript        = redis.NewScript(recordLua + claimLua)
-	renewScript        = redis.NewScript(recordLua + renewLua)
-	confirmScript      = redis.NewScript(recordLua + confirmLua)
-	forgetScript       = redis.NewScript(recordLua + forgetLua)
-	lookupScript       = redis.NewScript(recordLua + lookupLua)
-	claimBatchScript   = redis.NewScript(recordLua + claimBatchLua)
-	confirmBatchScript = redis.NewScript(recordLua + confirmBatchLua)
+	// Each script is one operation with the record format's functions
+	// included where it asks for them.
+	claimScript        = script(claimLua)
+	renewScript        = script(renewLua)
+	confirmScript      = script(confirmLua)
+	forgetScript       = script(forgetLua)
+	lookupScript       = script(lookupLua)
+	claimBatchScript   = script(claimBatchLua)
+	confirmBatchScript = script(confirmBatchLua)
 )
+
+// script includes record.lua into an operation's source at its
+// "-- #include record.lua" line.
+func script(src string) *redis.Script {
+	const include = "-- #include record.lua\n"
+	if strings.Count(src, include) != 1 {
+		panic("idem: a script must include record.lua exactly once")
+	}
+	return redis.NewScript(strings.Replace(src, include, recordLua, 1))
+}
 
 // DefaultPrefix begins the name of every Redis key a RedisStore writes.
 const DefaultPrefix = "idem:"
@@ -80,9 +91,9 @@ type RedisStore struct {
 
 	// Script arguments that never change, converted to interface values
 	// once rather than on every call.
-	worker, leaseMs, retentionMs any
-	attemptPrefix                string
-	attempts                     atomic.Uint64
+	leaseMs, retentionMs any
+	attemptPrefix        string
+	attempts             atomic.Uint64
 }
 
 // NewRedisStore returns a store on c. It checks Redis's maxmemory-policy (on
@@ -110,7 +121,6 @@ func NewRedisStore(c redis.UniversalClient, o RedisOptions) (*RedisStore, error)
 		c:             c,
 		o:             opts,
 		prefix:        o.Prefix,
-		worker:        opts.Worker,
 		leaseMs:       strconv.FormatInt(ms(opts.LeaseTTL), 10),
 		retentionMs:   strconv.FormatInt(ms(opts.Retention), 10),
 		attemptPrefix: hex.EncodeToString(seed[:]) + ".",
@@ -177,9 +187,11 @@ func (s *RedisStore) redisKey(key string) string {
 	return string(b)
 }
 
-// attempt returns a new attempt id: unique to this store instance and call.
-func (s *RedisStore) attempt() string {
-	return s.attemptPrefix + strconv.FormatUint(s.attempts.Add(1), 36)
+// appendAttempt appends a new attempt id to b: unique to this store
+// instance and call.
+func (s *RedisStore) appendAttempt(b []byte) []byte {
+	b = append(b, s.attemptPrefix...)
+	return strconv.AppendUint(b, s.attempts.Add(1), 36)
 }
 
 // Claim implements Store in one round trip. Should go-redis retry the
@@ -194,9 +206,9 @@ func (s *RedisStore) Claim(ctx context.Context, key string, fingerprint []byte) 
 	if fingerprint == nil {
 		fingerprint = []byte{}
 	}
-	attempt := s.attempt()
+	var buf [40]byte
 	v, err := claimScript.Run(ctx, s.c, []string{s.redisKey(key)},
-		s.worker, attempt, s.leaseMs, claimTail(s.o.Worker, attempt, fingerprint)).Result()
+		s.leaseMs, claimTail(s.o.Worker, s.appendAttempt(buf[:0]), fingerprint)).Result()
 	if err != nil {
 		return Claim{}, s.fail(ctx, "claim", key, err)
 	}
@@ -205,6 +217,14 @@ func (s *RedisStore) Claim(ctx context.Context, key string, fingerprint []byte) 
 
 // parseClaim turns claim.lua's reply into a Claim.
 func (s *RedisStore) parseClaim(key string, fingerprint []byte, start time.Time, v any) (Claim, error) {
+	if t, ok := v.(string); ok {
+		// The common case, a new lease, is answered with its token alone.
+		tok, err := strconv.ParseInt(t, 10, 64)
+		if err != nil {
+			return Claim{}, s.badReply("claim", key, v)
+		}
+		return s.claimed(key, tok, s.o.LeaseTTL, fingerprint, start), nil
+	}
 	a, ok := v.([]any)
 	if !ok || len(a) == 0 {
 		return Claim{}, s.badReply("claim", key, v)
@@ -233,14 +253,7 @@ func (s *RedisStore) parseClaim(key string, fingerprint []byte, start time.Time,
 			}
 			ttl = time.Duration(p) * time.Millisecond
 		}
-		return Claim{Outcome: Claimed, Lease: &Lease{
-			Key:         key,
-			Token:       tok,
-			Owner:       s.o.Worker,
-			TTL:         s.o.LeaseTTL,
-			Expires:     start.Add(ttl),
-			Fingerprint: append([]byte{}, fingerprint...),
-		}}, nil
+		return s.claimed(key, tok, ttl, fingerprint, start), nil
 	case "D", "P":
 		rec, err := s.parseRecord(key, start, a)
 		if err != nil {
@@ -252,6 +265,18 @@ func (s *RedisStore) parseClaim(key string, fingerprint []byte, start time.Time,
 		return Claim{Outcome: InProgress, Record: rec}, nil
 	}
 	return Claim{}, s.badReply("claim", key, v)
+}
+
+// claimed is the Claim of a new lease on key; left is what remains of it.
+func (s *RedisStore) claimed(key string, tok int64, left time.Duration, fingerprint []byte, start time.Time) Claim {
+	return Claim{Outcome: Claimed, Lease: &Lease{
+		Key:         key,
+		Token:       tok,
+		Owner:       s.o.Worker,
+		TTL:         s.o.LeaseTTL,
+		Expires:     start.Add(left),
+		Fingerprint: append([]byte{}, fingerprint...),
+	}}
 }
 
 // parseRecord reads the {state, token, pttl, fingerprint, result|owner}
@@ -344,7 +369,7 @@ func (s *RedisStore) Confirm(ctx context.Context, l *Lease, result []byte) (err 
 
 // confirmArgs are confirm.lua's ARGV for l.
 func (s *RedisStore) confirmArgs(l *Lease, result []byte) []any {
-	return []any{heldPrefix(l), strconv.FormatInt(l.Token, 10), s.retentionMs, doneValue(l, result)}
+	return []any{heldPrefix(l), s.retentionMs, doneValue(l, result)}
 }
 
 // confirmed interprets confirm.lua's answer n, logging a late confirm.

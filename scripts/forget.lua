@@ -7,9 +7,13 @@
 --          confirmation, never another holder's claim);
 --          error 'idem: damaged record'
 
-local m = mine(KEYS[1], ARGV[1])
-if m == nil then return redis.error_reply(DAMAGED) end
-if not m then return 0 end
--- Keep the token until the lease would have ended (see the record format).
-redis.call('SET', KEYS[1], '1F' .. ARGV[2], 'KEEPTTL')
-return 1
+local v = redis.call('GET', KEYS[1])
+if v and string.find(v, ARGV[1], 1, true) == 1 then
+  -- Keep the token until the lease would have ended (see the record format).
+  redis.call('SET', KEYS[1], '1F' .. ARGV[2], 'KEEPTTL')
+  return 1
+end
+
+-- #include record.lua
+
+return lost(v)

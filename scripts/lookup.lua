@@ -6,6 +6,8 @@
 --          {'P', token, pttl, fingerprint, owner}    a live claim
 --          error 'idem: damaged record'
 
+-- #include record.lua
+
 local v = redis.call('GET', KEYS[1])
 if not v then return false end
 local r = decode(v)

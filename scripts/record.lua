@@ -1,5 +1,6 @@
 -- The record format and the operations on one record, shared by every
--- script (prepended to each one).
+-- script: each includes it where it says "#include record.lua", after its
+-- fast path, so that the common case runs without defining any of this.
 --
 -- One Redis string per idempotency key. Its TTL is the lease while claimed
 -- and the retention once confirmed. The value begins with the format version
@@ -84,17 +85,13 @@ local function reply(key, r)
   return {'P', r.toks, pttl, r.fp, r.owner}
 end
 
--- claim claims key for owner, or says who has it. tail is the claim's value
--- after "1C<token>:". See claim.lua.
-local function claim(key, owner, attempt, lease, tail)
-  -- The token is the store's clock in microseconds: greater than the token
-  -- of any lease that expired before now, without a counter key per record.
-  local t = redis.call('TIME')
-  local toks = t[1] .. string.sub('00000' .. t[2], -6)
-  -- The common case, a new key, costs one write.
-  if redis.call('SET', key, '1C' .. toks .. ':' .. tail, 'NX', 'PX', lease) then
-    return {'C', toks}
-  end
+-- claimed answers a claim of key whose SET NX found a record, as claim.lua
+-- does; toks is the token the new claim would have had.
+local function claimed(key, lease, tail, toks)
+  -- The claim's owner and attempt are in its tail.
+  local mine = decode('1C0:' .. tail)
+  if not mine then return {'X'} end
+  local owner, attempt = mine.owner, mine.attempt
   local v = redis.call('GET', key)
   local floor = 0
   if v then
@@ -112,34 +109,52 @@ local function claim(key, owner, attempt, lease, tail)
   return {'C', toks}
 end
 
--- confirm records key as done. held is how the lease's claim begins, value
--- the whole confirmation. See confirm.lua for the answers; 0 is DAMAGED.
-local function confirm(key, held, toks, retention, value)
-  local v = redis.call('GET', key)
-  local answer = 2
+-- token is the store's clock in microseconds: greater than the token of any
+-- lease that expired before now, without a counter key per record.
+local function token()
+  local t = redis.call('TIME')
+  return t[1] .. string.sub('00000' .. t[2], -6)
+end
+
+-- claim claims key for owner, or says who has it. tail is the claim's value
+-- after "1C<token>:". See claim.lua.
+local function claim(key, lease, tail)
+  local toks = token()
+  if redis.call('SET', key, '1C' .. toks .. ':' .. tail, 'NX', 'PX', lease) then
+    return {'C', toks}
+  end
+  return claimed(key, lease, tail, toks)
+end
+
+-- confirmed answers a confirm of key whose record v is not the lease's own
+-- claim. See confirm.lua for the answers; 0 is DAMAGED.
+local function confirmed(key, v, held, retention, value)
+  local toks = string.match(held, '^1C(%d+):')
   if v then
-    if string.find(v, held, 1, true) == 1 then
-      answer = 1
-    else
-      local r = decode(v)
-      if not r then return 0 end
-      if r.st == 'D' then
-        if r.toks == toks then return 3 end
-        return 4
-      end
+    local r = decode(v)
+    if not r then return 0 end
+    if r.st == 'D' then
+      if r.toks == toks then return 3 end
+      return 4
     end
   end
   redis.call('SET', key, value, 'PX', retention)
-  return answer
+  return 2
 end
 
--- mine answers whether key holds the live claim that begins with held: true
--- when it does, false when it does not, nil when the record is damaged.
-local function mine(key, held)
+-- confirm records key as done. held is how the lease's claim begins, value
+-- the whole confirmation. See confirm.lua.
+local function confirm(key, held, retention, value)
   local v = redis.call('GET', key)
-  if not v then return false end
-  if string.find(v, held, 1, true) == 1 then return true end
-  if not decode(v) then return nil end
-  return false
+  if v and string.find(v, held, 1, true) == 1 then
+    redis.call('SET', key, value, 'PX', retention)
+    return 1
+  end
+  return confirmed(key, v, held, retention, value)
 end
 
+-- lost answers for a lease whose claim key's record v is not: 0, or DAMAGED.
+local function lost(v)
+  if v and not decode(v) then return redis.error_reply(DAMAGED) end
+  return 0
+end

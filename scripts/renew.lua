@@ -6,8 +6,12 @@
 -- Reply:   1 renewed; 0 not held by this lease (expired, forgotten,
 --          confirmed or taken over); error 'idem: damaged record'
 
-local m = mine(KEYS[1], ARGV[1])
-if m == nil then return redis.error_reply(DAMAGED) end
-if not m then return 0 end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-return 1
+local v = redis.call('GET', KEYS[1])
+if v and string.find(v, ARGV[1], 1, true) == 1 then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+
+-- #include record.lua
+
+return lost(v)
