@@ -250,7 +250,10 @@ wait_redis() { # PORT
 }
 
 # start_sentinel PORT: a sentinel watching the Sentinel set's master as "mymaster".
-# Sentinels rewrite their config file, so each gets its own.
+# Sentinels rewrite their config file, so each gets its own. A master is judged down
+# only after 10 s: on a loaded 2-core machine a busy master can miss 1 s of pings,
+# and a spurious failover in the middle of a test loses its writes. A test that
+# wants a failover asks for one (SENTINEL FAILOVER) or kills the master.
 start_sentinel() {
 	local port=$1 d="$DIR/redis-$1"
 	mkdir -p "$d"
@@ -260,7 +263,7 @@ bind 127.0.0.1
 dir $d
 logfile $d/log
 sentinel monitor mymaster 127.0.0.1 $SENTINEL_MASTER_PORT 2
-sentinel down-after-milliseconds mymaster 1000
+sentinel down-after-milliseconds mymaster 10000
 sentinel failover-timeout mymaster 5000
 EOF
 	redis-server "$d/sentinel.conf" --sentinel </dev/null >>"$d/stdout" 2>&1 &
