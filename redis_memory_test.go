@@ -5,6 +5,9 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"net"
+	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -18,13 +21,15 @@ import (
 // --- 9. Memory per record ---------------------------------------------------
 
 // TestRedisMemoryPerRecord measures what a confirmed record costs Redis:
-// used_memory before and after writing 100,000 of them. Other tests writing
-// to the same Redis at the same time blur the figure.
+// used_memory before and after writing 100,000 of them. It runs on a Redis
+// of its own, started from the same redis-server binary as the shared one:
+// other packages' tests write to the shared Redis at the same time, and
+// their records would be counted as ours.
 func TestRedisMemoryPerRecord(t *testing.T) {
 	if testing.Short() {
 		t.Skip("writes 200,000 records; skipped with -short")
 	}
-	c := testenv.Redis(t)
+	c := privateRedis(t)
 	ctx := context.Background()
 	const n, batch = 100_000, 500
 	measure := func(fp []byte) (perRecord, usage float64, keyLen int) {
@@ -84,6 +89,43 @@ func TestRedisMemoryPerRecord(t *testing.T) {
 	per, usage, keyLen = measure(bytes.Repeat([]byte{0xAB}, 32))
 	t.Logf("confirmed record, %d-byte Redis key, 32-byte fingerprint, empty result: %.1f bytes (used_memory), MEMORY USAGE %.0f",
 		keyLen, per, usage)
+}
+
+// privateRedis starts a redis-server for t alone, on a free loopback port,
+// configured as `make test` configures the shared one. Like the shared
+// Redis, it is required under CI=true and skipped without IDEM_REDIS_ADDR.
+func privateRedis(t *testing.T) *redis.Client {
+	t.Helper()
+	testenv.Lookup(t, testenv.RedisAddrVar)
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Fatalf("redis-server is not on PATH: %v", err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+	_ = l.Close()
+	dir := t.TempDir()
+	cmd := exec.Command(bin, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		"--dir", dir, "--logfile", filepath.Join(dir, "log"))
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("starting redis-server: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + port})
+	t.Cleanup(func() { _ = c.Close() })
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		if err := c.Ping(context.Background()).Err(); err == nil {
+			return c
+		} else if time.Now().After(deadline) {
+			t.Fatalf("private redis-server on port %s does not answer: %v", port, err)
+		}
+	}
 }
 
 func usedMemory(t *testing.T, c *redis.Client) int64 {

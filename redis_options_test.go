@@ -21,7 +21,9 @@ import (
 // TestRedisEvictionPolicy changes the shared Redis's maxmemory-policy for a
 // moment: not parallel, and restored at once.
 func TestRedisEvictionPolicy(t *testing.T) {
-	c := testenv.Redis(t)
+	// A Redis of its own: other packages' tests open stores on the shared
+	// one at the same time, and would be refused while the policy is unsafe.
+	c := privateRedis(t)
 	ctx := context.Background()
 	was, err := c.ConfigGet(ctx, "maxmemory-policy").Result()
 	if err != nil {
