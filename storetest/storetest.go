@@ -39,7 +39,7 @@ type Backend struct {
 	Open func(o idem.Options) (idem.Store, error)
 	// Advance moves the backend's clock forward by d: miniredis's
 	// FastForward, a MemoryStore's injected clock. Nil: the suite waits in
-	// real time, with leases of a few hundred milliseconds.
+	// real time, with leases of one second.
 	Advance func(d time.Duration)
 	// Now is the clock by which the store's Lease.Expires and Record.Expires
 	// are reckoned. Default time.Now.
@@ -76,10 +76,10 @@ func register(cs ...check) { checks = append(checks, cs...) }
 // and long enough that a slow machine under -race does not see a lease run
 // out before the check looks at it.
 const (
-	lease     = 600 * time.Millisecond
-	retention = 900 * time.Millisecond
+	lease     = time.Second
+	retention = 1500 * time.Millisecond
 	// slack bounds what a store may round or what the machine may delay.
-	slack = 250 * time.Millisecond
+	slack = 400 * time.Millisecond
 )
 
 // suite is one check's view of its backend.
