@@ -7,22 +7,18 @@ package idem
 // sqlStatements are an SQLStore's statements, built once for its dialect
 // and table.
 type sqlStatements struct {
-	insert, takeOver, read, renew, confirm, confirmLate, forget, record, purge string
+	claim, read, renew, confirm, confirmLate, forget, record, purge string
 }
 
 // The statements, in the markers of sqlText.
 const (
-	sqlInsert = `INSERT INTO {t} (key, state, owner, token, fingerprint, result, recorded_at, expires_at)
-VALUES ($1, 'C', $2, {tok}, $3, NULL, {now}, {in $4})
-ON CONFLICT (key) DO NOTHING RETURNING token`
-	// The token exceeds the old one even within one clock tick.
-	sqlTakeOver = `UPDATE {t} SET state = 'C', owner = $2, token = {max}({tok}, token + 1), fingerprint = $3,
-result = NULL, recorded_at = {now}, expires_at = {in $4}
-WHERE key = $1 AND (state = 'F' OR expires_at <= {now}) RETURNING token`
-	// SQLite's claim is one upsert whose update is the take-over: the
-	// database has one writer, and one write statement instead of two
-	// halves the time racing claims queue for it.
-	sqlUpsertSQLite = `INSERT INTO {t} AS r (key, state, owner, token, fingerprint, result, recorded_at, expires_at)
+	// A claim is one upsert: the insert of a new key, or, in its update, the
+	// take-over of an expired or forgotten claim, the expiry check in the
+	// WHERE clause. A live record makes it return no row (one round trip,
+	// then the read that answers Duplicate or InProgress); a separate
+	// INSERT ... DO NOTHING and UPDATE would cost a third. The token exceeds
+	// the old one even within one clock tick.
+	sqlClaim = `INSERT INTO {t} AS r (key, state, owner, token, fingerprint, result, recorded_at, expires_at)
 VALUES ($1, 'C', $2, {tok}, $3, NULL, {now}, {in $4})
 ON CONFLICT (key) DO UPDATE SET state = 'C', owner = excluded.owner, token = {max}(excluded.token, r.token + 1),
 fingerprint = excluded.fingerprint, result = NULL, recorded_at = excluded.recorded_at, expires_at = excluded.expires_at

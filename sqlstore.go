@@ -105,13 +105,12 @@ func NewSQLStore(db *sql.DB, o SQLOptions) (*SQLStore, error) {
 	}
 	text := func(q string) string { return sqlText(o.Dialect, t, q) }
 	s.q = sqlStatements{
-		insert: text(sqlInsert), takeOver: text(sqlTakeOver), read: text(sqlRead),
+		claim: text(sqlClaim), read: text(sqlRead),
 		renew: text(sqlRenew), confirm: text(sqlConfirm), confirmLate: text(sqlConfirmLate),
 		forget: text(sqlForget), record: text(sqlRecord), purge: text(sqlPurgePostgres),
 	}
 	if o.Dialect == SQLite {
 		s.q.purge = text(sqlPurgeSQLite)
-		s.q.insert, s.q.takeOver = text(sqlUpsertSQLite), ""
 		s.gate = sqliteGate(db)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -143,10 +142,10 @@ var (
 	errChanged = fmt.Errorf("the record changed under each of %d attempts", claimAttempts)
 )
 
-// Claim implements Store: an INSERT, and when the key has a row, an UPDATE
-// that takes it over if it expired or was forgotten, and when it is live, a
-// SELECT of it. Usually one statement, never a read followed by a write. On
-// SQLite the INSERT and the UPDATE are one upsert.
+// Claim implements Store: one upsert that inserts a new key or takes over an
+// expired or forgotten claim (the expiry check in its WHERE clause), and
+// when the key is live, a SELECT of it. One round trip for a new key, two
+// for a duplicate; never a read followed by a write that depends on it.
 func (s *SQLStore) Claim(ctx context.Context, key string, fingerprint []byte) (c Claim, err error) {
 	start := time.Now()
 	defer func() { s.o.observe(ctx, Event{Op: OpClaim, Outcome: c.Outcome, Err: err}, start) }()
@@ -173,13 +172,8 @@ func (s *SQLStore) claimIn(ctx context.Context, q sqlQuerier, key string, finger
 	for range claimAttempts {
 		var tok int64
 		err := s.locked(ctx, q, func() error {
-			return q.QueryRowContext(ctx, s.q.insert, k, s.o.Worker, fp, s.leaseMs).Scan(&tok)
+			return q.QueryRowContext(ctx, s.q.claim, k, s.o.Worker, fp, s.leaseMs).Scan(&tok)
 		})
-		if errors.Is(err, sql.ErrNoRows) && s.q.takeOver != "" {
-			err = s.locked(ctx, q, func() error {
-				return q.QueryRowContext(ctx, s.q.takeOver, k, s.o.Worker, fp, s.leaseMs).Scan(&tok)
-			})
-		}
 		if err == nil {
 			return s.claimed(key, fp, tok, start), nil
 		}
@@ -211,7 +205,7 @@ func (s *SQLStore) claimSQLite(ctx context.Context, db *sql.DB, key string, fp [
 				return err
 			}
 			var tok int64
-			err = db.QueryRowContext(ctx, s.q.insert, []byte(key), s.o.Worker, fp, s.leaseMs).Scan(&tok)
+			err = db.QueryRowContext(ctx, s.q.claim, []byte(key), s.o.Worker, fp, s.leaseMs).Scan(&tok)
 			if err == nil {
 				c = s.claimed(key, fp, tok, start)
 			}
