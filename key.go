@@ -5,7 +5,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strconv"
-	"strings"
 )
 
 // Keys are byte strings: any non-empty value up to MaxKeyBytes, NUL bytes and
@@ -63,32 +62,4 @@ func appendEscapedKey(dst []byte, key string) []byte {
 
 func mustEscape(c byte) bool {
 	return c <= 0x20 || c >= 0x7F || c == '%' || c == '{' || c == '}'
-}
-
-// unescapeKey reverses appendEscapedKey; ok is false for a string it cannot
-// have produced.
-func unescapeKey(s string) (key string, ok bool) {
-	b := make([]byte, 0, len(s))
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case c == '%':
-			if i+2 >= len(s) {
-				return "", false
-			}
-			v, err := strconv.ParseUint(s[i+1:i+3], 16, 8)
-			// Only the canonical form decodes: upper-case digits, and only
-			// for bytes that appendEscapedKey escapes.
-			if err != nil || strings.ToUpper(s[i+1:i+3]) != s[i+1:i+3] || !mustEscape(byte(v)) {
-				return "", false
-			}
-			b = append(b, byte(v))
-			i += 2
-		case !mustEscape(c):
-			b = append(b, c)
-		default:
-			return "", false
-		}
-	}
-	return string(b), true
 }

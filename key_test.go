@@ -2,6 +2,7 @@ package idem
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -267,4 +268,33 @@ func TestRedisKeySlotCluster(t *testing.T) {
 			t.Errorf("Lookup(%q) = %v, %v; want the record with result %q", k, rec, err, k)
 		}
 	}
+}
+
+// unescapeKey reverses appendEscapedKey, to show that the encoding is
+// injective (nothing in the package needs to decode a Redis key name); ok is false for a string it cannot
+// have produced.
+func unescapeKey(s string) (key string, ok bool) {
+	b := make([]byte, 0, len(s))
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '%':
+			if i+2 >= len(s) {
+				return "", false
+			}
+			v, err := strconv.ParseUint(s[i+1:i+3], 16, 8)
+			// Only the canonical form decodes: upper-case digits, and only
+			// for bytes that appendEscapedKey escapes.
+			if err != nil || strings.ToUpper(s[i+1:i+3]) != s[i+1:i+3] || !mustEscape(byte(v)) {
+				return "", false
+			}
+			b = append(b, byte(v))
+			i += 2
+		case !mustEscape(c):
+			b = append(b, c)
+		default:
+			return "", false
+		}
+	}
+	return string(b), true
 }

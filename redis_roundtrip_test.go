@@ -14,13 +14,7 @@ import (
 // --- 1. Round trips ---------------------------------------------------------
 
 func TestRedisRoundTrips(t *testing.T) {
-	for _, backend := range []struct {
-		name   string
-		client func(t *testing.T) *redis.Client
-	}{
-		{"miniredis", func(t *testing.T) *redis.Client { _, c := newMiniredisClient(t); return c }},
-		{"redis", func(t *testing.T) *redis.Client { return testenv.Redis(t) }},
-	} {
+	for _, backend := range redisBackends {
 		t.Run(backend.name, func(t *testing.T) {
 			t.Parallel()
 			c := backend.client(t)

@@ -203,9 +203,6 @@ func (s *RedisStore) Claim(ctx context.Context, key string, fingerprint []byte) 
 	if err := s.o.checkClaim(key, fingerprint); err != nil {
 		return Claim{}, err
 	}
-	if fingerprint == nil {
-		fingerprint = []byte{}
-	}
 	var buf [40]byte
 	v, err := claimScript.Run(ctx, s.c, []string{s.redisKey(key)},
 		s.leaseMs, claimTail(s.o.Worker, s.appendAttempt(buf[:0]), fingerprint)).Result()

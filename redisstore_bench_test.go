@@ -3,6 +3,7 @@ package idem
 import (
 	"context"
 	"flag"
+	"fmt"
 	"runtime"
 	"strconv"
 	"sync/atomic"
@@ -131,34 +132,18 @@ func benchBatch100(b *testing.B, c *redis.Client) {
 // benchSetNX is the floor: what the same two writes per message cost as
 // plain commands, SET NX PX to claim and SET XX PX to confirm.
 func benchSetNX(b *testing.B, c *redis.Client) {
-	prefix := redisTestPrefix(b)
-	b.Cleanup(func() {
-		if err := deleteRedisPrefix(context.Background(), c, prefix); err != nil {
-			b.Errorf("deleting the benchmark's keys: %v", err)
-		}
-	})
-	ctx := context.Background()
 	// An odd millisecond makes go-redis send PX, as the store's scripts do.
 	lease := redis.SetArgs{Mode: "NX", TTL: 30*time.Second + time.Millisecond}
 	retention := redis.SetArgs{Mode: "XX", TTL: 10*time.Minute + time.Millisecond}
-	var next atomic.Uint64
-	b.ReportAllocs()
-	setBenchParallelism(b)
-	b.ResetTimer()
-	b.RunParallel(func(pb *testing.PB) {
-		for pb.Next() {
-			key := prefix + "{" + strconv.FormatUint(next.Add(1), 10) + "}"
-			if err := c.SetArgs(ctx, key, "v", lease).Err(); err != nil {
-				b.Errorf("SET %s NX PX: %v", key, err)
-				return
-			}
-			if err := c.SetArgs(ctx, key, "v2", retention).Err(); err != nil {
-				b.Errorf("SET %s XX PX: %v", key, err)
-				return
-			}
+	benchRawPerMessage(b, c, func(ctx context.Context, key string) error {
+		if err := c.SetArgs(ctx, key, "v", lease).Err(); err != nil {
+			return fmt.Errorf("SET %s NX PX: %w", key, err)
 		}
+		if err := c.SetArgs(ctx, key, "v2", retention).Err(); err != nil {
+			return fmt.Errorf("SET %s XX PX: %w", key, err)
+		}
+		return nil
 	})
-	reportMsgs(b, b.N)
 }
 
 // The least any atomic, script-based claim and confirm must send: a claim
@@ -173,6 +158,20 @@ var (
 
 // benchScriptFloor runs floorClaim and floorConfirm per message.
 func benchScriptFloor(b *testing.B, c *redis.Client) {
+	benchRawPerMessage(b, c, func(ctx context.Context, key string) error {
+		if err := floorClaim.Run(ctx, c, []string{key}, "30001").Err(); err != nil {
+			return fmt.Errorf("floor claim %s: %w", key, err)
+		}
+		if err := floorConfirm.Run(ctx, c, []string{key}, "done", "600001").Err(); err != nil {
+			return fmt.Errorf("floor confirm %s: %w", key, err)
+		}
+		return nil
+	})
+}
+
+// benchRawPerMessage runs msg once per message on a fresh key of its own
+// prefix, as the store benchmarks do, and deletes the keys afterwards.
+func benchRawPerMessage(b *testing.B, c *redis.Client, msg func(ctx context.Context, key string) error) {
 	prefix := redisTestPrefix(b)
 	b.Cleanup(func() {
 		if err := deleteRedisPrefix(context.Background(), c, prefix); err != nil {
@@ -186,13 +185,8 @@ func benchScriptFloor(b *testing.B, c *redis.Client) {
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			key := prefix + "{" + strconv.FormatUint(next.Add(1), 10) + "}"
-			if err := floorClaim.Run(ctx, c, []string{key}, "30001").Err(); err != nil {
-				b.Errorf("floor claim %s: %v", key, err)
-				return
-			}
-			if err := floorConfirm.Run(ctx, c, []string{key}, "done", "600001").Err(); err != nil {
-				b.Errorf("floor confirm %s: %v", key, err)
+			if err := msg(ctx, prefix+"{"+strconv.FormatUint(next.Add(1), 10)+"}"); err != nil {
+				b.Error(err)
 				return
 			}
 		}

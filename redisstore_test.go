@@ -11,6 +11,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/google/uuid"
+	"github.com/idemgo/idem/internal/testenv"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -185,4 +186,14 @@ func checkAllDuplicate(t testing.TB, s *RedisStore, keys []string) {
 			t.Fatalf("ClaimBatch: confirmed item %d (%q) = %v; want duplicate", i, keys[i], c.Outcome)
 		}
 	}
+}
+
+// redisBackends are the single Redis servers a Redis-specific test runs on:
+// miniredis for the logic, the real Redis for what only it shows.
+var redisBackends = []struct {
+	name   string
+	client func(t *testing.T) *redis.Client
+}{
+	{"miniredis", func(t *testing.T) *redis.Client { _, c := newMiniredisClient(t); return c }},
+	{"redis", func(t *testing.T) *redis.Client { return testenv.Redis(t) }},
 }

@@ -286,3 +286,45 @@ func (o *Options) checkClaim(key string, fingerprint []byte) error {
 	}
 	return nil
 }
+
+// at returns s[i], or nil when s is nil (the batch calls allow nil for "none").
+func at(s [][]byte, i int) []byte {
+	if s == nil {
+		return nil
+	}
+	return s[i]
+}
+
+func (o *Options) checkClaimBatch(keys []string, fingerprints [][]byte) error {
+	if fingerprints != nil && len(fingerprints) != len(keys) {
+		return fmt.Errorf("idem: ClaimBatch with %d keys and %d fingerprints", len(keys), len(fingerprints))
+	}
+	for i, k := range keys {
+		if err := o.checkClaim(k, at(fingerprints, i)); err != nil {
+			return fmt.Errorf("batch item %d: %w", i, err)
+		}
+	}
+	return nil
+}
+
+func (o *Options) checkConfirmBatch(leases []*Lease, results [][]byte) error {
+	if results != nil && len(results) != len(leases) {
+		return fmt.Errorf("idem: ConfirmBatch with %d leases and %d results", len(leases), len(results))
+	}
+	for i, l := range leases {
+		if err := o.checkResult(l, at(results, i)); err != nil {
+			return fmt.Errorf("batch item %d: %w", i, err)
+		}
+	}
+	return nil
+}
+
+// logLate logs a confirmation recorded after its lease was lost: the work
+// may have run twice, which an operator wants to know.
+func (o *Options) logLate(ctx context.Context, l *Lease) {
+	if o.Logger == nil {
+		return
+	}
+	o.Logger.LogAttrs(ctx, slog.LevelWarn, "idem: late confirm: the lease was lost before the work was confirmed",
+		slog.String("key_hash", KeyHash(l.Key)), slog.Int64("token", l.Token), slog.String("owner", l.Owner))
+}
