@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/retry"
 )
 
 // Batch wraps h for consumers that receive deliveries in batches. The
@@ -170,7 +171,7 @@ func claimAll(ctx context.Context, s idem.Store, b idem.Batcher, keys []string, 
 		if errors.As(err, &be) && len(be.Errs) == len(keys) && len(cs) == len(keys) {
 			return cs, be.Errs
 		}
-		if permanent(err) {
+		if retry.Permanent(err) {
 			// One bad item (an oversized key or fingerprint) fails a batch call
 			// before any I/O; claimed one by one, only that item fails instead
 			// of every message of the batch being dead-lettered with it.
@@ -210,7 +211,7 @@ func (c *config) confirmAll(ctx context.Context, s idem.Store, b idem.Batcher, l
 	defer cancel()
 	if b == nil {
 		for i, l := range leases {
-			errs[i] = retry(cctx, func(ctx context.Context) error { return s.Confirm(ctx, l, nil) })
+			errs[i] = retry.Do(cctx, func(ctx context.Context) error { return s.Confirm(ctx, l, nil) })
 		}
 		return errs
 	}
@@ -219,7 +220,7 @@ func (c *config) confirmAll(ctx context.Context, s idem.Store, b idem.Batcher, l
 		pending[i] = i
 	}
 	batch := leases
-	_ = retry(cctx, func(ctx context.Context) error {
+	_ = retry.Do(cctx, func(ctx context.Context) error {
 		err := b.ConfirmBatch(ctx, batch, nil)
 		var be *idem.BatchError
 		if err != nil && errors.As(err, &be) && len(be.Errs) == len(batch) {
@@ -227,7 +228,7 @@ func (c *config) confirmAll(ctx context.Context, s idem.Store, b idem.Batcher, l
 			var still []int
 			for k, e := range be.Errs {
 				errs[pending[k]] = e
-				if e != nil && !permanent(e) {
+				if e != nil && !retry.Permanent(e) {
 					still = append(still, pending[k])
 				}
 			}
@@ -236,7 +237,7 @@ func (c *config) confirmAll(ctx context.Context, s idem.Store, b idem.Batcher, l
 			for _, i := range pending {
 				errs[i] = err
 			}
-			if err == nil || permanent(err) {
+			if err == nil || retry.Permanent(err) {
 				pending = nil
 			}
 		}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/retry"
 )
 
 // ErrNotRecorded means the handler succeeded but its work could not be
@@ -162,7 +163,7 @@ func (c *config) forget(ctx context.Context, s idem.Store, l *idem.Lease, lost b
 func (c *config) confirm(ctx context.Context, s idem.Store, l *idem.Lease, lost bool) error {
 	cctx, cancel := detached(ctx, c.budget(l))
 	defer cancel()
-	err := retry(cctx, func(ctx context.Context) error { return s.Confirm(ctx, l, nil) })
+	err := retry.Do(cctx, func(ctx context.Context) error { return s.Confirm(ctx, l, nil) })
 	if err != nil {
 		c.emit(ctx, ConfirmFailed, l.Key, l.Token, err)
 		return fmt.Errorf("%w: key %s token %d: %w", ErrNotRecorded, idem.KeyHash(l.Key), l.Token, err)
@@ -171,29 +172,4 @@ func (c *config) confirm(ctx context.Context, s idem.Store, l *idem.Lease, lost 
 		c.emit(ctx, LateConfirm, l.Key, l.Token, nil)
 	}
 	return nil
-}
-
-// retry calls f until it succeeds, fails permanently, or ctx ends, sleeping
-// a doubling backoff between calls. It returns f's last error.
-func retry(ctx context.Context, f func(context.Context) error) error {
-	wait := 5 * time.Millisecond
-	for {
-		err := f(ctx)
-		if err == nil || permanent(err) {
-			return err
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return errors.Join(err, ctx.Err())
-		case <-t.C:
-		}
-		wait = min(2*wait, 250*time.Millisecond)
-	}
-}
-
-// permanent reports errors that no retry can fix.
-func permanent(err error) bool {
-	return errors.Is(err, idem.ErrInvalidKey) || errors.Is(err, idem.ErrTooLarge) || errors.Is(err, idem.ErrDamaged)
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/retry"
 )
 
 // Response headers the middleware adds to a replay.
@@ -229,7 +230,7 @@ func (h *handler) confirm(r *http.Request, l *idem.Lease, rec *recorder) {
 	defer cancel()
 	resp := h.response(rec)
 	result := encodeResponse(resp)
-	err := retry(ctx, func() error {
+	err := retry.Do(ctx, func(ctx context.Context) error {
 		err := h.c.Store.Confirm(ctx, l, result)
 		if errors.Is(err, idem.ErrTooLarge) && !resp.bodyOmitted {
 			resp.body, resp.bodyOmitted = nil, true
@@ -250,25 +251,9 @@ func (h *handler) confirm(r *http.Request, l *idem.Lease, rec *recorder) {
 func (h *handler) forget(r *http.Request, l *idem.Lease) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), h.c.RecordTimeout)
 	defer cancel()
-	err := retry(ctx, func() error { return h.c.Store.Forget(ctx, l) })
+	err := retry.Do(ctx, func(ctx context.Context) error { return h.c.Store.Forget(ctx, l) })
 	if err != nil && !errors.Is(err, idem.ErrLeaseLost) {
 		h.log(r, "middleware: the key could not be released; retries wait for the lease to run out", l.Key, err)
-	}
-}
-
-// retry calls f until it succeeds, fails for good (lease lost, invalid or
-// too large input), or ctx is done.
-func retry(ctx context.Context, f func() error) error {
-	wait := 20 * time.Millisecond
-	for {
-		err := f()
-		if err == nil || errors.Is(err, idem.ErrLeaseLost) || errors.Is(err, idem.ErrInvalidKey) || errors.Is(err, idem.ErrTooLarge) {
-			return err
-		}
-		if !sleep(ctx, wait/2+rand.N(wait)) {
-			return errors.Join(err, ctx.Err())
-		}
-		wait = min(2*wait, time.Second)
 	}
 }
 

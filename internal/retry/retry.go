@@ -1,0 +1,43 @@
+// Package retry is the one retry loop of idem's wrappers (the HTTP
+// middleware and the message consumer): recording work that was done must
+// survive a short store outage, and must stop at once on an error that no
+// retry can fix.
+package retry
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"time"
+
+	"github.com/idemgo/idem"
+)
+
+// Permanent reports errors that no retry fixes: bad input, a damaged record,
+// a lease that is gone.
+func Permanent(err error) bool {
+	return errors.Is(err, idem.ErrInvalidKey) || errors.Is(err, idem.ErrTooLarge) ||
+		errors.Is(err, idem.ErrDamaged) || errors.Is(err, idem.ErrLeaseLost)
+}
+
+// Do calls f until it succeeds, fails with a Permanent error, or ctx ends,
+// sleeping a doubling backoff (from 5ms up to 250ms, jittered so that many
+// workers retrying after one outage do not move in step) between calls. It
+// returns f's last error, joined with ctx's when ctx ended first.
+func Do(ctx context.Context, f func(context.Context) error) error {
+	wait := 5 * time.Millisecond
+	for {
+		err := f(ctx)
+		if err == nil || Permanent(err) {
+			return err
+		}
+		t := time.NewTimer(wait/2 + rand.N(wait))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return errors.Join(err, ctx.Err())
+		case <-t.C:
+		}
+		wait = min(2*wait, 250*time.Millisecond)
+	}
+}
