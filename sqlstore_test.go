@@ -13,10 +13,8 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/internal/sqltest"
 	"github.com/idemgo/idem/storetest"
-	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
-	_ "modernc.org/sqlite"             // database/sql driver "sqlite"
 )
 
 // postgresDB opens the test Postgres (IDEM_POSTGRES_DSN), closed when t
@@ -26,15 +24,11 @@ import (
 // test` runs other packages' tests beside these), so tests take at most 40.
 func postgresDB(t testing.TB, conns int) *sql.DB {
 	t.Helper()
-	db, err := sql.Open("pgx", testenv.PostgresDSN(t))
-	if err != nil {
-		t.Fatalf("sql.Open(pgx) = %v", err)
-	}
+	db := sqltest.Postgres(t)
 	// The default of 2 idle connections would reconnect on nearly every
 	// statement of parallel checks.
 	db.SetMaxIdleConns(conns)
 	db.SetMaxOpenConns(conns)
-	t.Cleanup(func() { _ = db.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	open := make([]*sql.Conn, conns)
@@ -53,19 +47,6 @@ func postgresDB(t testing.TB, conns int) *sql.DB {
 
 // testConns is the Postgres pool size of tests.
 const testConns = 40
-
-// sqliteDB opens a fresh SQLite file in WAL mode, closed when t ends. It
-// sets no busy_timeout: the store must cope with SQLITE_BUSY by itself.
-func sqliteDB(t testing.TB) (*sql.DB, string) {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "idem.db")
-	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)")
-	if err != nil {
-		t.Fatalf("sql.Open(sqlite) = %v", err)
-	}
-	t.Cleanup(func() { _ = db.Close() })
-	return db, path
-}
 
 // uniqueTable names a table no other test uses.
 func uniqueTable() string {
@@ -107,7 +88,7 @@ func TestSQLStoreConformancePostgres(t *testing.T) {
 
 func TestSQLStoreConformanceSQLite(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) storetest.Backend {
-		db, _ := sqliteDB(t)
+		db, _ := sqltest.SQLite(t)
 		return sqlBackend(t, db, idem.SQLite)
 	})
 }
@@ -117,7 +98,7 @@ func TestSQLStoreConformanceSQLite(t *testing.T) {
 func dialects(t *testing.T, f func(t *testing.T, db *sql.DB, d idem.Dialect)) {
 	t.Run("sqlite", func(t *testing.T) {
 		t.Parallel()
-		db, _ := sqliteDB(t)
+		db, _ := sqltest.SQLite(t)
 		f(t, db, idem.SQLite)
 	})
 	t.Run("postgres", func(t *testing.T) {
@@ -127,7 +108,7 @@ func dialects(t *testing.T, f func(t *testing.T, db *sql.DB, d idem.Dialect)) {
 }
 
 func TestNewSQLStoreRejects(t *testing.T) {
-	db, _ := sqliteDB(t)
+	db, _ := sqltest.SQLite(t)
 	long := strings.Repeat("t", 64)
 	cases := []struct {
 		name string
@@ -249,7 +230,7 @@ func TestSQLStoreSchema(t *testing.T) {
 func TestSQLStoreInvalidInputBeforeIO(t *testing.T) {
 	// A closed database fails every statement: the errors below must come
 	// from validation, before any.
-	db, _ := sqliteDB(t)
+	db, _ := sqltest.SQLite(t)
 	st := newSQLStore(t, db, idem.SQLOptions{Dialect: idem.SQLite, Options: idem.Options{MaxResultBytes: 4}})
 	_ = db.Close()
 	ctx := t.Context()
@@ -344,7 +325,7 @@ func TestSQLStorePurgeExpired(t *testing.T) {
 }
 
 func TestSQLStoreSQLiteWaitsForWriteLock(t *testing.T) {
-	db, _ := sqliteDB(t)
+	db, _ := sqltest.SQLite(t)
 	st := newSQLStore(t, db, idem.SQLOptions{Dialect: idem.SQLite, LockTimeout: 300 * time.Millisecond})
 	ctx := t.Context()
 	// Another connection holds SQLite's only write lock.

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/sqltest"
 	"github.com/idemgo/idem/internal/testenv"
 )
 
@@ -32,7 +33,7 @@ type runEnv struct {
 func eachDialect(t *testing.T, f func(e *runEnv)) {
 	t.Run("sqlite", func(t *testing.T) {
 		t.Parallel()
-		db, path := sqliteDB(t)
+		db, path := sqltest.SQLite(t)
 		f(newRunEnv(t, db, idem.SQLite, "file:"+path+"?_pragma=journal_mode(WAL)"))
 	})
 	t.Run("postgres", func(t *testing.T) {
@@ -375,7 +376,7 @@ func TestRunAndLeases(t *testing.T) {
 }
 
 func TestRunSQLiteSingleWriter(t *testing.T) {
-	db, path := sqliteDB(t)
+	db, path := sqltest.SQLite(t)
 	e := newRunEnv(t, db, idem.SQLite, path)
 	impatient := e.store(idem.SQLOptions{LockTimeout: 300 * time.Millisecond})
 	release := make(chan struct{})

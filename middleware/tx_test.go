@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,9 +15,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/internal/testenv"
-	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
-	_ "modernc.org/sqlite"             // database/sql driver "sqlite"
+	"github.com/idemgo/idem/internal/sqltest"
 )
 
 // txEnv is a transactional-mode store and an orders table the handler
@@ -44,23 +41,18 @@ func newTxEnv(t *testing.T, d idem.Dialect) *txEnv {
 func newTxEnvLock(t *testing.T, d idem.Dialect, lock time.Duration) *txEnv {
 	t.Helper()
 	var db *sql.DB
-	var err error
 	e := &txEnv{orders: uniqueName("orders_")}
 	switch d {
 	case idem.SQLite:
-		path := filepath.Join(t.TempDir(), "idem.db")
-		db, err = sql.Open("sqlite", "file:"+path+"?_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)")
+		db, _ = sqltest.SQLite(t)
 		e.insert = "INSERT INTO " + e.orders + " (note) VALUES (?) RETURNING id"
 	case idem.Postgres:
-		db, err = sql.Open("pgx", testenv.PostgresDSN(t))
+		db = sqltest.Postgres(t)
 		e.insert = "INSERT INTO " + e.orders + " (note) VALUES ($1) RETURNING id"
 	}
-	if err != nil {
-		t.Fatalf("sql.Open = %v", err)
-	}
-	t.Cleanup(func() { _ = db.Close() })
 	e.db = db
 	table := uniqueName("idemtest_")
+	var err error
 	e.store, err = idem.NewSQLStore(db, idem.SQLOptions{Dialect: d, Table: table, LockTimeout: lock})
 	if err != nil {
 		t.Fatalf("NewSQLStore = %v", err)

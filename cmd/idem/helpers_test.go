@@ -3,12 +3,11 @@ package main
 import (
 	"bytes"
 	"context"
-	"database/sql"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/sqltest"
 )
 
 // result is what one run of the command left behind.
@@ -45,12 +44,7 @@ func (r result) wantOneLine(t *testing.T, args []string) {
 // table, and a store on it with options o.
 func sqliteFile(t *testing.T, o idem.Options) (string, *idem.SQLStore) {
 	t.Helper()
-	path := filepath.Join(t.TempDir(), "idem.db")
-	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=journal_mode(WAL)")
-	if err != nil {
-		t.Fatalf("sql.Open(sqlite) = %v", err)
-	}
-	t.Cleanup(func() { _ = db.Close() })
+	db, path := sqltest.SQLite(t)
 	s, err := idem.NewSQLStore(db, idem.SQLOptions{Options: o, Dialect: idem.SQLite})
 	if err != nil {
 		t.Fatalf("NewSQLStore = %v", err)

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"crypto/rand"
-	"database/sql"
 	"encoding/hex"
 	"encoding/json"
 	"regexp"
@@ -15,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/sqltest"
 	"github.com/idemgo/idem/internal/testenv"
 )
 
@@ -101,16 +101,6 @@ func TestInspect(t *testing.T) {
 	}
 }
 
-func mustOpen(t *testing.T, path string) *sql.DB {
-	t.Helper()
-	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=journal_mode(WAL)")
-	if err != nil {
-		t.Fatalf("sql.Open = %v", err)
-	}
-	t.Cleanup(func() { _ = db.Close() })
-	return db
-}
-
 // fillForPrune writes 3 records that expire at once and 2 that live, and
 // waits until the 3 have expired.
 func fillForPrune(t *testing.T, short, long idem.Store) {
@@ -140,7 +130,7 @@ func checkPruned(t *testing.T, r result, s idem.Store) {
 func TestPruneSQLite(t *testing.T) {
 	t.Parallel()
 	path, long := sqliteFile(t, idem.Options{})
-	short, err := idem.NewSQLStore(mustOpen(t, path), idem.SQLOptions{Options: idem.Options{Retention: 10 * time.Millisecond}, Dialect: idem.SQLite})
+	short, err := idem.NewSQLStore(sqltest.OpenSQLite(t, path), idem.SQLOptions{Options: idem.Options{Retention: 10 * time.Millisecond}, Dialect: idem.SQLite})
 	if err != nil {
 		t.Fatalf("NewSQLStore = %v", err)
 	}
@@ -154,11 +144,7 @@ func TestPruneSQLite(t *testing.T) {
 func TestPrunePostgres(t *testing.T) {
 	t.Parallel()
 	dsn := testenv.PostgresDSN(t)
-	db, err := sql.Open("pgx", dsn)
-	if err != nil {
-		t.Fatalf("sql.Open(pgx) = %v", err)
-	}
-	t.Cleanup(func() { _ = db.Close() })
+	db := sqltest.Postgres(t)
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	table := "idem_prune_" + hex.EncodeToString(b[:])
