@@ -34,7 +34,7 @@ func (s *RedisStore) shared() bool {
 // script call per key, pipelined).
 func (s *RedisStore) ClaimBatch(ctx context.Context, keys []string, fingerprints [][]byte) (cs []Claim, err error) {
 	start := time.Now()
-	defer func() { s.o.observe(ctx, Event{Op: OpClaimBatch, Items: len(keys), Err: err}, start) }()
+	defer func() { s.o.observe(ctx, Event{Op: OpClaimBatch, Items: len(keys), Err: err}, "", start) }()
 	if err := s.o.checkClaimBatch(keys, fingerprints); err != nil {
 		return nil, err
 	}
@@ -92,7 +92,7 @@ func (s *RedisStore) ConfirmBatch(ctx context.Context, leases []*Lease, results 
 	start := time.Now()
 	late := false
 	defer func() {
-		s.o.observe(ctx, Event{Op: OpConfirmBatch, Items: len(leases), Late: late, Err: err}, start)
+		s.o.observe(ctx, Event{Op: OpConfirmBatch, Items: len(leases), Late: late, Err: err}, "", start)
 	}()
 	if err := s.o.checkConfirmBatch(leases, results); err != nil {
 		return err

@@ -199,7 +199,9 @@ func (s *RedisStore) appendAttempt(b []byte) []byte {
 // the same lease back.
 func (s *RedisStore) Claim(ctx context.Context, key string, fingerprint []byte) (c Claim, err error) {
 	start := time.Now()
-	defer func() { s.o.observe(ctx, Event{Op: OpClaim, Outcome: c.Outcome, Err: err}, start) }()
+	defer func() {
+		s.o.observe(ctx, Event{Op: OpClaim, Outcome: c.Outcome, TakeOver: c.TakeOver, Err: err}, key, start)
+	}()
 	if err := s.o.checkClaim(key, fingerprint); err != nil {
 		return Claim{}, err
 	}
@@ -227,7 +229,7 @@ func (s *RedisStore) parseClaim(key string, fingerprint []byte, start time.Time,
 		return Claim{}, s.badReply("claim", key, v)
 	}
 	if len(a) == 1 && a[0] == "X" {
-		return Claim{}, fmt.Errorf("%w: claim of key %q", ErrDamaged, redact(key))
+		return Claim{}, fmt.Errorf("%w: claim of %s", ErrDamaged, s.o.keyName(key))
 	}
 	if len(a) < 2 {
 		return Claim{}, s.badReply("claim", key, v)
@@ -315,7 +317,7 @@ func token(v any) (int64, bool) {
 }
 
 func (s *RedisStore) badReply(op, key string, v any) error {
-	return fmt.Errorf("idem: %s of key %q: unexpected reply from Redis (%T)", op, redact(key), v)
+	return fmt.Errorf("idem: %s of %s: unexpected reply from Redis (%T)", op, s.o.keyName(key), v)
 }
 
 // fail wraps a Redis error with the operation and key, mapping a script's
@@ -324,17 +326,17 @@ func (s *RedisStore) fail(ctx context.Context, op, key string, err error) error 
 	if strings.Contains(err.Error(), "idem: damaged record") {
 		if s.o.Logger != nil {
 			s.o.Logger.LogAttrs(ctx, slog.LevelError, "idem: damaged record in Redis; left as it is",
-				slog.String("key_hash", KeyHash(key)))
+				slog.String("key_hash", s.o.KeyHasher.Hash(key)))
 		}
-		return fmt.Errorf("%w: %s of key %q", ErrDamaged, op, redact(key))
+		return fmt.Errorf("%w: %s of %s", ErrDamaged, op, s.o.keyName(key))
 	}
-	return fmt.Errorf("idem: %s of key %q: %w", op, redact(key), err)
+	return fmt.Errorf("idem: %s of %s: %w", op, s.o.keyName(key), err)
 }
 
 // Renew implements Store in one round trip.
 func (s *RedisStore) Renew(ctx context.Context, l *Lease) (err error) {
 	start := time.Now()
-	defer func() { s.o.observe(ctx, Event{Op: OpRenew, Err: err}, start) }()
+	defer func() { s.o.observe(ctx, Event{Op: OpRenew, Err: err}, leaseKey(l), start) }()
 	if err := s.o.checkLease(l); err != nil {
 		return err
 	}
@@ -343,7 +345,7 @@ func (s *RedisStore) Renew(ctx context.Context, l *Lease) (err error) {
 		return s.fail(ctx, "renew", l.Key, err)
 	}
 	if n != 1 {
-		return fmt.Errorf("%w: renew of key %q token %d", ErrLeaseLost, redact(l.Key), l.Token)
+		return fmt.Errorf("%w: renew of %s token %d", ErrLeaseLost, s.o.keyName(l.Key), l.Token)
 	}
 	return nil
 }
@@ -352,7 +354,7 @@ func (s *RedisStore) Renew(ctx context.Context, l *Lease) (err error) {
 func (s *RedisStore) Confirm(ctx context.Context, l *Lease, result []byte) (err error) {
 	start := time.Now()
 	late := false
-	defer func() { s.o.observe(ctx, Event{Op: OpConfirm, Late: late, Err: err}, start) }()
+	defer func() { s.o.observe(ctx, Event{Op: OpConfirm, Late: late, Err: err}, leaseKey(l), start) }()
 	if err := s.o.checkResult(l, result); err != nil {
 		return err
 	}
@@ -378,7 +380,7 @@ func (s *RedisStore) confirmed(ctx context.Context, l *Lease, n int64) (late boo
 		s.o.logLate(ctx, l)
 		return true, nil
 	case 0: // from confirm_batch.lua
-		return false, fmt.Errorf("%w: confirm of key %q", ErrDamaged, redact(l.Key))
+		return false, fmt.Errorf("%w: confirm of %s", ErrDamaged, s.o.keyName(l.Key))
 	}
 	return false, s.badReply("confirm", l.Key, n)
 }
@@ -386,7 +388,7 @@ func (s *RedisStore) confirmed(ctx context.Context, l *Lease, n int64) (late boo
 // Forget implements Store in one round trip.
 func (s *RedisStore) Forget(ctx context.Context, l *Lease) (err error) {
 	start := time.Now()
-	defer func() { s.o.observe(ctx, Event{Op: OpForget, Err: err}, start) }()
+	defer func() { s.o.observe(ctx, Event{Op: OpForget, Err: err}, leaseKey(l), start) }()
 	if err := s.o.checkLease(l); err != nil {
 		return err
 	}
@@ -395,7 +397,7 @@ func (s *RedisStore) Forget(ctx context.Context, l *Lease) (err error) {
 		return s.fail(ctx, "forget", l.Key, err)
 	}
 	if n != 1 {
-		return fmt.Errorf("%w: forget of key %q token %d", ErrLeaseLost, redact(l.Key), l.Token)
+		return fmt.Errorf("%w: forget of %s token %d", ErrLeaseLost, s.o.keyName(l.Key), l.Token)
 	}
 	return nil
 }
@@ -403,13 +405,13 @@ func (s *RedisStore) Forget(ctx context.Context, l *Lease) (err error) {
 // Lookup implements Store in one round trip.
 func (s *RedisStore) Lookup(ctx context.Context, key string) (rec *Record, err error) {
 	start := time.Now()
-	defer func() { s.o.observe(ctx, Event{Op: OpLookup, Err: err}, start) }()
+	defer func() { s.o.observe(ctx, Event{Op: OpLookup, Err: err}, key, start) }()
 	if err := s.o.checkKey(key); err != nil {
 		return nil, err
 	}
 	v, err := lookupScript.Run(ctx, s.c, []string{s.redisKey(key)}).Result()
 	if errors.Is(err, redis.Nil) {
-		return nil, fmt.Errorf("%w: key %q", ErrNotFound, redact(key))
+		return nil, fmt.Errorf("%w: %s", ErrNotFound, s.o.keyName(key))
 	}
 	if err != nil {
 		return nil, s.fail(ctx, "lookup", key, err)
