@@ -70,6 +70,23 @@ type RedisOptions struct {
 	// done twice, so by default NewRedisStore refuses any policy but
 	// noeviction. Default false.
 	AllowEviction bool
+	// AutoPipeline sends the Claim, Confirm, Renew, Forget and Lookup calls
+	// of concurrent goroutines to Redis together: while a pipeline is in
+	// flight, the calls that arrive queue up and go in the next one (one
+	// pipeline per connection, at most two in flight; on a cluster one per
+	// master, as go-redis routes it). On a single Redis, concurrent Claims
+	// and Confirms are also merged into one script call each. A call on an
+	// idle store is sent at once: there is no timer, so a lone caller pays
+	// no added latency.
+	//
+	// Every call keeps its own reply and error: one failing key does not
+	// fail the others in its pipeline. A call whose context ends first
+	// returns ctx.Err() at once, but if it was already sent it may still
+	// run with its reply lost, as after a broken connection: a Claim may
+	// then hold the key until its lease expires (LeaseTTL), and a Confirm
+	// may have recorded. The pipeline itself runs under the client's read
+	// and write timeouts, not any one caller's context. Default false.
+	AutoPipeline bool
 }
 
 // RedisStore is a Store and Batcher on Redis: one Redis string per key, one
@@ -94,6 +111,8 @@ type RedisStore struct {
 	leaseMs, retentionMs any
 	attemptPrefix        string
 	attempts             atomic.Uint64
+
+	auto *autoPipe // nil unless RedisOptions.AutoPipeline
 }
 
 // NewRedisStore returns a store on c. It checks Redis's maxmemory-policy (on
@@ -124,6 +143,9 @@ func NewRedisStore(c redis.UniversalClient, o RedisOptions) (*RedisStore, error)
 		leaseMs:       strconv.FormatInt(ms(opts.LeaseTTL), 10),
 		retentionMs:   strconv.FormatInt(ms(opts.Retention), 10),
 		attemptPrefix: hex.EncodeToString(seed[:]) + ".",
+	}
+	if o.AutoPipeline {
+		s.auto = &autoPipe{s: s}
 	}
 	if !o.AllowEviction {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -194,6 +216,16 @@ func (s *RedisStore) appendAttempt(b []byte) []byte {
 	return strconv.AppendUint(b, s.attempts.Add(1), 36)
 }
 
+// run runs script on key's record and returns its reply: at once, or with
+// AutoPipeline in the next pipeline.
+func (s *RedisStore) run(ctx context.Context, script *redis.Script, key string, args ...any) (any, error) {
+	keys := []string{s.redisKey(key)}
+	if s.auto != nil {
+		return s.auto.do(ctx, scriptCall{script: script, keys: keys, args: args})
+	}
+	return script.Run(ctx, s.c, keys, args...).Result()
+}
+
 // Claim implements Store in one round trip. Should go-redis retry the
 // command after a lost reply, the retry carries the same attempt id and gets
 // the same lease back.
@@ -204,8 +236,7 @@ func (s *RedisStore) Claim(ctx context.Context, key string, fingerprint []byte) 
 		return Claim{}, err
 	}
 	var buf [40]byte
-	v, err := claimScript.Run(ctx, s.c, []string{s.redisKey(key)},
-		s.leaseMs, claimTail(s.o.Worker, s.appendAttempt(buf[:0]), fingerprint)).Result()
+	v, err := s.run(ctx, claimScript, key, s.leaseMs, claimTail(s.o.Worker, s.appendAttempt(buf[:0]), fingerprint))
 	if err != nil {
 		return Claim{}, s.fail(ctx, "claim", key, err)
 	}
@@ -338,9 +369,13 @@ func (s *RedisStore) Renew(ctx context.Context, l *Lease) (err error) {
 	if err := s.o.checkLease(l); err != nil {
 		return err
 	}
-	n, err := renewScript.Run(ctx, s.c, []string{s.redisKey(l.Key)}, heldPrefix(l), s.leaseMs).Int64()
+	v, err := s.run(ctx, renewScript, l.Key, heldPrefix(l), s.leaseMs)
 	if err != nil {
 		return s.fail(ctx, "renew", l.Key, err)
+	}
+	n, ok := v.(int64)
+	if !ok {
+		return s.badReply("renew", l.Key, v)
 	}
 	if n != 1 {
 		return fmt.Errorf("%w: renew of key %q token %d", ErrLeaseLost, redact(l.Key), l.Token)
@@ -356,9 +391,13 @@ func (s *RedisStore) Confirm(ctx context.Context, l *Lease, result []byte) (err 
 	if err := s.o.checkResult(l, result); err != nil {
 		return err
 	}
-	n, err := confirmScript.Run(ctx, s.c, []string{s.redisKey(l.Key)}, s.confirmArgs(l, result)...).Int64()
+	v, err := s.run(ctx, confirmScript, l.Key, s.confirmArgs(l, result)...)
 	if err != nil {
 		return s.fail(ctx, "confirm", l.Key, err)
+	}
+	n, ok := v.(int64)
+	if !ok {
+		return s.badReply("confirm", l.Key, v)
 	}
 	late, err = s.confirmed(ctx, l, n)
 	return err
@@ -390,9 +429,13 @@ func (s *RedisStore) Forget(ctx context.Context, l *Lease) (err error) {
 	if err := s.o.checkLease(l); err != nil {
 		return err
 	}
-	n, err := forgetScript.Run(ctx, s.c, []string{s.redisKey(l.Key)}, heldPrefix(l), strconv.FormatInt(l.Token, 10)).Int64()
+	v, err := s.run(ctx, forgetScript, l.Key, heldPrefix(l), strconv.FormatInt(l.Token, 10))
 	if err != nil {
 		return s.fail(ctx, "forget", l.Key, err)
+	}
+	n, ok := v.(int64)
+	if !ok {
+		return s.badReply("forget", l.Key, v)
 	}
 	if n != 1 {
 		return fmt.Errorf("%w: forget of key %q token %d", ErrLeaseLost, redact(l.Key), l.Token)
@@ -407,7 +450,7 @@ func (s *RedisStore) Lookup(ctx context.Context, key string) (rec *Record, err e
 	if err := s.o.checkKey(key); err != nil {
 		return nil, err
 	}
-	v, err := lookupScript.Run(ctx, s.c, []string{s.redisKey(key)}).Result()
+	v, err := s.run(ctx, lookupScript, key)
 	if errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("%w: key %q", ErrNotFound, redact(key))
 	}
