@@ -47,9 +47,12 @@ const (
 type pipeCall struct {
 	scriptCall
 	state atomic.Int32
-	done  chan struct{} // closed once v and err are set
+	done  chan struct{} // closed once v, err and waitErr are set
 	v     any
 	err   error
+	// waitErr is the verdict of the WAIT that followed a confirm (see
+	// RedisOptions.WaitReplicas).
+	waitErr error
 }
 
 // autoPipe collects calls into pipelines. The first caller to find fewer
@@ -63,11 +66,12 @@ type autoPipe struct {
 	senders int // pipelines in flight
 }
 
-// do runs sc in a pipeline and returns its reply. When ctx ends first, do
-// returns ctx.Err() at once; the call may then have been sent, and may run.
-func (p *autoPipe) do(ctx context.Context, sc scriptCall) (any, error) {
+// do runs sc in a pipeline and returns its reply and, for a confirm with
+// WaitReplicas, the verdict of its WAIT. When ctx ends first, do returns
+// ctx.Err() at once; the call may then have been sent, and may run.
+func (p *autoPipe) do(ctx context.Context, sc scriptCall) (v any, waitErr, err error) {
 	if err := ctx.Err(); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	c := &pipeCall{scriptCall: sc, done: make(chan struct{})}
 	p.mu.Lock()
@@ -89,7 +93,7 @@ func (p *autoPipe) do(ctx context.Context, sc scriptCall) (any, error) {
 		if next := p.next(); next != nil {
 			go p.loop(next)
 		}
-		return c.v, c.err
+		return c.v, c.waitErr, c.err
 	}
 	// A caller that may be cancelled must be able to return at once, while
 	// its pipeline (other callers' calls with it) runs to its end.
@@ -98,16 +102,16 @@ func (p *autoPipe) do(ctx context.Context, sc scriptCall) (any, error) {
 }
 
 // wait returns c's reply, or ctx.Err() as soon as ctx ends.
-func (c *pipeCall) wait(ctx context.Context) (any, error) {
+func (c *pipeCall) wait(ctx context.Context) (any, error, error) {
 	select {
 	case <-c.done:
-		return c.v, c.err
+		return c.v, c.waitErr, c.err
 	case <-ctx.Done():
 		// A call still queued is never sent; one already sent may run, its
 		// reply lost, which the store's scripts allow for (a repeated or
 		// abandoned Claim leaves a lease that expires after LeaseTTL).
 		c.state.CompareAndSwap(callQueued, callAbandoned)
-		return nil, ctx.Err()
+		return nil, nil, ctx.Err()
 	}
 }
 
@@ -151,8 +155,9 @@ func (p *autoPipe) send(batch []*pipeCall) {
 		return
 	}
 	calls, order := p.s.mergeCalls(live)
-	each(calls, p.s.pipeline(context.Background(), calls), func(i int, v any, err error) {
-		order[i].v, order[i].err = v, err
+	cmds, waitErrs := p.s.pipeline(context.Background(), calls)
+	each(calls, cmds, waitErrs, func(i int, v any, err, waitErr error) {
+		order[i].v, order[i].err, order[i].waitErr = v, err, waitErr
 	})
 	for _, c := range live {
 		close(c.done)
@@ -198,7 +203,7 @@ func (s *RedisStore) mergeCalls(live []*pipeCall) ([]scriptCall, []*pipeCall) {
 		}
 		for lo := 0; lo < len(cs); lo += batchChunk {
 			hi := min(lo+batchChunk, len(cs))
-			bc := scriptCall{script: batch, keys: make([]string, 0, hi-lo), args: make([]any, 1, 1+2*(hi-lo))}
+			bc := scriptCall{script: batch, keys: make([]string, 0, hi-lo), args: make([]any, 1, 1+2*(hi-lo)), wait: cs[lo].scriptCall.wait}
 			bc.args[0] = first(cs[lo])
 			for _, c := range cs[lo:hi] {
 				bc.keys = append(bc.keys, c.keys[0])
