@@ -135,7 +135,7 @@ func (s *RedisStore) ConfirmBatch(ctx context.Context, leases []*Lease, results 
 				late = late || l
 			}
 			if err == nil && waitErr != nil {
-				err = fmt.Errorf("idem: confirm of key %q: %w", redact(leases[i].Key), waitErr)
+				err = fmt.Errorf("idem: confirm of %s: %w", s.o.keyName(leases[i].Key), waitErr)
 			}
 		} else {
 			err = s.fail(ctx, "confirm", leases[i].Key, err)

@@ -471,7 +471,7 @@ func (s *RedisStore) Confirm(ctx context.Context, l *Lease, result []byte) (err 
 		return err
 	}
 	if waitErr != nil {
-		return fmt.Errorf("idem: confirm of key %q: %w", redact(l.Key), waitErr)
+		return fmt.Errorf("idem: confirm of %s: %w", s.o.keyName(l.Key), waitErr)
 	}
 	return nil
 }
