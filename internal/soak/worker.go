@@ -27,6 +27,9 @@ const WorkerEnv = "IDEM_SOAK_WORKER"
 // descriptor (exec.Cmd.ExtraFiles[0]); stdout belongs to the test binary.
 const eventsFD = 3
 
+// sqlConns bounds a worker's Postgres connections, hence its concurrent Runs.
+const sqlConns = 6
+
 // maxBatch bounds the deliveries one consumer.Batch call handles.
 const maxBatch = 16
 
@@ -255,7 +258,9 @@ func (w *worker) sql() (func(context.Context, []*delivery), func(), error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	db.SetMaxOpenConns(max(w.cfg.Prefetch, 1))
+	// A few connections per worker: the Postgres of `make test` serves every
+	// other test too, and keeps at most 100.
+	db.SetMaxOpenConns(sqlConns)
 	store, err := idem.NewSQLStore(db, idem.SQLOptions{Dialect: idem.Postgres, Table: w.cfg.Table,
 		Options: idem.Options{Worker: w.cfg.Name, LeaseTTL: w.cfg.LeaseTTL, Retention: w.cfg.Retention}})
 	if err != nil {
