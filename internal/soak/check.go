@@ -40,12 +40,16 @@ type Evidence struct {
 	// ErrNotRecorded: the documented ways, other than a crash, in which lease
 	// mode may do a message's work twice.
 	LeaseTrouble map[string]bool
+	// Unrecorded holds the idem.KeyHash of every key for which a wrapper
+	// returned consumer.ErrNotRecorded: the work was done and acked, but no
+	// Confirm succeeded, so the store may have no record of it.
+	Unrecorded map[string]bool
 }
 
 // NewEvidence returns empty Evidence, ready to be filled.
 func NewEvidence() Evidence {
 	return Evidence{Killed: map[string]bool{}, Effects: map[Attempt]bool{},
-		Confirmed: map[Attempt]bool{}, LeaseTrouble: map[string]bool{}}
+		Confirmed: map[Attempt]bool{}, LeaseTrouble: map[string]bool{}, Unrecorded: map[string]bool{}}
 }
 
 // Verdict is the outcome of checking a ledger against the input set.
@@ -56,14 +60,18 @@ type Verdict struct {
 	// CrashLogged and CrashUnlogged are duplicates written by a worker that
 	// was killed before its wrapper reported the work confirmed: the crash
 	// fell between the effect and the confirmation. Logged ones had written
-	// "effect done" first; unlogged ones were killed between the effect and
-	// that line.
+	// "effect done" first; unlogged ones were killed before that line, mostly
+	// while the effect's command was in flight (Redis had done it, the reply
+	// had not arrived).
 	CrashLogged, CrashUnlogged int
 	// LeaseExplained are duplicates of a key for which a worker reported lease
 	// trouble (lost lease, late or failed confirmation).
 	LeaseExplained int
 	// Unexplained are duplicates with neither explanation.
 	Unexplained int
+	// Unrecorded counts ids without a confirmed record for which a wrapper
+	// reported ErrNotRecorded (lease mode: documented, not a problem).
+	Unrecorded int
 	// Interrupted counts runs that logged "effect done" on a worker that was
 	// then killed before reporting them confirmed: kills that fell between the
 	// effect and the confirmation (whether or not the store had recorded it).
@@ -79,12 +87,14 @@ const maxExamples = 5
 // Check compares the ledger rows with the input ids and the store's records
 // (records[id] as Lookup returned it; nil when Lookup found nothing).
 //
-// Both modes: every input id has a row and a confirmed record, and no row
-// names an id outside the input. Transactional mode (exactlyOnce): no id has
-// two rows. Lease mode: for each id exactly one row carries the token of the
-// confirmed record (the run that recorded the work did it), and every other
+// Both modes: every input id has a row and no row names an id outside the
+// input. Transactional mode (exactlyOnce): every id has a confirmed record
+// and exactly one row. Lease mode: every id has a confirmed record, unless a
+// wrapper reported ErrNotRecorded for it (the work was done and acked, the
+// Confirm never got through); exactly one row carries the token of the
+// confirmed record (the run that recorded the work did it); and every other
 // row is explained by a kill of its writer before its confirmation, or by
-// reported lease trouble for that key; anything else is a problem.
+// reported lease trouble for that key. Anything else is a problem.
 func Check(ids []string, rows []Row, records map[string]*idem.Record, ev Evidence, exactlyOnce bool) Verdict {
 	var v Verdict
 	v.Rows = len(rows)
@@ -101,28 +111,45 @@ func Check(ids []string, rows []Row, records map[string]*idem.Record, ev Evidenc
 			missing = append(missing, id)
 		}
 		rec := records[id]
-		if rec == nil || !rec.Confirmed {
-			unconfirmed = append(unconfirmed, id)
+		done := rec != nil && rec.Confirmed
+		if !done {
+			if exactlyOnce || !ev.Unrecorded[idem.KeyHash(id)] {
+				unconfirmed = append(unconfirmed, id)
+			} else {
+				v.Unrecorded++
+			}
 		}
 		if len(rs) > 1 {
 			v.Duplicates += len(rs) - 1
 			dup = append(dup, fmt.Sprintf("%s×%d", id, len(rs)))
 		}
-		if exactlyOnce || rec == nil || !rec.Confirmed || len(rs) == 0 {
+		if exactlyOnce || len(rs) == 0 {
 			continue
 		}
-		confirmed := 0
-		for _, r := range rs {
-			if r.Token == rec.Token {
-				confirmed++
+		// The row of the run that recorded the work needs no explanation;
+		// without a record (ErrNotRecorded), that of the last run.
+		var keep int64
+		if done {
+			keep = rec.Token
+		} else {
+			for _, r := range rs {
+				keep = max(keep, r.Token)
 			}
 		}
-		if confirmed != 1 {
-			badToken = append(badToken, fmt.Sprintf("%s (confirmed token %d in %d rows)", id, rec.Token, confirmed))
-		}
+		kept := 0
 		for _, r := range rs {
-			if r.Token == rec.Token && confirmed == 1 {
-				continue // the run that recorded the work
+			if r.Token == keep {
+				kept++
+			}
+		}
+		if done && kept != 1 {
+			badToken = append(badToken, fmt.Sprintf("%s (confirmed token %d in %d rows)", id, rec.Token, kept))
+		}
+		skipped := false
+		for _, r := range rs {
+			if r.Token == keep && !skipped {
+				skipped = true
+				continue
 			}
 			a := Attempt(r)
 			switch {

@@ -28,6 +28,7 @@ func TestCheck(t *testing.T) {
 		problem     string // a substring of the one expected problem; "" for none
 		crash       int    // CrashLogged + CrashUnlogged
 		lease       int
+		unrecorded  int
 	}{
 		{name: "once each", rows: []Row{{"a", 10, "w0"}, {"b", 20, "w0"}}, ev: NewEvidence()},
 		{name: "missing", rows: []Row{{"a", 10, "w0"}}, ev: NewEvidence(), problem: "no ledger row"},
@@ -52,6 +53,22 @@ func TestCheck(t *testing.T) {
 				ev.LeaseTrouble[idem.KeyHash("a")] = true
 				return ev
 			}(), lease: 1},
+		{name: "not recorded", rows: []Row{{"a", 10, "w0"}, {"b", 20, "w0"}},
+			recs: map[string]*idem.Record{"a": confirmed(10), "b": {Token: 20}},
+			ev: func() Evidence {
+				ev := NewEvidence()
+				ev.Unrecorded[idem.KeyHash("b")] = true
+				ev.LeaseTrouble[idem.KeyHash("b")] = true
+				return ev
+			}(), unrecorded: 1},
+		{name: "not recorded, done again after a crash", rows: []Row{{"a", 10, "w0"}, {"b", 20, "w1"}, {"b", 21, "w0"}},
+			recs: map[string]*idem.Record{"a": confirmed(10), "b": {Token: 21}},
+			ev: func() Evidence {
+				ev := killedW1()
+				ev.Unrecorded[idem.KeyHash("b")] = true
+				ev.LeaseTrouble[idem.KeyHash("b")] = true
+				return ev
+			}(), unrecorded: 1, crash: 1},
 		{name: "confirmed run left no row", rows: []Row{{"a", 5, "w1"}, {"b", 20, "w0"}}, ev: killedW1(),
 			problem: "exactly one ledger row under the confirmed token", crash: 1},
 		{name: "confirmed run's row twice", rows: []Row{{"a", 10, "w0"}, {"a", 10, "w0"}, {"b", 20, "w0"}}, ev: NewEvidence(),
@@ -72,6 +89,9 @@ func TestCheck(t *testing.T) {
 			}
 			if got := v.CrashLogged + v.CrashUnlogged; got != tc.crash {
 				t.Errorf("Check: %d duplicates explained by a crash; want %d", got, tc.crash)
+			}
+			if v.Unrecorded != tc.unrecorded {
+				t.Errorf("Check: %d ids unrecorded; want %d", v.Unrecorded, tc.unrecorded)
 			}
 			if v.LeaseExplained != tc.lease {
 				t.Errorf("Check: %d duplicates explained by lease trouble; want %d", v.LeaseExplained, tc.lease)

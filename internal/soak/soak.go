@@ -112,10 +112,10 @@ func (r *Report) String() string {
 	fmt.Fprintf(&b, "  acks %d (stale %d), nacks %d in-progress / %d error\n", r.Acks, r.StaleAcks, r.BusyNacks, r.ErrNacks)
 	fmt.Fprintf(&b, "  kills %d (%d right after an effect), worker processes %d, effects interrupted by a kill before confirmation %d\n",
 		r.Kills, r.KillsAfterEffect, r.Spawns, r.Interrupted)
-	fmt.Fprintf(&b, "  ledger rows %d, duplicates %d: explained by a crash %d (+%d killed before the effect line), by lease trouble %d, unexplained %d\n",
-		r.Rows, r.Duplicates, r.CrashLogged, r.CrashUnlogged, r.LeaseExplained, r.Unexplained)
+	fmt.Fprintf(&b, "  ledger rows %d, duplicates %d: explained by a crash before the confirmation %d (%d after the \"effect done\" line, %d while the effect was in flight), by lease trouble %d, unexplained %d\n",
+		r.Rows, r.Duplicates, r.CrashLogged+r.CrashUnlogged, r.CrashLogged, r.CrashUnlogged, r.LeaseExplained, r.Unexplained)
 	if len(r.LeaseEvents) > 0 {
-		fmt.Fprintf(&b, "  lease events %v\n", r.LeaseEvents)
+		fmt.Fprintf(&b, "  lease trouble reported by the wrappers %v; ids acked after ErrNotRecorded and left without a record %d\n", r.LeaseEvents, r.Unrecorded)
 	}
 	for _, p := range r.Problems {
 		fmt.Fprintf(&b, "  PROBLEM: %s\n", p)
@@ -334,7 +334,7 @@ func (b *broker) run(ctx context.Context, ids []string) (rep *Report, err error)
 				b.killRandom(now)
 				nextKill = b.nextKill(now)
 			}
-			if now.Sub(lastLog) >= 5*time.Second {
+			if now.Sub(lastLog) >= 10*time.Second {
 				lastLog = now
 				b.cfg.Logf("soak %s: %v acked %d/%d, in flight %d, queued %d, kills %d",
 					b.cfg.Mode, now.Sub(start).Round(time.Second), len(b.ackedIDs), b.cfg.Messages, len(b.inflight), len(b.ready)-b.head, b.rep.Kills)
@@ -419,7 +419,10 @@ func (b *broker) spawn(slot int) error {
 }
 
 func (b *broker) kill(p *proc, afterEffect bool) {
-	if p.killed || p.exited || b.rep.Kills >= b.cfg.MaxKills {
+	// Kills keep pace with the acks, at most one ahead, so that they are
+	// spread over the whole run rather than spent in its first seconds.
+	paced := b.rep.Kills*b.cfg.Messages < b.cfg.MaxKills*len(b.ackedIDs)+b.cfg.Messages
+	if p.killed || p.exited || b.rep.Kills >= b.cfg.MaxKills || !paced {
 		return
 	}
 	p.killed, p.usable = true, false
@@ -517,6 +520,9 @@ func (b *broker) handle(e event) error {
 			return bad()
 		}
 		b.ev.LeaseTrouble[f[2]] = true
+		if f[1] == "not-recorded" {
+			b.ev.Unrecorded[f[2]] = true
+		}
 		b.rep.LeaseEvents[f[1]]++
 	default:
 		return bad()
