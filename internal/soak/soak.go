@@ -81,7 +81,7 @@ type Config struct {
 	// Command starts a worker: a binary whose main (a TestMain) calls
 	// RunWorker when IsWorker. Required.
 	Command []string
-	Seed    uint64               // of the broker's choices; 0: random
+	Seed    uint64               // seeds the broker's random choices (their timing still varies); 0: random
 	Logf    func(string, ...any) // progress lines; nil: none
 }
 
@@ -135,6 +135,12 @@ func (c *Config) defaults() error {
 	}
 	if c.Mode == Redis && c.RedisAddr == "" || c.Mode == SQL && c.PostgresDSN == "" {
 		return fmt.Errorf("soak: mode %s needs its server's address", c.Mode)
+	}
+	if c.DupRate < 0 || c.DupRate > 1 || c.KillAfterEffect < 0 || c.KillAfterEffect > 1 {
+		return errors.New("soak: DupRate and KillAfterEffect are probabilities, in [0, 1]")
+	}
+	if c.LateDups < 0 || c.MaxKills < 0 || c.KillEvery < 0 || c.Tail < 0 {
+		return errors.New("soak: negative LateDups, MaxKills, KillEvery or Tail")
 	}
 	def := func(d *time.Duration, v time.Duration) {
 		if *d <= 0 {

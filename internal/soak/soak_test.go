@@ -23,7 +23,8 @@ func TestMain(m *testing.M) {
 
 // LongEnv selects the long soak (100k messages per mode, hundreds of kills),
 // which `make soak` runs; without it the tests run the short soak that fits
-// in `make test`. IDEM_SOAK_SEED replays a run's broker choices.
+// in `make test`. IDEM_SOAK_SEED seeds the broker's random choices, to
+// repeat a run's as nearly as timing allows.
 const (
 	LongEnv = "IDEM_SOAK"
 	SeedEnv = "IDEM_SOAK_SEED"
@@ -92,7 +93,7 @@ func runSoak(t *testing.T, c soak.Config) *soak.Report {
 	if c.Seed == 0 {
 		c.Seed = uint64(time.Now().UnixNano())
 	}
-	t.Logf("seed %d (%s=%d replays the broker's choices)", c.Seed, SeedEnv, c.Seed)
+	t.Logf("seed %d (%s=%d repeats the broker's random choices)", c.Seed, SeedEnv, c.Seed)
 	rep, err := soak.Run(context.Background(), c)
 	if rep != nil {
 		t.Logf("report:\n%s", rep)
