@@ -38,7 +38,7 @@ func config(t *testing.T, mode soak.Mode) soak.Config {
 	}
 	c := soak.Config{
 		Mode:            mode,
-		Messages:        2500,
+		Messages:        2000,
 		Workers:         4,
 		LeaseTTL:        time.Second,
 		Visibility:      2 * time.Second,
