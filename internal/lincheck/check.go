@@ -1,12 +1,15 @@
 package lincheck
 
 import (
+	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/anishathalye/porcupine"
+	"github.com/idemgo/idem"
 )
 
 // CheckTimeout bounds porcupine's search on one history. Histories of a
@@ -47,6 +50,16 @@ type Tally struct {
 	Failures     int // calls that failed although their deadline had not run out
 }
 
+// MaxFailures is the share of calls that may fail for reasons outside the
+// store's logic (a connection refused or timed out on a loaded machine)
+// before Verify fails the test: such calls are checked as unknown outcomes,
+// but a store that fails often is not being tested.
+const MaxFailures = 0.01
+
+// logicErrors are errors a store returns only when its logic or its data is
+// wrong, never because a server was slow: a history with one fails.
+var logicErrors = []error{idem.ErrDamaged, idem.ErrInvalidKey, idem.ErrTooLarge, idem.ErrFingerprintMismatch}
+
 func (t Tally) String() string {
 	return fmt.Sprintf("%d histories, %d operations, %d with unknown outcome, %d violations, %d inconclusive, %d store failures",
 		t.Histories, t.Ops, t.Unknown, t.Violations, t.Inconclusive, t.Failures)
@@ -54,8 +67,10 @@ func (t Tally) String() string {
 
 // Verify runs n histories, history i being workload(i) run with seed+i,
 // checks each, and fails t for every history that is not linearizable
-// (naming its seed and its visualization), whose check is inconclusive, or
-// in which the store failed a call. It returns what it counted.
+// (naming its seed and its visualization) or whose check is inconclusive.
+// It also fails t when a call failed with an error of the store's logic
+// (ErrDamaged, say), or when more than MaxFailures of the calls failed at
+// all. It returns what it counted.
 func Verify(t testing.TB, n int, seed uint64, workload func(i int) Workload) Tally {
 	t.Helper()
 	var tally Tally
@@ -67,7 +82,11 @@ func Verify(t testing.TB, n int, seed uint64, workload func(i int) Workload) Tal
 		tally.Unknown += h.Unknown
 		tally.Failures += len(h.Failures)
 		for _, err := range h.Failures {
-			t.Errorf("history %d (seed %d): the store failed a call: %v", i, s, err)
+			if slices.ContainsFunc(logicErrors, func(e error) bool { return errors.Is(err, e) }) {
+				t.Errorf("history %d (seed %d): the store failed a call: %v", i, s, err)
+			} else if tally.Failures <= 3 {
+				t.Logf("history %d (seed %d): a call failed (checked as an unknown outcome): %v", i, s, err)
+			}
 		}
 		switch h.Check() {
 		case porcupine.Ok:
@@ -83,10 +102,14 @@ func Verify(t testing.TB, n int, seed uint64, workload func(i int) Workload) Tal
 			tally.Inconclusive++
 			t.Errorf("history %d (seed %d): the linearizability check ran out of %v", i, s, CheckTimeout)
 		}
-		if t.Failed() && tally.Violations+tally.Inconclusive+tally.Failures >= 3 {
+		if t.Failed() && tally.Violations+tally.Inconclusive >= 3 {
 			t.Errorf("stopped after %d histories: %v", tally.Histories, tally)
 			break
 		}
+	}
+	if float64(tally.Failures) > MaxFailures*float64(tally.Ops) {
+		t.Errorf("%d of %d calls failed although their deadline had not run out; want at most %.0f%%",
+			tally.Failures, tally.Ops, 100*MaxFailures)
 	}
 	return tally
 }
