@@ -15,7 +15,7 @@ import (
 )
 
 // Linearizability: many clients call Claim, Confirm, Forget, Renew and
-// Lookup on a few keys at once, and porcupine checks every recorded history
+// Lookup (and ClaimBatch, ConfirmBatch) on a few keys at once, and porcupine checks every recorded history
 // against a sequential store that keeps the Store contract (see
 // internal/lincheck). A few calls get a deadline short enough to cut them
 // off mid-call; their outcome is unknown, and the check accepts them as
@@ -25,6 +25,7 @@ var (
 	linHistories = flag.Int("idem.histories", 200, "linearizability: `number` of histories per backend")
 	linSeed      = flag.Uint64("idem.seed", 0, "linearizability: `seed` of the first history (0: from the clock)")
 	linOps       = flag.Int("idem.ops", 0, "linearizability: `calls` per client in a history (0: the backend's default)")
+	linCutFlag   = flag.Float64("idem.cut", -1, "linearizability: `fraction` of calls cut off by a short deadline (-1: the backend's default)")
 )
 
 // linLease outlives every history by far (the model has no clock), and
@@ -44,17 +45,25 @@ type linSize struct {
 
 var (
 	linFast     = linSize{clients: 5, ops: 20, cut: 0.03}
-	linPostgres = linSize{clients: 5, ops: 12, cut: 0.02}
+	linPostgres = linSize{clients: 5, ops: 12, cut: 0.01}
 	linSQLite   = linSize{clients: 4, ops: 6, cut: 0.03}
 )
 
-const linKeys = 3
+const (
+	linKeys = 3
+	// linBatch of the claims and confirms go through ClaimBatch and
+	// ConfirmBatch, each item checked as a call of its own.
+	linBatch = 0.2
+)
 
 // checkLinearizable runs the histories on the stores open returns, one per
 // worker name, and logs what it checked.
 func checkLinearizable(t *testing.T, size linSize, open func(worker string) idem.Store) {
 	if *linOps > 0 {
 		size.ops = *linOps
+	}
+	if *linCutFlag >= 0 {
+		size.cut = *linCutFlag
 	}
 	seed := *linSeed
 	if seed == 0 {
@@ -72,7 +81,7 @@ func checkLinearizable(t *testing.T, size linSize, open func(worker string) idem
 	run := time.Now().UnixNano() // keys of one run apart from an earlier run's on a shared server
 	start := time.Now()
 	tally := lincheck.Verify(t, *linHistories, seed, func(i int) lincheck.Workload {
-		w := lincheck.Workload{Clients: clients, Ops: size.ops, Cut: size.cut}
+		w := lincheck.Workload{Clients: clients, Ops: size.ops, Cut: size.cut, Batch: linBatch}
 		for k := range linKeys {
 			// Braces, a colon and a NUL: keys are bytes, and the Redis
 			// hash tag must not be fooled.

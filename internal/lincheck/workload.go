@@ -2,6 +2,7 @@ package lincheck
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -36,6 +37,10 @@ type Workload struct {
 	MaxCut time.Duration
 	// Timeout is the deadline of every other call. Default 10s.
 	Timeout time.Duration
+	// Batch is the fraction of claims and confirms (0 to 1) made, when the
+	// client's store is an idem.Batcher, as ClaimBatch or ConfirmBatch of
+	// one to three items, on any keys, the same key twice included.
+	Batch float64
 }
 
 // History is what a workload recorded.
@@ -86,23 +91,36 @@ type recorder struct {
 
 // record runs one call and records it. do runs it and describes its answer.
 func (r *recorder) record(ctx context.Context, client int, in Input, do func(ctx context.Context) (Output, error)) {
+	r.recordBatch(ctx, client, []Input{in}, func(ctx context.Context) ([]Output, error) {
+		out, err := do(ctx)
+		return []Output{out}, err
+	})
+}
+
+// recordBatch runs one call that acts on several keys (ClaimBatch,
+// ConfirmBatch) and records each item as a call of its own over the
+// batch's whole span: the store may take them in any order within it.
+func (r *recorder) recordBatch(ctx context.Context, client int, ins []Input, do func(ctx context.Context) ([]Output, error)) {
 	call := time.Since(r.start).Nanoseconds()
-	out, err := do(ctx)
+	outs, err := do(ctx)
 	ret := time.Since(r.start).Nanoseconds()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if out.Err == Unknown {
-		// Whether and when it took effect is unknown: it may be placed
-		// anywhere after its start. Its own row keeps the client's row
-		// readable in the visualization.
-		ret = math.MaxInt64
-		client = r.clients + r.h.Unknown
-		r.h.Unknown++
-		if ctx.Err() == nil {
-			r.h.Failures = append(r.h.Failures, fmt.Errorf("%s: %w", describe(in, out), err))
+	for i, in := range ins {
+		out, ret, client := outs[i], ret, client
+		if out.Err == Unknown {
+			// Whether and when it took effect is unknown: it may be
+			// placed anywhere after its start. Its own row keeps the
+			// client's row readable in the visualization.
+			ret = math.MaxInt64
+			client = r.clients + r.h.Unknown
+			r.h.Unknown++
+			if ctx.Err() == nil {
+				r.h.Failures = append(r.h.Failures, fmt.Errorf("%s: %w", describe(in, out), err))
+			}
 		}
+		r.h.Ops = append(r.h.Ops, porcupine.Operation{ClientId: client, Input: in, Call: call, Output: out, Return: ret})
 	}
-	r.h.Ops = append(r.h.Ops, porcupine.Operation{ClientId: client, Input: in, Call: call, Output: out, Return: ret})
 }
 
 // Run runs the workload once and returns its history. seed fixes every
@@ -156,7 +174,11 @@ func (w Workload) call(r *recorder, p *pool, i int, c Client, rng *rand.Rand, ow
 			n = 0 // nothing to present yet: claim instead
 		}
 	}
+	b, batcher := c.Store.(idem.Batcher)
+	batch := batcher && rng.Float64() < w.Batch
 	switch {
+	case n < 30 && batch:
+		w.claimBatch(ctx, r, p, i, c, b, rng, own)
 	case n < 30:
 		fp := fingerprint(rng, i)
 		in := Input{Kind: Claim, Key: key, Worker: c.Worker, Fingerprint: string(fp)}
@@ -173,11 +195,10 @@ func (w Workload) call(r *recorder, p *pool, i int, c Client, rng *rand.Rand, ow
 			}
 			return claimOutput(cl, err), err
 		})
+	case n < 45 && batch:
+		w.confirmBatch(ctx, r, p, i, b, rng, l)
 	case n < 45:
-		result := make([]byte, rng.IntN(12))
-		for j := range result {
-			result[j] = byte(rng.Uint32())
-		}
+		result := randomResult(rng)
 		in := Input{Kind: Confirm, Key: key, Lease: ref(l), Result: string(result)}
 		r.record(ctx, i, in, func(ctx context.Context) (Output, error) {
 			err := c.Store.Confirm(ctx, l, result)
@@ -202,6 +223,97 @@ func (w Workload) call(r *recorder, p *pool, i int, c Client, rng *rand.Rand, ow
 			return recordOutput(rec), nil
 		})
 	}
+}
+
+// claimBatch claims one to three keys in one ClaimBatch.
+func (w Workload) claimBatch(ctx context.Context, r *recorder, p *pool, i int, c Client, b idem.Batcher, rng *rand.Rand, own map[string]*idem.Lease) {
+	n := 1 + rng.IntN(3)
+	keys := make([]string, n)
+	fps := make([][]byte, n)
+	ins := make([]Input, n)
+	for j := range keys {
+		keys[j] = w.Keys[rng.IntN(len(w.Keys))]
+		fps[j] = fingerprint(rng, i)
+		ins[j] = Input{Kind: Claim, Key: keys[j], Worker: c.Worker, Fingerprint: string(fps[j])}
+	}
+	r.recordBatch(ctx, i, ins, func(ctx context.Context) ([]Output, error) {
+		cs, err := b.ClaimBatch(ctx, keys, fps)
+		errs := itemErrors(err, n)
+		outs := make([]Output, n)
+		for j := range outs {
+			outs[j] = Output{Malformed: fmt.Sprintf("ClaimBatch of %d keys answered %d claims", n, len(cs))}
+		}
+		for j, cl := range cs[:min(len(cs), n)] {
+			if errs[j] == nil {
+				outs[j] = claimOutput(cl, nil)
+				switch {
+				case cl.Outcome == idem.Claimed && cl.Lease != nil:
+					own[keys[j]] = cl.Lease
+					p.add(cl.Lease)
+				case cl.Outcome == idem.InProgress && cl.Record != nil:
+					rec := cl.Record
+					p.add(&idem.Lease{Key: keys[j], Token: rec.Token, Owner: rec.Owner, Fingerprint: rec.Fingerprint})
+				}
+			}
+		}
+		for j, e := range errs {
+			if e != nil {
+				outs[j] = errOutput(e)
+			}
+		}
+		return outs, err
+	})
+}
+
+// confirmBatch confirms l and up to two more leases of any keys in one
+// ConfirmBatch.
+func (w Workload) confirmBatch(ctx context.Context, r *recorder, p *pool, i int, b idem.Batcher, rng *rand.Rand, l *idem.Lease) {
+	leases := []*idem.Lease{l}
+	for range rng.IntN(3) {
+		if m := p.pick(w.Keys[rng.IntN(len(w.Keys))], rng); m != nil {
+			leases = append(leases, m)
+		}
+	}
+	results := make([][]byte, len(leases))
+	ins := make([]Input, len(leases))
+	for j, m := range leases {
+		results[j] = randomResult(rng)
+		ins[j] = Input{Kind: Confirm, Key: m.Key, Lease: ref(m), Result: string(results[j])}
+	}
+	r.recordBatch(ctx, i, ins, func(ctx context.Context) ([]Output, error) {
+		err := b.ConfirmBatch(ctx, leases, results)
+		errs := itemErrors(err, len(leases))
+		outs := make([]Output, len(leases))
+		for j, e := range errs {
+			outs[j] = errOutput(e)
+		}
+		return outs, err
+	})
+}
+
+// itemErrors spreads a batch call's error over its n items: a *BatchError
+// of n items names each item's; any other error is every item's.
+func itemErrors(err error, n int) []error {
+	errs := make([]error, n)
+	var be *idem.BatchError
+	switch {
+	case err == nil:
+	case errors.As(err, &be) && len(be.Errs) == n:
+		copy(errs, be.Errs)
+	default:
+		for j := range errs {
+			errs[j] = err
+		}
+	}
+	return errs
+}
+
+func randomResult(rng *rand.Rand) []byte {
+	result := make([]byte, rng.IntN(12))
+	for j := range result {
+		result[j] = byte(rng.Uint32())
+	}
+	return result
 }
 
 func ref(l *idem.Lease) LeaseRef {
