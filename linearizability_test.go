@@ -15,11 +15,11 @@ import (
 )
 
 // Linearizability: many clients call Claim, Confirm, Forget, Renew and
-// Lookup (and ClaimBatch, ConfirmBatch) on a few keys at once, and porcupine checks every recorded history
-// against a sequential store that keeps the Store contract (see
-// internal/lincheck). A few calls get a deadline short enough to cut them
-// off mid-call; their outcome is unknown, and the check accepts them as
-// applied or not.
+// Lookup (and ClaimBatch, ConfirmBatch) on a few keys at once, and
+// porcupine checks every recorded history against a sequential store that
+// keeps the Store contract (see internal/lincheck). A few calls get a
+// deadline short enough to cut them off mid-call; their outcome is unknown,
+// and the check accepts them as applied or not.
 
 var (
 	linHistories = flag.Int("idem.histories", 200, "linearizability: `number` of histories per backend")
@@ -35,9 +35,10 @@ const linLease = time.Minute
 // linSize is the shape of a backend's histories: clients (pairs of them
 // share a worker) making ops calls each on 3 fresh keys, a share cut of the
 // calls cut off by a deadline under 2ms. Sized so that 200 histories per
-// backend take seconds under -race: SQLite (modernc, parsing every
-// statement, slow under the race detector's pointer checks) and Postgres
-// (a cut call costs a cancel request and a new connection) get smaller ones.
+// backend cost well under a minute of CPU in all under -race: SQLite
+// (modernc parses every statement, slowly under the race detector's
+// pointer checks) and Postgres (a cut call costs a new connection) get
+// smaller ones. -idem.ops and -idem.cut override them for longer runs.
 type linSize struct {
 	clients, ops int
 	cut          float64
