@@ -1,0 +1,387 @@
+// Package lincheck checks that a Store is linearizable: that every history
+// of concurrent Claim, Confirm, Forget, Renew and Lookup calls it answers
+// could have been answered by one sequential store keeping the Store
+// contract, each call taking effect at one instant between its start and its
+// return.
+//
+// A Workload drives many clients over few keys and records a History; Check
+// hands it to the porcupine checker with Model, the sequential contract. A
+// call whose outcome is unknown (its context ran out mid-call, or the store
+// failed) is modelled as porcupine's etcd model does: it returns "at
+// infinity", so the checker may place it anywhere after its start, and the
+// model accepts it as applied there — or, placed after every other call, as
+// never applied.
+//
+// Leases in these histories are meant to outlive them: the model has no
+// clock, so a lease that expired mid-history would look like a violation.
+package lincheck
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/anishathalye/porcupine"
+	"github.com/idemgo/idem"
+)
+
+// Kind names a Store method.
+type Kind uint8
+
+// The Store methods a history records.
+const (
+	Claim Kind = iota + 1
+	Confirm
+	Forget
+	Renew
+	Lookup
+)
+
+// String returns the method's name.
+func (k Kind) String() string {
+	switch k {
+	case Claim:
+		return "Claim"
+	case Confirm:
+		return "Confirm"
+	case Forget:
+		return "Forget"
+	case Renew:
+		return "Renew"
+	case Lookup:
+		return "Lookup"
+	}
+	return "Kind(" + strconv.Itoa(int(k)) + ")"
+}
+
+// LeaseRef is the part of a lease that a store judges it by.
+type LeaseRef struct {
+	Token       int64
+	Owner       string
+	Fingerprint string
+}
+
+// Input is one call: its method, key and arguments.
+type Input struct {
+	Kind Kind
+	Key  string
+	// Worker is the Worker of the store that a Claim went to: the owner
+	// its lease must name.
+	Worker string
+	// Fingerprint is Claim's fingerprint.
+	Fingerprint string
+	// Lease is the lease given to Confirm, Forget and Renew.
+	Lease LeaseRef
+	// Result is Confirm's result.
+	Result string
+}
+
+// Err classifies a call's error.
+type Err uint8
+
+// The errors a call can end with.
+const (
+	// OK: no error.
+	OK Err = iota
+	// LeaseLost: idem.ErrLeaseLost.
+	LeaseLost
+	// NotFound: idem.ErrNotFound.
+	NotFound
+	// Unknown: any other error, after which the call may or may not have
+	// taken effect.
+	Unknown
+)
+
+var errNames = [...]string{OK: "ok", LeaseLost: "ErrLeaseLost", NotFound: "ErrNotFound", Unknown: "unknown"}
+
+func (e Err) String() string {
+	if int(e) < len(errNames) {
+		return errNames[e]
+	}
+	return "Err(" + strconv.Itoa(int(e)) + ")"
+}
+
+// Output is what a call answered. For a Claim it describes the lease
+// (Claimed) or the record (Duplicate, InProgress); for a Lookup, the record.
+// Fingerprints and results are compared as strings: a nil and an empty byte
+// slice are the same value, which stores need not tell apart.
+type Output struct {
+	Err     Err
+	Outcome idem.Outcome // Claim
+	// Key, Confirmed, Token, Owner, Fingerprint and Result are the lease's
+	// or the record's.
+	Key         string
+	Confirmed   bool
+	Token       int64
+	Owner       string
+	Fingerprint string
+	Result      string
+	// Malformed says what was wrong with an answer that no correct store
+	// gives (Claimed without a lease, a nil record); the model rejects it.
+	Malformed string
+}
+
+// phase is what a key's record is.
+type phase uint8
+
+const (
+	absent phase = iota
+	claimed
+	confirmed
+)
+
+// State is the sequential store's record of one key. It is comparable, so
+// porcupine's default equality (==) serves.
+type State struct {
+	Phase phase
+	// Token of the claim or confirmation; 0 while it is unknown: a Claim
+	// whose outcome is unknown took effect, and no answer has shown its
+	// token yet.
+	Token       int64
+	Owner       string // holder of a claim
+	Fingerprint string
+	Result      string // of a confirmation
+	// Last is the greatest fencing token any Claim on the key is known to
+	// have received: the next Claimed must exceed it.
+	Last int64
+}
+
+// Model returns the sequential specification of the Store contract for
+// porcupine, partitioned by key: a history is linearizable when each key's
+// calls are, since no call touches two keys.
+func Model() porcupine.Model {
+	return porcupine.Model{
+		Partition:         partition,
+		Init:              func() any { return State{} },
+		Step:              func(s, in, out any) (bool, any) { return step(s.(State), in.(Input), out.(Output)) },
+		DescribeOperation: func(in, out any) string { return describe(in.(Input), out.(Output)) },
+		DescribeState:     func(s any) string { return s.(State).String() },
+	}
+}
+
+func partition(history []porcupine.Operation) [][]porcupine.Operation {
+	index := map[string]int{}
+	var parts [][]porcupine.Operation
+	for _, op := range history {
+		k := op.Input.(Input).Key
+		i, ok := index[k]
+		if !ok {
+			i = len(parts)
+			index[k] = i
+			parts = append(parts, nil)
+		}
+		parts[i] = append(parts[i], op)
+	}
+	return parts
+}
+
+// holds reports whether l is the key's live claim: the only lease Renew
+// and Forget act on.
+func (s State) holds(l LeaseRef) bool {
+	return s.Phase == claimed && s.Token != 0 && s.Token == l.Token && s.Owner == l.Owner
+}
+
+// step applies one call to s and reports whether out is an answer the
+// contract allows there. An unknown outcome is always allowed, and applied:
+// the checker covers "not applied" by placing the call after all others.
+func step(s State, in Input, out Output) (bool, State) {
+	if out.Malformed != "" {
+		return false, s
+	}
+	if out.Err == Unknown {
+		return true, apply(s, in)
+	}
+	switch in.Kind {
+	case Claim:
+		return stepClaim(s, in, out)
+	case Confirm:
+		// Confirm never reports a lost lease: it records the work anyway.
+		return out.Err == OK, apply(s, in)
+	case Forget, Renew:
+		if s.holds(in.Lease) {
+			return out.Err == OK, apply(s, in)
+		}
+		return out.Err == LeaseLost, s
+	case Lookup:
+		if s.Phase == absent {
+			return out.Err == NotFound, s
+		}
+		if out.Err != OK {
+			return false, s
+		}
+		return reports(s, in.Key, out)
+	}
+	return false, s
+}
+
+// apply is the effect of a call that succeeded (or may have).
+func apply(s State, in Input) State {
+	switch in.Kind {
+	case Claim:
+		if s.Phase == absent {
+			return State{Phase: claimed, Owner: in.Worker, Fingerprint: in.Fingerprint, Last: s.Last}
+		}
+	case Confirm:
+		// The first confirmation stays; anything else, a live claim by
+		// another lease included, gives way to the work that was done.
+		if s.Phase != confirmed {
+			return State{Phase: confirmed, Token: in.Lease.Token, Fingerprint: in.Lease.Fingerprint,
+				Result: in.Result, Last: max(s.Last, in.Lease.Token)}
+		}
+	case Forget:
+		if s.holds(in.Lease) {
+			return State{Last: s.Last}
+		}
+	}
+	return s
+}
+
+func stepClaim(s State, in Input, out Output) (bool, State) {
+	if out.Err != OK {
+		return false, s
+	}
+	switch s.Phase {
+	case absent:
+		ok := out.Outcome == idem.Claimed && out.Key == in.Key && !out.Confirmed &&
+			out.Token > s.Last && out.Owner == in.Worker && out.Fingerprint == in.Fingerprint
+		return ok, State{Phase: claimed, Token: out.Token, Owner: in.Worker, Fingerprint: in.Fingerprint, Last: out.Token}
+	case claimed:
+		if out.Outcome != idem.InProgress {
+			return false, s
+		}
+	case confirmed:
+		if out.Outcome != idem.Duplicate {
+			return false, s
+		}
+	}
+	return reports(s, in.Key, out)
+}
+
+// reports checks a record (from Lookup, Duplicate or InProgress) against s,
+// learning the token of a claim whose Claim's answer was lost.
+func reports(s State, key string, out Output) (bool, State) {
+	if out.Key != key || out.Confirmed != (s.Phase == confirmed) || out.Fingerprint != s.Fingerprint {
+		return false, s
+	}
+	switch s.Phase {
+	case claimed:
+		if out.Owner != s.Owner || out.Result != "" {
+			return false, s
+		}
+		if s.Token == 0 {
+			if out.Token <= s.Last {
+				return false, s
+			}
+			s.Token, s.Last = out.Token, out.Token
+			return true, s
+		}
+	case confirmed:
+		if out.Owner != "" || out.Result != s.Result {
+			return false, s
+		}
+	}
+	return out.Token == s.Token, s
+}
+
+// String describes the state for porcupine's visualization.
+func (s State) String() string {
+	tok := strconv.FormatInt(s.Token, 10)
+	if s.Token == 0 {
+		tok = "?"
+	}
+	switch s.Phase {
+	case claimed:
+		return fmt.Sprintf("claimed(token %s, owner %s, fp %q; last %d)", tok, s.Owner, s.Fingerprint, s.Last)
+	case confirmed:
+		return fmt.Sprintf("confirmed(token %s, fp %q, result %q; last %d)", tok, s.Fingerprint, s.Result, s.Last)
+	}
+	return fmt.Sprintf("absent(last %d)", s.Last)
+}
+
+func describe(in Input, out Output) string {
+	var call string
+	switch in.Kind {
+	case Claim:
+		call = fmt.Sprintf("Claim(%q, fp %q) by %s", in.Key, in.Fingerprint, in.Worker)
+	case Confirm:
+		call = fmt.Sprintf("Confirm(%q, %s, %q)", in.Key, in.Lease, in.Result)
+	case Forget, Renew:
+		call = fmt.Sprintf("%v(%q, %s)", in.Kind, in.Key, in.Lease)
+	default:
+		call = fmt.Sprintf("%v(%q)", in.Kind, in.Key)
+	}
+	return call + " -> " + out.String()
+}
+
+func (l LeaseRef) String() string {
+	return fmt.Sprintf("lease(token %d, owner %s, fp %q)", l.Token, l.Owner, l.Fingerprint)
+}
+
+// String describes the answer for porcupine's visualization.
+func (o Output) String() string {
+	switch {
+	case o.Malformed != "":
+		return "malformed: " + o.Malformed
+	case o.Err != OK:
+		return o.Err.String()
+	case o.Outcome == idem.Claimed:
+		return fmt.Sprintf("claimed(token %d, owner %s, fp %q)", o.Token, o.Owner, o.Fingerprint)
+	case o.Outcome == 0 && o.Key == "":
+		return "ok"
+	}
+	what := "record"
+	if o.Outcome != 0 {
+		what = o.Outcome.String()
+	}
+	return fmt.Sprintf("%s(confirmed %t, token %d, owner %q, fp %q, result %q)",
+		what, o.Confirmed, o.Token, o.Owner, o.Fingerprint, o.Result)
+}
+
+// claimOutput describes Claim's answer.
+func claimOutput(c idem.Claim, err error) Output {
+	if err != nil {
+		return errOutput(err)
+	}
+	switch c.Outcome {
+	case idem.Claimed:
+		l := c.Lease
+		if l == nil {
+			return Output{Malformed: "Claimed without a lease"}
+		}
+		return Output{Outcome: idem.Claimed, Key: l.Key, Token: l.Token, Owner: l.Owner, Fingerprint: string(l.Fingerprint)}
+	case idem.Duplicate, idem.InProgress:
+		if c.Record == nil {
+			return Output{Malformed: c.Outcome.String() + " without a record"}
+		}
+		o := recordOutput(c.Record)
+		o.Outcome = c.Outcome
+		return o
+	}
+	return Output{Malformed: "outcome " + c.Outcome.String()}
+}
+
+func recordOutput(r *idem.Record) Output {
+	if r == nil {
+		return Output{Malformed: "nil record"}
+	}
+	return Output{Key: r.Key, Confirmed: r.Confirmed, Token: r.Token, Owner: r.Owner,
+		Fingerprint: string(r.Fingerprint), Result: string(r.Result)}
+}
+
+// errOutput classifies err. An error that wraps the context's is an
+// unknown outcome even if it also wraps a sentinel: the store gave up
+// waiting, it did not find the answer. So is any error but the sentinels.
+func errOutput(err error) Output {
+	switch {
+	case err == nil:
+		return Output{}
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		return Output{Err: Unknown}
+	case errors.Is(err, idem.ErrLeaseLost):
+		return Output{Err: LeaseLost}
+	case errors.Is(err, idem.ErrNotFound):
+		return Output{Err: NotFound}
+	}
+	return Output{Err: Unknown}
+}

@@ -1,0 +1,157 @@
+package idem_test
+
+import (
+	"flag"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/lincheck"
+	"github.com/idemgo/idem/internal/sqltest"
+	"github.com/idemgo/idem/internal/testenv"
+	"github.com/redis/go-redis/v9"
+)
+
+// Linearizability: many clients call Claim, Confirm, Forget, Renew and
+// Lookup (and ClaimBatch, ConfirmBatch) on a few keys at once, and
+// porcupine checks every recorded history against a sequential store that
+// keeps the Store contract (see internal/lincheck). A few calls get a
+// deadline short enough to cut them off mid-call; their outcome is unknown,
+// and the check accepts them as applied or not.
+
+var (
+	linHistories = flag.Int("idem.histories", 200, "linearizability: `number` of histories per backend")
+	linSeed      = flag.Uint64("idem.seed", 0, "linearizability: `seed` of the first history (0: from the clock)")
+	linOps       = flag.Int("idem.ops", 0, "linearizability: `calls` per client in a history (0: the backend's default)")
+	linCutFlag   = flag.Float64("idem.cut", -1, "linearizability: `fraction` of calls cut off by a short deadline (-1: the backend's default)")
+)
+
+// linLease outlives every history by far (the model has no clock), and
+// lets the records of a shared server expire soon after.
+const linLease = time.Minute
+
+// linSize is the shape of a backend's histories: clients (pairs of them
+// share a worker) making ops calls each on 3 fresh keys, a share cut of the
+// calls cut off by a deadline under 2ms. Sized so that 200 histories per
+// backend cost well under a minute of CPU in all under -race: SQLite
+// (modernc parses every statement, slowly under the race detector's
+// pointer checks) and Postgres (a cut call costs a new connection) get
+// smaller ones. -idem.ops and -idem.cut override them for longer runs.
+type linSize struct {
+	clients, ops int
+	cut          float64
+}
+
+var (
+	linFast     = linSize{clients: 5, ops: 20, cut: 0.03}
+	linPostgres = linSize{clients: 5, ops: 12, cut: 0.01}
+	linSQLite   = linSize{clients: 4, ops: 6, cut: 0.03}
+)
+
+const (
+	linKeys = 3
+	// linBatch of the claims and confirms go through ClaimBatch and
+	// ConfirmBatch, each item checked as a call of its own.
+	linBatch = 0.2
+)
+
+// checkLinearizable runs the histories on the stores open returns, one per
+// worker name, and logs what it checked.
+func checkLinearizable(t *testing.T, size linSize, open func(worker string) idem.Store) {
+	if *linOps > 0 {
+		size.ops = *linOps
+	}
+	if *linCutFlag >= 0 {
+		size.cut = *linCutFlag
+	}
+	seed := *linSeed
+	if seed == 0 {
+		seed = uint64(time.Now().UnixNano())
+	}
+	stores := map[string]idem.Store{}
+	var clients []lincheck.Client
+	for c := range size.clients {
+		worker := fmt.Sprintf("lin-w%d", c/2)
+		if stores[worker] == nil {
+			stores[worker] = open(worker)
+		}
+		clients = append(clients, lincheck.Client{Store: stores[worker], Worker: worker})
+	}
+	run := time.Now().UnixNano() // keys of one run apart from an earlier run's on a shared server
+	start := time.Now()
+	tally := lincheck.Verify(t, *linHistories, seed, func(i int) lincheck.Workload {
+		w := lincheck.Workload{Clients: clients, Ops: size.ops, Cut: size.cut, Batch: linBatch}
+		for k := range linKeys {
+			// Braces, a colon and a NUL: keys are bytes, and the Redis
+			// hash tag must not be fooled.
+			w.Keys = append(w.Keys, fmt.Sprintf("lin:%d:%d:{k%d}\x00", run, i, k))
+		}
+		return w
+	})
+	t.Logf("%s: %v in %v (%d clients × %d calls on %d keys; seed %d: -idem.seed=%d -idem.histories=%d repeats the calls)",
+		t.Name(), tally, time.Since(start).Round(time.Millisecond), size.clients, size.ops, linKeys, seed, seed, tally.Histories)
+}
+
+func linOptions(worker string) idem.Options {
+	return idem.Options{Worker: worker, LeaseTTL: linLease, Retention: linLease}
+}
+
+func TestLinearizableMemoryStore(t *testing.T) {
+	m := idem.NewMemoryStore(idem.Options{})
+	checkLinearizable(t, linFast, func(worker string) idem.Store { return m.Share(linOptions(worker)) })
+}
+
+// linRedis opens RedisStores under one fresh prefix on c. c must respect
+// context deadlines (ContextTimeoutEnabled): go-redis otherwise lets a call
+// run past its deadline, and no outcome would be unknown.
+func linRedis(t *testing.T, c redis.UniversalClient) func(worker string) idem.Store {
+	prefix := uniquePrefix()
+	return func(worker string) idem.Store {
+		s, err := idem.NewRedisStore(c, idem.RedisOptions{Options: linOptions(worker), Prefix: prefix})
+		if err != nil {
+			t.Fatalf("NewRedisStore = %v", err)
+		}
+		return s
+	}
+}
+
+func TestLinearizableRedisStore(t *testing.T) {
+	c := redis.NewClient(&redis.Options{Addr: testenv.Lookup(t, testenv.RedisAddrVar), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	checkLinearizable(t, linFast, linRedis(t, c))
+}
+
+func TestLinearizableRedisStoreCluster(t *testing.T) {
+	addrs := strings.Split(testenv.Lookup(t, testenv.ClusterAddrsVar), ",")
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = c.Close() })
+	checkLinearizable(t, linFast, linRedis(t, c))
+}
+
+func TestLinearizableSQLStorePostgres(t *testing.T) {
+	db := postgresDB(t, 2*linPostgres.clients)
+	table := uniqueTable()
+	newSQLStore(t, db, idem.SQLOptions{Dialect: idem.Postgres, Table: table})
+	checkLinearizable(t, linPostgres, func(worker string) idem.Store {
+		s, err := idem.NewSQLStore(db, idem.SQLOptions{Options: linOptions(worker), Dialect: idem.Postgres, Table: table})
+		if err != nil {
+			t.Fatalf("NewSQLStore = %v", err)
+		}
+		return s
+	})
+}
+
+func TestLinearizableSQLStoreSQLite(t *testing.T) {
+	db, _ := sqltest.SQLite(t)
+	table := uniqueTable()
+	newSQLStore(t, db, idem.SQLOptions{Dialect: idem.SQLite, Table: table})
+	checkLinearizable(t, linSQLite, func(worker string) idem.Store {
+		s, err := idem.NewSQLStore(db, idem.SQLOptions{Options: linOptions(worker), Dialect: idem.SQLite, Table: table})
+		if err != nil {
+			t.Fatalf("NewSQLStore = %v", err)
+		}
+		return s
+	})
+}
