@@ -103,9 +103,14 @@ type form struct {
 
 // build returns the form's content type and body, or ok false when
 // mime/multipart cannot write it so that it reads back the same (a
-// boundary it refuses; a name it cannot escape; a file name that is not
-// its own base name).
+// boundary it refuses; a name it cannot escape; a file name that is empty
+// or not its own base name).
 func (f form) build() (ct string, body []byte, ok bool) {
+	if f.fileName == "" {
+		// filename="" reads as no file name: the part is a field, whose
+		// bytes count (a browser sends it for an empty file input).
+		return "", nil, false
+	}
 	var b bytes.Buffer
 	w := multipart.NewWriter(&b)
 	if w.SetBoundary(f.boundary) != nil {
