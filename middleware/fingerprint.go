@@ -68,6 +68,12 @@ func appendField(b []byte, s string) []byte {
 	return append(b, s...)
 }
 
+// canonicalType writes a parsed content type back in one spelling: lower
+// case, parameters sorted, a value quoted (with '"' and '\' escaped) unless
+// it is a token. Quoting keeps the spelling injective: unquoted, the values
+// `a="1;b=2"` and `a=1; b=2` would both read ";a=1;b=2", and `a="b c"`
+// would read like the unparsable type "...;a=b c", whose bytes are
+// fingerprinted as they are.
 func canonicalType(mt string, params map[string]string) string {
 	keys := make([]string, 0, len(params))
 	for k := range params {
@@ -77,9 +83,36 @@ func canonicalType(mt string, params map[string]string) string {
 	var b strings.Builder
 	b.WriteString(mt)
 	for _, k := range keys {
-		b.WriteString(";" + k + "=" + params[k])
+		b.WriteString(";" + k + "=")
+		v := params[k]
+		if isMIMEToken(v) {
+			b.WriteString(v)
+			continue
+		}
+		b.WriteByte('"')
+		for i := 0; i < len(v); i++ {
+			if v[i] == '"' || v[i] == '\\' {
+				b.WriteByte('\\')
+			}
+			b.WriteByte(v[i])
+		}
+		b.WriteByte('"')
 	}
 	return b.String()
+}
+
+// isMIMEToken reports an RFC 2045 token: a parameter value that needs no
+// quotes.
+func isMIMEToken(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c <= ' ' || c >= 0x7f || strings.IndexByte(`()<>@,;:\"/[]?=`, c) >= 0 {
+			return false
+		}
+	}
+	return true
 }
 
 func sum(h hash.Hash, body io.Reader) ([]byte, error) {
