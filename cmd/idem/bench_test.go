@@ -49,7 +49,7 @@ func TestBenchOut(t *testing.T) {
 	t.Parallel()
 	addr := testenv.Lookup(t, testenv.RedisAddrVar)
 	dir := t.TempDir()
-	args := []string{"bench", "--groups", "http", "--only", "bare|replay", "--rounds", "1", "--duration", "50ms",
+	args := []string{"bench", "--groups", "http", "--only", "bare|^middleware replay$", "--rounds", "1", "--duration", "50ms",
 		"--goroutines", "2", "--cost-msgs", "20", "--out", dir, "--quiet",
 		"--cpuprofile", filepath.Join(dir, "cpu.pprof"), "--memprofile", filepath.Join(dir, "mem.pprof")}
 	r := runCLI(t, map[string]string{envBenchRedis: addr}, args...)
