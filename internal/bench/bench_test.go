@@ -36,11 +36,11 @@ func miniEnv(t *testing.T) Env {
 	return Env{Redis: c}
 }
 
-// TestRunRatios runs two contenders whose ops take 3ms and 6ms: the fast
+// TestRunRatios runs two contenders whose ops take 5ms and 10ms: the fast
 // one's throughput must be about twice the slow one's, and g goroutines
 // about g times one.
 func TestRunRatios(t *testing.T) {
-	cs := []Contender{sleeper("fast", 3*time.Millisecond, "slow"), sleeper("slow", 6*time.Millisecond)}
+	cs := []Contender{sleeper("fast", 5*time.Millisecond, "slow"), sleeper("slow", 10*time.Millisecond)}
 	rep, err := Run(context.Background(), miniEnv(t), cs, Config{
 		Groups: []string{GroupHTTP}, Goroutines: []int{1, 4}, Rounds: 3,
 		Duration: 150 * time.Millisecond, CostMsgs: 10,
@@ -53,10 +53,10 @@ func TestRunRatios(t *testing.T) {
 		if n := len(fast.Rounds[gi]); n != 3 {
 			t.Errorf("fast at %d goroutines: %d rounds; want 3", g, n)
 		}
-		// Sleeps overshoot by up to a millisecond or so; the ratio of
-		// 6ms to 3ms sleeps stays well inside 1.4-2.6.
+		// Sleeps overshoot, by more on a loaded machine: even 5ms late,
+		// 10ms and 5ms sleeps keep the ratio inside 1.3-2.6.
 		r, ok := rep.Ratio("fast", "slow", g)
-		if !ok || r < 1.4 || r > 2.6 {
+		if !ok || r < 1.3 || r > 2.6 {
 			t.Errorf("Ratio(fast, slow, %d) = %.2f, %v; want about 2", g, r, ok)
 		}
 		// The ratio is the median of per-round ratios, not a ratio of
@@ -68,7 +68,7 @@ func TestRunRatios(t *testing.T) {
 		if want := median(per); r != want {
 			t.Errorf("Ratio(fast, slow, %d) = %v; want the median of %v = %v", g, r, per, want)
 		}
-		if want := 1 / (3 * time.Millisecond).Seconds() * float64(g); fast.Throughput[gi] > want*1.05 || fast.Throughput[gi] < want*0.5 {
+		if want := 1 / (5 * time.Millisecond).Seconds() * float64(g); fast.Throughput[gi] > want*1.05 || fast.Throughput[gi] < want*0.25 {
 			t.Errorf("fast at %d goroutines: %.0f ops/s; want a little under %.0f", g, fast.Throughput[gi], want)
 		}
 	}
@@ -290,7 +290,8 @@ func checkSVG(t *testing.T, b []byte, rep *Report) {
 	for i := range rep.Rows {
 		for j := range rep.Rows {
 			a, b := rep.Rows[i].Throughput[0], rep.Rows[j].Throughput[0]
-			if a > b && ys[i][0] >= ys[j][0] {
+			// 1% apart at least: closer lines may round to one pixel row.
+			if a > b*1.01 && ys[i][0] >= ys[j][0] {
 				t.Errorf("%s (%.0f/s) is drawn at y=%.1f, not above %s (%.0f/s) at y=%.1f",
 					rep.Rows[i].Name, a, ys[i][0], rep.Rows[j].Name, b, ys[j][0])
 			}
