@@ -3,11 +3,10 @@ module github.com/idemgo/idem
 go 1.26.0
 
 require (
+	github.com/bsm/redislock v0.9.4
 	github.com/google/uuid v1.6.0
 	github.com/redis/go-redis/v9 v9.23.0
 )
-
-require github.com/bsm/redislock v0.9.4
 
 require (
 	github.com/alicebob/miniredis/v2 v2.40.0
