@@ -37,6 +37,9 @@ type Ratio struct {
 	// Median[i] is the median, over rounds, of the ratio of the two
 	// throughputs in one round, at Config.Goroutines[i].
 	Median []float64
+	// Min[i] and Max[i] are the lowest and highest per-round ratio: how
+	// far the machine's noise moved it.
+	Min, Max []float64
 }
 
 func (rep *Report) summarize(sel []Contender) {
@@ -55,13 +58,15 @@ func (rep *Report) summarize(sel []Contender) {
 			if !ok {
 				continue // not selected in this run
 			}
-			ra := Ratio{Versus: v, Median: make([]float64, len(r.Rounds))}
+			n := len(r.Rounds)
+			ra := Ratio{Versus: v, Median: make([]float64, n), Min: make([]float64, n), Max: make([]float64, n)}
 			for gi := range r.Rounds {
 				per := make([]float64, len(r.Rounds[gi]))
 				for k := range per {
 					per[k] = r.Rounds[gi][k] / o.Rounds[gi][k]
 				}
 				ra.Median[gi] = median(per)
+				ra.Min[gi], ra.Max[gi] = slices.Min(per), slices.Max(per)
 			}
 			r.Ratios = append(r.Ratios, ra)
 		}
@@ -127,12 +132,13 @@ func (rep *Report) Targets(ts []Target) []TargetResult {
 
 // WriteMarkdown writes the report as markdown: the conditions, one table of
 // throughput (median msgs/s per goroutine count), ratios (rows beginning
-// "÷") and costs per message, then the memory figure and the targets.
+// "÷": the median, then the lowest and highest round in small print) and
+// costs per message, then the memory figure and the targets.
 func (rep *Report) WriteMarkdown(w io.Writer, targets []Target) error {
 	c := rep.Config
 	var b strings.Builder
 	fmt.Fprintf(&b, "Run of %s on %s. %d rounds of %v per contender and goroutine count, contenders alternating; "+
-		"throughput is the median over rounds, a ratio the median of per-round ratios.\n\n",
+		"throughput is the median over rounds, a ratio the median of per-round ratios (in small print: the lowest and highest round).\n\n",
 		rep.Started.UTC().Format("2006-01-02 15:04 MST"), rep.Machine, c.Rounds, c.Duration)
 	b.WriteString("| contender |")
 	for _, g := range c.Goroutines {
@@ -162,8 +168,8 @@ func (rep *Report) WriteMarkdown(w io.Writer, targets []Target) error {
 		fmt.Fprintf(&b, " %.1f | %.0f |\n", r.Cost.Allocs, r.Cost.Bytes)
 		for _, ra := range r.Ratios {
 			fmt.Fprintf(&b, "| ÷ %s |", ra.Versus)
-			for _, v := range ra.Median {
-				fmt.Fprintf(&b, " %.2f× |", v)
+			for gi, v := range ra.Median {
+				fmt.Fprintf(&b, " %.2f× <sub>%.2f–%.2f</sub> |", v, ra.Min[gi], ra.Max[gi])
 			}
 			b.WriteString(strings.Repeat(" |", 5) + "\n")
 		}
