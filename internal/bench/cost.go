@@ -137,10 +137,11 @@ func commandCalls(ctx context.Context, c *redis.Client) (int64, error) {
 	}
 	var sum int64
 	for _, line := range strings.Split(info, "\r\n") {
-		name, rest, ok := strings.Cut(strings.TrimPrefix(line, "cmdstat_"), ":")
-		if !ok || len(name) == len(line) {
-			continue
+		stat, ok := strings.CutPrefix(line, "cmdstat_")
+		if !ok {
+			continue // the section's heading
 		}
+		name, rest, _ := strings.Cut(stat, ":")
 		switch {
 		case name == "info", name == "ping", name == "hello", name == "readonly",
 			strings.HasPrefix(name, "cluster"), strings.HasPrefix(name, "command"), strings.HasPrefix(name, "client"):
