@@ -8,12 +8,19 @@ SERVICES_DIR ?= /tmp/idem-services
 # First GOPATH entry: where `.ci/services.sh install-tools` puts staticcheck.
 STATICCHECK = $(firstword $(subst :, ,$(shell go env GOPATH)))/bin/staticcheck
 
-.PHONY: test check services-up services-down soak
+.PHONY: test check bench soak services-up services-down
 
 # Starts throwaway Redis, Redis Cluster, Sentinel, Postgres and RabbitMQ, runs go test -race
 # (root module and nested modules), stops them.
 test:
 	bash .ci/test.sh
+
+# Starts throwaway Redis, Redis Cluster and Postgres, runs `idem bench --out .` against
+# them (a few minutes: it rewrites BENCHMARKS-results.md and BENCHMARKS-throughput.svg),
+# stops them. BENCH_FLAGS replaces the default arguments, e.g.
+# make bench BENCH_FLAGS='--groups redis --rounds 3'.
+bench:
+	bash .ci/bench.sh $(BENCH_FLAGS)
 
 # gofmt, vet and staticcheck; vet and staticcheck also in the nested module
 # consumer/watermill, which the root module's ./... does not include.

@@ -24,6 +24,9 @@ type spool struct {
 	mem    bytes.Buffer
 	file   *os.File
 	size   int64
+	// limit is readBody's reader, kept here so that bounding a body does
+	// not cost an allocation of its own.
+	limit io.LimitedReader
 }
 
 // Write appends p, spilling to a temporary file past spoolMemory.
@@ -86,7 +89,9 @@ func readBody(body io.Reader, limit int64) (*spool, error) {
 		return s, nil
 	}
 	buf := copyBuffers.Get().(*[]byte)
-	n, err := io.CopyBuffer(s, io.LimitReader(body, limit+1), *buf)
+	s.limit = io.LimitedReader{R: body, N: limit + 1}
+	n, err := io.CopyBuffer(s, &s.limit, *buf)
+	s.limit.R = nil // the spool outlives the request's body
 	copyBuffers.Put(buf)
 	if err == nil && n > limit {
 		err = errBodyTooLarge

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 )
 
 // fingerprint is the default Options.Fingerprint: SHA-256 over the method,
@@ -30,14 +31,28 @@ import (
 // are not read into memory. A multipart body that does not parse is
 // fingerprinted as bytes.
 func fingerprint(r *http.Request, route string, open func() io.Reader) ([]byte, error) {
-	h := sha256.New()
+	f := fingerprinters.Get().(*fingerprinter)
+	h := f.h
+	h.Reset()
 	// The head is built in one buffer and written once: a string written
 	// to a hash.Hash interface is copied to the heap each time.
-	head := make([]byte, 0, 128)
+	head := f.head[:0]
+	defer func() {
+		if cap(head) <= maxPooledHead { // a huge URL's buffer is not kept
+			f.head = head[:0]
+		}
+		fingerprinters.Put(f)
+	}()
 	head = appendField(head, r.Method)
 	head = appendField(head, route)
 	head = appendField(head, r.URL.RequestURI())
 	ct := r.Header.Get("Content-Type")
+	if simpleMediaType(ct) {
+		// The common case, "application/json": ParseMediaType would
+		// return it lower-cased with no parameters, after building a map.
+		h.Write(appendField(head, strings.ToLower(ct)))
+		return sum(h, open())
+	}
 	mt, params, err := mime.ParseMediaType(ct)
 	if err != nil {
 		h.Write(appendField(head, ct))
@@ -60,6 +75,38 @@ func fingerprint(r *http.Request, route string, open func() io.Reader) ([]byte, 
 	}
 	h.Write(appendField(head, ct))
 	return sum(h, open())
+}
+
+// fingerprinter is what fingerprint needs besides the request: a SHA-256
+// state and a buffer for the head. Both are pooled: made per request, each
+// would be an allocation on every covered request, replays included.
+type fingerprinter struct {
+	h    hash.Hash
+	head []byte
+}
+
+var fingerprinters = sync.Pool{New: func() any {
+	return &fingerprinter{h: sha256.New(), head: make([]byte, 0, 128)}
+}}
+
+// maxPooledHead bounds the head buffer a pooled fingerprinter keeps.
+const maxPooledHead = 4 << 10
+
+// simpleMediaType reports whether ct is type/subtype of RFC 9110 token
+// characters and nothing else: no parameters, no spaces. For such a value
+// mime.ParseMediaType returns exactly strings.ToLower(ct) and no
+// parameters.
+func simpleMediaType(ct string) bool {
+	slash := strings.IndexByte(ct, '/')
+	if slash <= 0 || slash == len(ct)-1 {
+		return false
+	}
+	for i := 0; i < len(ct); i++ {
+		if i != slash && !isTchar(ct[i]) {
+			return false
+		}
+	}
+	return true
 }
 
 // appendField appends s to b, length first.

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"mime"
 	"mime/multipart"
 	"net/http"
 	"net/http/httptest"
@@ -190,5 +191,29 @@ func TestBodyUnreadable(t *testing.T) {
 	wantProblem(t, w, 400, TypeBodyUnreadable)
 	if s.calls.Load() != 0 || c.runs.Load() != 0 {
 		t.Errorf("store calls %d, runs %d; want 0 and 0", s.calls.Load(), c.runs.Load())
+	}
+}
+
+// The fast path for a content type without parameters must canonicalize
+// exactly as mime.ParseMediaType does, or one request would fingerprint two
+// ways across versions.
+func TestSimpleMediaType(t *testing.T) {
+	for _, ct := range []string{
+		"application/json", "Application/JSON", "text/plain", "application/vnd.api+json",
+		"a/b", "x-custom/y_z", "application/json;charset=utf-8", "application/json ", " text/plain",
+		"text", "/json", "text/", "text/plain/x", "text/pla{n", "", "a/b c", "ä/b",
+	} {
+		if !simpleMediaType(ct) {
+			continue
+		}
+		mt, params, err := mime.ParseMediaType(ct)
+		if err != nil || len(params) != 0 || mt != strings.ToLower(ct) {
+			t.Errorf("simpleMediaType(%q) = true, but ParseMediaType = %q, %v, %v", ct, mt, params, err)
+		}
+	}
+	for ct, want := range map[string]bool{"application/json": true, "Text/Plain": true, "text/plain; charset=utf-8": false, "text": false, "text/": false, "a/b/c": false} {
+		if got := simpleMediaType(ct); got != want {
+			t.Errorf("simpleMediaType(%q) = %v; want %v", ct, got, want)
+		}
 	}
 }

@@ -5,6 +5,7 @@
 //	idem inspect   one key's record in a store
 //	idem prune     delete expired rows from a SQL store
 //	idem schema    the SQL DDL of a store's table, for a migration tool
+//	idem bench     idem beside its alternatives on real Redis, Redis Cluster and Postgres
 //
 // Every command answers --help. Exit status: 0 success; 1 the command ran
 // and found a problem (a demo whose ledger breaks the guarantees, a key not
@@ -72,7 +73,7 @@ type command struct {
 var commands = map[string]command{}
 
 // commandOrder is the order of the commands in the usage text.
-var commandOrder = []string{"demo", "serve", "inspect", "prune", "schema"}
+var commandOrder = []string{"demo", "serve", "inspect", "prune", "schema", "bench"}
 
 func init() {
 	// Filled here rather than in the declaration: the commands' run funcs
@@ -82,6 +83,7 @@ func init() {
 	commands["inspect"] = command{"show one key's record: state, owner, token, expiry, fingerprint, result size", (*cli).inspect}
 	commands["prune"] = command{"delete expired rows from a SQL store (run it on a schedule)", (*cli).prune}
 	commands["schema"] = command{"print the SQL DDL of a store's table, for a migration tool", (*cli).schema}
+	commands["bench"] = command{"measure idem beside its alternatives on real Redis, Redis Cluster and Postgres", (*cli).bench}
 }
 
 func (c *cli) run(args []string) int {

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# What `make bench` runs: install missing servers, start throwaway Redis, a 3-master
+# Redis Cluster and Postgres (with the rest of .ci/services.sh's set) on loopback, run
+# `idem bench` against them, and stop them on every exit path. Arguments are passed to
+# `idem bench` (default: --out . , which rewrites BENCHMARKS-results.md and
+# BENCHMARKS-throughput.svg at the repository root).
+set -euo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
+svc="$root/.ci/services.sh"
+
+bash "$svc" install
+
+dir=$(mktemp -d "${TMPDIR:-/tmp}/idem-bench.XXXXXX")
+# As in test.sh: the trap is set before `start`, and INT/TERM become a normal exit so
+# that the EXIT trap runs exactly once.
+trap 'bash "$svc" stop "$dir"' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+bash "$svc" start "$dir"
+# shellcheck source=/dev/null
+source "$dir/env" # IDEM_REDIS_ADDR, IDEM_REDIS_CLUSTER_ADDRS, IDEM_POSTGRES_DSN: idem bench's defaults
+
+cd "$root"
+# Built first, so that compiling does not share the machine with the measurement.
+go build -o "$dir/idem" ./cmd/idem
+if (($# == 0)); then
+	set -- --out .
+fi
+"$dir/idem" bench "$@"

@@ -1,0 +1,259 @@
+package main
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"runtime/pprof"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemgo/idem/internal/bench"
+)
+
+// The variables `make test` and `make bench` export for the services (see
+// .ci/services.sh); `idem bench` reads them as its flags' defaults.
+const (
+	envBenchRedis    = "IDEM_REDIS_ADDR"
+	envBenchCluster  = "IDEM_REDIS_CLUSTER_ADDRS"
+	envBenchPostgres = "IDEM_POSTGRES_DSN"
+)
+
+// Files that --out writes.
+const (
+	benchTableFile = "BENCHMARKS-results.md"
+	benchChartFile = "BENCHMARKS-throughput.svg"
+)
+
+// benchPostgresConns bounds the Postgres pool: the server's default
+// max_connections is 100, and at 256 goroutines an unbounded pool would be
+// refused connections rather than queue for them.
+const benchPostgresConns = 64
+
+const benchAbout = `Measures idem beside what a user would weigh it against, side by side in one
+run, on real servers: RedisStore Claim+Confirm and batches of 100, plain SET NX
+PX + SET XX PX, redislock Obtain+Release, a non-atomic GET then SET, the same
+on a Redis Cluster; SQLStore lease mode and Run beside plain INSERT ON CONFLICT
++ UPDATE on Postgres; the HTTP middleware's first write and replay beside a
+bare handler (ServeHTTP in process, no network). Contenders alternate within
+each round; the table gives median messages per second, medians of per-round
+ratios, and per message the Redis commands sent and run, allocations and
+bytes. It also measures Redis memory per confirmed record and says whether
+idem's targets were met. The table goes to stdout, progress to stderr; --out
+also writes ` + benchTableFile + ` and ` + benchChartFile + `.
+
+Groups: redis (needs --redis), cluster (--cluster), sql (--postgres),
+http (--redis).`
+
+func (c *cli) bench(args []string) int {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	redisAddr := fs.String("redis", c.getenv(envBenchRedis), "standalone Redis `host:port` or redis:// URL (env "+envBenchRedis+")")
+	cluster := fs.String("cluster", c.getenv(envBenchCluster), "comma-separated host:port `ADDRS` of a Redis Cluster's masters (env "+envBenchCluster+")")
+	postgres := fs.String("postgres", c.getenv(envBenchPostgres), "Postgres `DSN` (env "+envBenchPostgres+")")
+	groups := fs.String("groups", strings.Join(bench.AllGroups, ","), "comma-separated `groups` to run")
+	only := fs.String("only", "", "run only the contenders whose name matches this `regexp` (and that --groups selects)")
+	rounds := fs.Int("rounds", 5, "rounds per goroutine count")
+	duration := fs.Duration("duration", time.Second, "how long each contender runs per round")
+	gors := fs.String("goroutines", "1,8,64,256", "comma-separated goroutine `counts`")
+	records := fs.Int("records", 100_000, "confirmed records the Redis memory measure writes (0: skip it)")
+	costMsgs := fs.Int("cost-msgs", 2000, "messages per contender of the one-goroutine pass that counts commands and allocations")
+	out := fs.String("out", "", "also write "+benchTableFile+" and "+benchChartFile+" into this `dir`")
+	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the timed rounds to `file`")
+	memprofile := fs.String("memprofile", "", "write an allocation profile of the whole run to `file`")
+	quiet := fs.Bool("quiet", false, "no progress lines on stderr")
+	pos, done, st := c.parse(fs, args, "[flags]", benchAbout)
+	if done {
+		return st
+	}
+	if len(pos) > 0 {
+		return c.noArgs("bench", pos)
+	}
+
+	// Everything that can be wrong with the flags is said before any I/O.
+	cfg := bench.Config{Rounds: *rounds, Duration: *duration, CostMsgs: *costMsgs, MemoryRecords: *records}
+	if *records == 0 {
+		cfg.MemoryRecords = -1
+	}
+	if *records < 0 || *costMsgs < 1 {
+		return c.usageError("bench", errors.New("--records and --cost-msgs must not be negative, --cost-msgs at least 1"))
+	}
+	if *rounds < 1 || *duration <= 0 {
+		return c.usageError("bench", errors.New("--rounds must be at least 1 and --duration positive"))
+	}
+	for _, s := range strings.Split(*gors, ",") {
+		g, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || g < 1 || g > 10_000 {
+			return c.usageError("bench", fmt.Errorf("--goroutines: %q is not a count from 1 to 10000", s))
+		}
+		cfg.Goroutines = append(cfg.Goroutines, g)
+	}
+	slices.Sort(cfg.Goroutines)
+	cfg.Goroutines = slices.Compact(cfg.Goroutines)
+	for _, g := range strings.Split(*groups, ",") {
+		g = strings.TrimSpace(g)
+		if !slices.Contains(bench.AllGroups, g) {
+			return c.usageError("bench", fmt.Errorf("--groups: unknown group %q (have %s)", g, strings.Join(bench.AllGroups, ", ")))
+		}
+		cfg.Groups = append(cfg.Groups, g)
+	}
+	if *only != "" {
+		re, err := regexp.Compile(*only)
+		if err != nil {
+			return c.usageError("bench", fmt.Errorf("--only: %w", err))
+		}
+		cfg.Only = re.MatchString
+	}
+	need := map[string]string{}
+	for _, g := range cfg.Groups {
+		switch g {
+		case bench.GroupRedis, bench.GroupHTTP:
+			need["--redis"] = *redisAddr
+		case bench.GroupCluster:
+			need["--cluster"] = *cluster
+		case bench.GroupSQL:
+			need["--postgres"] = *postgres
+		}
+	}
+	for _, f := range []string{"--redis", "--cluster", "--postgres"} {
+		if v, ok := need[f]; ok && v == "" {
+			return c.usageError("bench", fmt.Errorf("the groups %s need %s (or its environment variable)", strings.Join(cfg.Groups, ","), f))
+		}
+	}
+	if !*quiet {
+		cfg.Progress = func(format string, args ...any) { fmt.Fprintf(c.stderr, format+"\n", args...) }
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	env, closeEnv, err := openBenchEnv(ctx, need)
+	if err != nil {
+		return c.fail("bench", exitUsage, err)
+	}
+	defer closeEnv()
+
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			return c.fail("bench", exitUsage, err)
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return c.fail("bench", exitUsage, err)
+		}
+		defer pprof.StopCPUProfile()
+	}
+	rep, err := bench.Run(ctx, env, bench.Contenders, cfg)
+	if err != nil {
+		return c.fail("bench", exitFailed, err)
+	}
+	if *memprofile != "" {
+		if err := writeHeapProfile(*memprofile); err != nil {
+			return c.fail("bench", exitFailed, err)
+		}
+	}
+	if err := rep.WriteMarkdown(c.stdout, bench.DefaultTargets); err != nil {
+		return c.fail("bench", exitFailed, err)
+	}
+	if *out != "" {
+		if err := writeBenchFiles(rep, *out); err != nil {
+			return c.fail("bench", exitFailed, err)
+		}
+		fmt.Fprintf(c.stderr, "wrote %s and %s in %s\n", benchTableFile, benchChartFile, *out)
+	}
+	return exitOK
+}
+
+// openBenchEnv connects to the services need names (flag → address) and
+// checks that they answer.
+func openBenchEnv(ctx context.Context, need map[string]string) (bench.Env, func(), error) {
+	var (
+		env     bench.Env
+		closers []func()
+	)
+	closeAll := func() {
+		for _, f := range slices.Backward(closers) {
+			f()
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, connectTimeout)
+	defer cancel()
+	fail := func(err error) (bench.Env, func(), error) { closeAll(); return bench.Env{}, nil, err }
+	if addr, ok := need["--redis"]; ok {
+		o := &redis.Options{Addr: addr}
+		if strings.Contains(addr, "://") {
+			var err error
+			if o, err = redis.ParseURL(addr); err != nil {
+				return fail(fmt.Errorf("--redis: %w", err))
+			}
+		}
+		env.Redis = redis.NewClient(o)
+		closers = append(closers, func() { _ = env.Redis.Close() })
+		if err := env.Redis.Ping(ctx).Err(); err != nil {
+			return fail(fmt.Errorf("cannot reach Redis at %s: %w", o.Addr, err))
+		}
+	}
+	if addrs, ok := need["--cluster"]; ok {
+		env.Cluster = redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(addrs, ",")})
+		closers = append(closers, func() { _ = env.Cluster.Close() })
+		if err := env.Cluster.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error { return m.Ping(ctx).Err() }); err != nil {
+			return fail(fmt.Errorf("cannot reach the Redis Cluster at %s: %w", addrs, err))
+		}
+	}
+	if dsn, ok := need["--postgres"]; ok {
+		db, err := sql.Open("pgx", dsn)
+		if err != nil {
+			return fail(fmt.Errorf("--postgres: %w", err))
+		}
+		db.SetMaxOpenConns(benchPostgresConns)
+		db.SetMaxIdleConns(benchPostgresConns)
+		env.DB = db
+		closers = append(closers, func() { _ = db.Close() })
+		if err := db.PingContext(ctx); err != nil {
+			return fail(fmt.Errorf("cannot reach Postgres: %w", err))
+		}
+	}
+	return env, closeAll, nil
+}
+
+func writeHeapProfile(path string) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	runtime.GC() // up-to-date statistics
+	if err := pprof.Lookup("allocs").WriteTo(f, 0); err != nil {
+		_ = f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// writeBenchFiles writes the markdown table and the chart into dir.
+func writeBenchFiles(rep *bench.Report, dir string) error {
+	write := func(name string, w func(f *os.File) error) error {
+		f, err := os.Create(filepath.Join(dir, name))
+		if err != nil {
+			return err
+		}
+		if err := w(f); err != nil {
+			_ = f.Close()
+			return err
+		}
+		return f.Close()
+	}
+	if err := write(benchTableFile, func(f *os.File) error { return rep.WriteMarkdown(f, bench.DefaultTargets) }); err != nil {
+		return err
+	}
+	return write(benchChartFile, func(f *os.File) error { return rep.WriteSVG(f) })
+}

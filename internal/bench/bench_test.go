@@ -1,0 +1,310 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/xml"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemgo/idem/internal/sqltest"
+	"github.com/idemgo/idem/internal/testenv"
+)
+
+// sleeper is a contender whose every op takes d: its throughput on g
+// goroutines is known, so the harness's arithmetic can be checked.
+func sleeper(name string, d time.Duration, versus ...string) Contender {
+	return Contender{Name: name, Group: GroupHTTP, Versus: versus,
+		Open: func(context.Context, *Env) (*Instance, error) {
+			return &Instance{Worker: func() Op {
+				return func(ctx context.Context) error { time.Sleep(d); return nil }
+			}}, nil
+		}}
+}
+
+func miniEnv(t *testing.T) Env {
+	t.Helper()
+	m := miniredis.RunT(t)
+	c := redis.NewClient(&redis.Options{Addr: m.Addr()})
+	t.Cleanup(func() { _ = c.Close() })
+	return Env{Redis: c}
+}
+
+// TestRunRatios runs two contenders whose ops take 5ms and 10ms: the fast
+// one's throughput must be about twice the slow one's, and g goroutines
+// about g times one.
+func TestRunRatios(t *testing.T) {
+	cs := []Contender{sleeper("fast", 5*time.Millisecond, "slow"), sleeper("slow", 10*time.Millisecond)}
+	rep, err := Run(context.Background(), miniEnv(t), cs, Config{
+		Groups: []string{GroupHTTP}, Goroutines: []int{1, 4}, Rounds: 3,
+		Duration: 150 * time.Millisecond, CostMsgs: 10,
+	})
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	fast, slow := rep.Row("fast"), rep.Row("slow")
+	for gi, g := range []int{1, 4} {
+		if n := len(fast.Rounds[gi]); n != 3 {
+			t.Errorf("fast at %d goroutines: %d rounds; want 3", g, n)
+		}
+		// Sleeps overshoot, by more on a loaded machine: even 5ms late,
+		// 10ms and 5ms sleeps keep the ratio inside 1.3-2.6.
+		r, ok := rep.Ratio("fast", "slow", g)
+		if !ok || r < 1.3 || r > 2.6 {
+			t.Errorf("Ratio(fast, slow, %d) = %.2f, %v; want about 2", g, r, ok)
+		}
+		// The ratio is the median of per-round ratios, not a ratio of
+		// medians.
+		per := make([]float64, 3)
+		for k := range per {
+			per[k] = fast.Rounds[gi][k] / slow.Rounds[gi][k]
+		}
+		if want := median(per); r != want {
+			t.Errorf("Ratio(fast, slow, %d) = %v; want the median of %v = %v", g, r, per, want)
+		}
+		if want := 1 / (5 * time.Millisecond).Seconds() * float64(g); fast.Throughput[gi] > want*1.05 || fast.Throughput[gi] < want*0.25 {
+			t.Errorf("fast at %d goroutines: %.0f ops/s; want a little under %.0f", g, fast.Throughput[gi], want)
+		}
+	}
+	if _, ok := rep.Ratio("slow", "fast", 1); ok {
+		t.Errorf("Ratio(slow, fast) exists; want only the ratios Versus names")
+	}
+	if c := fast.Cost; c.Msgs != 10 || c.Redis {
+		t.Errorf("fast's cost = %+v; want 10 messages and no Redis figures", c)
+	}
+	rs := rep.Targets([]Target{
+		{What: "fast ≥ 1.5× slow", Contender: "fast", Versus: "slow", Goroutines: 4, Min: 1.5},
+		{What: "fast ≥ 3× slow", Contender: "fast", Versus: "slow", Goroutines: 4, Min: 3},
+		{What: "at 64", Contender: "fast", Versus: "slow", Goroutines: 64, Min: 1},
+	})
+	if !rs[0].Met || rs[1].Met || rs[2].Ran {
+		t.Errorf("Targets = %+v; want met, not met, not run", rs)
+	}
+}
+
+// TestRunStopsOnError: a contender that fails is an error, not a row.
+func TestRunStopsOnError(t *testing.T) {
+	bad := Contender{Name: "bad", Group: GroupHTTP, Open: func(context.Context, *Env) (*Instance, error) {
+		return &Instance{Worker: func() Op {
+			return func(context.Context) error { return fmt.Errorf("broken") }
+		}}, nil
+	}}
+	_, err := Run(context.Background(), miniEnv(t), []Contender{bad}, Config{Groups: []string{GroupHTTP}, Rounds: 1, Duration: 10 * time.Millisecond})
+	if err == nil || !strings.Contains(err.Error(), "broken") {
+		t.Errorf("Run with a failing contender = %v; want its error", err)
+	}
+}
+
+func TestRunRejectsBadConfig(t *testing.T) {
+	cs := []Contender{sleeper("a", time.Millisecond)}
+	for _, tc := range []struct {
+		name string
+		env  Env
+		cfg  Config
+	}{
+		{"unknown group", miniEnv(t), Config{Groups: []string{"nosuch"}}},
+		{"redis group without Redis", Env{}, Config{Groups: []string{GroupRedis}}},
+		{"sql group without Postgres", miniEnv(t), Config{Groups: []string{GroupSQL}}},
+		{"no goroutines", miniEnv(t), Config{Groups: []string{GroupHTTP}, Goroutines: []int{0}}},
+		{"negative rounds", miniEnv(t), Config{Groups: []string{GroupHTTP}, Rounds: -1}},
+		{"nothing selected", miniEnv(t), Config{Groups: []string{GroupHTTP}, Only: func(string) bool { return false }}},
+	} {
+		if _, err := Run(context.Background(), tc.env, cs, tc.cfg); err == nil {
+			t.Errorf("%s: Run succeeded; want an error", tc.name)
+		}
+	}
+}
+
+// TestSmoke runs every contender of the real table, briefly, on the real
+// services, and checks what the report says a message costs against what
+// each contender is known to send.
+func TestSmoke(t *testing.T) {
+	env := Env{Redis: testenv.Redis(t), Cluster: testenv.Cluster(t), DB: sqltest.Postgres(t)}
+	env.DB.SetMaxOpenConns(8)
+	gs := []int{1, 4}
+	rep, err := Run(context.Background(), env, Contenders, Config{
+		Goroutines: gs, Rounds: 2, Duration: 60 * time.Millisecond, Warmup: 20 * time.Millisecond,
+		CostMsgs: 200, MemoryRecords: 1000,
+	})
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if len(rep.Rows) != len(Contenders) {
+		t.Fatalf("%d rows; want one per contender (%d)", len(rep.Rows), len(Contenders))
+	}
+	for _, r := range rep.Rows {
+		for gi, v := range r.Throughput {
+			if !(v > 0) || len(r.Rounds[gi]) != 2 {
+				t.Errorf("%s at %d goroutines: %v msgs/s over %d rounds; want > 0 over 2", r.Name, gs[gi], v, len(r.Rounds[gi]))
+			}
+		}
+		if r.Cost.Allocs < 1 {
+			t.Errorf("%s: %.1f allocations per message; want at least one", r.Name, r.Cost.Allocs)
+		}
+	}
+	// Commands and round trips per message: what each contender sends is
+	// known exactly. Redis runs at least that many (a script's calls add
+	// to its EVALSHA; other tests may share the server, so only a floor).
+	for _, w := range []struct {
+		name             string
+		sent, trips, ran float64
+	}{
+		{NameSetFloor, 2, 2, 2},
+		{NameCheckThenSet, 3, 3, 3},
+		{NameRedislock, 2, 2, 4},    // EVALSHA obtain (SET NX inside), EVALSHA release (GET, DEL inside)
+		{NameClaimConfirm, 2, 2, 4}, // two EVALSHA, each with calls inside
+		{NameBatch, 0.02, 0.02, 2},  // one pipeline of 100 EVALSHA each way
+		{NameClusterClaimConfirm, 2, 2, 4},
+		{NameClusterSetFloor, 2, 2, 2},
+		{NameReplay, 1, 1, 2}, // a Claim that finds the confirmation
+	} {
+		c := rep.Row(w.name).Cost
+		if !c.Redis || c.Sent != w.sent || c.RoundTrips != w.trips || c.Ran < w.ran {
+			t.Errorf("%s: sent %.2f, round trips %.2f, ran %.2f per message; want %.2f, %.2f, at least %.2f",
+				w.name, c.Sent, c.RoundTrips, c.Ran, w.sent, w.trips, w.ran)
+		}
+	}
+	if c := rep.Row(NameFirstWrite).Cost; c.Sent < 2 {
+		t.Errorf("middleware first write: %.2f commands per request; want a Claim and a Confirm at least", c.Sent)
+	}
+	if c := rep.Row(NameBare).Cost; c.Redis {
+		t.Errorf("bare handler: cost has Redis figures; want none")
+	}
+	// A record is a key of 43 bytes and a value of a few dozen: Redis
+	// cannot store it in less than ~80 bytes nor need 400. used_memory is
+	// not checked here: other tests write to the same Redis meanwhile.
+	if m := rep.Memory; m == nil || m.KeyLen != 43 || m.MemoryUsage < 80 || m.MemoryUsage > 400 {
+		t.Errorf("Memory = %+v; want a 43-byte key and 80-400 bytes of MEMORY USAGE", m)
+	}
+
+	var md bytes.Buffer
+	if err := rep.WriteMarkdown(&md, DefaultTargets); err != nil {
+		t.Fatal(err)
+	}
+	checkMarkdown(t, md.String(), rep)
+	var svg bytes.Buffer
+	if err := rep.WriteSVG(&svg); err != nil {
+		t.Fatal(err)
+	}
+	checkSVG(t, svg.Bytes(), rep)
+}
+
+// checkMarkdown: one table, a bold row per contender with its throughput,
+// a "÷" row per ratio with its value, and a verdict per target.
+func checkMarkdown(t *testing.T, md string, rep *Report) {
+	t.Helper()
+	rows := map[string][]string{}
+	var ratios []string
+	tables, inTable := 0, false
+	for _, line := range strings.Split(md, "\n") {
+		if !strings.HasPrefix(line, "|") {
+			inTable = false
+			continue
+		}
+		if !inTable {
+			tables++
+			inTable = true
+		}
+		cells := strings.Split(strings.Trim(line, "|"), "|")
+		for i := range cells {
+			cells[i] = strings.TrimSpace(cells[i])
+		}
+		if name, ok := strings.CutPrefix(cells[0], "**"); ok {
+			rows[strings.TrimSuffix(name, "**")] = cells[1:]
+		}
+		if strings.HasPrefix(cells[0], "÷ ") {
+			ratios = append(ratios, cells[1])
+		}
+	}
+	if tables != 1 {
+		t.Errorf("markdown has %d tables; want 1:\n%s", tables, md)
+	}
+	for _, r := range rep.Rows {
+		cells, ok := rows[r.Name]
+		if !ok {
+			t.Errorf("markdown has no row for %q", r.Name)
+			continue
+		}
+		if cells[0] != rate(r.Throughput[0]) {
+			t.Errorf("markdown row %q: first cell %q; want %q", r.Name, cells[0], rate(r.Throughput[0]))
+		}
+	}
+	nRatios := 0
+	for _, r := range rep.Rows {
+		nRatios += len(r.Ratios)
+	}
+	if len(ratios) != nRatios {
+		t.Errorf("markdown has %d ratio rows; want %d", len(ratios), nRatios)
+	}
+	v, _ := rep.Ratio(NameClaimConfirm, NameRedislock, 1)
+	ra := rep.Row(NameClaimConfirm).Ratios[0]
+	if ra.Min[0] > v || v > ra.Max[0] {
+		t.Errorf("ratio %.2f outside its rounds' range %.2f-%.2f", v, ra.Min[0], ra.Max[0])
+	}
+	if want := fmt.Sprintf("%.2f× <sub>%.2f–%.2f</sub>", v, ra.Min[0], ra.Max[0]); len(ratios) == 0 || ratios[0] != want {
+		t.Errorf("first ratio row = %v; want %s (idem ÷ redislock at 1 goroutine)", ratios, want)
+	}
+	if n := strings.Count(md, "not measured in this run"); n != len(DefaultTargets) {
+		// 64 goroutines is not in the smoke run: every target says so.
+		t.Errorf("markdown says %d targets were not measured; want %d:\n%s", n, len(DefaultTargets), md)
+	}
+}
+
+// checkSVG: well-formed, one line per contender through one point per
+// goroutine count, x growing with goroutines, and a contender with more
+// throughput drawn higher (smaller y).
+func checkSVG(t *testing.T, b []byte, rep *Report) {
+	t.Helper()
+	var doc struct {
+		Lines []struct {
+			Points string `xml:"points,attr"`
+		} `xml:"polyline"`
+		Texts []string `xml:"text"`
+	}
+	if err := xml.Unmarshal(b, &doc); err != nil {
+		t.Fatalf("the chart is not well-formed XML: %v", err)
+	}
+	if len(doc.Lines) != len(rep.Rows) {
+		t.Fatalf("the chart has %d lines; want %d", len(doc.Lines), len(rep.Rows))
+	}
+	ys := make([][]float64, len(doc.Lines))
+	for i, l := range doc.Lines {
+		pts := strings.Fields(l.Points)
+		if len(pts) != len(rep.Config.Goroutines) {
+			t.Fatalf("line %d has %d points; want %d", i, len(pts), len(rep.Config.Goroutines))
+		}
+		lastX := -1.0
+		for _, p := range pts {
+			xs, y, _ := strings.Cut(p, ",")
+			x, _ := strconv.ParseFloat(xs, 64)
+			yv, _ := strconv.ParseFloat(y, 64)
+			if x <= lastX {
+				t.Errorf("line %d: x does not grow with goroutines: %s", i, l.Points)
+			}
+			lastX = x
+			ys[i] = append(ys[i], yv)
+		}
+	}
+	for i := range rep.Rows {
+		for j := range rep.Rows {
+			a, b := rep.Rows[i].Throughput[0], rep.Rows[j].Throughput[0]
+			// 1% apart at least: closer lines may round to one pixel row.
+			if a > b*1.01 && ys[i][0] >= ys[j][0] {
+				t.Errorf("%s (%.0f/s) is drawn at y=%.1f, not above %s (%.0f/s) at y=%.1f",
+					rep.Rows[i].Name, a, ys[i][0], rep.Rows[j].Name, b, ys[j][0])
+			}
+		}
+	}
+	legend := strings.Join(doc.Texts, "\n")
+	for _, r := range rep.Rows {
+		if !strings.Contains(legend, r.Name) {
+			t.Errorf("the chart's legend lacks %q", r.Name)
+		}
+	}
+}

@@ -1,0 +1,427 @@
+package bench
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/bsm/redislock"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/middleware"
+)
+
+// Names of the contenders that others are compared with.
+const (
+	NameClaimConfirm        = "idem Claim+Confirm"
+	NameBatch               = "idem batch(100) ClaimBatch+ConfirmBatch"
+	NameSetFloor            = "SET NX PX + SET XX PX"
+	NameRedislock           = "redislock Obtain+Release"
+	NameCheckThenSet        = "GET, SET PX + SET PX (not atomic)"
+	NameClusterClaimConfirm = "idem Claim+Confirm (cluster)"
+	NameClusterSetFloor     = "SET NX PX + SET XX PX (cluster)"
+	NameSQLLease            = "idem SQLStore Claim+Confirm"
+	NameSQLRun              = "idem SQLStore.Run"
+	NameSQLFloor            = "INSERT ON CONFLICT DO NOTHING + UPDATE"
+	NameBare                = "bare handler"
+	NameFirstWrite          = "middleware first write"
+	NameReplay              = "middleware replay"
+	NameReplayMemory        = "middleware replay (MemoryStore)"
+)
+
+// The durations every Redis contender writes with: a claim binds for
+// leaseTTL, a confirmation is kept for retention. The retention is short
+// so that a benchmark's records leave a shared Redis by themselves; the
+// odd millisecond makes go-redis send PX, as idem's scripts do.
+const (
+	leaseTTL  = 30*time.Second + time.Millisecond
+	retention = 2*time.Minute + time.Millisecond
+)
+
+// Contenders is the table of everything `idem bench` measures, in report
+// order within each group.
+var Contenders = []Contender{
+	{
+		Name: NameClaimConfirm, Group: GroupRedis, Redis: true,
+		Versus: []string{NameRedislock, NameSetFloor, NameCheckThenSet},
+		Open: func(ctx context.Context, e *Env) (*Instance, error) {
+			s, err := newRedisStore(e.Redis)
+			if err != nil {
+				return nil, err
+			}
+			return ClaimConfirm(e, s, "cc"), nil
+		},
+	},
+	{
+		Name: NameBatch, Group: GroupRedis, Redis: true, Msgs: 100,
+		Versus: []string{NameClaimConfirm},
+		Open: func(ctx context.Context, e *Env) (*Instance, error) {
+			s, err := newRedisStore(e.Redis)
+			if err != nil {
+				return nil, err
+			}
+			return Batch(e, s, "batch", 100), nil
+		},
+	},
+	{
+		Name: NameSetFloor, Group: GroupRedis, Redis: true,
+		Open: func(ctx context.Context, e *Env) (*Instance, error) { return setFloor(e, e.Redis, "set"), nil },
+	},
+	{
+		Name: NameRedislock, Group: GroupRedis, Redis: true,
+		Open: func(ctx context.Context, e *Env) (*Instance, error) {
+			locks := redislock.New(e.Redis)
+			return &Instance{Worker: func() Op {
+				return func(ctx context.Context) error {
+					key := e.Key("lock")
+					l, err := locks.Obtain(ctx, key, leaseTTL, nil)
+					if err != nil {
+						return fmt.Errorf("Obtain(%q): %w", key, err)
+					}
+					if err := l.Release(ctx); err != nil {
+						return fmt.Errorf("Release(%q): %w", key, err)
+					}
+					return nil
+				}
+			}}, nil
+		},
+	},
+	{
+		// What a claim costs without atomicity: two workers may both read
+		// nothing and both do the work.
+		Name: NameCheckThenSet, Group: GroupRedis, Redis: true,
+		Open: func(ctx context.Context, e *Env) (*Instance, error) {
+			c := e.Redis
+			return &Instance{Worker: func() Op {
+				return func(ctx context.Context) error {
+					key := e.Key("get")
+					err := c.Get(ctx, key).Err()
+					if !errors.Is(err, redis.Nil) {
+						return fmt.Errorf("GET %s = %v; want nil", key, err)
+					}
+					if err := c.Set(ctx, key, "claimed", leaseTTL).Err(); err != nil {
+						return fmt.Errorf("SET %s PX: %w", key, err)
+					}
+					if err := c.Set(ctx, key, "done", retention).Err(); err != nil {
+						return fmt.Errorf("SET %s PX: %w", key, err)
+					}
+					return nil
+				}
+			}}, nil
+		},
+	},
+	{
+		Name: NameClusterClaimConfirm, Group: GroupCluster, Redis: true,
+		Versus: []string{NameClusterSetFloor},
+		Open: func(ctx context.Context, e *Env) (*Instance, error) {
+			s, err := newRedisStore(e.Cluster)
+			if err != nil {
+				return nil, err
+			}
+			return ClaimConfirm(e, s, "ccc"), nil
+		},
+	},
+	{
+		Name: NameClusterSetFloor, Group: GroupCluster, Redis: true,
+		Open: func(ctx context.Context, e *Env) (*Instance, error) { return setFloor(e, e.Cluster, "cset"), nil },
+	},
+	{
+		Name: NameSQLLease, Group: GroupSQL,
+		Versus: []string{NameSQLFloor},
+		Open: func(ctx context.Context, e *Env) (*Instance, error) {
+			s, drop, err := newSQLStore(ctx, e, "lease")
+			if err != nil {
+				return nil, err
+			}
+			in := ClaimConfirm(e, s, "lease")
+			in.Close = drop
+			return in, nil
+		},
+	},
+	{
+		Name: NameSQLRun, Group: GroupSQL,
+		Versus: []string{NameSQLFloor},
+		Open: func(ctx context.Context, e *Env) (*Instance, error) {
+			s, drop, err := newSQLStore(ctx, e, "run")
+			if err != nil {
+				return nil, err
+			}
+			write := func(context.Context, *sql.Tx) ([]byte, error) { return sqlResult, nil }
+			return &Instance{Close: drop, Worker: func() Op {
+				return func(ctx context.Context) error {
+					key := e.Key("run")
+					_, replayed, err := s.Run(ctx, key, sqlFingerprint, write)
+					if err == nil && replayed {
+						err = fmt.Errorf("Run(%q) replayed; want the work done", key)
+					}
+					return err
+				}
+			}}, nil
+		},
+	},
+	{
+		// The same two writes idem's lease mode makes, as plain SQL on a
+		// table of the same shape.
+		Name: NameSQLFloor, Group: GroupSQL,
+		Open: func(ctx context.Context, e *Env) (*Instance, error) {
+			_, drop, err := newSQLStore(ctx, e, "floor")
+			if err != nil {
+				return nil, err
+			}
+			table := e.Name("floor")
+			insert := `INSERT INTO ` + table + ` (key, state, owner, token, fingerprint, result, recorded_at, expires_at)
+VALUES ($1, 'C', $2, $3, $4, NULL, now(), now() + interval '30 seconds') ON CONFLICT (key) DO NOTHING`
+			update := `UPDATE ` + table + ` SET state = 'D', owner = '', result = $2, expires_at = now() + interval '2 minutes' WHERE key = $1`
+			return &Instance{Close: drop, Worker: func() Op {
+				return func(ctx context.Context) error {
+					key := []byte(e.Key("floor"))
+					if _, err := e.DB.ExecContext(ctx, insert, key, "worker", int64(1), sqlFingerprint); err != nil {
+						return err
+					}
+					_, err := e.DB.ExecContext(ctx, update, key, sqlResult)
+					return err
+				}
+			}}, nil
+		},
+	},
+	{
+		Name: NameBare, Group: GroupHTTP,
+		Open: func(ctx context.Context, e *Env) (*Instance, error) {
+			return &Instance{Worker: func() Op {
+				return func(context.Context) error { return serve(bareHandler, "", false) }
+			}}, nil
+		},
+	},
+	{
+		Name: NameFirstWrite, Group: GroupHTTP, Redis: true,
+		Versus: []string{NameBare},
+		Open: func(ctx context.Context, e *Env) (*Instance, error) {
+			s, err := newRedisStore(e.Redis)
+			if err != nil {
+				return nil, err
+			}
+			h, err := newMiddleware(s)
+			if err != nil {
+				return nil, err
+			}
+			return &Instance{Worker: func() Op {
+				return func(context.Context) error { return serve(h, e.Key("http"), false) }
+			}}, nil
+		},
+	},
+	{
+		Name: NameReplay, Group: GroupHTTP, Redis: true,
+		Versus: []string{NameBare, NameFirstWrite},
+		Open: func(ctx context.Context, e *Env) (*Instance, error) {
+			s, err := newRedisStore(e.Redis)
+			if err != nil {
+				return nil, err
+			}
+			return replay(e, s)
+		},
+	},
+	{
+		// The replay path with a store that costs next to nothing: what
+		// is left is the middleware's own work per request.
+		Name: NameReplayMemory, Group: GroupHTTP,
+		Versus: []string{NameBare},
+		Open: func(ctx context.Context, e *Env) (*Instance, error) {
+			return replay(e, idem.NewMemoryStore(idem.Options{Retention: retention}))
+		},
+	},
+}
+
+// DefaultTargets are the figures idem aims at (see BENCHMARKS.md).
+var DefaultTargets = []Target{
+	{What: "idem Claim+Confirm ≥ 1.0× redislock Obtain+Release", Contender: NameClaimConfirm, Versus: NameRedislock, Goroutines: 64, Min: 1.0},
+	{What: "idem Claim+Confirm ≥ 0.8× SET NX + SET XX", Contender: NameClaimConfirm, Versus: NameSetFloor, Goroutines: 64, Min: 0.8},
+	{What: "batch(100) ≥ 3× one by one", Contender: NameBatch, Versus: NameClaimConfirm, Goroutines: 64, Min: 3.0},
+}
+
+// MaxBytesPerRecord is the target for Memory.UsedMemory.
+const MaxBytesPerRecord = 200
+
+func newRedisStore(c redis.UniversalClient) (*idem.RedisStore, error) {
+	return idem.NewRedisStore(c, idem.RedisOptions{Options: idem.Options{Retention: retention}})
+}
+
+// ClaimConfirm is the Instance of one Claim and one Confirm per message on
+// s, each message a new key tagged tag: how a store is measured one message
+// at a time.
+func ClaimConfirm(e *Env, s idem.Store, tag string) *Instance {
+	return &Instance{Worker: func() Op {
+		return func(ctx context.Context) error {
+			key := e.Key(tag)
+			c, err := s.Claim(ctx, key, nil)
+			if err != nil {
+				return err
+			}
+			if c.Outcome != idem.Claimed {
+				return fmt.Errorf("Claim(%q) = %v; want Claimed", key, c.Outcome)
+			}
+			return s.Confirm(ctx, c.Lease, nil)
+		}
+	}}
+}
+
+// Batch is the Instance of one ClaimBatch and one ConfirmBatch of size new
+// keys per Op on s (the contender's Msgs must be size).
+func Batch(e *Env, s idem.Batcher, tag string, size int) *Instance {
+	return &Instance{Worker: func() Op {
+		keys := make([]string, size)
+		leases := make([]*idem.Lease, size)
+		return func(ctx context.Context) error {
+			for i := range keys {
+				keys[i] = e.Key(tag)
+			}
+			cs, err := s.ClaimBatch(ctx, keys, nil)
+			if err != nil {
+				return err
+			}
+			for i, c := range cs {
+				if c.Outcome != idem.Claimed {
+					return fmt.Errorf("ClaimBatch: %q = %v; want Claimed", keys[i], c.Outcome)
+				}
+				leases[i] = c.Lease
+			}
+			return s.ConfirmBatch(ctx, leases, nil)
+		}
+	}}
+}
+
+// setFloor is the least any store must send per message: a SET NX PX to
+// claim and a SET XX PX to confirm, as plain commands.
+func setFloor(e *Env, c redis.UniversalClient, tag string) *Instance {
+	claim := redis.SetArgs{Mode: "NX", TTL: leaseTTL}
+	confirm := redis.SetArgs{Mode: "XX", TTL: retention}
+	return &Instance{Worker: func() Op {
+		return func(ctx context.Context) error {
+			key := e.Key(tag)
+			if ok, err := c.SetArgs(ctx, key, "claimed", claim).Result(); err != nil || ok != "OK" {
+				return fmt.Errorf("SET %s NX PX = %q, %v; want OK", key, ok, err)
+			}
+			if err := c.SetArgs(ctx, key, "done", confirm).Err(); err != nil {
+				return fmt.Errorf("SET %s XX PX: %w", key, err)
+			}
+			return nil
+		}
+	}}
+}
+
+var (
+	sqlFingerprint = []byte("0123456789abcdef0123456789abcdef")
+	sqlResult      = []byte("202 Accepted ok.")
+)
+
+// newSQLStore returns a Postgres store on a table of this run, created now;
+// drop deletes the table.
+func newSQLStore(ctx context.Context, e *Env, tag string) (*idem.SQLStore, func() error, error) {
+	table := e.Name(tag)
+	s, err := idem.NewSQLStore(e.DB, idem.SQLOptions{Dialect: idem.Postgres, Table: table,
+		Options: idem.Options{Retention: retention}})
+	if err != nil {
+		return nil, nil, err
+	}
+	// A contender is opened twice (timed rounds, cost pass) on one table.
+	if err := s.CreateSchema(ctx); err != nil {
+		return nil, nil, err
+	}
+	drop := func() error {
+		_, err := e.DB.ExecContext(context.Background(), `DROP TABLE IF EXISTS `+table)
+		return err
+	}
+	return s, drop, nil
+}
+
+// The handler every HTTP contender serves: it reads the body and answers a
+// small JSON document, as a create endpoint would.
+var bareHandler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	_, _ = io.Copy(io.Discard, r.Body)
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusCreated)
+	_, _ = w.Write([]byte(`{"id":"ord_123","status":"created"}`))
+})
+
+func newMiddleware(s idem.Store) (http.Handler, error) {
+	mw, err := middleware.New(middleware.Options{Store: s})
+	if err != nil {
+		return nil, err
+	}
+	return mw(bareHandler), nil
+}
+
+// replay is the Instance of the middleware's replay path on s: each
+// goroutine sends its first request when it starts, then replays it.
+func replay(e *Env, s idem.Store) (*Instance, error) {
+	h, err := newMiddleware(s)
+	if err != nil {
+		return nil, err
+	}
+	return &Instance{Worker: func() Op {
+		key := e.Key("replay")
+		first := serve(h, key, false)
+		return func(context.Context) error {
+			if first != nil {
+				return first
+			}
+			return serve(h, key, true)
+		}
+	}}, nil
+}
+
+// serve sends one request to h in process and checks the answer: ServeHTTP
+// with a request built by http.NewRequest and a writer that keeps only the
+// status and headers. No network and no request parsing, so what shows is
+// the handler's and the middleware's own cost (httptest.NewRequest and
+// ResponseRecorder would add more allocations than the bare handler makes).
+func serve(h http.Handler, key string, replay bool) error {
+	r, err := http.NewRequest(http.MethodPost, "http://bench.test/orders", strings.NewReader(`{"amount":1000,"currency":"eur"}`))
+	if err != nil {
+		return err
+	}
+	r.Header["Content-Type"] = jsonType
+	if key != "" {
+		r.Header["Idempotency-Key"] = []string{key}
+	}
+	w := responseWriter{header: make(http.Header, 4)}
+	h.ServeHTTP(&w, r)
+	if w.code != http.StatusCreated || w.body == 0 {
+		return fmt.Errorf("POST /orders (key %q) = %d with %d body bytes; want 201 and a body", key, w.code, w.body)
+	}
+	if got := w.header.Get(middleware.HeaderReplayed) == "true"; got != replay {
+		return fmt.Errorf("POST /orders (key %q): replayed = %v; want %v", key, got, replay)
+	}
+	return nil
+}
+
+var jsonType = []string{"application/json"}
+
+// responseWriter is the least http.ResponseWriter: a header map, the
+// status, a count of body bytes.
+type responseWriter struct {
+	header http.Header
+	code   int
+	body   int
+}
+
+func (w *responseWriter) Header() http.Header { return w.header }
+
+func (w *responseWriter) WriteHeader(code int) {
+	if w.code == 0 {
+		w.code = code
+	}
+}
+
+func (w *responseWriter) Write(p []byte) (int, error) {
+	if w.code == 0 {
+		w.code = http.StatusOK
+	}
+	w.body += len(p)
+	return len(p), nil
+}
