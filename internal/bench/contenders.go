@@ -20,6 +20,7 @@ import (
 // Names of the contenders that others are compared with.
 const (
 	NameClaimConfirm        = "idem Claim+Confirm"
+	NameAutoPipeline        = "idem Claim+Confirm (AutoPipeline)"
 	NameBatch               = "idem batch(100) ClaimBatch+ConfirmBatch"
 	NameSetFloor            = "SET NX PX + SET XX PX"
 	NameRedislock           = "redislock Obtain+Release"
@@ -56,6 +57,17 @@ var Contenders = []Contender{
 				return nil, err
 			}
 			return ClaimConfirm(e, s, "cc"), nil
+		},
+	},
+	{
+		Name: NameAutoPipeline, Group: GroupRedis, Redis: true,
+		Versus: []string{NameClaimConfirm, NameSetFloor, NameRedislock},
+		Open: func(ctx context.Context, e *Env) (*Instance, error) {
+			s, err := idem.NewRedisStore(e.Redis, idem.RedisOptions{Options: idem.Options{Retention: retention}, AutoPipeline: true})
+			if err != nil {
+				return nil, err
+			}
+			return ClaimConfirm(e, s, "auto"), nil
 		},
 	},
 	{
@@ -241,6 +253,7 @@ VALUES ($1, 'C', $2, $3, $4, NULL, now(), now() + interval '30 seconds') ON CONF
 var DefaultTargets = []Target{
 	{What: "idem Claim+Confirm ≥ 1.0× redislock Obtain+Release", Contender: NameClaimConfirm, Versus: NameRedislock, Goroutines: 64, Min: 1.0},
 	{What: "idem Claim+Confirm ≥ 0.8× SET NX + SET XX", Contender: NameClaimConfirm, Versus: NameSetFloor, Goroutines: 64, Min: 0.8},
+	{What: "idem Claim+Confirm with AutoPipeline ≥ 2× SET NX + SET XX", Contender: NameAutoPipeline, Versus: NameSetFloor, Goroutines: 64, Min: 2.0},
 	{What: "batch(100) ≥ 3× one by one", Contender: NameBatch, Versus: NameClaimConfirm, Goroutines: 64, Min: 3.0},
 }
 
