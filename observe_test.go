@@ -79,7 +79,7 @@ func TestKeyHasher(t *testing.T) {
 	if a.Hash(long) != first || a.Hash(key) != a2.Hash(key) {
 		t.Error("hash of a key changed after hashing others")
 	}
-	if n := testing.AllocsPerRun(100, func() { _ = a.Hash(key) }); n > 1 {
+	if n := testing.AllocsPerRun(100, func() { _ = a.Hash(key) }); n > 1 && !raceEnabled {
 		t.Errorf("Hash allocates %v times; want at most the result string", n)
 	}
 }
