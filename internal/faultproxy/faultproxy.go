@@ -26,7 +26,6 @@
 package faultproxy
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -70,16 +69,19 @@ const (
 // fault is a one-shot fault waiting for the first request that matches.
 type fault struct {
 	kind  faultKind
-	match []byte // nil: any request
+	match func([]byte) bool // nil: any request; called under Proxy.mu
 }
 
 // link is one proxied connection: the client's side and the upstream's.
 type link struct {
 	client, up net.Conn
 	once       sync.Once
-	// swallow is set by the request side before it forwards a request
-	// whose reply must be lost; the reply side reads it under p.mu.
-	swallow bool
+	// hurt is set by the request side, under Proxy.mu, before it forwards
+	// a request whose reply must not reach the client: dropReply (the
+	// reply side throws the reply away and closes the link) or resetConn
+	// (the reply side throws away anything that comes back before the
+	// request side's reset).
+	hurt faultKind
 }
 
 // Start listens on a free loopback port and forwards every connection it
@@ -118,29 +120,31 @@ func (p *Proxy) SetLatency(d time.Duration) {
 	p.latency = d
 }
 
-// DropNextReply loses the reply of the next request that contains match
-// (any request when match is nil), on whichever connection sends it: the
+// DropNextReply loses the reply of the next request for which match
+// returns true (any request when match is nil), on whichever connection
+// sends it: the
 // request is forwarded, the first chunk of its reply is read from upstream
 // (so the server has run it) and thrown away, and both sides are closed.
 // The client sees its connection close without an answer. Each call loses
 // one reply; calls queue up.
-func (p *Proxy) DropNextReply(match []byte) {
+func (p *Proxy) DropNextReply(match func(request []byte) bool) {
 	p.arm(dropReply, match)
 }
 
-// ResetNext resets the connection of the next request that contains match
-// (any request when match is nil): the request is forwarded, and both the
+// ResetNext resets the connection of the next request for which match
+// returns true (any request when match is nil): the request is forwarded,
+// and both the
 // client's and the upstream's connection are closed with a TCP RST before
 // the reply comes back. The server may or may not have run the request.
 // Each call resets one connection; calls queue up.
-func (p *Proxy) ResetNext(match []byte) {
+func (p *Proxy) ResetNext(match func(request []byte) bool) {
 	p.arm(resetConn, match)
 }
 
-func (p *Proxy) arm(k faultKind, match []byte) {
+func (p *Proxy) arm(k faultKind, match func([]byte) bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.pending = append(p.pending, fault{kind: k, match: bytes.Clone(match)})
+	p.pending = append(p.pending, fault{kind: k, match: match})
 }
 
 // Pending returns how many one-shot faults (DropNextReply, ResetNext) have
@@ -266,15 +270,18 @@ func (p *Proxy) pump(l *link, request bool) {
 				}
 			} else {
 				p.mu.Lock()
-				swallow := l.swallow
-				if swallow {
+				hurt := l.hurt
+				if hurt == dropReply {
 					p.stats.DroppedReplies++
 				}
 				p.mu.Unlock()
-				if swallow {
+				switch hurt {
+				case dropReply:
 					// The server ran the request and answered; the
 					// client never hears of it.
 					return
+				case resetConn:
+					continue
 				}
 				if _, err := to.Write(chunk); err != nil {
 					return
@@ -299,15 +306,13 @@ func (p *Proxy) forwardRequest(l *link, chunk []byte) bool {
 	p.mu.Lock()
 	var f fault
 	for i, pf := range p.pending {
-		if pf.match == nil || bytes.Contains(chunk, pf.match) {
+		if pf.match == nil || pf.match(chunk) {
 			f = pf
 			p.pending = append(p.pending[:i], p.pending[i+1:]...)
 			break
 		}
 	}
-	if f.kind == dropReply {
-		l.swallow = true
-	}
+	l.hurt = f.kind
 	if f.kind == resetConn {
 		p.stats.Resets++
 	}

@@ -2,6 +2,7 @@ package faultproxy
 
 import (
 	"bufio"
+	"bytes"
 	"errors"
 	"io"
 	"net"
@@ -173,7 +174,7 @@ func TestDropNextReply(t *testing.T) {
 	srv := startLineServer(t)
 	p := startProxy(t, srv.l.Addr().String())
 	c := dial(t, p)
-	p.DropNextReply([]byte("pay"))
+	p.DropNextReply(func(req []byte) bool { return bytes.Contains(req, []byte("pay")) })
 	// A request that does not match goes through.
 	if got, err := c.call("look", 5*time.Second); err != nil || got != "ok look" {
 		t.Fatalf("call(look) = %q, %v; want %q", got, err, "ok look")
@@ -218,6 +219,13 @@ func TestResetNext(t *testing.T) {
 	if got, err := other.call("still", 5*time.Second); err != nil || got != "ok still" {
 		t.Errorf("call(still) on another connection = %q, %v; want %q", got, err, "ok still")
 	}
+	// The server answers at once, yet its answer never beats the reset.
+	for i := range 50 {
+		p.ResetNext(nil)
+		if got, err := dial(t, p).call("race", 5*time.Second); err == nil {
+			t.Fatalf("call %d on a connection reset mid-command = %q, nil error; want the reply lost", i, got)
+		}
+	}
 }
 
 func TestResetAll(t *testing.T) {
@@ -250,15 +258,16 @@ func TestBlackhole(t *testing.T) {
 	if _, err := c.call("before", 5*time.Second); err != nil {
 		t.Fatalf("call(before) = %v", err)
 	}
-	const d = 300 * time.Millisecond
+	// Long enough that a loaded machine still makes both calls within it.
+	const d = time.Second
 	start := time.Now()
 	p.Blackhole(d)
 	// Nothing comes back while it lasts, on an old or a new connection.
-	if got, err := c.call("held", d/3); !isTimeout(err) {
+	if got, err := c.call("held", 150*time.Millisecond); !isTimeout(err) {
 		t.Errorf("call(held) during a blackhole = %q, %v; want a timeout", got, err)
 	}
 	fresh := dial(t, p) // still accepted
-	if got, err := fresh.call("new", d/3); !isTimeout(err) {
+	if got, err := fresh.call("new", 150*time.Millisecond); !isTimeout(err) {
 		t.Errorf("call(new) during a blackhole = %q, %v; want a timeout", got, err)
 	}
 	if srv.received("held") || srv.received("new") {
