@@ -46,7 +46,7 @@ type fault struct {
 
 // faultCounts are the one-shot faults that met their request.
 type faultCounts struct {
-	claimDrops, confirmDrops, resets atomic.Int64
+	claimDrops, confirmDrops, claimResets, confirmResets atomic.Int64
 }
 
 // fire arms one one-shot fault and waits until it meets its request.
@@ -135,30 +135,38 @@ var faults = []fault{
 		lease:  500 * time.Millisecond,
 		spread: time.Second,
 		chaos: func(ctx context.Context, p *faultproxy.Proxy, n *faultCounts) {
-			for i := 1; i <= 24; i++ {
+			// In turns: a Confirm reset before it reaches the server (it
+			// never ran), a Claim and a Confirm reset after (they may
+			// have run); now and then every connection at once.
+			for i := 1; i <= 30; i++ {
 				if !sleepCtx(ctx, 15*time.Millisecond) {
 					return
 				}
-				if i%8 == 0 {
+				if i%10 == 0 {
 					p.ResetAll()
 					continue
 				}
-				if !fire(ctx, p, func() {
-					p.ResetNext(func(req []byte) bool { return bytes.Contains(req, faultFingerprint) })
-				}) {
+				match, forward, count := isConfirm, false, &n.confirmResets
+				switch i % 3 {
+				case 1:
+					match, forward, count = isClaim, true, &n.claimResets
+				case 2:
+					forward = true
+				}
+				if !fire(ctx, p, func() { p.ResetNext(match, forward) }) {
 					return
 				}
-				n.resets.Add(1)
+				count.Add(1)
 			}
 		},
 		check: func(t *testing.T, r report, _ faultproxy.Stats, n *faultCounts) {
-			resets := int(n.resets.Load())
-			if resets == 0 {
-				t.Fatalf("no connection was reset mid-command")
+			claims, confirms := int(n.claimResets.Load()), int(n.confirmResets.Load())
+			if claims == 0 || confirms == 0 {
+				t.Fatalf("%d claims and %d confirms were reset mid-command; want some of each", claims, confirms)
 			}
-			if r.claimErrs+r.confirmErrs < resets {
-				t.Errorf("%d claim and confirm errors for %d connections reset mid-command; want an error for each",
-					r.claimErrs+r.confirmErrs, resets)
+			if r.claimErrs < claims || r.confirmErrs < confirms {
+				t.Errorf("claim errors %d for %d claims reset mid-command, confirm errors %d for %d confirms; want an error for each",
+					r.claimErrs, claims, r.confirmErrs, confirms)
 			}
 		},
 	},
@@ -271,8 +279,9 @@ func runFault(t *testing.T, f fault, p *faultproxy.Proxy, open func(int, idem.Op
 		f.chaos(ctx, p, &n)
 	})
 	st := p.Stats()
-	t.Logf("%s: %v; proxy: %d replies lost (%d claim, %d confirm), %d resets (%d mid-command), %d chunks held",
-		f.name, r, st.DroppedReplies, n.claimDrops.Load(), n.confirmDrops.Load(), st.Resets, n.resets.Load(), st.Held)
+	t.Logf("%s: %v; proxy: %d replies lost (%d claim, %d confirm), %d connections reset (%d claims, %d confirms mid-command), %d chunks held",
+		f.name, r, st.DroppedReplies, n.claimDrops.Load(), n.confirmDrops.Load(), st.Resets,
+		n.claimResets.Load(), n.confirmResets.Load(), st.Held)
 	f.check(t, r, st, &n)
 }
 

@@ -15,8 +15,9 @@
 //     (DropNextReply): the request is forwarded, the reply read and thrown
 //     away, and the client's connection closed, so the client cannot tell
 //     whether the command ran;
-//   - reset the connection of the next request mid-command (ResetNext): the
-//     request is forwarded and both sides are reset (RST) before any reply;
+//   - reset the connection of the next request mid-command (ResetNext):
+//     both sides are reset (RST) before any reply, after the request was
+//     forwarded (the server may have run it) or before (it never ran);
 //   - reset every open connection at once (ResetAll), as a server restart
 //     or a middlebox would;
 //   - blackhole everything for a while (Blackhole): connections are still
@@ -68,8 +69,9 @@ const (
 
 // fault is a one-shot fault waiting for the first request that matches.
 type fault struct {
-	kind  faultKind
-	match func([]byte) bool // nil: any request; called under Proxy.mu
+	kind    faultKind
+	match   func([]byte) bool // nil: any request; called under Proxy.mu
+	forward bool              // resetConn: forward the request before the reset
 }
 
 // link is one proxied connection: the client's side and the upstream's.
@@ -128,23 +130,23 @@ func (p *Proxy) SetLatency(d time.Duration) {
 // The client sees its connection close without an answer. Each call loses
 // one reply; calls queue up.
 func (p *Proxy) DropNextReply(match func(request []byte) bool) {
-	p.arm(dropReply, match)
+	p.arm(fault{kind: dropReply, match: match})
 }
 
 // ResetNext resets the connection of the next request for which match
-// returns true (any request when match is nil): the request is forwarded,
-// and both the
-// client's and the upstream's connection are closed with a TCP RST before
-// the reply comes back. The server may or may not have run the request.
-// Each call resets one connection; calls queue up.
-func (p *Proxy) ResetNext(match func(request []byte) bool) {
-	p.arm(resetConn, match)
+// returns true (any request when match is nil): both the client's and the
+// upstream's connection are closed with a TCP RST, and no reply reaches
+// the client. With forward, the request is forwarded first, so the server
+// may or may not have run it; without, the server never sees it. Each call
+// resets one connection; calls queue up.
+func (p *Proxy) ResetNext(match func(request []byte) bool, forward bool) {
+	p.arm(fault{kind: resetConn, match: match, forward: forward})
 }
 
-func (p *Proxy) arm(k faultKind, match func([]byte) bool) {
+func (p *Proxy) arm(f fault) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.pending = append(p.pending, fault{kind: k, match: match})
+	p.pending = append(p.pending, f)
 }
 
 // Pending returns how many one-shot faults (DropNextReply, ResetNext) have
@@ -317,6 +319,10 @@ func (p *Proxy) forwardRequest(l *link, chunk []byte) bool {
 		p.stats.Resets++
 	}
 	p.mu.Unlock()
+	if f.kind == resetConn && !f.forward {
+		l.close(true)
+		return false
+	}
 	if _, err := l.up.Write(chunk); err != nil {
 		return false
 	}

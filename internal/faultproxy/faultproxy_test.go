@@ -207,13 +207,24 @@ func TestResetNext(t *testing.T) {
 	if got, err := other.call("warm", 5*time.Second); err != nil || got != "ok warm" {
 		t.Fatalf("call(warm) = %q, %v", got, err)
 	}
-	p.ResetNext(nil)
+	p.ResetNext(nil, false)
 	_, err := c.call("boom", 5*time.Second)
 	if !errors.Is(err, syscall.ECONNRESET) {
 		t.Errorf("call(boom) on a reset connection = %v; want ECONNRESET", err)
 	}
-	if st := p.Stats(); st.Resets != 1 {
-		t.Errorf("Stats().Resets = %d; want 1", st.Resets)
+	// Not forwarded: the server never sees it. (Give a forwarded one time
+	// to arrive, so that this could fail.)
+	forwarded := dial(t, p)
+	p.ResetNext(func(req []byte) bool { return bytes.Contains(req, []byte("sent")) }, true)
+	if _, err := forwarded.call("sent", 5*time.Second); !errors.Is(err, syscall.ECONNRESET) {
+		t.Errorf("call(sent) on a connection reset after forwarding = %v; want ECONNRESET", err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	if st := p.Stats(); st.Resets != 2 {
+		t.Errorf("Stats().Resets = %d; want 2", st.Resets)
+	}
+	if srv.received("boom") {
+		t.Errorf("the server received %q; want a request reset before forwarding never to reach it", "boom")
 	}
 	// Only that connection was reset.
 	if got, err := other.call("still", 5*time.Second); err != nil || got != "ok still" {
@@ -221,7 +232,7 @@ func TestResetNext(t *testing.T) {
 	}
 	// The server answers at once, yet its answer never beats the reset.
 	for i := range 50 {
-		p.ResetNext(nil)
+		p.ResetNext(nil, true)
 		if got, err := dial(t, p).call("race", 5*time.Second); err == nil {
 			t.Fatalf("call %d on a connection reset mid-command = %q, nil error; want the reply lost", i, got)
 		}
