@@ -408,7 +408,6 @@ func TestFailoverDurability(t *testing.T) {
 					mine = append(mine, confirmedKey{key, time.Now()})
 					break
 				}
-				time.Sleep(2 * time.Millisecond) // leave the two cores some air
 			}
 		}()
 	}

@@ -1,6 +1,7 @@
 package idem_test
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math/rand/v2"
@@ -69,7 +70,6 @@ type leaseInfo struct {
 	token     int64
 	expires   time.Time // the lease's local, conservative expiry estimate
 	sent, got time.Time // the Claim's send and reply times
-	effect    bool
 	fate      fate
 	endSent   time.Time // when the Forget or Confirm that returned nil was sent
 	endAt     time.Time // ... and when it returned
@@ -77,7 +77,7 @@ type leaseInfo struct {
 }
 
 type keyLedger struct {
-	leases   []*leaseInfo // in claim order, which is token order
+	leases   []*leaseInfo // in the order their Claims returned
 	effects  []int64      // tokens of the leases that applied the effect
 	inflight int
 	holders  map[int64]time.Time // InProgress holders seen: token -> latest expiry estimate
@@ -119,10 +119,12 @@ func (l *ledger) claimed(key string, le *idem.Lease, sent, got time.Time) *lease
 // returned nil.
 func checkLeases(t *testing.T, key string, leases []*leaseInfo) {
 	t.Helper()
+	leases = slices.Clone(leases)
+	slices.SortFunc(leases, func(a, b *leaseInfo) int { return cmp.Compare(a.token, b.token) })
 	for j, q := range leases {
 		for _, p := range leases[:j] {
-			if p.token >= q.token {
-				t.Errorf("key %q: token %d claimed after token %d; want tokens that increase", key, q.token, p.token)
+			if p.token == q.token {
+				t.Errorf("key %q: two leases with token %d; want a new token for each lease", key, q.token)
 			}
 			// The confirmation was lost.
 			if (p.fate == confirmed || p.fate == lateOK) && p.endAt.Before(q.sent) {
@@ -146,7 +148,6 @@ func stamp(t time.Time) string { return t.Format("15:04:05.000") }
 func (l *ledger) effect(key string, info *leaseInfo) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	info.effect = true
 	k := l.keys[key]
 	k.effects = append(k.effects, info.token)
 }
@@ -221,6 +222,7 @@ func (l *ledger) check(t *testing.T, direct idem.Store) report {
 			}
 		}
 		r.effects += len(k.effects)
+		slices.Sort(k.effects) // token order: the order of the leases
 
 		rec, err := direct.Lookup(context.Background(), key)
 		if err != nil || !rec.Confirmed {
