@@ -8,7 +8,7 @@ SERVICES_DIR ?= /tmp/idem-services
 # First GOPATH entry: where `.ci/services.sh install-tools` puts staticcheck.
 STATICCHECK = $(firstword $(subst :, ,$(shell go env GOPATH)))/bin/staticcheck
 
-.PHONY: test check services-up services-down
+.PHONY: test check services-up services-down soak
 
 # Starts throwaway Redis, Redis Cluster, Sentinel, Postgres and RabbitMQ, runs go test -race
 # (root module and nested modules), stops them.
@@ -37,3 +37,8 @@ services-up:
 
 services-down:
 	bash .ci/services.sh stop $(SERVICES_DIR)
+
+# The long experiments (.ci/soak.sh: the 100k-message crash soak of internal/soak, ...)
+# against throwaway servers of their own. SOAK_STEPS="..." picks steps.
+soak:
+	bash .ci/soak.sh

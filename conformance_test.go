@@ -53,30 +53,58 @@ func TestRedisStoreConformanceMiniredis(t *testing.T) {
 		m := miniredis.RunT(t)
 		c := redis.NewClient(&redis.Options{Addr: m.Addr()})
 		t.Cleanup(func() { _ = c.Close() })
-		return redisBackend(c, "idem:", m.FastForward)
+		return redisBackend(c, idem.RedisOptions{Prefix: "idem:"}, m.FastForward)
+	})
+}
+
+// The suite again with AutoPipeline: every check must hold whether a call
+// goes alone or in a pipeline with others.
+
+func TestRedisStoreConformanceMiniredisAutoPipeline(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) storetest.Backend {
+		m := miniredis.RunT(t)
+		c := redis.NewClient(&redis.Options{Addr: m.Addr()})
+		t.Cleanup(func() { _ = c.Close() })
+		return redisBackend(c, idem.RedisOptions{Prefix: "idem:", AutoPipeline: true}, m.FastForward)
+	})
+}
+
+func TestRedisStoreConformanceAutoPipeline(t *testing.T) {
+	c := testenv.Redis(t)
+	storetest.Run(t, func(t *testing.T) storetest.Backend {
+		return redisBackend(c, idem.RedisOptions{Prefix: uniquePrefix(), AutoPipeline: true}, nil)
+	})
+}
+
+func TestRedisStoreConformanceClusterAutoPipeline(t *testing.T) {
+	c := testenv.Cluster(t)
+	storetest.Run(t, func(t *testing.T) storetest.Backend {
+		return redisBackend(c, idem.RedisOptions{Prefix: uniquePrefix(), AutoPipeline: true}, nil)
 	})
 }
 
 func TestRedisStoreConformance(t *testing.T) {
 	c := testenv.Redis(t)
 	storetest.Run(t, func(t *testing.T) storetest.Backend {
-		return redisBackend(c, uniquePrefix(), nil)
+		return redisBackend(c, idem.RedisOptions{Prefix: uniquePrefix()}, nil)
 	})
 }
 
 func TestRedisStoreConformanceCluster(t *testing.T) {
 	c := testenv.Cluster(t)
 	storetest.Run(t, func(t *testing.T) storetest.Backend {
-		return redisBackend(c, uniquePrefix(), nil)
+		return redisBackend(c, idem.RedisOptions{Prefix: uniquePrefix()}, nil)
 	})
 }
 
-// redisBackend opens RedisStores with one prefix on c. Every record the
-// suite writes expires within seconds, so nothing needs deleting.
-func redisBackend(c redis.UniversalClient, prefix string, advance func(time.Duration)) storetest.Backend {
+// redisBackend opens RedisStores with ro's prefix and Redis options on c.
+// Every record the suite writes expires within seconds, so nothing needs
+// deleting.
+func redisBackend(c redis.UniversalClient, ro idem.RedisOptions, advance func(time.Duration)) storetest.Backend {
 	return storetest.Backend{
 		Open: func(o idem.Options) (idem.Store, error) {
-			return idem.NewRedisStore(c, idem.RedisOptions{Options: o, Prefix: prefix})
+			ro.Options = o
+			return idem.NewRedisStore(c, ro)
 		},
 		Advance: advance,
 	}
@@ -93,6 +121,6 @@ func uniquePrefix() string {
 func TestRedisStoreConformanceSentinel(t *testing.T) {
 	c := testenv.Sentinel(t)
 	storetest.Run(t, func(t *testing.T) storetest.Backend {
-		return redisBackend(c, uniquePrefix(), nil)
+		return redisBackend(c, idem.RedisOptions{Prefix: uniquePrefix()}, nil)
 	})
 }

@@ -1,10 +1,7 @@
 package idem
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
-	"strconv"
 )
 
 // Keys are byte strings: any non-empty value up to MaxKeyBytes, NUL bytes and
@@ -21,21 +18,10 @@ func (o *Options) checkKey(key string) error {
 	return nil
 }
 
-// redact shortens a key for error messages: keys may carry personal data and
-// errors end up in logs, so long keys are cut and the rest summarized.
-func redact(key string) string {
-	const keep = 48
-	if len(key) <= keep {
-		return key
-	}
-	return key[:keep] + "…(" + strconv.Itoa(len(key)) + " bytes)"
-}
-
-// KeyHash returns a short, stable digest of key for logs: records can be
-// correlated across lines and processes without writing the key itself.
-func KeyHash(key string) string {
-	sum := sha256.Sum256([]byte(key))
-	return hex.EncodeToString(sum[:8])
+// keyName names a key in error messages by its keyed hash ("key#…"):
+// errors end up in logs, and keys may carry personal data.
+func (o *Options) keyName(key string) string {
+	return "key#" + o.KeyHasher.Hash(key)
 }
 
 // appendEscapedKey appends key to dst in the escaped form used inside Redis

@@ -121,7 +121,9 @@ func clone(b []byte) []byte {
 // Claim implements Store.
 func (m *MemoryStore) Claim(ctx context.Context, key string, fingerprint []byte) (c Claim, err error) {
 	start := time.Now()
-	defer func() { m.o.observe(ctx, Event{Op: OpClaim, Outcome: c.Outcome, Err: err}, start) }()
+	defer func() {
+		m.o.observe(ctx, Event{Op: OpClaim, Outcome: c.Outcome, TakeOver: c.TakeOver, Err: err}, key, start)
+	}()
 	if err := m.o.checkClaim(key, fingerprint); err != nil {
 		return Claim{}, err
 	}
@@ -137,6 +139,10 @@ func (m *MemoryStore) Claim(ctx context.Context, key string, fingerprint []byte)
 func (m *MemoryStore) claimLocked(key string, fingerprint []byte) Claim {
 	d := m.data
 	now := d.now()
+	// Looked at before live drops it: an expired unconfirmed claim here is
+	// a take-over.
+	old := d.recs[key]
+	takeOver := old != nil && !old.confirmed && !now.Before(old.expires)
 	if r := d.live(key, now); r != nil {
 		if r.confirmed {
 			return Claim{Outcome: Duplicate, Record: r.record(key)}
@@ -152,7 +158,7 @@ func (m *MemoryStore) claimLocked(key string, fingerprint []byte) Claim {
 	}
 	d.recs[key] = r
 	d.wrote(now)
-	return Claim{Outcome: Claimed, Lease: &Lease{
+	return Claim{Outcome: Claimed, TakeOver: takeOver, Lease: &Lease{
 		Key:         key,
 		Token:       r.token,
 		Owner:       r.owner,
@@ -170,7 +176,7 @@ func holds(r *memRecord, l *Lease) bool {
 // Renew implements Store.
 func (m *MemoryStore) Renew(ctx context.Context, l *Lease) (err error) {
 	start := time.Now()
-	defer func() { m.o.observe(ctx, Event{Op: OpRenew, Err: err}, start) }()
+	defer func() { m.o.observe(ctx, Event{Op: OpRenew, Err: err}, leaseKey(l), start) }()
 	if err := m.o.checkLease(l); err != nil {
 		return err
 	}
@@ -183,7 +189,7 @@ func (m *MemoryStore) Renew(ctx context.Context, l *Lease) (err error) {
 	now := d.now()
 	r := d.live(l.Key, now)
 	if !holds(r, l) {
-		return fmt.Errorf("%w: renew of key %q token %d", ErrLeaseLost, redact(l.Key), l.Token)
+		return fmt.Errorf("%w: renew of %s token %d", ErrLeaseLost, m.o.keyName(l.Key), l.Token)
 	}
 	r.expires = now.Add(m.o.LeaseTTL)
 	return nil
@@ -193,7 +199,7 @@ func (m *MemoryStore) Renew(ctx context.Context, l *Lease) (err error) {
 func (m *MemoryStore) Confirm(ctx context.Context, l *Lease, result []byte) (err error) {
 	start := time.Now()
 	late := false
-	defer func() { m.o.observe(ctx, Event{Op: OpConfirm, Late: late, Err: err}, start) }()
+	defer func() { m.o.observe(ctx, Event{Op: OpConfirm, Late: late, Err: err}, leaseKey(l), start) }()
 	if err := m.o.checkResult(l, result); err != nil {
 		return err
 	}
@@ -235,7 +241,7 @@ func (m *MemoryStore) confirmLocked(l *Lease, result []byte) (late bool) {
 // Forget implements Store.
 func (m *MemoryStore) Forget(ctx context.Context, l *Lease) (err error) {
 	start := time.Now()
-	defer func() { m.o.observe(ctx, Event{Op: OpForget, Err: err}, start) }()
+	defer func() { m.o.observe(ctx, Event{Op: OpForget, Err: err}, leaseKey(l), start) }()
 	if err := m.o.checkLease(l); err != nil {
 		return err
 	}
@@ -246,7 +252,7 @@ func (m *MemoryStore) Forget(ctx context.Context, l *Lease) (err error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if !holds(d.live(l.Key, d.now()), l) {
-		return fmt.Errorf("%w: forget of key %q token %d", ErrLeaseLost, redact(l.Key), l.Token)
+		return fmt.Errorf("%w: forget of %s token %d", ErrLeaseLost, m.o.keyName(l.Key), l.Token)
 	}
 	delete(d.recs, l.Key)
 	return nil
@@ -255,7 +261,7 @@ func (m *MemoryStore) Forget(ctx context.Context, l *Lease) (err error) {
 // Lookup implements Store.
 func (m *MemoryStore) Lookup(ctx context.Context, key string) (rec *Record, err error) {
 	start := time.Now()
-	defer func() { m.o.observe(ctx, Event{Op: OpLookup, Err: err}, start) }()
+	defer func() { m.o.observe(ctx, Event{Op: OpLookup, Err: err}, key, start) }()
 	if err := m.o.checkKey(key); err != nil {
 		return nil, err
 	}
@@ -267,7 +273,7 @@ func (m *MemoryStore) Lookup(ctx context.Context, key string) (rec *Record, err 
 	defer d.mu.Unlock()
 	r := d.live(key, d.now())
 	if r == nil {
-		return nil, fmt.Errorf("%w: key %q", ErrNotFound, redact(key))
+		return nil, fmt.Errorf("%w: %s", ErrNotFound, m.o.keyName(key))
 	}
 	return r.record(key), nil
 }
@@ -275,7 +281,7 @@ func (m *MemoryStore) Lookup(ctx context.Context, key string) (rec *Record, err 
 // ClaimBatch implements Batcher: the whole batch is claimed under one lock.
 func (m *MemoryStore) ClaimBatch(ctx context.Context, keys []string, fingerprints [][]byte) (cs []Claim, err error) {
 	start := time.Now()
-	defer func() { m.o.observe(ctx, Event{Op: OpClaimBatch, Items: len(keys), Err: err}, start) }()
+	defer func() { m.o.observe(ctx, Event{Op: OpClaimBatch, Items: len(keys), Err: err}, "", start) }()
 	if err := m.o.checkClaimBatch(keys, fingerprints); err != nil {
 		return nil, err
 	}
@@ -295,7 +301,7 @@ func (m *MemoryStore) ClaimBatch(ctx context.Context, keys []string, fingerprint
 // ConfirmBatch implements Batcher: the whole batch is confirmed under one lock.
 func (m *MemoryStore) ConfirmBatch(ctx context.Context, leases []*Lease, results [][]byte) (err error) {
 	start := time.Now()
-	defer func() { m.o.observe(ctx, Event{Op: OpConfirmBatch, Items: len(leases), Err: err}, start) }()
+	defer func() { m.o.observe(ctx, Event{Op: OpConfirmBatch, Items: len(leases), Err: err}, "", start) }()
 	if err := m.o.checkConfirmBatch(leases, results); err != nil {
 		return err
 	}

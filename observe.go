@@ -2,13 +2,23 @@ package idem
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"hash"
+	"log/slog"
+	"sync"
 	"time"
 )
 
-// Op names a store operation in an Event.
+// Op names an operation in an Event.
 type Op uint8
 
-// The operations a store reports to its Observer.
+// The operations reported to an Observer: the stores' own, and those of the
+// wrappers (package middleware, package consumer) that drive them.
 const (
 	OpClaim Op = iota + 1
 	OpRenew
@@ -20,9 +30,13 @@ const (
 	// OpRun is SQLStore.Run: Outcome Claimed when the write ran, Duplicate
 	// when a committed result was replayed.
 	OpRun
+	// OpRequest is one HTTP request through the idempotency middleware.
+	OpRequest
+	// OpMessage is one message through the consumer wrapper.
+	OpMessage
 )
 
-var opNames = [...]string{"", "claim", "renew", "confirm", "forget", "lookup", "claim_batch", "confirm_batch", "run"}
+var opNames = [...]string{"", "claim", "renew", "confirm", "forget", "lookup", "claim_batch", "confirm_batch", "run", "request", "message"}
 
 // String returns the operation's name in snake case, for metric labels.
 func (op Op) String() string {
@@ -32,12 +46,16 @@ func (op Op) String() string {
 	return "op"
 }
 
-// Event describes one store operation. It carries no key: keys may hold
-// personal data.
+// Event describes one operation. It never carries the key itself, which may
+// hold personal data: KeyHash stands in for it.
 type Event struct {
 	Op Op
-	// Outcome is Claim's outcome; zero for other operations and on error.
+	// Outcome is the Claim's outcome (for OpClaim, OpRun, and for OpRequest
+	// and OpMessage the outcome of the claim they made); zero for other
+	// operations and when the claim failed.
 	Outcome Outcome
+	// TakeOver is Claim.TakeOver: a claim replaced an expired one.
+	TakeOver bool
 	// Items is the number of keys a batch operation carried; 1 otherwise.
 	Items int
 	// Late is set on a Confirm that recorded after its lease was lost.
@@ -45,25 +63,243 @@ type Event struct {
 	// Took is the operation's duration as the caller saw it.
 	Took time.Duration
 	// Err is the operation's error; nil on success. ErrLeaseLost and
-	// ErrNotFound are reported here too.
+	// ErrNotFound are reported here too: Class tells them from failures.
 	Err error
+	// KeyHash is the keyed hash of the operation's key (see KeyHasher);
+	// empty for batch operations.
+	KeyHash string
 }
 
-// Observer receives one Event per store operation, synchronously on the
-// caller's goroutine after the operation ends: it must be quick and safe for
-// concurrent use. A nil Observer costs nothing.
+// ErrorClass sorts an Event's error for metrics and alerting.
+type ErrorClass uint8
+
+// Error classes, from the contract's answers to failures.
+const (
+	// ClassNone: no error.
+	ClassNone ErrorClass = iota
+	// ClassLeaseLost: ErrLeaseLost, the lease expired or was taken over.
+	ClassLeaseLost
+	// ClassNotFound: ErrNotFound from Lookup.
+	ClassNotFound
+	// ClassInvalid: the caller's input was refused before any I/O
+	// (ErrInvalidKey, ErrTooLarge, a bad lease).
+	ClassInvalid
+	// ClassConflict: ErrInProgress or ErrFingerprintMismatch, answers that
+	// a wrapper turns into an error.
+	ClassConflict
+	// ClassCanceled: the caller's context ended.
+	ClassCanceled
+	// ClassDamaged: ErrDamaged, a record the store cannot read.
+	ClassDamaged
+	// ClassStore: anything else, usually the store being unreachable.
+	ClassStore
+)
+
+var classNames = [...]string{"", "lease_lost", "not_found", "invalid", "conflict", "canceled", "damaged", "store"}
+
+// String returns the class's name in snake case ("" for ClassNone), for
+// metric labels.
+func (c ErrorClass) String() string {
+	if int(c) < len(classNames) {
+		return classNames[c]
+	}
+	return "class"
+}
+
+// Class sorts e.Err.
+func (e *Event) Class() ErrorClass {
+	err := e.Err
+	switch {
+	case err == nil:
+		return ClassNone
+	case errors.Is(err, ErrLeaseLost):
+		return ClassLeaseLost
+	case errors.Is(err, ErrNotFound):
+		return ClassNotFound
+	case errors.Is(err, ErrInvalidKey), errors.Is(err, ErrTooLarge), errors.Is(err, errNilLease):
+		return ClassInvalid
+	case errors.Is(err, ErrInProgress), errors.Is(err, ErrFingerprintMismatch):
+		return ClassConflict
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return ClassCanceled
+	case errors.Is(err, ErrDamaged):
+		return ClassDamaged
+	}
+	return ClassStore
+}
+
+// Observer receives one Event per operation, synchronously on the caller's
+// goroutine after the operation ends: it must be quick and safe for
+// concurrent use. A nil Observer costs nothing: no event is built and no key
+// is hashed.
 type Observer interface {
 	Observe(ctx context.Context, e Event)
 }
 
-// observe reports e to o when there is an observer.
-func (o *Options) observe(ctx context.Context, e Event, start time.Time) {
-	if o.Observer == nil {
+// Observers returns an Observer that passes each event to every non-nil one
+// of obs in turn, or nil when there is none.
+func Observers(obs ...Observer) Observer {
+	var all multiObserver
+	for _, o := range obs {
+		if o != nil {
+			all = append(all, o)
+		}
+	}
+	switch len(all) {
+	case 0:
+		return nil
+	case 1:
+		return all[0]
+	}
+	return all
+}
+
+type multiObserver []Observer
+
+func (m multiObserver) Observe(ctx context.Context, e Event) {
+	for _, o := range m {
+		o.Observe(ctx, e)
+	}
+}
+
+// observe reports e, about key (empty for a batch), to the Observer and,
+// when it needs a human, to the Logger.
+func (o *Options) observe(ctx context.Context, e Event, key string, start time.Time) {
+	if o.Observer == nil && o.Logger == nil {
 		return
 	}
 	e.Took = time.Since(start)
 	if e.Items == 0 {
 		e.Items = 1
 	}
-	o.Observer.Observe(ctx, e)
+	if key != "" {
+		e.KeyHash = o.KeyHasher.Hash(key)
+	}
+	if o.Logger != nil {
+		o.logEvent(ctx, &e)
+	}
+	if o.Observer != nil {
+		o.Observer.Observe(ctx, e)
+	}
+}
+
+// logEvent logs the events an operator must see: a lease found lost on
+// Renew (the work goes on unprotected, or stops), and a store failing. A
+// late confirm is logged where it is found, per item (logLate).
+func (o *Options) logEvent(ctx context.Context, e *Event) {
+	switch e.Class() {
+	case ClassLeaseLost:
+		if e.Op == OpRenew {
+			o.Logger.LogAttrs(ctx, slog.LevelWarn, "idem: lease lost: another worker may take the key over",
+				slog.String("key_hash", e.KeyHash))
+		}
+	case ClassStore, ClassDamaged:
+		if n, ok := o.failures.admit(time.Now()); ok {
+			o.Logger.LogAttrs(ctx, slog.LevelError, "idem: store operation failed",
+				slog.String("op", e.Op.String()), slog.String("key_hash", e.KeyHash),
+				slog.Int64("failures_not_logged", n), slog.Any("err", e.Err))
+		}
+	}
+}
+
+// logLimit lets one store-failure line a second through, so that an outage
+// at thousands of operations a second is one line a second, each saying how
+// many failures it stands for.
+type logLimit struct {
+	mu      sync.Mutex
+	next    time.Time
+	dropped int64
+}
+
+// admit reports whether to log a failure at now and how many were dropped
+// since the last one logged.
+func (l *logLimit) admit(now time.Time) (int64, bool) {
+	if l == nil {
+		return 0, true
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if now.Before(l.next) {
+		l.dropped++
+		return 0, false
+	}
+	n := l.dropped
+	l.dropped, l.next = 0, now.Add(time.Second)
+	return n, true
+}
+
+// MinKeyHashSecret is the shortest secret NewKeyHasher accepts.
+const MinKeyHashSecret = 16
+
+// KeyHasher computes the keyed hash idem writes in place of a key in logs,
+// events, metrics and traces: 16 hex digits of HMAC-SHA256(secret, key).
+// Keys are often guessable (order numbers, message ids), so a plain hash
+// would reveal them to anyone who tries candidates; with a secret it does
+// not. Processes that share the secret produce the same hash for a key, so
+// their logs correlate. A nil *KeyHasher hashes with the process's default
+// secret. Safe for concurrent use.
+type KeyHasher struct {
+	pool sync.Pool // of *keyHashState
+}
+
+type keyHashState struct {
+	mac      hash.Hash
+	buf, sum []byte
+}
+
+// NewKeyHasher returns a KeyHasher keyed by secret, which must be at least
+// MinKeyHashSecret bytes. The secret is copied.
+func NewKeyHasher(secret []byte) (*KeyHasher, error) {
+	if len(secret) < MinKeyHashSecret {
+		return nil, fmt.Errorf("idem: key hash secret of %d bytes; need at least %d", len(secret), MinKeyHashSecret)
+	}
+	s := append([]byte(nil), secret...)
+	h := &KeyHasher{}
+	h.pool.New = func() any { return &keyHashState{mac: hmac.New(sha256.New, s)} }
+	return h, nil
+}
+
+// defaultKeyHasher has a random secret: hashes are stable within this
+// process and meaningless outside it.
+var defaultKeyHasher = func() *KeyHasher {
+	var secret [32]byte
+	if _, err := rand.Read(secret[:]); err != nil {
+		panic("idem: no randomness for the key hash secret: " + err.Error())
+	}
+	h, _ := NewKeyHasher(secret[:])
+	return h
+}()
+
+// Hash returns the keyed hash of key.
+func (h *KeyHasher) Hash(key string) string {
+	if h == nil {
+		h = defaultKeyHasher
+	}
+	st := h.pool.Get().(*keyHashState)
+	st.mac.Reset()
+	// Through a reused buffer: hash.Hash takes bytes, and converting the
+	// string would allocate on every call.
+	st.buf = append(st.buf[:0], key...)
+	st.mac.Write(st.buf)
+	st.sum = st.mac.Sum(st.sum[:0])
+	var out [16]byte
+	hex.Encode(out[:], st.sum[:8])
+	if cap(st.buf) <= 4096 {
+		h.pool.Put(st)
+	}
+	return string(out[:])
+}
+
+// KeyHash returns the hash of key with the process's default KeyHasher: it
+// correlates log lines of this process only. To correlate across processes,
+// give them all a KeyHasher with one secret (Options.KeyHasher, and the
+// wrappers' options).
+func KeyHash(key string) string { return defaultKeyHasher.Hash(key) }
+
+// leaseKey is l's key, or "" for a nil lease (which the operation rejects).
+func leaseKey(l *Lease) string {
+	if l == nil {
+		return ""
+	}
+	return l.Key
 }

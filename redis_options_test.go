@@ -128,6 +128,10 @@ func TestRedisOptionsRefused(t *testing.T) {
 		{"negative MaxKeyBytes", c, RedisOptions{Options: Options{MaxKeyBytes: -1}}},
 		{"negative MaxResultBytes", c, RedisOptions{Options: Options{MaxResultBytes: -1}}},
 		{"Worker with NUL", c, RedisOptions{Options: Options{Worker: "a\x00b"}}},
+		{"negative WaitReplicas", c, RedisOptions{WaitReplicas: -1}},
+		{"negative WaitTimeout", c, RedisOptions{WaitReplicas: 1, WaitTimeout: -time.Second}},
+		{"sub-millisecond WaitTimeout", c, RedisOptions{WaitReplicas: 1, WaitTimeout: time.Microsecond}},
+		{"WaitTimeout not below ReadTimeout", c, RedisOptions{WaitReplicas: 1, WaitTimeout: c.Options().ReadTimeout}},
 	} {
 		s, err := func() (s *RedisStore, err error) {
 			defer func() {

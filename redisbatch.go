@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -19,6 +20,7 @@ type scriptCall struct {
 	script *redis.Script
 	keys   []string
 	args   []any
+	wait   bool // a confirm: with WaitReplicas, followed by WAIT
 }
 
 // shared reports whether every key can go into one script call: true on a
@@ -34,7 +36,7 @@ func (s *RedisStore) shared() bool {
 // script call per key, pipelined).
 func (s *RedisStore) ClaimBatch(ctx context.Context, keys []string, fingerprints [][]byte) (cs []Claim, err error) {
 	start := time.Now()
-	defer func() { s.o.observe(ctx, Event{Op: OpClaimBatch, Items: len(keys), Err: err}, start) }()
+	defer func() { s.o.observe(ctx, Event{Op: OpClaimBatch, Items: len(keys), Err: err}, "", start) }()
 	if err := s.o.checkClaimBatch(keys, fingerprints); err != nil {
 		return nil, err
 	}
@@ -72,7 +74,8 @@ func (s *RedisStore) ClaimBatch(ctx context.Context, keys []string, fingerprints
 	}
 	cs = make([]Claim, len(keys))
 	var errs []error
-	each(calls, s.pipeline(ctx, calls), func(i int, v any, err error) {
+	cmds, _ := s.pipeline(ctx, calls)
+	each(calls, cmds, nil, func(i int, v any, err, _ error) {
 		if err == nil {
 			cs[i], err = s.parseClaim(keys[i], fp(i), start, v)
 		} else {
@@ -92,7 +95,7 @@ func (s *RedisStore) ConfirmBatch(ctx context.Context, leases []*Lease, results 
 	start := time.Now()
 	late := false
 	defer func() {
-		s.o.observe(ctx, Event{Op: OpConfirmBatch, Items: len(leases), Late: late, Err: err}, start)
+		s.o.observe(ctx, Event{Op: OpConfirmBatch, Items: len(leases), Late: late, Err: err}, "", start)
 	}()
 	if err := s.o.checkConfirmBatch(leases, results); err != nil {
 		return err
@@ -104,7 +107,7 @@ func (s *RedisStore) ConfirmBatch(ctx context.Context, leases []*Lease, results 
 	if s.shared() {
 		for lo := 0; lo < len(leases); lo += batchChunk {
 			hi := min(lo+batchChunk, len(leases))
-			c := scriptCall{script: confirmBatchScript, keys: make([]string, 0, hi-lo), args: make([]any, 1, 1+2*(hi-lo))}
+			c := scriptCall{script: confirmBatchScript, keys: make([]string, 0, hi-lo), args: make([]any, 1, 1+2*(hi-lo)), wait: true}
 			c.args[0] = s.retentionMs
 			for i := lo; i < hi; i++ {
 				c.keys = append(c.keys, s.redisKey(leases[i].Key))
@@ -116,11 +119,12 @@ func (s *RedisStore) ConfirmBatch(ctx context.Context, leases []*Lease, results 
 	} else {
 		for i, l := range leases {
 			calls = append(calls, scriptCall{script: confirmScript, keys: []string{s.redisKey(l.Key)},
-				args: s.confirmArgs(l, at(results, i))})
+				args: s.confirmArgs(l, at(results, i)), wait: true})
 		}
 	}
 	var errs []error
-	each(calls, s.pipeline(ctx, calls), func(i int, v any, err error) {
+	cmds, waitErrs := s.pipeline(ctx, calls)
+	each(calls, cmds, waitErrs, func(i int, v any, err, waitErr error) {
 		if err == nil {
 			n, ok := v.(int64)
 			if !ok {
@@ -129,6 +133,9 @@ func (s *RedisStore) ConfirmBatch(ctx context.Context, leases []*Lease, results 
 				var l bool
 				l, err = s.confirmed(ctx, leases[i], n)
 				late = late || l
+			}
+			if err == nil && waitErr != nil {
+				err = fmt.Errorf("idem: confirm of %s: %w", s.o.keyName(leases[i].Key), waitErr)
 			}
 		} else {
 			err = s.fail(ctx, "confirm", leases[i].Key, err)
@@ -141,15 +148,20 @@ func (s *RedisStore) ConfirmBatch(ctx context.Context, leases []*Lease, results 
 	return nil
 }
 
-// each hands every item's reply to f, in item order. A batch script's reply
-// is an array with one element per key; a single-key script's reply is the
+// each hands every item's reply to f, in item order, with the verdict of
+// its call's WAIT (waitErrs may be nil: no WAIT). A batch script's reply is
+// an array with one element per key; a single-key script's reply is the
 // item's own.
-func each(calls []scriptCall, cmds []*redis.Cmd, f func(i int, v any, err error)) {
+func each(calls []scriptCall, cmds []*redis.Cmd, waitErrs []error, f func(i int, v any, err, waitErr error)) {
 	i := 0
 	for j, c := range calls {
 		v, err := cmds[j].Result()
+		var waitErr error
+		if waitErrs != nil {
+			waitErr = waitErrs[j]
+		}
 		if c.script != claimBatchScript && c.script != confirmBatchScript {
-			f(i, v, err)
+			f(i, v, err, waitErr)
 			i++
 			continue
 		}
@@ -159,46 +171,188 @@ func each(calls []scriptCall, cmds []*redis.Cmd, f func(i int, v any, err error)
 		}
 		for k := range c.keys {
 			if err != nil {
-				f(i, nil, err)
+				f(i, nil, err, waitErr)
 			} else {
-				f(i, a[k], nil)
+				f(i, a[k], nil, waitErr)
 			}
 			i++
 		}
 	}
 }
 
-// pipeline sends the calls in one pipeline and returns their commands, each
-// with its own result or error.
+// pipeline sends the calls in one round trip (one per master on a cluster)
+// and returns their commands, each with its own result or error. With
+// WaitReplicas, a call marked wait is followed by WAIT in the same pipeline
+// (see pipelineWait); waitErrs then holds, per call, why its writes are not
+// known to be on enough replicas (nil: they are, or no wait was asked).
+func (s *RedisStore) pipeline(ctx context.Context, calls []scriptCall) (cmds []*redis.Cmd, waitErrs []error) {
+	if s.waitReplicas == 0 || !anyWait(calls) {
+		cmds, _ = s.pipelineOn(ctx, s.c, calls, false)
+		return cmds, nil
+	}
+	if cc, ok := s.c.(*redis.ClusterClient); ok {
+		return s.pipelineByMaster(ctx, cc, calls)
+	}
+	return s.pipelineOn(ctx, s.c, calls, true)
+}
+
+func anyWait(calls []scriptCall) bool {
+	for _, c := range calls {
+		if c.wait {
+			return true
+		}
+	}
+	return false
+}
+
+// pipeliner is what a pipeline is sent on: a client, a cluster, or one
+// master of a cluster.
+type pipeliner interface {
+	Pipelined(ctx context.Context, fn func(redis.Pipeliner) error) ([]redis.Cmder, error)
+}
+
+// pipelineOn sends the calls in one pipeline on p, followed by WAIT when
+// wait is set, and returns their commands and, per call marked wait, the
+// WAIT's verdict.
 //
 // A pipelined EVALSHA cannot fall back to EVAL by itself when Redis has lost
 // its script cache (SCRIPT FLUSH, a restart, a failover to a replica that
 // never saw the script). A NOSCRIPT reply means the command did not run, so
 // the commands that got one are sent again as EVAL, which also loads the
 // script: after a flush a batch costs one extra round trip, never an error.
-func (s *RedisStore) pipeline(ctx context.Context, calls []scriptCall) []*redis.Cmd {
+// The resent commands get a WAIT of their own.
+func (s *RedisStore) pipelineOn(ctx context.Context, p pipeliner, calls []scriptCall, wait bool) ([]*redis.Cmd, []error) {
 	cmds := make([]*redis.Cmd, len(calls))
-	// Errors are per command; Exec's own error is the first of them.
-	_, _ = s.c.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, c := range calls {
-			cmds[i] = c.script.EvalSha(ctx, p, c.keys, c.args...)
+	var waitErrs []error
+	if wait {
+		waitErrs = make([]error, len(calls))
+	}
+	send := func(idx []int, eval bool) {
+		var w *redis.IntCmd
+		// Errors are per command; Exec's own error is the first of them.
+		_, _ = p.Pipelined(ctx, func(pp redis.Pipeliner) error {
+			waits := false
+			for _, i := range idx {
+				c := calls[i]
+				if eval {
+					cmds[i] = c.script.Eval(ctx, pp, c.keys, c.args...)
+				} else {
+					cmds[i] = c.script.EvalSha(ctx, pp, c.keys, c.args...)
+				}
+				waits = waits || c.wait
+			}
+			if wait && waits {
+				// Pipeliner has no Wait method; WAIT takes milliseconds.
+				w = redis.NewIntCmd(ctx, "wait", s.waitReplicas, ms(s.waitTimeout))
+				_ = pp.Process(ctx, w)
+			}
+			return nil
+		})
+		if w == nil {
+			return
 		}
-		return nil
-	})
+		err := s.replicated(w)
+		for _, i := range idx {
+			if calls[i].wait {
+				waitErrs[i] = err
+			}
+		}
+	}
+	all := make([]int, len(calls))
+	for i := range all {
+		all[i] = i
+	}
+	send(all, false)
 	var retry []int
 	for i, cmd := range cmds {
 		if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 			retry = append(retry, i)
 		}
 	}
-	if len(retry) == 0 {
-		return cmds
+	if len(retry) > 0 {
+		send(retry, true)
 	}
-	_, _ = s.c.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for _, i := range retry {
-			cmds[i] = calls[i].script.Eval(ctx, p, calls[i].keys, calls[i].args...)
+	return cmds, waitErrs
+}
+
+// replicated is the verdict of a WAIT: nil when enough replicas
+// acknowledged, else an error wrapping ErrNotReplicated, or the command's
+// own error.
+func (s *RedisStore) replicated(w *redis.IntCmd) error {
+	n, err := w.Result()
+	if err != nil {
+		return fmt.Errorf("%w: WAIT failed: %w", ErrNotReplicated, err)
+	}
+	if n < int64(s.waitReplicas) {
+		return fmt.Errorf("%w: %d of %d replicas acknowledged within %v", ErrNotReplicated, n, s.waitReplicas, s.waitTimeout)
+	}
+	return nil
+}
+
+// pipelineByMaster is pipeline on a cluster with WAIT: go-redis does not let
+// WAIT into a cluster pipeline (it has no key, and WAIT counts only the
+// writes of its own connection), so the calls are grouped by the master
+// that owns their slot and each group goes, with its WAIT, down one
+// pipeline on that master: still one round trip per master, in parallel.
+// A call answered MOVED or ASK (the slot moved meanwhile) is sent again
+// after the cluster's slot map is reloaded; after two such attempts it goes
+// through the cluster client, which follows redirects, and is reported not
+// replicated, since its WAIT could not follow it.
+func (s *RedisStore) pipelineByMaster(ctx context.Context, cc *redis.ClusterClient, calls []scriptCall) ([]*redis.Cmd, []error) {
+	cmds := make([]*redis.Cmd, len(calls))
+	waitErrs := make([]error, len(calls))
+	pending := make([]int, len(calls))
+	for i := range pending {
+		pending[i] = i
+	}
+	for attempt := 0; len(pending) > 0; attempt++ {
+		if attempt == 2 {
+			sub := make([]scriptCall, len(pending))
+			for j, i := range pending {
+				sub[j] = calls[i]
+			}
+			got, _ := s.pipelineOn(ctx, cc, sub, false)
+			for j, i := range pending {
+				cmds[i] = got[j]
+				if calls[i].wait {
+					waitErrs[i] = fmt.Errorf("%w: the slot moved during the confirm; its replication was not checked", ErrNotReplicated)
+				}
+			}
+			break
 		}
-		return nil
-	})
-	return cmds
+		if attempt > 0 {
+			cc.ReloadState(ctx)
+		}
+		groups := map[*redis.Client][]int{}
+		for _, i := range pending {
+			m, err := cc.MasterForKey(ctx, calls[i].keys[0])
+			if err != nil {
+				cmds[i] = redis.NewCmd(ctx)
+				cmds[i].SetErr(err)
+				continue
+			}
+			groups[m] = append(groups[m], i)
+		}
+		var wg sync.WaitGroup
+		for m, idx := range groups {
+			wg.Go(func() {
+				sub := make([]scriptCall, len(idx))
+				for j, i := range idx {
+					sub[j] = calls[i]
+				}
+				got, werrs := s.pipelineOn(ctx, m, sub, true)
+				for j, i := range idx {
+					cmds[i], waitErrs[i] = got[j], werrs[j]
+				}
+			})
+		}
+		wg.Wait()
+		pending = pending[:0]
+		for i, cmd := range cmds {
+			if err := cmd.Err(); err != nil && (redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK")) {
+				pending = append(pending, i)
+			}
+		}
+	}
+	return cmds, waitErrs
 }

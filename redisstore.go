@@ -70,7 +70,50 @@ type RedisOptions struct {
 	// done twice, so by default NewRedisStore refuses any policy but
 	// noeviction. Default false.
 	AllowEviction bool
+	// AutoPipeline sends the Claim, Confirm, Renew, Forget and Lookup calls
+	// of concurrent goroutines to Redis together: while a pipeline is in
+	// flight, the calls that arrive queue up and go in the next one (one
+	// pipeline per connection, at most two in flight; on a cluster one per
+	// master, as go-redis routes it). On a single Redis, concurrent Claims
+	// and Confirms are also merged into one script call each. A call on an
+	// idle store is sent at once: there is no timer, so a lone caller pays
+	// no added latency.
+	//
+	// Every call keeps its own reply and error: one failing key does not
+	// fail the others in its pipeline. A call whose context ends first
+	// returns ctx.Err() at once, but if it was already sent it may still
+	// run with its reply lost, as after a broken connection: a Claim may
+	// then hold the key until its lease expires (LeaseTTL), and a Confirm
+	// may have recorded. The pipeline itself runs under the client's read
+	// and write timeouts, not any one caller's context. Default false.
+	AutoPipeline bool
+	// WaitReplicas makes Confirm and ConfirmBatch also wait until this many
+	// replicas have acknowledged the confirmation: WAIT follows the confirm
+	// script down the same connection, in the same pipeline, so a Confirm
+	// is still one round trip (with AutoPipeline, one WAIT serves every
+	// confirm of a pipeline; on a cluster the confirm and its WAIT go to
+	// the master owning the key). When fewer replicas acknowledge within
+	// WaitTimeout, Confirm returns an error wrapping ErrNotReplicated. It
+	// must not be negative. Default 0: no wait.
+	WaitReplicas int
+	// WaitTimeout bounds the wait for replicas. It must be shorter than the
+	// client's ReadTimeout, which bounds reading the WAIT's reply. Default
+	// 1s when WaitReplicas is set.
+	WaitTimeout time.Duration
 }
+
+// DefaultWaitTimeout is RedisOptions.WaitTimeout's default.
+const DefaultWaitTimeout = time.Second
+
+// ErrNotReplicated is wrapped by the error of a Confirm (or of a
+// ConfirmBatch item) made with RedisOptions.WaitReplicas when fewer replicas
+// than asked acknowledged the confirmation in time. The confirmation IS
+// recorded on the master, and duplicates are answered with it; but should
+// the master fail before a replica has it, the failover loses it and the
+// work may be done again. The caller decides: accept the risk, or Confirm
+// again (a repeated Confirm of the same lease changes nothing and waits
+// again).
+var ErrNotReplicated = errors.New("idem: not replicated")
 
 // RedisStore is a Store and Batcher on Redis: one Redis string per key, one
 // Lua script per operation, Redis TTLs for lease expiry and retention.
@@ -94,6 +137,11 @@ type RedisStore struct {
 	leaseMs, retentionMs any
 	attemptPrefix        string
 	attempts             atomic.Uint64
+
+	auto *autoPipe // nil unless RedisOptions.AutoPipeline
+
+	waitReplicas int // RedisOptions.WaitReplicas
+	waitTimeout  time.Duration
 }
 
 // NewRedisStore returns a store on c. It checks Redis's maxmemory-policy (on
@@ -115,6 +163,22 @@ func NewRedisStore(c redis.UniversalClient, o RedisOptions) (*RedisStore, error)
 	if strings.ContainsAny(o.Prefix, "{}") {
 		return nil, fmt.Errorf("idem: Redis key prefix %q must not contain '{' or '}'", o.Prefix)
 	}
+	if o.WaitReplicas < 0 || o.WaitTimeout < 0 {
+		return nil, fmt.Errorf("idem: negative WaitReplicas %d or WaitTimeout %v", o.WaitReplicas, o.WaitTimeout)
+	}
+	if o.WaitReplicas > 0 {
+		if o.WaitTimeout == 0 {
+			o.WaitTimeout = DefaultWaitTimeout
+		}
+		if o.WaitTimeout < time.Millisecond {
+			// WAIT counts milliseconds, and WAIT 0 would wait forever.
+			return nil, fmt.Errorf("idem: WaitTimeout %v must be at least 1ms", o.WaitTimeout)
+		}
+		if rt := readTimeout(c); rt > 0 && o.WaitTimeout >= rt {
+			return nil, fmt.Errorf("idem: WaitTimeout %v must be shorter than the client's ReadTimeout %v, "+
+				"or reading WAIT's reply would time out first", o.WaitTimeout, rt)
+		}
+	}
 	var seed [8]byte
 	_, _ = rand.Read(seed[:]) // crypto/rand.Read never fails (Go 1.24+)
 	s := &RedisStore{
@@ -124,6 +188,12 @@ func NewRedisStore(c redis.UniversalClient, o RedisOptions) (*RedisStore, error)
 		leaseMs:       strconv.FormatInt(ms(opts.LeaseTTL), 10),
 		retentionMs:   strconv.FormatInt(ms(opts.Retention), 10),
 		attemptPrefix: hex.EncodeToString(seed[:]) + ".",
+	}
+	if o.AutoPipeline {
+		s.auto = &autoPipe{s: s}
+	}
+	if o.WaitReplicas > 0 {
+		s.waitReplicas, s.waitTimeout = o.WaitReplicas, o.WaitTimeout
 	}
 	if !o.AllowEviction {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -147,6 +217,17 @@ func isNilClient(c redis.UniversalClient) bool {
 		return c == nil
 	}
 	return false
+}
+
+// readTimeout is c's ReadTimeout, or 0 where it is unknown or unbounded.
+func readTimeout(c redis.UniversalClient) time.Duration {
+	switch c := c.(type) {
+	case *redis.Client:
+		return c.Options().ReadTimeout
+	case *redis.ClusterClient:
+		return c.Options().ReadTimeout
+	}
+	return 0
 }
 
 // checkEviction refuses a Redis that may evict keys.
@@ -194,18 +275,36 @@ func (s *RedisStore) appendAttempt(b []byte) []byte {
 	return strconv.AppendUint(b, s.attempts.Add(1), 36)
 }
 
+// run runs script on key's record and returns its reply: at once, or with
+// AutoPipeline in the next pipeline. A confirm with WaitReplicas is followed
+// by WAIT in the same pipeline; waitErr is its verdict.
+func (s *RedisStore) run(ctx context.Context, script *redis.Script, key string, args ...any) (v any, waitErr, err error) {
+	sc := scriptCall{script: script, keys: []string{s.redisKey(key)}, args: args, wait: script == confirmScript}
+	if s.auto != nil {
+		return s.auto.do(ctx, sc)
+	}
+	if sc.wait && s.waitReplicas > 0 {
+		cmds, waitErrs := s.pipeline(ctx, []scriptCall{sc})
+		v, err := cmds[0].Result()
+		return v, waitErrs[0], err
+	}
+	v, err = script.Run(ctx, s.c, sc.keys, args...).Result()
+	return v, nil, err
+}
+
 // Claim implements Store in one round trip. Should go-redis retry the
 // command after a lost reply, the retry carries the same attempt id and gets
 // the same lease back.
 func (s *RedisStore) Claim(ctx context.Context, key string, fingerprint []byte) (c Claim, err error) {
 	start := time.Now()
-	defer func() { s.o.observe(ctx, Event{Op: OpClaim, Outcome: c.Outcome, Err: err}, start) }()
+	defer func() {
+		s.o.observe(ctx, Event{Op: OpClaim, Outcome: c.Outcome, TakeOver: c.TakeOver, Err: err}, key, start)
+	}()
 	if err := s.o.checkClaim(key, fingerprint); err != nil {
 		return Claim{}, err
 	}
 	var buf [40]byte
-	v, err := claimScript.Run(ctx, s.c, []string{s.redisKey(key)},
-		s.leaseMs, claimTail(s.o.Worker, s.appendAttempt(buf[:0]), fingerprint)).Result()
+	v, _, err := s.run(ctx, claimScript, key, s.leaseMs, claimTail(s.o.Worker, s.appendAttempt(buf[:0]), fingerprint))
 	if err != nil {
 		return Claim{}, s.fail(ctx, "claim", key, err)
 	}
@@ -227,7 +326,7 @@ func (s *RedisStore) parseClaim(key string, fingerprint []byte, start time.Time,
 		return Claim{}, s.badReply("claim", key, v)
 	}
 	if len(a) == 1 && a[0] == "X" {
-		return Claim{}, fmt.Errorf("%w: claim of key %q", ErrDamaged, redact(key))
+		return Claim{}, fmt.Errorf("%w: claim of %s", ErrDamaged, s.o.keyName(key))
 	}
 	if len(a) < 2 {
 		return Claim{}, s.badReply("claim", key, v)
@@ -315,7 +414,7 @@ func token(v any) (int64, bool) {
 }
 
 func (s *RedisStore) badReply(op, key string, v any) error {
-	return fmt.Errorf("idem: %s of key %q: unexpected reply from Redis (%T)", op, redact(key), v)
+	return fmt.Errorf("idem: %s of %s: unexpected reply from Redis (%T)", op, s.o.keyName(key), v)
 }
 
 // fail wraps a Redis error with the operation and key, mapping a script's
@@ -324,26 +423,30 @@ func (s *RedisStore) fail(ctx context.Context, op, key string, err error) error 
 	if strings.Contains(err.Error(), "idem: damaged record") {
 		if s.o.Logger != nil {
 			s.o.Logger.LogAttrs(ctx, slog.LevelError, "idem: damaged record in Redis; left as it is",
-				slog.String("key_hash", KeyHash(key)))
+				slog.String("key_hash", s.o.KeyHasher.Hash(key)))
 		}
-		return fmt.Errorf("%w: %s of key %q", ErrDamaged, op, redact(key))
+		return fmt.Errorf("%w: %s of %s", ErrDamaged, op, s.o.keyName(key))
 	}
-	return fmt.Errorf("idem: %s of key %q: %w", op, redact(key), err)
+	return fmt.Errorf("idem: %s of %s: %w", op, s.o.keyName(key), err)
 }
 
 // Renew implements Store in one round trip.
 func (s *RedisStore) Renew(ctx context.Context, l *Lease) (err error) {
 	start := time.Now()
-	defer func() { s.o.observe(ctx, Event{Op: OpRenew, Err: err}, start) }()
+	defer func() { s.o.observe(ctx, Event{Op: OpRenew, Err: err}, leaseKey(l), start) }()
 	if err := s.o.checkLease(l); err != nil {
 		return err
 	}
-	n, err := renewScript.Run(ctx, s.c, []string{s.redisKey(l.Key)}, heldPrefix(l), s.leaseMs).Int64()
+	v, _, err := s.run(ctx, renewScript, l.Key, heldPrefix(l), s.leaseMs)
 	if err != nil {
 		return s.fail(ctx, "renew", l.Key, err)
 	}
+	n, ok := v.(int64)
+	if !ok {
+		return s.badReply("renew", l.Key, v)
+	}
 	if n != 1 {
-		return fmt.Errorf("%w: renew of key %q token %d", ErrLeaseLost, redact(l.Key), l.Token)
+		return fmt.Errorf("%w: renew of %s token %d", ErrLeaseLost, s.o.keyName(l.Key), l.Token)
 	}
 	return nil
 }
@@ -352,16 +455,25 @@ func (s *RedisStore) Renew(ctx context.Context, l *Lease) (err error) {
 func (s *RedisStore) Confirm(ctx context.Context, l *Lease, result []byte) (err error) {
 	start := time.Now()
 	late := false
-	defer func() { s.o.observe(ctx, Event{Op: OpConfirm, Late: late, Err: err}, start) }()
+	defer func() { s.o.observe(ctx, Event{Op: OpConfirm, Late: late, Err: err}, leaseKey(l), start) }()
 	if err := s.o.checkResult(l, result); err != nil {
 		return err
 	}
-	n, err := confirmScript.Run(ctx, s.c, []string{s.redisKey(l.Key)}, s.confirmArgs(l, result)...).Int64()
+	v, waitErr, err := s.run(ctx, confirmScript, l.Key, s.confirmArgs(l, result)...)
 	if err != nil {
 		return s.fail(ctx, "confirm", l.Key, err)
 	}
-	late, err = s.confirmed(ctx, l, n)
-	return err
+	n, ok := v.(int64)
+	if !ok {
+		return s.badReply("confirm", l.Key, v)
+	}
+	if late, err = s.confirmed(ctx, l, n); err != nil {
+		return err
+	}
+	if waitErr != nil {
+		return fmt.Errorf("idem: confirm of %s: %w", s.o.keyName(l.Key), waitErr)
+	}
+	return nil
 }
 
 // confirmArgs are confirm.lua's ARGV for l.
@@ -378,7 +490,7 @@ func (s *RedisStore) confirmed(ctx context.Context, l *Lease, n int64) (late boo
 		s.o.logLate(ctx, l)
 		return true, nil
 	case 0: // from confirm_batch.lua
-		return false, fmt.Errorf("%w: confirm of key %q", ErrDamaged, redact(l.Key))
+		return false, fmt.Errorf("%w: confirm of %s", ErrDamaged, s.o.keyName(l.Key))
 	}
 	return false, s.badReply("confirm", l.Key, n)
 }
@@ -386,16 +498,20 @@ func (s *RedisStore) confirmed(ctx context.Context, l *Lease, n int64) (late boo
 // Forget implements Store in one round trip.
 func (s *RedisStore) Forget(ctx context.Context, l *Lease) (err error) {
 	start := time.Now()
-	defer func() { s.o.observe(ctx, Event{Op: OpForget, Err: err}, start) }()
+	defer func() { s.o.observe(ctx, Event{Op: OpForget, Err: err}, leaseKey(l), start) }()
 	if err := s.o.checkLease(l); err != nil {
 		return err
 	}
-	n, err := forgetScript.Run(ctx, s.c, []string{s.redisKey(l.Key)}, heldPrefix(l), strconv.FormatInt(l.Token, 10)).Int64()
+	v, _, err := s.run(ctx, forgetScript, l.Key, heldPrefix(l), strconv.FormatInt(l.Token, 10))
 	if err != nil {
 		return s.fail(ctx, "forget", l.Key, err)
 	}
+	n, ok := v.(int64)
+	if !ok {
+		return s.badReply("forget", l.Key, v)
+	}
 	if n != 1 {
-		return fmt.Errorf("%w: forget of key %q token %d", ErrLeaseLost, redact(l.Key), l.Token)
+		return fmt.Errorf("%w: forget of %s token %d", ErrLeaseLost, s.o.keyName(l.Key), l.Token)
 	}
 	return nil
 }
@@ -403,13 +519,13 @@ func (s *RedisStore) Forget(ctx context.Context, l *Lease) (err error) {
 // Lookup implements Store in one round trip.
 func (s *RedisStore) Lookup(ctx context.Context, key string) (rec *Record, err error) {
 	start := time.Now()
-	defer func() { s.o.observe(ctx, Event{Op: OpLookup, Err: err}, start) }()
+	defer func() { s.o.observe(ctx, Event{Op: OpLookup, Err: err}, key, start) }()
 	if err := s.o.checkKey(key); err != nil {
 		return nil, err
 	}
-	v, err := lookupScript.Run(ctx, s.c, []string{s.redisKey(key)}).Result()
+	v, _, err := s.run(ctx, lookupScript, key)
 	if errors.Is(err, redis.Nil) {
-		return nil, fmt.Errorf("%w: key %q", ErrNotFound, redact(key))
+		return nil, fmt.Errorf("%w: %s", ErrNotFound, s.o.keyName(key))
 	}
 	if err != nil {
 		return nil, s.fail(ctx, "lookup", key, err)

@@ -21,19 +21,29 @@ import (
 // Client and server share the machine, so absolute figures are noisy;
 // compare ratios within one run. Go's -count repeats each benchmark in
 // sequence, so rounds of different benchmarks never interleave; for that,
-// BenchmarkRedisCompare runs -idem.rounds rounds of all three:
+// BenchmarkRedisCompare runs -idem.rounds rounds of all of them:
 //
-//	go test -run '^$' -bench RedisCompare -idem.rounds 7 .
+//	go test -run '^$' -bench RedisCompare -benchtime 500ms -idem.rounds 7 .
 
 var benchRounds = flag.Int("idem.rounds", 1,
-	"rounds of BenchmarkRedisCompare, each running ClaimConfirm, SetNXBaseline, Batch100 and ScriptFloor once")
+	"rounds of BenchmarkRedisCompare, each running every store and baseline benchmark once")
 
 // benchGoroutines is how many goroutines the parallel benchmarks run: a busy
 // consumer fleet, whatever GOMAXPROCS is.
 const benchGoroutines = 64
 
-func setBenchParallelism(b *testing.B) {
-	b.SetParallelism(max(1, benchGoroutines/runtime.GOMAXPROCS(0)))
+// runGoroutines runs body in g goroutines (g = 1: the benchmark's own), each
+// calling next until it reports false, as RunParallel's pb.Next does.
+func runGoroutines(b *testing.B, g int, body func(next func() bool)) {
+	b.ReportAllocs()
+	b.ResetTimer()
+	if g == 1 {
+		i := 0
+		body(func() bool { i++; return i <= b.N })
+		return
+	}
+	b.SetParallelism(max(1, (g+runtime.GOMAXPROCS(0)-1)/runtime.GOMAXPROCS(0)))
+	b.RunParallel(func(pb *testing.PB) { body(pb.Next) })
 }
 
 func reportMsgs(b *testing.B, msgs int) {
@@ -48,35 +58,45 @@ func benchStore(b *testing.B, c *redis.Client) *RedisStore {
 	return newTestRedisStore(b, c, RedisOptions{Options: Options{Retention: 10 * time.Minute}})
 }
 
-func BenchmarkRedisClaimConfirm(b *testing.B) { benchClaimConfirm(b, testenv.Redis(b)) }
+func BenchmarkRedisClaimConfirm(b *testing.B) {
+	benchClaimConfirm(b, testenv.Redis(b), benchGoroutines, false)
+}
+
+func BenchmarkRedisClaimConfirmAutoPipeline(b *testing.B) {
+	benchClaimConfirm(b, testenv.Redis(b), benchGoroutines, true)
+}
 
 func BenchmarkRedisBatch100(b *testing.B) { benchBatch100(b, testenv.Redis(b)) }
 
-func BenchmarkRedisSetNXBaseline(b *testing.B) { benchSetNX(b, testenv.Redis(b)) }
+func BenchmarkRedisSetNXBaseline(b *testing.B) { benchSetNX(b, testenv.Redis(b), benchGoroutines) }
 
-// BenchmarkRedisCompare interleaves the three benchmarks, round after round,
-// so that a change in the machine's load shows in all of them alike.
+// BenchmarkRedisCompare interleaves the benchmarks, round after round, so
+// that a change in the machine's load shows in all of them alike: Claim and
+// Confirm with and without AutoPipeline and the SET NX + SET XX floor at 1
+// goroutine (latency: ns/op is one message's two calls), 64 and 256
+// goroutines (throughput: msgs/s), then batches and the script floor.
 func BenchmarkRedisCompare(b *testing.B) {
 	c := testenv.Redis(b)
 	for range *benchRounds {
-		b.Run("ClaimConfirm", func(b *testing.B) { benchClaimConfirm(b, c) })
-		b.Run("SetNXBaseline", func(b *testing.B) { benchSetNX(b, c) })
+		for _, g := range []int{1, benchGoroutines, 256} {
+			b.Run(fmt.Sprintf("ClaimConfirm/g=%d", g), func(b *testing.B) { benchClaimConfirm(b, c, g, false) })
+			b.Run(fmt.Sprintf("ClaimConfirmAuto/g=%d", g), func(b *testing.B) { benchClaimConfirm(b, c, g, true) })
+			b.Run(fmt.Sprintf("SetNXBaseline/g=%d", g), func(b *testing.B) { benchSetNX(b, c, g) })
+		}
 		b.Run("Batch100", func(b *testing.B) { benchBatch100(b, c) })
 		b.Run("ScriptFloor", func(b *testing.B) { benchScriptFloor(b, c) })
 	}
 }
 
-// benchClaimConfirm: one Claim and one Confirm per message, unique keys.
-func benchClaimConfirm(b *testing.B, c *redis.Client) {
-	s := benchStore(b, c)
+// benchClaimConfirm: one Claim and one Confirm per message, unique keys, in
+// g goroutines, with or without AutoPipeline.
+func benchClaimConfirm(b *testing.B, c *redis.Client, g int, auto bool) {
+	s := newTestRedisStore(b, c, RedisOptions{Options: Options{Retention: 10 * time.Minute}, AutoPipeline: auto})
 	ctx := context.Background()
 	var next atomic.Uint64
-	b.ReportAllocs()
-	setBenchParallelism(b)
-	b.ResetTimer()
-	b.RunParallel(func(pb *testing.PB) {
+	runGoroutines(b, g, func(more func() bool) {
 		result := []byte("ok")
-		for pb.Next() {
+		for more() {
 			key := strconv.FormatUint(next.Add(1), 10)
 			cl, err := s.Claim(ctx, key, nil)
 			if err != nil || cl.Outcome != Claimed {
@@ -98,13 +118,10 @@ func benchBatch100(b *testing.B, c *redis.Client) {
 	s := benchStore(b, c)
 	ctx := context.Background()
 	var next atomic.Uint64
-	b.ReportAllocs()
-	setBenchParallelism(b)
-	b.ResetTimer()
-	b.RunParallel(func(pb *testing.PB) {
+	runGoroutines(b, benchGoroutines, func(more func() bool) {
 		keys := make([]string, size)
 		leases := make([]*Lease, size)
-		for pb.Next() {
+		for more() {
 			for i := range keys {
 				keys[i] = strconv.FormatUint(next.Add(1), 10)
 			}
@@ -131,11 +148,11 @@ func benchBatch100(b *testing.B, c *redis.Client) {
 
 // benchSetNX is the floor: what the same two writes per message cost as
 // plain commands, SET NX PX to claim and SET XX PX to confirm.
-func benchSetNX(b *testing.B, c *redis.Client) {
+func benchSetNX(b *testing.B, c *redis.Client, g int) {
 	// An odd millisecond makes go-redis send PX, as the store's scripts do.
 	lease := redis.SetArgs{Mode: "NX", TTL: 30*time.Second + time.Millisecond}
 	retention := redis.SetArgs{Mode: "XX", TTL: 10*time.Minute + time.Millisecond}
-	benchRawPerMessage(b, c, func(ctx context.Context, key string) error {
+	benchRawPerMessage(b, c, g, func(ctx context.Context, key string) error {
 		if err := c.SetArgs(ctx, key, "v", lease).Err(); err != nil {
 			return fmt.Errorf("SET %s NX PX: %w", key, err)
 		}
@@ -158,7 +175,7 @@ var (
 
 // benchScriptFloor runs floorClaim and floorConfirm per message.
 func benchScriptFloor(b *testing.B, c *redis.Client) {
-	benchRawPerMessage(b, c, func(ctx context.Context, key string) error {
+	benchRawPerMessage(b, c, benchGoroutines, func(ctx context.Context, key string) error {
 		if err := floorClaim.Run(ctx, c, []string{key}, "30001").Err(); err != nil {
 			return fmt.Errorf("floor claim %s: %w", key, err)
 		}
@@ -169,9 +186,10 @@ func benchScriptFloor(b *testing.B, c *redis.Client) {
 	})
 }
 
-// benchRawPerMessage runs msg once per message on a fresh key of its own
-// prefix, as the store benchmarks do, and deletes the keys afterwards.
-func benchRawPerMessage(b *testing.B, c *redis.Client, msg func(ctx context.Context, key string) error) {
+// benchRawPerMessage runs msg once per message in g goroutines on a fresh
+// key of its own prefix, as the store benchmarks do, and deletes the keys
+// afterwards.
+func benchRawPerMessage(b *testing.B, c *redis.Client, g int, msg func(ctx context.Context, key string) error) {
 	prefix := redisTestPrefix(b)
 	b.Cleanup(func() {
 		if err := deleteRedisPrefix(context.Background(), c, prefix); err != nil {
@@ -180,11 +198,8 @@ func benchRawPerMessage(b *testing.B, c *redis.Client, msg func(ctx context.Cont
 	})
 	ctx := context.Background()
 	var next atomic.Uint64
-	b.ReportAllocs()
-	setBenchParallelism(b)
-	b.ResetTimer()
-	b.RunParallel(func(pb *testing.PB) {
-		for pb.Next() {
+	runGoroutines(b, g, func(more func() bool) {
+		for more() {
 			if err := msg(ctx, prefix+"{"+strconv.FormatUint(next.Add(1), 10)+"}"); err != nil {
 				b.Error(err)
 				return

@@ -19,7 +19,7 @@ import (
 // row kept changing under it fails alone, in a *BatchError.
 func (s *SQLStore) ClaimBatch(ctx context.Context, keys []string, fingerprints [][]byte) (cs []Claim, err error) {
 	start := time.Now()
-	defer func() { s.o.observe(ctx, Event{Op: OpClaimBatch, Items: len(keys), Err: err}, start) }()
+	defer func() { s.o.observe(ctx, Event{Op: OpClaimBatch, Items: len(keys), Err: err}, "", start) }()
 	if err := s.o.checkClaimBatch(keys, fingerprints); err != nil {
 		return nil, err
 	}
@@ -61,7 +61,7 @@ func (s *SQLStore) ConfirmBatch(ctx context.Context, leases []*Lease, results []
 	start := time.Now()
 	late := false
 	defer func() {
-		s.o.observe(ctx, Event{Op: OpConfirmBatch, Items: len(leases), Late: late, Err: err}, start)
+		s.o.observe(ctx, Event{Op: OpConfirmBatch, Items: len(leases), Late: late, Err: err}, "", start)
 	}()
 	if err := s.o.checkConfirmBatch(leases, results); err != nil {
 		return err

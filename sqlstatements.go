@@ -7,7 +7,7 @@ package idem
 // sqlStatements are an SQLStore's statements, built once for its dialect
 // and table.
 type sqlStatements struct {
-	claim, read, renew, confirm, confirmLate, forget, record, purge string
+	claim, prev, read, renew, confirm, confirmLate, forget, record, purge string
 }
 
 // The statements, in the markers of sqlText.
@@ -22,8 +22,18 @@ const (
 VALUES ($1, 'C', $2, {tok}, $3, NULL, {now}, {in $4})
 ON CONFLICT (key) DO UPDATE SET state = 'C', owner = excluded.owner, token = {max}(excluded.token, r.token + 1),
 fingerprint = excluded.fingerprint, result = NULL, recorded_at = excluded.recorded_at, expires_at = excluded.expires_at
-WHERE r.state = 'F' OR r.expires_at <= {now} RETURNING token`
-	sqlRead = `SELECT state, owner, token, fingerprint, result, {ttl} FROM {t}
+WHERE r.state = 'F' OR r.expires_at <= {now}`
+	// The claim also returns the row's state before it, for Claim.TakeOver
+	// only, never for a decision: a claim ('C') there means the upsert took
+	// over an expired one. On Postgres a CTE reads it (CTEs see the
+	// statement's starting snapshot), so it costs no round trip; SQLite
+	// evaluates RETURNING after the write, so there sqlPrev reads it first,
+	// in process and under the write lock the claim holds anyway.
+	sqlClaimPostgres = `WITH prev AS (SELECT state FROM {t} WHERE key = $1)
+` + sqlClaim + ` RETURNING token, COALESCE((SELECT state FROM prev), '')`
+	sqlClaimSQLite = sqlClaim + ` RETURNING token, ''`
+	sqlPrev        = `SELECT state FROM {t} WHERE key = $1`
+	sqlRead        = `SELECT state, owner, token, fingerprint, result, {ttl} FROM {t}
 WHERE key = $1 AND state <> 'F' AND expires_at > {now}`
 	sqlRenew = `UPDATE {t} SET expires_at = {in $4}
 WHERE key = $1 AND state = 'C' AND owner = $2 AND token = $3 AND expires_at > {now}`

@@ -105,12 +105,13 @@ func NewSQLStore(db *sql.DB, o SQLOptions) (*SQLStore, error) {
 	}
 	text := func(q string) string { return sqlText(o.Dialect, t, q) }
 	s.q = sqlStatements{
-		claim: text(sqlClaim), read: text(sqlRead),
+		claim: text(sqlClaimPostgres), read: text(sqlRead),
 		renew: text(sqlRenew), confirm: text(sqlConfirm), confirmLate: text(sqlConfirmLate),
 		forget: text(sqlForget), record: text(sqlRecord), purge: text(sqlPurgePostgres),
 	}
 	if o.Dialect == SQLite {
 		s.q.purge = text(sqlPurgeSQLite)
+		s.q.claim, s.q.prev = text(sqlClaimSQLite), text(sqlPrev)
 		s.gate = sqliteGate(db)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -148,7 +149,9 @@ var (
 // for a duplicate; never a read followed by a write that depends on it.
 func (s *SQLStore) Claim(ctx context.Context, key string, fingerprint []byte) (c Claim, err error) {
 	start := time.Now()
-	defer func() { s.o.observe(ctx, Event{Op: OpClaim, Outcome: c.Outcome, Err: err}, start) }()
+	defer func() {
+		s.o.observe(ctx, Event{Op: OpClaim, Outcome: c.Outcome, TakeOver: c.TakeOver, Err: err}, key, start)
+	}()
 	if err := s.o.checkClaim(key, fingerprint); err != nil {
 		return Claim{}, err
 	}
@@ -170,12 +173,18 @@ func (s *SQLStore) claimIn(ctx context.Context, q sqlQuerier, key string, finger
 		return s.claimSQLite(ctx, db, key, fp, start)
 	}
 	for range claimAttempts {
-		var tok int64
+		var (
+			tok  int64
+			prev string
+		)
 		err := s.locked(ctx, q, func() error {
-			return q.QueryRowContext(ctx, s.q.claim, k, s.o.Worker, fp, s.leaseMs).Scan(&tok)
+			if err := s.prevState(ctx, q, k, &prev); err != nil {
+				return err
+			}
+			return s.upsert(ctx, q, k, fp, &tok, &prev)
 		})
 		if err == nil {
-			return s.claimed(key, fp, tok, start), nil
+			return s.claimed(key, fp, tok, prev, start), nil
 		}
 		if !errors.Is(err, sql.ErrNoRows) {
 			return Claim{}, err
@@ -204,10 +213,16 @@ func (s *SQLStore) claimSQLite(ctx context.Context, db *sql.DB, key string, fp [
 			if c, err = s.found(ctx, db, key, start); !errors.Is(err, errNoRecord) {
 				return err
 			}
-			var tok int64
-			err = db.QueryRowContext(ctx, s.q.claim, []byte(key), s.o.Worker, fp, s.leaseMs).Scan(&tok)
+			var (
+				tok  int64
+				prev string
+			)
+			if err := s.prevState(ctx, db, []byte(key), &prev); err != nil {
+				return err
+			}
+			err = s.upsert(ctx, db, []byte(key), fp, &tok, &prev)
 			if err == nil {
-				c = s.claimed(key, fp, tok, start)
+				c = s.claimed(key, fp, tok, prev, start)
 			}
 			return err
 		})
@@ -219,8 +234,38 @@ func (s *SQLStore) claimSQLite(ctx context.Context, db *sql.DB, key string, fp [
 	return Claim{}, errChanged
 }
 
-func (s *SQLStore) claimed(key string, fp []byte, tok int64, start time.Time) Claim {
-	return Claim{Outcome: Claimed, Lease: &Lease{
+// prevState reads the state of key's row into *prev on SQLite, whose claim
+// statement cannot return it (see sqlClaimSQLite). On Postgres the claim
+// returns it.
+func (s *SQLStore) prevState(ctx context.Context, q sqlQuerier, key []byte, prev *string) error {
+	if s.q.prev == "" {
+		return nil
+	}
+	err := q.QueryRowContext(ctx, s.q.prev, key).Scan(prev)
+	if errors.Is(err, sql.ErrNoRows) {
+		*prev = ""
+		return nil
+	}
+	return err
+}
+
+// upsert runs the claim statement: sql.ErrNoRows when the key is live,
+// else its new token into *tok and, on Postgres, its prior state into *prev.
+func (s *SQLStore) upsert(ctx context.Context, q sqlQuerier, key, fp []byte, tok *int64, prev *string) error {
+	var before string
+	if err := q.QueryRowContext(ctx, s.q.claim, key, s.o.Worker, fp, s.leaseMs).Scan(tok, &before); err != nil {
+		return err
+	}
+	if s.q.prev == "" {
+		*prev = before
+	}
+	return nil
+}
+
+// claimed is the Claim of a successful upsert; prev is the row's state
+// before it ("" when there was none).
+func (s *SQLStore) claimed(key string, fp []byte, tok int64, prev string, start time.Time) Claim {
+	return Claim{Outcome: Claimed, TakeOver: prev == "C", Lease: &Lease{
 		Key: key, Token: tok, Owner: s.o.Worker, TTL: s.o.LeaseTTL,
 		Expires: start.Add(s.o.LeaseTTL), Fingerprint: clone(fp),
 	}}
@@ -278,7 +323,7 @@ func nonNil(b []byte) []byte {
 
 // fail wraps a database error with the operation and the (redacted) key.
 func (s *SQLStore) fail(op, key string, err error) error {
-	return fmt.Errorf("idem: %s of key %q: %w", op, redact(key), err)
+	return fmt.Errorf("idem: %s of %s: %w", op, s.o.keyName(key), err)
 }
 
 // exec runs a statement that affects at most one row and says whether it did.
@@ -297,7 +342,7 @@ func (s *SQLStore) exec(ctx context.Context, q sqlQuerier, query string, args ..
 // Renew implements Store in one statement.
 func (s *SQLStore) Renew(ctx context.Context, l *Lease) (err error) {
 	start := time.Now()
-	defer func() { s.o.observe(ctx, Event{Op: OpRenew, Err: err}, start) }()
+	defer func() { s.o.observe(ctx, Event{Op: OpRenew, Err: err}, leaseKey(l), start) }()
 	if err := s.o.checkLease(l); err != nil {
 		return err
 	}
@@ -306,7 +351,7 @@ func (s *SQLStore) Renew(ctx context.Context, l *Lease) (err error) {
 		return s.fail("renew", l.Key, err)
 	}
 	if !ok {
-		return fmt.Errorf("%w: renew of key %q token %d", ErrLeaseLost, redact(l.Key), l.Token)
+		return fmt.Errorf("%w: renew of %s token %d", ErrLeaseLost, s.o.keyName(l.Key), l.Token)
 	}
 	return nil
 }
@@ -316,7 +361,7 @@ func (s *SQLStore) Renew(ctx context.Context, l *Lease) (err error) {
 func (s *SQLStore) Confirm(ctx context.Context, l *Lease, result []byte) (err error) {
 	start := time.Now()
 	late := false
-	defer func() { s.o.observe(ctx, Event{Op: OpConfirm, Late: late, Err: err}, start) }()
+	defer func() { s.o.observe(ctx, Event{Op: OpConfirm, Late: late, Err: err}, leaseKey(l), start) }()
 	if err := s.o.checkResult(l, result); err != nil {
 		return err
 	}
@@ -367,7 +412,7 @@ func (s *SQLStore) confirmIn(ctx context.Context, q sqlQuerier, l *Lease, result
 // forgotten, so that the next claim's token exceeds this lease's.
 func (s *SQLStore) Forget(ctx context.Context, l *Lease) (err error) {
 	start := time.Now()
-	defer func() { s.o.observe(ctx, Event{Op: OpForget, Err: err}, start) }()
+	defer func() { s.o.observe(ctx, Event{Op: OpForget, Err: err}, leaseKey(l), start) }()
 	if err := s.o.checkLease(l); err != nil {
 		return err
 	}
@@ -376,7 +421,7 @@ func (s *SQLStore) Forget(ctx context.Context, l *Lease) (err error) {
 		return s.fail("forget", l.Key, err)
 	}
 	if !ok {
-		return fmt.Errorf("%w: forget of key %q token %d", ErrLeaseLost, redact(l.Key), l.Token)
+		return fmt.Errorf("%w: forget of %s token %d", ErrLeaseLost, s.o.keyName(l.Key), l.Token)
 	}
 	return nil
 }
@@ -384,13 +429,13 @@ func (s *SQLStore) Forget(ctx context.Context, l *Lease) (err error) {
 // Lookup implements Store in one statement.
 func (s *SQLStore) Lookup(ctx context.Context, key string) (rec *Record, err error) {
 	start := time.Now()
-	defer func() { s.o.observe(ctx, Event{Op: OpLookup, Err: err}, start) }()
+	defer func() { s.o.observe(ctx, Event{Op: OpLookup, Err: err}, key, start) }()
 	if err := s.o.checkKey(key); err != nil {
 		return nil, err
 	}
 	rec, err = s.read(ctx, s.db, key, start)
 	if errors.Is(err, errNoRecord) {
-		return nil, fmt.Errorf("%w: key %q", ErrNotFound, redact(key))
+		return nil, fmt.Errorf("%w: %s", ErrNotFound, s.o.keyName(key))
 	}
 	if err != nil {
 		return nil, s.fail("lookup", key, err)

@@ -69,7 +69,7 @@ func (s *SQLStore) Run(ctx context.Context, key string, fingerprint []byte,
 				o = Duplicate
 			}
 		}
-		s.o.observe(ctx, Event{Op: OpRun, Outcome: o, Err: err}, start)
+		s.o.observe(ctx, Event{Op: OpRun, Outcome: o, Err: err}, key, start)
 	}()
 	if err := s.o.checkClaim(key, fingerprint); err != nil {
 		return nil, false, err
@@ -120,7 +120,7 @@ func (s *SQLStore) run(ctx context.Context, key string, fp []byte,
 	c, err := s.claimIn(ctx, tx, key, fp, start)
 	if isLockTimeout(err) {
 		return nil, false, fmt.Errorf("%w: run of key %q: another Run held it for LockTimeout %v",
-			ErrInProgress, redact(key), s.lockTimeout), nil
+			ErrInProgress, s.o.keyName(key), s.lockTimeout), nil
 	}
 	if err != nil {
 		return nil, false, s.fail("run", key, err), nil
@@ -128,11 +128,11 @@ func (s *SQLStore) run(ctx context.Context, key string, fp []byte,
 	switch c.Outcome {
 	case Duplicate, InProgress:
 		if !bytes.Equal(c.Record.Fingerprint, fp) {
-			return nil, false, fmt.Errorf("%w: run of key %q", ErrFingerprintMismatch, redact(key)), nil
+			return nil, false, fmt.Errorf("%w: run of %s", ErrFingerprintMismatch, s.o.keyName(key)), nil
 		}
 		if c.Outcome == InProgress {
 			return nil, false, fmt.Errorf("%w: run of key %q: a lease is held by %q until about %v",
-				ErrInProgress, redact(key), c.Record.Owner, c.Record.Expires.Format(time.RFC3339Nano)), nil
+				ErrInProgress, s.o.keyName(key), c.Record.Owner, c.Record.Expires.Format(time.RFC3339Nano)), nil
 		}
 		return c.Record.Result, true, nil, nil
 	}
@@ -142,7 +142,7 @@ func (s *SQLStore) run(ctx context.Context, key string, fp []byte,
 	}
 	if len(result) > s.o.MaxResultBytes {
 		return nil, false, nil, fmt.Errorf("%w: result of %d bytes for key %q exceeds MaxResultBytes %d; the transaction was rolled back",
-			ErrTooLarge, len(result), redact(key), s.o.MaxResultBytes)
+			ErrTooLarge, len(result), s.o.keyName(key), s.o.MaxResultBytes)
 	}
 	ok, err := s.exec(ctx, tx, s.q.record, []byte(key), c.Lease.Token, nonNil(result), s.retentionMs)
 	if err == nil && !ok {

@@ -57,6 +57,11 @@ type Claim struct {
 	Outcome Outcome
 	Lease   *Lease  // set when Claimed
 	Record  *Record // set when Duplicate (the confirmation) or InProgress (the holder)
+	// TakeOver is set when Claimed replaced a claim whose lease had run out
+	// unconfirmed: an earlier attempt crashed or stalled and may have done
+	// part of the work. MemoryStore and SQLStore report it; on RedisStore an
+	// expired claim vanishes with its TTL, so TakeOver is always false there.
+	TakeOver bool
 }
 
 // Store records which keys are being worked on and which are done.
@@ -196,11 +201,21 @@ type Options struct {
 	MaxKeyBytes int
 	// MaxResultBytes bounds Confirm's result. Default 1 MiB.
 	MaxResultBytes int
-	// Logger receives notable events: a late confirm, a damaged record, an
-	// unsafe Redis eviction policy. Keys are never logged raw. Default: none.
+	// Logger receives the events an operator must see: a late confirm, a
+	// lease lost on Renew, a store failure (at most one line a second), a
+	// damaged record, an unsafe Redis eviction policy. Keys are logged as
+	// KeyHasher hashes, never raw. Default: none.
 	Logger *slog.Logger
 	// Observer is called once per operation. Default: none.
 	Observer Observer
+	// KeyHasher hashes keys for the Logger and the Observer's events. Give
+	// every process the same one (NewKeyHasher with a shared secret) to
+	// correlate their logs. Default: a random secret per process.
+	KeyHasher *KeyHasher
+
+	// failures limits the Logger's store-failure lines; shared by the
+	// copies of these options a store makes.
+	failures *logLimit
 }
 
 // Defaults of Options.
@@ -245,6 +260,9 @@ func (o Options) withDefaults() (Options, error) {
 	if o.MaxResultBytes == 0 {
 		o.MaxResultBytes = DefaultMaxResultBytes
 	}
+	if o.Logger != nil && o.failures == nil {
+		o.failures = &logLimit{}
+	}
 	return o, nil
 }
 
@@ -271,7 +289,7 @@ func (o *Options) checkResult(l *Lease, result []byte) error {
 	}
 	if len(result) > o.MaxResultBytes {
 		return fmt.Errorf("%w: result of %d bytes for key %q exceeds MaxResultBytes %d",
-			ErrTooLarge, len(result), redact(l.Key), o.MaxResultBytes)
+			ErrTooLarge, len(result), o.keyName(l.Key), o.MaxResultBytes)
 	}
 	return nil
 }
@@ -326,5 +344,5 @@ func (o *Options) logLate(ctx context.Context, l *Lease) {
 		return
 	}
 	o.Logger.LogAttrs(ctx, slog.LevelWarn, "idem: late confirm: the lease was lost before the work was confirmed",
-		slog.String("key_hash", KeyHash(l.Key)), slog.Int64("token", l.Token), slog.String("owner", l.Owner))
+		slog.String("key_hash", o.KeyHasher.Hash(l.Key)), slog.Int64("token", l.Token), slog.String("owner", l.Owner))
 }

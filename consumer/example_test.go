@@ -56,11 +56,12 @@ func ExampleBatch() {
 
 	batch := []Order{{"a", 1}, {"b", -1}, {"a", 1}, {"c", 3}}
 	for i, err := range handle(ctx, batch) {
-		fmt.Println(batch[i].ID, err)
+		// The second "a" is held by the first while the batch runs.
+		fmt.Println(batch[i].ID, err == nil, errors.Is(err, idem.ErrInProgress))
 	}
 	// Output:
-	// a <nil>
-	// b negative amount
-	// a idem: in progress: key ca978112ca1bbdca is held by another delivery (token 1)
-	// c <nil>
+	// a true false
+	// b false false
+	// a false true
+	// c true false
 }

@@ -1,0 +1,498 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemgo/idem/internal/testenv"
+)
+
+// --- 7. Automatic pipelining ------------------------------------------------
+//
+// What every store must do with AutoPipeline on is checked by the
+// conformance suite (conformance_test.go); here: that calls coalesce, that a
+// lone call is not held back, that each call keeps its own reply, error and
+// context, and that a lost script cache is survived.
+
+// gate is a go-redis hook that can hold pipelines back: while closed, every
+// pipeline that reaches it waits, so that the calls arriving meanwhile queue
+// up behind it, deterministically.
+type gate struct {
+	mu      sync.Mutex
+	closed  bool
+	open    chan struct{}
+	entered chan int // the size of each pipeline held
+}
+
+func newGate() *gate { return &gate{entered: make(chan int, 100)} }
+
+func (g *gate) close() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.closed, g.open = true, make(chan struct{})
+}
+
+func (g *gate) release() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		g.closed = false
+		close(g.open)
+	}
+}
+
+func (g *gate) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (g *gate) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (g *gate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		g.mu.Lock()
+		closed, open := g.closed, g.open
+		g.mu.Unlock()
+		if closed {
+			g.entered <- len(cmds)
+			<-open
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// waitEntered waits for n pipelines to be held at the gate.
+func (g *gate) waitEntered(t *testing.T, n int) {
+	t.Helper()
+	for range n {
+		select {
+		case <-g.entered:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no pipeline reached the gate within 10s")
+		}
+	}
+}
+
+// waitQueued waits until n calls are queued behind the senders.
+func waitQueued(t *testing.T, s *RedisStore, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		s.auto.mu.Lock()
+		q := len(s.auto.queue)
+		s.auto.mu.Unlock()
+		if q >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d calls queued after 10s; want %d", q, n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// occupySenders starts one Claim per sender and waits for their pipelines
+// to be held at g, so that every later call queues. The returned function
+// waits for those claims.
+func occupySenders(t *testing.T, s *RedisStore, g *gate) func() {
+	t.Helper()
+	g.close()
+	var wg sync.WaitGroup
+	for range autoPipeSenders {
+		wg.Go(func() {
+			if _, err := s.Claim(context.Background(), uuid.NewString(), nil); err != nil {
+				t.Errorf("Claim while the senders are held: %v", err)
+			}
+		})
+	}
+	g.waitEntered(t, autoPipeSenders)
+	return wg.Wait
+}
+
+// loadScripts loads every script (on every master of a cluster), so that
+// no NOSCRIPT retry adds a round trip to what a test counts.
+func loadScripts(t *testing.T, c redis.UniversalClient) {
+	t.Helper()
+	for _, sc := range []*redis.Script{claimScript, renewScript, confirmScript, forgetScript,
+		lookupScript, claimBatchScript, confirmBatchScript} {
+		if err := sc.Load(context.Background(), c).Err(); err != nil {
+			t.Fatalf("SCRIPT LOAD: %v", err)
+		}
+	}
+}
+
+// autoBackends are where the automatic pipelining tests run: miniredis for
+// the logic, the real Redis and the real Cluster for what only they show.
+var autoBackends = []struct {
+	name   string
+	client func(t *testing.T) redis.UniversalClient
+}{
+	{"miniredis", func(t *testing.T) redis.UniversalClient { _, c := newMiniredisClient(t); return c }},
+	{"redis", func(t *testing.T) redis.UniversalClient { return testenv.Redis(t) }},
+	{"cluster", func(t *testing.T) redis.UniversalClient { return testenv.Cluster(t) }},
+}
+
+// TestRedisAutoPipelineCoalesces: 64 goroutines claiming and confirming at
+// once share far fewer round trips than they make calls, and every one of
+// them still gets its own lease and confirmation.
+func TestRedisAutoPipelineCoalesces(t *testing.T) {
+	for _, backend := range autoBackends {
+		t.Run(backend.name, func(t *testing.T) {
+			t.Parallel()
+			c := backend.client(t)
+			s := newTestRedisStore(t, c, RedisOptions{AutoPipeline: true})
+			ctx := context.Background()
+			h := &tripCounter{}
+			c.AddHook(h)
+			const goroutines, rounds = 64, 20
+			var wg sync.WaitGroup
+			for range goroutines {
+				wg.Go(func() {
+					for _, k := range uuidKeys(rounds) {
+						cl, err := s.Claim(ctx, k, []byte("fp"))
+						if err != nil || cl.Outcome != Claimed {
+							t.Errorf("Claim(%q) = %v, %v; want claimed", k, cl.Outcome, err)
+							return
+						}
+						if err := s.Confirm(ctx, cl.Lease, []byte(k)); err != nil {
+							t.Errorf("Confirm(%q): %v", k, err)
+							return
+						}
+						rec, err := s.Lookup(ctx, k)
+						if err != nil || !rec.Confirmed || string(rec.Result) != k {
+							t.Errorf("Lookup(%q) = %+v, %v; want its own confirmation", k, rec, err)
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			calls := goroutines * rounds * 3
+			trips, sent := h.take()
+			t.Logf("%d calls in %d round trips", calls, trips)
+			// One call per round trip would be 3840. Measured here: ~8
+			// calls per round trip on miniredis, ~15 on Redis (race
+			// detector on); a quarter leaves room for a loaded machine.
+			if trips > calls/4 {
+				t.Errorf("%d calls by %d goroutines cost %d round trips (first: %v); want at most %d",
+					calls, goroutines, trips, sent[:min(5, len(sent))], calls/4)
+			}
+		})
+	}
+}
+
+// TestRedisAutoPipelineOnePipeline holds the senders back while 64 calls of
+// every kind queue, one of them on a damaged record: they then go in one
+// round trip (one per master on a cluster), and each gets its own answer —
+// the damaged key fails alone.
+func TestRedisAutoPipelineOnePipeline(t *testing.T) {
+	for _, backend := range autoBackends {
+		t.Run(backend.name, func(t *testing.T) {
+			t.Parallel()
+			c := backend.client(t)
+			s := newTestRedisStore(t, c, RedisOptions{AutoPipeline: true})
+			ctx := context.Background()
+			g := newGate()
+			c.AddHook(g)
+			loadScripts(t, c)
+
+			// Leases to renew, forget and confirm, and a damaged record.
+			keys := uuidKeys(64)
+			var leases []*Lease
+			for _, k := range keys[:40] {
+				cl, err := s.Claim(ctx, k, nil)
+				if err != nil || cl.Outcome != Claimed {
+					t.Fatalf("Claim(%q) = %v, %v; want claimed", k, cl.Outcome, err)
+				}
+				leases = append(leases, cl.Lease)
+			}
+			damaged := keys[63]
+			if err := c.Set(ctx, s.redisKey(damaged), "garbage", time.Minute).Err(); err != nil {
+				t.Fatalf("SET: %v", err)
+			}
+
+			var trips *nodeTrips
+			masters := 1
+			if cc, ok := c.(*redis.ClusterClient); ok {
+				trips, masters = hookMasters(t, cc)
+			} else {
+				trips = &nodeTrips{byNode: map[string]int{}}
+				c.AddHook(nodeHook{addr: "redis", n: trips})
+			}
+			done := occupySenders(t, s, g)
+			trips.take()
+
+			type call struct {
+				name string
+				key  string
+				run  func() error
+			}
+			var calls []call
+			for i, l := range leases {
+				switch i % 4 {
+				case 0:
+					calls = append(calls, call{"Confirm", l.Key, func() error { return s.Confirm(ctx, l, []byte("r")) }})
+				case 1:
+					calls = append(calls, call{"Renew", l.Key, func() error { return s.Renew(ctx, l) }})
+				case 2:
+					calls = append(calls, call{"Forget", l.Key, func() error { return s.Forget(ctx, l) }})
+				case 3:
+					calls = append(calls, call{"Lookup", l.Key, func() error {
+						rec, err := s.Lookup(ctx, l.Key)
+						if err == nil && (rec.Confirmed || rec.Token != l.Token) {
+							err = fmt.Errorf("record %+v; want the live claim of token %d", rec, l.Token)
+						}
+						return err
+					}})
+				}
+			}
+			for _, k := range keys[40:] {
+				calls = append(calls, call{"Claim", k, func() error {
+					cl, err := s.Claim(ctx, k, nil)
+					if err == nil && cl.Outcome != Claimed {
+						err = fmt.Errorf("outcome %v; want claimed", cl.Outcome)
+					}
+					return err
+				}})
+			}
+			errs := make([]error, len(calls))
+			var wg sync.WaitGroup
+			for i, cl := range calls {
+				wg.Go(func() { errs[i] = cl.run() })
+			}
+			waitQueued(t, s, len(calls))
+			g.release()
+			wg.Wait()
+			done()
+
+			got := trips.take()
+			// The held claims' pipelines passed the node hooks after the
+			// gate opened: at most one each, on top of the queue's.
+			for node, n := range got {
+				if n > 1+autoPipeSenders {
+					t.Errorf("%d queued calls cost %d round trips to %s (%v); want 1 (plus the %d held)",
+						len(calls), n, node, got, autoPipeSenders)
+				}
+			}
+			total := 0
+			for _, n := range got {
+				total += n
+			}
+			if total > masters+autoPipeSenders {
+				t.Errorf("%d queued calls cost %d round trips (%v); want one per master (%d) plus the %d held",
+					len(calls), total, got, masters, autoPipeSenders)
+			}
+			for i, cl := range calls {
+				if cl.key == damaged {
+					if !errors.Is(errs[i], ErrDamaged) {
+						t.Errorf("%s(%q) on a damaged record = %v; want %v", cl.name, cl.key, errs[i], ErrDamaged)
+					}
+					continue
+				}
+				if errs[i] != nil {
+					t.Errorf("%s(%q) beside a damaged record: %v; want nil", cl.name, cl.key, errs[i])
+				}
+			}
+			if r, err := s.Lookup(ctx, leases[0].Key); err != nil || !r.Confirmed {
+				t.Errorf("Lookup(%q) after Confirm = %+v, %v; want confirmed", leases[0].Key, r, err)
+			}
+			if _, err := s.Lookup(ctx, leases[2].Key); !errors.Is(err, ErrNotFound) {
+				t.Errorf("Lookup(%q) after Forget = %v; want %v", leases[2].Key, err, ErrNotFound)
+			}
+		})
+	}
+}
+
+// TestRedisAutoPipelineLoneCall: a call on an idle store is sent at once, in
+// a pipeline of its own. A store that waited for company, even for a
+// millisecond, would show it in the median time of a lone call next to a
+// store without AutoPipeline (calls alternate, so that the machine's load
+// weighs on both alike).
+func TestRedisAutoPipelineLoneCall(t *testing.T) {
+	for _, backend := range autoBackends[:2] {
+		t.Run(backend.name, func(t *testing.T) {
+			c := backend.client(t)
+			plain := newTestRedisStore(t, c, RedisOptions{})
+			auto := newTestRedisStore(t, c, RedisOptions{AutoPipeline: true})
+			loadScripts(t, c)
+			h := &tripCounter{}
+			c.AddHook(h)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			claim := func(s *RedisStore, ctx context.Context, k string) time.Duration {
+				start := time.Now()
+				if _, err := s.Claim(ctx, k, nil); err != nil {
+					t.Fatalf("Claim(%q): %v", k, err)
+				}
+				return time.Since(start)
+			}
+			// Both kinds of caller: one that cannot be cancelled sends
+			// itself, one that can hands the pipeline to a goroutine.
+			for _, cctx := range []context.Context{context.Background(), ctx} {
+				const n = 201
+				claim(plain, cctx, uuid.NewString()) // open the connections
+				claim(auto, cctx, uuid.NewString())
+				h.take()
+				var p, a []time.Duration
+				for range n {
+					p = append(p, claim(plain, cctx, uuid.NewString()))
+					a = append(a, claim(auto, cctx, uuid.NewString()))
+				}
+				trips, sent := h.take()
+				if trips != 2*n {
+					t.Errorf("%d calls one after another cost %d round trips (first: %v); want %d", 2*n, trips, sent[:min(3, len(sent))], 2*n)
+				}
+				piped := 0
+				for _, what := range sent {
+					if strings.HasPrefix(what, "pipeline") {
+						piped++
+						if what != "pipeline of 1 evalsha" {
+							t.Errorf("a lone call went as %q; want a pipeline of 1 evalsha", what)
+							break
+						}
+					}
+				}
+				if piped != n {
+					t.Errorf("%d lone calls with AutoPipeline went in %d pipelines; want %d", n, piped, n)
+				}
+				slices.Sort(p)
+				slices.Sort(a)
+				t.Logf("cancellable context %v: median lone Claim %v with AutoPipeline, %v without", cctx.Done() != nil, a[n/2], p[n/2])
+				if a[n/2] > 2*p[n/2]+200*time.Microsecond {
+					t.Errorf("median lone Claim took %v with AutoPipeline, %v without; want no wait for company", a[n/2], p[n/2])
+				}
+			}
+		})
+	}
+}
+
+// TestRedisAutoPipelineCancel: a caller whose context ends returns at once,
+// whether its call is queued (then it is never sent) or already in a
+// pipeline (then it may still run); the calls beside it are unaffected.
+func TestRedisAutoPipelineCancel(t *testing.T) {
+	_, c := newMiniredisClient(t)
+	s := newTestRedisStore(t, c, RedisOptions{AutoPipeline: true})
+	ctx := context.Background()
+	g := newGate()
+	c.AddHook(g)
+
+	// Sent, then cancelled while its pipeline is held.
+	sentKey := uuid.NewString()
+	g.close()
+	cctx, cancel := context.WithCancel(ctx)
+	errc := make(chan error, 1)
+	go func() { _, err := s.Claim(cctx, sentKey, nil); errc <- err }()
+	g.waitEntered(t, 1)
+	cancel()
+	select {
+	case err := <-errc:
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("Claim(%q) cancelled in flight = %v; want %v", sentKey, err, context.Canceled)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatalf("Claim(%q) cancelled in flight did not return while its pipeline was held", sentKey)
+	}
+	g.release()
+
+	// Queued behind held senders, then cancelled.
+	done := occupySenders(t, s, g)
+	queuedKey, neighbour := uuid.NewString(), uuid.NewString()
+	qctx, qcancel := context.WithCancel(ctx)
+	go func() { _, err := s.Claim(qctx, queuedKey, nil); errc <- err }()
+	nerr := make(chan error, 1)
+	go func() {
+		cl, err := s.Claim(ctx, neighbour, nil)
+		if err == nil && cl.Outcome != Claimed {
+			err = fmt.Errorf("outcome %v", cl.Outcome)
+		}
+		nerr <- err
+	}()
+	waitQueued(t, s, 2)
+	qcancel()
+	select {
+	case err := <-errc:
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("Claim(%q) cancelled in the queue = %v; want %v", queuedKey, err, context.Canceled)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatalf("Claim(%q) cancelled in the queue did not return while the senders were held", queuedKey)
+	}
+	g.release()
+	done()
+	if err := <-nerr; err != nil {
+		t.Errorf("Claim(%q) queued beside a cancelled call: %v; want claimed", neighbour, err)
+	}
+
+	// The call that was sent ran; the one cancelled in the queue never went.
+	if rec, err := s.Lookup(ctx, sentKey); err != nil || rec.Confirmed {
+		t.Errorf("Lookup(%q) after a cancelled, sent Claim = %+v, %v; want its claim", sentKey, rec, err)
+	}
+	if _, err := s.Lookup(ctx, queuedKey); !errors.Is(err, ErrNotFound) {
+		t.Errorf("Lookup(%q) after a Claim cancelled in the queue = %v; want %v", queuedKey, err, ErrNotFound)
+	}
+	// Cancelled before the call: nothing is sent.
+	if _, err := s.Claim(qctx, queuedKey, nil); !errors.Is(err, context.Canceled) {
+		t.Errorf("Claim with a cancelled context = %v; want %v", err, context.Canceled)
+	}
+	if _, err := s.Lookup(ctx, queuedKey); !errors.Is(err, ErrNotFound) {
+		t.Errorf("Lookup(%q) after a Claim with a cancelled context = %v; want %v", queuedKey, err, ErrNotFound)
+	}
+}
+
+// TestRedisAutoPipelineNoScript: concurrent calls after SCRIPT FLUSH all
+// succeed (the pipeline resends NOSCRIPT commands as EVAL).
+func TestRedisAutoPipelineNoScript(t *testing.T) {
+	for _, backend := range autoBackends[1:] {
+		t.Run(backend.name, func(t *testing.T) {
+			c := backend.client(t)
+			s := newTestRedisStore(t, c, RedisOptions{AutoPipeline: true})
+			ctx := context.Background()
+			flush := func() {
+				t.Helper()
+				var err error
+				if cc, ok := c.(*redis.ClusterClient); ok {
+					err = cc.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+						return m.ScriptFlush(ctx).Err()
+					})
+				} else {
+					err = c.ScriptFlush(ctx).Err()
+				}
+				if err != nil {
+					t.Fatalf("SCRIPT FLUSH: %v", err)
+				}
+			}
+			keys := uuidKeys(64)
+			leases := make([]*Lease, len(keys))
+			var wg sync.WaitGroup
+			flush()
+			for i, k := range keys {
+				wg.Go(func() {
+					cl, err := s.Claim(ctx, k, nil)
+					if err != nil || cl.Outcome != Claimed {
+						t.Errorf("Claim(%q) after SCRIPT FLUSH = %v, %v; want claimed", k, cl.Outcome, err)
+					}
+					leases[i] = cl.Lease
+				})
+			}
+			wg.Wait()
+			if t.Failed() {
+				return
+			}
+			flush()
+			for _, l := range leases {
+				wg.Go(func() {
+					if err := s.Confirm(ctx, l, nil); err != nil {
+						t.Errorf("Confirm(%q) after SCRIPT FLUSH: %v", l.Key, err)
+					}
+				})
+			}
+			wg.Wait()
+			checkAllDuplicate(t, s, keys)
+		})
+	}
+}

@@ -1,0 +1,226 @@
+package idem
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Automatic pipelining (RedisOptions.AutoPipeline): the single-key calls of
+// many goroutines (Claim, Confirm, Renew, Forget, Lookup) go to Redis
+// together, one pipeline per connection, while an earlier pipeline is in
+// flight. An idle store sends a call at once: there is no timer to wait for.
+//
+// go-redis v9.23 has an AutoPipeliner of its own (experimental). It is not
+// used here because:
+//   - it diverts WAIT out of the batch onto another connection, and WAIT only
+//     counts the writes of its own connection, so RedisOptions.WaitReplicas
+//     could not ride in the same round trip as the confirm it waits for;
+//   - a command's context is not honoured once queued (batches run on the
+//     pipeliner's context), and a caller must be able to give up at once;
+//   - it is one instance per client, shared with the application: the first
+//     caller's configuration wins and its Close stops it for every user;
+//   - knowing the calls are idem's own scripts, concurrent Claims (and
+//     Confirms) on a single Redis are merged into one claim_batch
+//     (confirm_batch) script call, which costs Redis far less than one
+//     script call each; a generic command pipeliner cannot do that;
+//   - its API is marked experimental and may change in any release.
+
+// autoPipeSenders is how many pipelines may be in flight at once, each on a
+// connection of its own. Two keep Redis busy while the client reads one
+// pipeline's replies and writes the next; more split the waiting calls into
+// smaller pipelines without adding throughput (measured with
+// BenchmarkRedisCompare).
+const autoPipeSenders = 2
+
+// The life of a pipeCall: queued until a sender takes it (sent) or its
+// caller gives up first (abandoned, never sent).
+const (
+	callQueued int32 = iota
+	callSent
+	callAbandoned
+)
+
+// pipeCall is one store call waiting for, or riding in, a pipeline.
+type pipeCall struct {
+	scriptCall
+	state atomic.Int32
+	done  chan struct{} // closed once v, err and waitErr are set
+	v     any
+	err   error
+	// waitErr is the verdict of the WAIT that followed a confirm (see
+	// RedisOptions.WaitReplicas).
+	waitErr error
+}
+
+// autoPipe collects calls into pipelines. The first caller to find fewer
+// than autoPipeSenders pipelines in flight sends at once, taking along every
+// call queued so far; calls arriving while the senders are busy queue up,
+// and a sender whose pipeline returns sends the queue next.
+type autoPipe struct {
+	s       *RedisStore
+	mu      sync.Mutex
+	queue   []*pipeCall
+	senders int // pipelines in flight
+}
+
+// do runs sc in a pipeline and returns its reply and, for a confirm with
+// WaitReplicas, the verdict of its WAIT. When ctx ends first, do returns
+// ctx.Err() at once; the call may then have been sent, and may run.
+func (p *autoPipe) do(ctx context.Context, sc scriptCall) (v any, waitErr, err error) {
+	if err := ctx.Err(); err != nil {
+		return nil, nil, err
+	}
+	c := &pipeCall{scriptCall: sc, done: make(chan struct{})}
+	p.mu.Lock()
+	p.queue = append(p.queue, c)
+	if p.senders >= autoPipeSenders {
+		p.mu.Unlock()
+		return c.wait(ctx)
+	}
+	p.senders++
+	batch := p.queue
+	p.queue = nil
+	p.mu.Unlock()
+	if ctx.Done() == nil {
+		// Nothing can cancel this caller, so it sends the pipeline itself and
+		// a lone call costs no goroutine switch. It leaves what queued
+		// meanwhile to a new sender rather than making its own caller wait
+		// for another round trip.
+		p.send(batch)
+		if next := p.next(); next != nil {
+			go p.loop(next)
+		}
+		return c.v, c.waitErr, c.err
+	}
+	// A caller that may be cancelled must be able to return at once, while
+	// its pipeline (other callers' calls with it) runs to its end.
+	go p.loop(batch)
+	return c.wait(ctx)
+}
+
+// wait returns c's reply, or ctx.Err() as soon as ctx ends.
+func (c *pipeCall) wait(ctx context.Context) (any, error, error) {
+	select {
+	case <-c.done:
+		return c.v, c.waitErr, c.err
+	case <-ctx.Done():
+		// A call still queued is never sent; one already sent may run, its
+		// reply lost, which the store's scripts allow for (a repeated or
+		// abandoned Claim leaves a lease that expires after LeaseTTL).
+		c.state.CompareAndSwap(callQueued, callAbandoned)
+		return nil, nil, ctx.Err()
+	}
+}
+
+// loop sends batch, then whatever queued while it was in flight, until the
+// queue is empty.
+func (p *autoPipe) loop(batch []*pipeCall) {
+	for batch != nil {
+		p.send(batch)
+		batch = p.next()
+	}
+}
+
+// next takes the queue for a sender whose pipeline returned, or retires the
+// sender when nothing is queued.
+func (p *autoPipe) next() []*pipeCall {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.queue) == 0 {
+		p.senders--
+		return nil
+	}
+	b := p.queue
+	p.queue = nil
+	return b
+}
+
+// send sends the calls of batch that are still wanted in one pipeline and
+// hands each its own reply.
+//
+// The pipeline runs on a context of its own, not any caller's: one
+// caller's cancellation must not fail the calls of the others. It is bounded
+// by the client's read and write timeouts, as every command is.
+func (p *autoPipe) send(batch []*pipeCall) {
+	live := batch[:0]
+	for _, c := range batch {
+		if c.state.CompareAndSwap(callQueued, callSent) {
+			live = append(live, c)
+		}
+	}
+	if len(live) == 0 {
+		return
+	}
+	calls, order := p.s.mergeCalls(live)
+	cmds, waitErrs := p.s.pipeline(context.Background(), calls)
+	each(calls, cmds, waitErrs, func(i int, v any, err, waitErr error) {
+		order[i].v, order[i].err, order[i].waitErr = v, err, waitErr
+	})
+	for _, c := range live {
+		close(c.done)
+	}
+}
+
+// mergeCalls turns the calls of one pipeline into script calls. On a single
+// Redis, two or more Claims become claim_batch calls and two or more
+// Confirms confirm_batch calls, as ClaimBatch and ConfirmBatch send them:
+// one script call for many keys costs Redis much less than one each. On a
+// cluster every call stays its own, for go-redis to route by slot. order
+// lists the pipeCall of each item, in the order each() hands items out.
+func (s *RedisStore) mergeCalls(live []*pipeCall) ([]scriptCall, []*pipeCall) {
+	calls := make([]scriptCall, 0, len(live))
+	order := make([]*pipeCall, 0, len(live))
+	if !s.shared() {
+		for _, c := range live {
+			calls = append(calls, c.scriptCall)
+			order = append(order, c)
+		}
+		return calls, order
+	}
+	var claims, confirms []*pipeCall
+	for _, c := range live {
+		switch c.script {
+		case claimScript:
+			claims = append(claims, c)
+		case confirmScript:
+			confirms = append(confirms, c)
+		default:
+			calls = append(calls, c.scriptCall)
+			order = append(order, c)
+		}
+	}
+	// merge groups cs into batch script calls of at most batchChunk keys;
+	// first holds the argument shared by the chunk (lease or retention),
+	// items the arguments of one call that the batch script takes.
+	merge := func(cs []*pipeCall, batch *redis.Script, first func(*pipeCall) any, items func([]any, *pipeCall) []any) {
+		if len(cs) == 1 {
+			calls = append(calls, cs[0].scriptCall)
+			order = append(order, cs[0])
+			return
+		}
+		for lo := 0; lo < len(cs); lo += batchChunk {
+			hi := min(lo+batchChunk, len(cs))
+			bc := scriptCall{script: batch, keys: make([]string, 0, hi-lo), args: make([]any, 1, 1+2*(hi-lo)), wait: cs[lo].scriptCall.wait}
+			bc.args[0] = first(cs[lo])
+			for _, c := range cs[lo:hi] {
+				bc.keys = append(bc.keys, c.keys[0])
+				bc.args = items(bc.args, c)
+				order = append(order, c)
+			}
+			calls = append(calls, bc)
+		}
+	}
+	// claim.lua's ARGV: lease, tail; claim_batch.lua's: lease, tails...
+	merge(claims, claimBatchScript,
+		func(c *pipeCall) any { return c.args[0] },
+		func(a []any, c *pipeCall) []any { return append(a, c.args[1]) })
+	// confirm.lua's ARGV: held prefix, retention, confirmation;
+	// confirm_batch.lua's: retention, then prefix and confirmation per key.
+	merge(confirms, confirmBatchScript,
+		func(c *pipeCall) any { return c.args[1] },
+		func(a []any, c *pipeCall) []any { return append(a, c.args[0], c.args[2]) })
+	return calls, order
+}
