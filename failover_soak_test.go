@@ -484,12 +484,23 @@ func TestFailoverDurability(t *testing.T) {
 
 	// How long before a kill each lost key was acknowledged.
 	var before []time.Duration
-	for _, k := range lost {
+	slices.SortFunc(lost, func(a, b confirmedKey) int { return a.at.Compare(b.at) })
+	for j, k := range lost {
 		i, _ := slices.BinarySearchFunc(killTimes, k.at, func(a, b time.Time) int { return a.Compare(b) })
+		where := "after the last kill"
 		if i < len(killTimes) {
 			before = append(before, killTimes[i].Sub(k.at))
+			where = fmt.Sprintf("%v before kill %d", killTimes[i].Sub(k.at).Round(time.Microsecond), i+1)
+		}
+		if i > 0 {
+			where += fmt.Sprintf(", %v after kill %d (whose failover took %v)", k.at.Sub(killTimes[i-1]).Round(time.Microsecond),
+				i, failoverTook[i-1].Round(time.Millisecond))
+		}
+		if j < 20 {
+			t.Logf("lost: %q, confirmed at %v: %s", k.key, k.at.Format("15:04:05.000000"), where)
 		}
 	}
+	failoverTook = slices.Clone(failoverTook)
 	slices.Sort(before)
 	slices.Sort(failoverTook)
 	window := "n/a"
