@@ -304,10 +304,10 @@ func TestFaultsRedisRestart(t *testing.T) {
 	}
 	var restarts, checked, survived atomic.Int64
 	w := workload{messages: 150, workers: 4, lease: 500 * time.Millisecond, opTimeout: 400 * time.Millisecond,
-		crashRate: 0.02, failRate: 0.05, spread: 2 * time.Second, limit: 30 * time.Second}
+		crashRate: 0.02, failRate: 0.05, spread: 3 * time.Second, limit: 30 * time.Second}
 	r := runWorkload(t, w, open, ds, func(ctx context.Context, led *ledger) {
 		for range 2 {
-			if !sleepCtx(ctx, 600*time.Millisecond) {
+			if !sleepCtx(ctx, 500*time.Millisecond) {
 				return
 			}
 			killed := time.Now()
@@ -318,7 +318,10 @@ func TestFaultsRedisRestart(t *testing.T) {
 			restarts.Add(1)
 			for _, k := range confirmed {
 				checked.Add(1)
-				rec, err := ds.Lookup(ctx, k)
+				// Not ctx: the check must finish even if the workload has.
+				lctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				rec, err := ds.Lookup(lctx, k)
+				cancel()
 				if err != nil || !rec.Confirmed {
 					t.Errorf("message %q was confirmed before the kill; after the restart Lookup = %+v, %v", k, rec, err)
 					continue
