@@ -1,0 +1,339 @@
+package idem_test
+
+import (
+	"context"
+	"net"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/testenv"
+)
+
+// Faults of the Redis server itself: its script cache flushed under a
+// batch workload, and the server killed and restarted.
+
+// redisServer is a redis-server of one test's own, which the test may kill
+// and start again on the same port and directory. Like the shared Redis it
+// is required under CI=true and skipped without IDEM_REDIS_ADDR.
+type redisServer struct {
+	t    *testing.T
+	bin  string
+	args []string
+	addr string
+	cmd  *exec.Cmd
+}
+
+func startRedisServer(t *testing.T, extra ...string) *redisServer {
+	t.Helper()
+	testenv.Lookup(t, testenv.RedisAddrVar)
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Fatalf("redis-server is not on PATH: %v", err)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+	_ = l.Close()
+	dir := t.TempDir()
+	s := &redisServer{t: t, bin: bin, addr: "127.0.0.1:" + port,
+		args: append([]string{"--port", port, "--bind", "127.0.0.1", "--save", "",
+			"--dir", dir, "--logfile", filepath.Join(dir, "log")}, extra...)}
+	s.start()
+	t.Cleanup(s.kill)
+	return s
+}
+
+// start runs the server and waits until it answers PING.
+func (s *redisServer) start() {
+	s.t.Helper()
+	s.cmd = exec.Command(s.bin, s.args...)
+	if err := s.cmd.Start(); err != nil {
+		s.t.Fatalf("starting redis-server: %v", err)
+	}
+	c := redis.NewClient(&redis.Options{Addr: s.addr, MaxRetries: -1})
+	defer func() { _ = c.Close() }()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		err := c.Ping(context.Background()).Err()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			s.t.Errorf("redis-server on %s does not answer: %v", s.addr, err)
+			return
+		}
+	}
+}
+
+// kill sends SIGKILL, as a crash would, and reaps the process.
+func (s *redisServer) kill() {
+	if s.cmd == nil {
+		return
+	}
+	_ = s.cmd.Process.Kill()
+	_ = s.cmd.Wait()
+	s.cmd = nil
+}
+
+// evalCounter counts EVAL commands, alone or pipelined: the store sends
+// one only after Redis answered NOSCRIPT (its script cache was lost).
+type evalCounter struct{ n atomic.Int64 }
+
+func (h *evalCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *evalCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "eval" {
+			h.n.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *evalCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			if cmd.Name() == "eval" {
+				h.n.Add(1)
+			}
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// TestFaultsRedisScriptFlush flushes Redis's script cache again and again
+// while workers claim and confirm in batches (ClaimBatch, ConfirmBatch:
+// pipelines, which go-redis cannot retry as EVAL by itself). The store must
+// recover on its own: no error, every message confirmed once.
+func TestFaultsRedisScriptFlush(t *testing.T) {
+	t.Parallel()
+	srv := startRedisServer(t, "--appendonly", "no")
+	ctl := redis.NewClient(&redis.Options{Addr: srv.addr})
+	t.Cleanup(func() { _ = ctl.Close() })
+	const messages, workers, batch = 400, 4, 16
+	keys := make([]string, messages)
+	for i := range keys {
+		keys[i] = "flush:" + strconv.Itoa(i)
+	}
+	queue := make(chan string, 2*messages)
+	var remaining atomic.Int64
+	remaining.Store(2 * messages)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	start := time.Now()
+	go func() {
+		// Over about a second, so that many flushes meet batches.
+		for i, k := range keys {
+			if !sleepCtx(ctx, time.Until(start.Add(time.Duration(i)*time.Second/messages))) {
+				return
+			}
+			queue <- k
+			queue <- k
+		}
+	}()
+
+	var (
+		flushes   atomic.Int64
+		errs      atomic.Int64
+		batches   atomic.Int64
+		mu        sync.Mutex
+		effects   = make(map[string]int)
+		evals     evalCounter
+		done      = make(chan struct{})
+		closeOnce sync.Once
+	)
+	finish := func() { closeOnce.Do(func() { close(done) }) }
+	go func() {
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+			if err := ctl.ScriptFlush(ctx).Err(); err == nil {
+				flushes.Add(1)
+			}
+		}
+	}()
+	var wg sync.WaitGroup
+	for i := range workers {
+		c := redis.NewClient(&redis.Options{Addr: srv.addr})
+		t.Cleanup(func() { _ = c.Close() })
+		c.AddHook(&evals)
+		s, err := idem.NewRedisStore(c, idem.RedisOptions{Options: idem.Options{LeaseTTL: time.Second,
+			Worker: "flush-worker-" + strconv.Itoa(i)}})
+		if err != nil {
+			t.Fatalf("NewRedisStore: %v", err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			requeue := func(k string) { time.AfterFunc(10*time.Millisecond, func() { queue <- k }) }
+			doneOne := func() {
+				if remaining.Add(-1) == 0 {
+					finish()
+				}
+			}
+			for {
+				var ks []string
+				select {
+				case <-done:
+					return
+				case <-ctx.Done():
+					return
+				case k := <-queue:
+					ks = append(ks, k)
+				}
+			more:
+				for len(ks) < batch {
+					select {
+					case k := <-queue:
+						ks = append(ks, k)
+					default:
+						break more
+					}
+				}
+				batches.Add(1)
+				cs, err := s.ClaimBatch(ctx, ks, nil)
+				if err != nil {
+					errs.Add(1)
+					t.Errorf("ClaimBatch during SCRIPT FLUSHes: %v", err)
+					for _, k := range ks {
+						requeue(k)
+					}
+					continue
+				}
+				var leases []*idem.Lease
+				for j, c := range cs {
+					switch c.Outcome {
+					case idem.Duplicate:
+						doneOne()
+					case idem.InProgress:
+						requeue(ks[j])
+					case idem.Claimed:
+						mu.Lock()
+						effects[ks[j]]++
+						mu.Unlock()
+						leases = append(leases, c.Lease)
+					}
+				}
+				if len(leases) == 0 {
+					continue
+				}
+				if err := s.ConfirmBatch(ctx, leases, nil); err != nil {
+					errs.Add(1)
+					t.Errorf("ConfirmBatch during SCRIPT FLUSHes: %v", err)
+					for _, l := range leases {
+						requeue(l.Key)
+					}
+					continue
+				}
+				for range leases {
+					doneOne()
+				}
+			}
+		}()
+	}
+	select {
+	case <-done:
+	case <-ctx.Done():
+		t.Errorf("after 30s, %d of %d deliveries were still not done", remaining.Load(), 2*messages)
+	}
+	finish()
+	wg.Wait()
+
+	check, err := idem.NewRedisStore(ctl, idem.RedisOptions{})
+	if err != nil {
+		t.Fatalf("NewRedisStore: %v", err)
+	}
+	doubles := 0
+	for _, k := range keys {
+		if rec, err := check.Lookup(context.Background(), k); err != nil || !rec.Confirmed {
+			t.Errorf("message %q lost: Lookup = %+v, %v; want a confirmed record", k, rec, err)
+		}
+		if effects[k] != 1 {
+			doubles++
+			t.Errorf("message %q took effect %d times; want once (no call failed)", k, effects[k])
+		}
+	}
+	t.Logf("SCRIPT FLUSH: messages %d, batches %d, flushes %d, NOSCRIPT recoveries (EVAL sent) %d, errors seen %d, double effects %d, %v",
+		messages, batches.Load(), flushes.Load(), evals.n.Load(), errs.Load(), doubles, time.Since(start).Round(time.Millisecond))
+	if flushes.Load() < 3 || evals.n.Load() == 0 {
+		t.Errorf("%d flushes, %d EVAL fallbacks; want the workload to have met flushes and recovered from them",
+			flushes.Load(), evals.n.Load())
+	}
+}
+
+// TestFaultsRedisRestart kills Redis (SIGKILL) twice during the workload
+// and starts it again on the same port and data directory. With
+// appendonly yes and appendfsync always, Redis writes each command to its
+// AOF before it replies, so every Confirm that returned nil before a kill
+// must still be there after the restart; the store must recover by itself
+// (new connections, a script cache to fill again).
+func TestFaultsRedisRestart(t *testing.T) {
+	t.Parallel()
+	srv := startRedisServer(t, "--appendonly", "yes", "--appendfsync", "always")
+	direct := redis.NewClient(&redis.Options{Addr: srv.addr})
+	t.Cleanup(func() { _ = direct.Close() })
+	ds, err := idem.NewRedisStore(direct, idem.RedisOptions{})
+	if err != nil {
+		t.Fatalf("NewRedisStore: %v", err)
+	}
+	var evals evalCounter
+	open := func(i int, o idem.Options) idem.Store {
+		c := redis.NewClient(&redis.Options{Addr: srv.addr, MaxRetries: -1,
+			DialTimeout: 300 * time.Millisecond, ReadTimeout: 300 * time.Millisecond})
+		t.Cleanup(func() { _ = c.Close() })
+		c.AddHook(&evals)
+		s, err := idem.NewRedisStore(c, idem.RedisOptions{Options: o})
+		if err != nil {
+			t.Fatalf("NewRedisStore: %v", err)
+		}
+		return s
+	}
+	var restarts, checked, survived atomic.Int64
+	w := workload{messages: 150, workers: 4, lease: 500 * time.Millisecond, opTimeout: 400 * time.Millisecond,
+		crashRate: 0.02, failRate: 0.05, spread: 3 * time.Second, limit: 30 * time.Second}
+	r := runWorkload(t, w, open, ds, func(ctx context.Context, led *ledger) {
+		for range 2 {
+			if !sleepCtx(ctx, 500*time.Millisecond) {
+				return
+			}
+			killed := time.Now()
+			srv.kill()
+			confirmed := led.confirmedBefore(killed)
+			time.Sleep(150 * time.Millisecond)
+			srv.start()
+			restarts.Add(1)
+			for _, k := range confirmed {
+				checked.Add(1)
+				// Not ctx: the check must finish even if the workload has.
+				lctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				rec, err := ds.Lookup(lctx, k)
+				cancel()
+				if err != nil || !rec.Confirmed {
+					t.Errorf("message %q was confirmed before the kill; after the restart Lookup = %+v, %v", k, rec, err)
+					continue
+				}
+				survived.Add(1)
+			}
+		}
+	})
+	t.Logf("restart: %v; restarts %d, confirmed records checked after restarts %d, survived %d, NOSCRIPT recoveries (EVAL sent) %d",
+		r, restarts.Load(), checked.Load(), survived.Load(), evals.n.Load())
+	if restarts.Load() != 2 || checked.Load() == 0 || r.errors() == 0 || evals.n.Load() == 0 {
+		t.Errorf("restarts %d, records checked %d, errors %d, EVAL fallbacks %d; want 2 restarts that the workload felt and recovered from",
+			restarts.Load(), checked.Load(), r.errors(), evals.n.Load())
+	}
+}
