@@ -38,19 +38,10 @@ import (
 //	IDEM_FAILOVER_KILLS          master kills (default 20)
 //	IDEM_FAILOVER_DOWN_AFTER_MS  sentinel down-after-milliseconds (default 2000)
 //	IDEM_FAILOVER_WORKERS        concurrent claim+confirm loops (default 16)
-//	IDEM_FAILOVER_WAIT_REPLICAS  RedisOptions.WaitReplicas (default 0, off);
-//	                             needs the build tag waitreplicas
+//	IDEM_FAILOVER_WAIT_REPLICAS  RedisOptions.WaitReplicas (default 0, off)
 //
 // With WaitReplicas a Confirm that returned an error (ErrNotReplicated
 // included) does not count as confirmed, and no confirmed key may be lost.
-
-// setWaitReplicas sets RedisOptions.WaitReplicas and WaitTimeout; nil
-// unless built with the tag waitreplicas (failover_wait_test.go).
-var setWaitReplicas func(o *idem.RedisOptions, n int, timeout time.Duration)
-
-// notReplicated reports an error wrapping idem.ErrNotReplicated; nil
-// unless built with the tag waitreplicas.
-var notReplicated func(error) bool
 
 func envInt(t *testing.T, name string, def int) int {
 	t.Helper()
@@ -329,9 +320,6 @@ func TestFailoverDurability(t *testing.T) {
 	kills := envInt(t, "IDEM_FAILOVER_KILLS", 20)
 	workers := envInt(t, "IDEM_FAILOVER_WORKERS", 16)
 	wait := envInt(t, "IDEM_FAILOVER_WAIT_REPLICAS", 0)
-	if wait > 0 && setWaitReplicas == nil {
-		t.Fatalf("IDEM_FAILOVER_WAIT_REPLICAS=%d needs RedisOptions.WaitReplicas: build with -tags failover,waitreplicas", wait)
-	}
 	downAfter := envInt(t, "IDEM_FAILOVER_DOWN_AFTER_MS", 2000)
 	set := startSentinelSet(t, downAfter)
 	// Every failover the sentinels make, the kills' and any spurious one.
@@ -353,7 +341,7 @@ func TestFailoverDurability(t *testing.T) {
 	t.Cleanup(func() { _ = fc.Close() })
 	o := idem.RedisOptions{Options: idem.Options{LeaseTTL: 5 * time.Second, Retention: time.Hour}}
 	if wait > 0 {
-		setWaitReplicas(&o, wait, 200*time.Millisecond)
+		o.WaitReplicas, o.WaitTimeout = wait, 200*time.Millisecond
 	}
 	store, err := idem.NewRedisStore(fc, o)
 	if err != nil {
@@ -400,7 +388,7 @@ func TestFailoverDurability(t *testing.T) {
 					cancel()
 					if err != nil {
 						confirmErrs.Add(1)
-						if notReplicated != nil && notReplicated(err) {
+						if errors.Is(err, idem.ErrNotReplicated) {
 							notRepl.Add(1)
 						}
 						break

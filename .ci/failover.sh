@@ -8,8 +8,7 @@
 #
 # usage: .ci/failover.sh [--kills N] [--wait-replicas N] [--down-after MS] [--workers N]
 #   --kills N          master kills (default 20)
-#   --wait-replicas N  RedisOptions.WaitReplicas (default 0: off); builds with
-#                      the tag waitreplicas, which needs a RedisStore with the option
+#   --wait-replicas N  RedisOptions.WaitReplicas (default 0: off)
 #   --down-after MS    sentinel down-after-milliseconds (default 2000)
 #   --workers N        concurrent claim+confirm loops (default 16)
 set -euo pipefail
@@ -39,7 +38,6 @@ done
 command -v redis-server >/dev/null || bash "$root/.ci/services.sh" install
 
 tags=failover
-((wait == 0)) || tags=failover,waitreplicas
 cd "$root"
 # go-redis logs each dial failure and master switch; the experiment's own lines
 # say what happened.

@@ -18,7 +18,13 @@ step_crash() {
 	IDEM_SOAK=1 go test -count=1 -timeout 60m -v -run '^TestSoak(Redis|SQL)$' ./internal/soak/
 }
 
-steps=(crash)
+# The failover durability experiment (.ci/failover.sh): 20 master kills on a Sentinel set of
+# its own, without and then with RedisOptions.WaitReplicas=1, counting confirmed-then-lost
+# records.
+step_failover() {
+	bash "$root/.ci/failover.sh" --kills 20 && bash "$root/.ci/failover.sh" --kills 20 --wait-replicas 1
+}
+steps=(crash failover)
 if [[ -n ${SOAK_STEPS:-} ]]; then
 	read -r -a steps <<<"$SOAK_STEPS"
 fi
