@@ -119,8 +119,8 @@ type result struct {
 // Errors reported to the Observer for requests refused before any store
 // call, sorted by idem.Event.Class as invalid input.
 var (
-	errKeyRefused   = fmt.Errorf("%w: the request's key is missing or malformed, or its scope refused", idem.ErrInvalidKey)
-	errBodyRefused  = fmt.Errorf("%w: the request's body is too large or unreadable", idem.ErrTooLarge)
+	errKeyRefused    = fmt.Errorf("%w: the request's key is missing or malformed, or its scope refused", idem.ErrInvalidKey)
+	errBodyRefused   = fmt.Errorf("%w: the request's body is too large or unreadable", idem.ErrTooLarge)
 	errRecordDamaged = fmt.Errorf("%w: the recorded response cannot be read", idem.ErrDamaged)
 	// errHandlerPanicked is reported for a request whose handler panicked.
 	errHandlerPanicked = errors.New("middleware: handler panicked")

@@ -79,10 +79,10 @@ func TestObserverRequestEvents(t *testing.T) {
 		q      req
 		status int
 	}{
-		{req{key: "k1", body: `{"a":1}`}, 201},       // replay
-		{req{key: "k1", body: `{"a":2}`}, 422},       // another request under k1
-		{req{key: `"unterminated`, body: `{}`}, 400}, // malformed key
-		{req{body: `{}`}, 201},                       // no key: passed through, no event
+		{req{key: "k1", body: `{"a":1}`}, 201},        // replay
+		{req{key: "k1", body: `{"a":2}`}, 422},        // another request under k1
+		{req{key: `"unterminated`, body: `{}`}, 400},  // malformed key
+		{req{body: `{}`}, 201},                        // no key: passed through, no event
 		{req{method: http.MethodGet, key: "k1"}, 201}, // not covered: no event
 	}
 	for _, s := range steps {
