@@ -60,10 +60,11 @@ func LeaseFrom(ctx context.Context) (*idem.Lease, bool) {
 func Idempotent[M any](store idem.Store, key func(M) string, h func(ctx context.Context, m M) error, opts ...Option) func(ctx context.Context, m M) error {
 	c := newConfig(opts)
 	fp := fingerprintFunc[M](c)
-	return func(ctx context.Context, m M) error {
+	handle := func(ctx context.Context, m M) (report, error) {
 		k := key(m)
 		if k == "" {
-			return fmt.Errorf("%w: the message's key is empty", idem.ErrInvalidKey)
+			err := fmt.Errorf("%w: the message's key is empty", idem.ErrInvalidKey)
+			return report{err: err}, err
 		}
 		var f []byte
 		if fp != nil {
@@ -71,11 +72,13 @@ func Idempotent[M any](store idem.Store, key func(M) string, h func(ctx context.
 		}
 		cl, err := store.Claim(ctx, k, f)
 		if err != nil {
-			return err
+			return report{key: k, err: err}, err
 		}
 		if cl.Outcome != idem.Claimed {
-			return c.notClaimed(ctx, k, f, fp != nil, cl)
+			err := c.notClaimed(ctx, k, f, fp != nil, cl)
+			return report{key: k, outcome: cl.Outcome, err: err}, err
 		}
+		rep := report{key: k, outcome: idem.Claimed}
 		work, stop := idem.KeepAlive(ctx, store, cl.Lease)
 		defer stop() // also when h calls runtime.Goexit
 		p, err := call(context.WithValue(work, leaseKey{}, cl.Lease), h, m)
@@ -86,10 +89,53 @@ func Idempotent[M any](store idem.Store, key func(M) string, h func(ctx context.
 			if p != nil {
 				panic(p.v)
 			}
+			return rep, err // the handler's own error is not the store's
+		}
+		rep.err = c.confirm(ctx, store, cl.Lease, lost)
+		return rep, rep.err
+	}
+	return func(ctx context.Context, m M) error {
+		if c.observer == nil {
+			_, err := handle(ctx, m)
 			return err
 		}
-		return c.confirm(ctx, store, cl.Lease, lost)
+		start := time.Now()
+		if s, ok := c.observer.(idem.Starter); ok {
+			ctx = s.Start(ctx, idem.OpMessage)
+		}
+		var rep report
+		done := false
+		defer func() {
+			if !done {
+				rep.err = errHandlerPanicked
+			}
+			c.observe(ctx, rep, start)
+		}()
+		rep, err := handle(ctx, m)
+		done = true
+		return err
 	}
+}
+
+// report is what the Observer is told of a message: its key, its claim's
+// outcome, and the error the idempotency layer answered with (not the
+// handler's own).
+type report struct {
+	key     string
+	outcome idem.Outcome
+	err     error
+}
+
+// errHandlerPanicked is reported for a message whose handler panicked.
+var errHandlerPanicked = errors.New("consumer: handler panicked")
+
+// observe reports one message's event.
+func (c *config) observe(ctx context.Context, rep report, start time.Time) {
+	e := idem.Event{Op: idem.OpMessage, Outcome: rep.outcome, Items: 1, Took: time.Since(start), Err: rep.err}
+	if rep.key != "" {
+		e.KeyHash = c.keyHasher.Hash(rep.key)
+	}
+	c.observer.Observe(ctx, e)
 }
 
 // notClaimed answers a claim that found a confirmation or a live holder.
@@ -101,7 +147,7 @@ func (c *config) notClaimed(ctx context.Context, key string, fp []byte, checkFP 
 	}
 	if checkFP && !bytes.Equal(fp, recFP) {
 		return fmt.Errorf("%w: key %s was %s with another fingerprint",
-			idem.ErrFingerprintMismatch, idem.KeyHash(key), cl.Outcome)
+			idem.ErrFingerprintMismatch, c.keyHasher.Hash(key), cl.Outcome)
 	}
 	switch cl.Outcome {
 	case idem.Duplicate:
@@ -109,7 +155,7 @@ func (c *config) notClaimed(ctx context.Context, key string, fp []byte, checkFP 
 		return nil
 	case idem.InProgress:
 		c.emit(ctx, InProgress, key, token, nil)
-		return fmt.Errorf("%w: key %s is held by another delivery (token %d)", idem.ErrInProgress, idem.KeyHash(key), token)
+		return fmt.Errorf("%w: key %s is held by another delivery (token %d)", idem.ErrInProgress, c.keyHasher.Hash(key), token)
 	}
 	return fmt.Errorf("consumer: unexpected claim outcome %v", cl.Outcome)
 }
@@ -166,7 +212,7 @@ func (c *config) confirm(ctx context.Context, s idem.Store, l *idem.Lease, lost 
 	err := retry.Do(cctx, func(ctx context.Context) error { return s.Confirm(ctx, l, nil) })
 	if err != nil {
 		c.emit(ctx, ConfirmFailed, l.Key, l.Token, err)
-		return fmt.Errorf("%w: key %s token %d: %w", ErrNotRecorded, idem.KeyHash(l.Key), l.Token, err)
+		return fmt.Errorf("%w: key %s token %d: %w", ErrNotRecorded, c.keyHasher.Hash(l.Key), l.Token, err)
 	}
 	if lost {
 		c.emit(ctx, LateConfirm, l.Key, l.Token, nil)
