@@ -93,9 +93,6 @@ func Batch[M any](store idem.Store, key func(M) string, h func(ctx context.Conte
 			if j.err != nil || j.panic != nil {
 				c.forget(mctx, store, j.lease, lost)
 				errs[j.i] = j.err
-				if j.panic != nil {
-					ob.set(j.i, j.lease.Key, idem.Claimed, errHandlerPanicked)
-				}
 				if first == nil && j.panic != nil {
 					first = j.panic
 				}

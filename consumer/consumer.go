@@ -60,11 +60,13 @@ func LeaseFrom(ctx context.Context) (*idem.Lease, bool) {
 func Idempotent[M any](store idem.Store, key func(M) string, h func(ctx context.Context, m M) error, opts ...Option) func(ctx context.Context, m M) error {
 	c := newConfig(opts)
 	fp := fingerprintFunc[M](c)
-	handle := func(ctx context.Context, m M) (report, error) {
+	// handle returns a handler's panic instead of raising it, so that the
+	// message's event is observed first.
+	handle := func(ctx context.Context, m M) (report, *panicValue, error) {
 		k := key(m)
 		if k == "" {
 			err := fmt.Errorf("%w: the message's key is empty", idem.ErrInvalidKey)
-			return report{err: err}, err
+			return report{err: err}, nil, err
 		}
 		var f []byte
 		if fp != nil {
@@ -72,11 +74,11 @@ func Idempotent[M any](store idem.Store, key func(M) string, h func(ctx context.
 		}
 		cl, err := store.Claim(ctx, k, f)
 		if err != nil {
-			return report{key: k, err: err}, err
+			return report{key: k, err: err}, nil, err
 		}
 		if cl.Outcome != idem.Claimed {
 			err := c.notClaimed(ctx, k, f, fp != nil, cl)
-			return report{key: k, outcome: cl.Outcome, err: err}, err
+			return report{key: k, outcome: cl.Outcome, err: err}, nil, err
 		}
 		rep := report{key: k, outcome: idem.Claimed}
 		work, stop := idem.KeepAlive(ctx, store, cl.Lease)
@@ -86,33 +88,30 @@ func Idempotent[M any](store idem.Store, key func(M) string, h func(ctx context.
 		lost := c.lost(ctx, work, cl.Lease)
 		if err != nil || p != nil {
 			c.forget(ctx, store, cl.Lease, lost)
-			if p != nil {
-				panic(p.v)
-			}
-			return rep, err // the handler's own error is not the store's
+			// The handler's own failure, error or panic, is not the
+			// idempotency layer's: the report's err stays nil.
+			return rep, p, err
 		}
 		rep.err = c.confirm(ctx, store, cl.Lease, lost)
-		return rep, rep.err
+		return rep, nil, rep.err
 	}
 	return func(ctx context.Context, m M) error {
-		if c.observer == nil {
-			_, err := handle(ctx, m)
-			return err
-		}
-		start := time.Now()
-		if s, ok := c.observer.(idem.Starter); ok {
-			ctx = s.Start(ctx, idem.OpMessage)
-		}
 		var rep report
-		done := false
-		defer func() {
-			if !done {
-				rep.err = errHandlerPanicked
+		var p *panicValue
+		var err error
+		if c.observer == nil {
+			_, p, err = handle(ctx, m)
+		} else {
+			start := time.Now()
+			if s, ok := c.observer.(idem.Starter); ok {
+				ctx = s.Start(ctx, idem.OpMessage)
 			}
+			rep, p, err = handle(ctx, m)
 			c.observe(ctx, rep, start)
-		}()
-		rep, err := handle(ctx, m)
-		done = true
+		}
+		if p != nil {
+			panic(p.v)
+		}
 		return err
 	}
 }
@@ -125,9 +124,6 @@ type report struct {
 	outcome idem.Outcome
 	err     error
 }
-
-// errHandlerPanicked is reported for a message whose handler panicked.
-var errHandlerPanicked = errors.New("consumer: handler panicked")
 
 // observe reports one message's event.
 func (c *config) observe(ctx context.Context, rep report, start time.Time) {

@@ -107,8 +107,8 @@ const DefaultConcurrency = 16
 // settled: Outcome is its claim's outcome (zero when the claim failed),
 // Took the whole message, handler included, KeyHash the keyed hash of its
 // key (WithKeyHasher). Err is the idempotency layer's answer, not the
-// handler's: nil when it did its part, even if the handler failed (the
-// claim was then forgotten); an error matching idem.ErrInProgress or
+// handler's: nil when it did its part, even if the handler failed or
+// panicked (the claim was then forgotten); an error matching idem.ErrInProgress or
 // idem.ErrFingerprintMismatch (Class conflict); ErrNotRecorded joined with
 // the store's error; the Claim's error; idem.ErrInvalidKey for an empty
 // key. When o is an idem.Starter, it is started for each message before

@@ -43,7 +43,7 @@ func (nopObserver) Observe(context.Context, idem.Event) {}
 // With no Observer the middleware allocates what it did before it could
 // report events: the figures are those measured before the Observer field
 // existed, so any allocation the observing adds on the unobserved path
-// fails here. With an Observer, reporting costs at most the key's hash.
+// fails here. With an Observer, reporting costs a few allocations.
 func TestObserverAllocations(t *testing.T) {
 	if testing.CoverMode() != "" || raceEnabled {
 		t.Skip("allocation counts differ under -cover and -race")
@@ -67,8 +67,10 @@ func TestObserverAllocations(t *testing.T) {
 		if off > c.base {
 			t.Errorf("%s: %.0f allocs per request without an Observer; want at most %.0f, as before events existed", c.name, off, c.base)
 		}
-		if on > off+2 {
-			t.Errorf("%s: %.0f allocs with a no-op Observer; want at most %.0f (the key's hash)", c.name, on, off+2)
+		// The key's hash, and the request's copy with a context that notes
+		// whether the handler ran.
+		if on > off+4 {
+			t.Errorf("%s: %.0f allocs with a no-op Observer; want at most %.0f", c.name, on, off+4)
 		}
 	}
 }

@@ -88,14 +88,26 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // opening it first when the Observer is an idem.Starter.
 func (h *handler) observe(w http.ResponseWriter, r *http.Request, key string, p *Problem) {
 	start := time.Now()
+	ctx := r.Context()
 	if s, ok := h.c.Observer.(idem.Starter); ok {
-		r = r.WithContext(s.Start(r.Context(), idem.OpRequest))
+		ctx = s.Start(ctx, idem.OpRequest)
 	}
 	var res result
+	var handlerRan bool
+	r = r.WithContext(context.WithValue(ctx, handlerRanKey{}, &handlerRan))
 	done := false
 	defer func() {
-		if !done { // the handler panicked: the event still ends the request
-			res.err = errHandlerPanicked
+		if !done {
+			// A panic still ends the request's event. One from the
+			// handler is its own failure, not the idempotency layer's,
+			// as a 5xx is; one before it (a Scope, Key or Fingerprint
+			// func) is reported as errPanicked.
+			res = result{}
+			if handlerRan {
+				res.outcome = idem.Claimed
+			} else {
+				res.err = errPanicked
+			}
 		}
 		e := idem.Event{Op: idem.OpRequest, Outcome: res.outcome, Items: 1, Took: time.Since(start), Err: res.err}
 		if res.key != "" {
@@ -105,6 +117,19 @@ func (h *handler) observe(w http.ResponseWriter, r *http.Request, key string, p 
 	}()
 	res = h.serve(w, r, key, p)
 	done = true
+}
+
+// handlerRanKey marks an observed request's context with where to note
+// that the handler ran.
+type handlerRanKey struct{}
+
+// handlerRuns notes, for the Observer, that r's handler runs.
+func (h *handler) handlerRuns(r *http.Request) {
+	if h.c.Observer != nil {
+		if ran, ok := r.Context().Value(handlerRanKey{}).(*bool); ok {
+			*ran = true
+		}
+	}
 }
 
 // result is what the Observer is told of a request: the store key, the
@@ -122,8 +147,9 @@ var (
 	errKeyRefused    = fmt.Errorf("%w: the request's key is missing or malformed, or its scope refused", idem.ErrInvalidKey)
 	errBodyRefused   = fmt.Errorf("%w: the request's body is too large or unreadable", idem.ErrTooLarge)
 	errRecordDamaged = fmt.Errorf("%w: the recorded response cannot be read", idem.ErrDamaged)
-	// errHandlerPanicked is reported for a request whose handler panicked.
-	errHandlerPanicked = errors.New("middleware: handler panicked")
+	// errPanicked is reported for a request whose Scope, Key or
+	// Fingerprint func panicked.
+	errPanicked = errors.New("middleware: an option's func panicked")
 )
 
 // serve handles a request the middleware covers, with its key (or the
@@ -263,6 +289,7 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, l *idem.Lease, bod
 			h.forget(r, l)
 		}
 	}()
+	h.handlerRuns(r)
 	r2 := r.WithContext(context.WithValue(work, leaseKey{}, l))
 	r2.Body = spoolBody{body.Reader()}
 	h.next.ServeHTTP(rec, r2)

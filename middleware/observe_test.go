@@ -183,7 +183,7 @@ func TestObserverStarter(t *testing.T) {
 	}
 }
 
-// A panicking handler still ends its request's event.
+// A panic still ends its request's event.
 func TestObserverPanic(t *testing.T) {
 	obs := &eventLog{}
 	h := mustNew(t, Options{Store: idem.NewMemoryStore(idem.Options{}), Observer: obs},
@@ -193,7 +193,18 @@ func TestObserverPanic(t *testing.T) {
 		do(h, req{key: "k", body: `{}`})
 	}()
 	got := obs.ops(idem.OpRequest)
-	if len(got) != 1 || !errors.Is(got[0].Err, errHandlerPanicked) {
-		t.Errorf("events %+v; want one with errHandlerPanicked", got)
+	if len(got) != 1 || got[0].Err != nil || got[0].Outcome != idem.Claimed {
+		t.Errorf("events %+v; want one, Claimed, without an error (the handler's failure is its own)", got)
+	}
+	// A panic before the claim (here in Scope) is reported as such.
+	h = mustNew(t, Options{Store: idem.NewMemoryStore(idem.Options{}), Observer: obs,
+		Scope: func(*http.Request) (string, error) { panic("scope") }}, &counter{})
+	func() {
+		defer func() { _ = recover() }()
+		do(h, req{key: "k", body: `{}`})
+	}()
+	got = obs.ops(idem.OpRequest)
+	if len(got) != 2 || !errors.Is(got[1].Err, errPanicked) || got[1].Outcome != 0 {
+		t.Errorf("events %+v; want a second one with errPanicked and no outcome", got)
 	}
 }

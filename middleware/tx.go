@@ -30,6 +30,7 @@ func (h *handler) serveTx(w http.ResponseWriter, r *http.Request, sk string, fp 
 	for {
 		out, replayed, err := h.c.Tx.Run(r.Context(), sk, fp, func(ctx context.Context, _ *sql.Tx) ([]byte, error) {
 			rec = newRecorder(h.c.MaxResponseBytes)
+			h.handlerRuns(r)
 			r2 := r.WithContext(ctx)
 			r2.Body = spoolBody{body.Reader()}
 			h.next.ServeHTTP(rec, r2)
