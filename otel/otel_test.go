@@ -23,7 +23,7 @@ func attrKey(k string) attribute.Key { return attribute.Key(k) }
 func attr(s sdktrace.ReadOnlySpan, k string) (string, bool) {
 	for _, kv := range s.Attributes() {
 		if string(kv.Key) == k {
-			return kv.Value.Emit(), true
+			return kv.Value.String(), true
 		}
 	}
 	return "", false
