@@ -303,3 +303,26 @@ func leaseKey(l *Lease) string {
 	}
 	return l.Key
 }
+
+// Starter is implemented by an Observer that wants to know when a wrapper's
+// request (OpRequest) or message (OpMessage) begins, to open a span that the
+// store operations made on its behalf nest under. The middleware and the
+// consumer wrapper call Start, when their Observer implements it, before
+// their first store call; they pass the returned context to every store call
+// and to the user's handler (so that the handler's own spans nest too), and
+// end with one Observe of the op on that context. Start must be quick and
+// safe for concurrent use, and must return a context derived from ctx.
+type Starter interface {
+	Start(ctx context.Context, op Op) context.Context
+}
+
+// Start calls the Starter of every observer that has one, in turn, each on
+// the context the one before returned.
+func (m multiObserver) Start(ctx context.Context, op Op) context.Context {
+	for _, o := range m {
+		if s, ok := o.(Starter); ok {
+			ctx = s.Start(ctx, op)
+		}
+	}
+	return ctx
+}

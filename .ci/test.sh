@@ -29,7 +29,7 @@ cd "$root"
 status=0
 go test -race -count=1 ./... || status=$?
 # Nested modules (kept apart for their heavy dependency trees) are not part of ./...
-nested=(consumer/watermill)
+nested=(consumer/watermill otel)
 for mod in "${nested[@]}"; do
 	(cd "$root/$mod" && go test -race -count=1 ./...) || status=$?
 done

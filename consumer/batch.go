@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/retry"
@@ -35,6 +36,10 @@ func Batch[M any](store idem.Store, key func(M) string, h func(ctx context.Conte
 	fp := fingerprintFunc[M](c)
 	batcher, _ := store.(idem.Batcher)
 	return func(ctx context.Context, ms []M) []error {
+		var ob *batchObs
+		if c.observer != nil {
+			ob = c.startBatch(ctx, len(ms))
+		}
 		errs := make([]error, len(ms))
 		keys := make([]string, 0, len(ms))
 		at := make([]int, 0, len(ms)) // at[j]: the message of keys[j]
@@ -43,6 +48,7 @@ func Batch[M any](store idem.Store, key func(M) string, h func(ctx context.Conte
 			k := key(m)
 			if k == "" {
 				errs[i] = fmt.Errorf("%w: the message's key is empty", idem.ErrInvalidKey)
+				ob.set(i, "", 0, errs[i])
 				continue
 			}
 			keys = append(keys, k)
@@ -59,10 +65,13 @@ func Batch[M any](store idem.Store, key func(M) string, h func(ctx context.Conte
 			switch {
 			case cerrs != nil && cerrs[j] != nil:
 				errs[i] = cerrs[j]
+				ob.set(i, keys[j], 0, errs[i])
 			case cl.Outcome != idem.Claimed:
-				errs[i] = c.notClaimed(ctx, keys[j], item(fps, j), fp != nil, cl)
+				errs[i] = c.notClaimed(ob.ctx(ctx, i), keys[j], item(fps, j), fp != nil, cl)
+				ob.set(i, keys[j], cl.Outcome, errs[i])
 			default:
-				work, cancel := context.WithCancelCause(ctx)
+				ob.set(i, keys[j], idem.Claimed, nil)
+				work, cancel := context.WithCancelCause(ob.ctx(ctx, i))
 				jobs = append(jobs, &job{i: i, lease: cl.Lease, work: work, cancel: cancel})
 			}
 		}
@@ -79,9 +88,10 @@ func Batch[M any](store idem.Store, key func(M) string, h func(ctx context.Conte
 		var doneJobs []*job
 		var first *panicValue
 		for _, j := range jobs {
-			lost := c.lost(ctx, j.work, j.lease)
+			mctx := ob.ctx(ctx, j.i)
+			lost := c.lost(mctx, j.work, j.lease)
 			if j.err != nil || j.panic != nil {
-				c.forget(ctx, store, j.lease, lost)
+				c.forget(mctx, store, j.lease, lost)
 				errs[j.i] = j.err
 				if first == nil && j.panic != nil {
 					first = j.panic
@@ -96,16 +106,63 @@ func Batch[M any](store idem.Store, key func(M) string, h func(ctx context.Conte
 			j := doneJobs[n]
 			switch {
 			case err != nil:
-				c.emit(ctx, ConfirmFailed, j.lease.Key, j.lease.Token, err)
-				errs[j.i] = fmt.Errorf("%w: key %s token %d: %w", ErrNotRecorded, idem.KeyHash(j.lease.Key), j.lease.Token, err)
+				c.emit(ob.ctx(ctx, j.i), ConfirmFailed, j.lease.Key, j.lease.Token, err)
+				errs[j.i] = fmt.Errorf("%w: key %s token %d: %w", ErrNotRecorded, c.keyHasher.Hash(j.lease.Key), j.lease.Token, err)
+				ob.set(j.i, j.lease.Key, idem.Claimed, errs[j.i])
 			case j.late:
-				c.emit(ctx, LateConfirm, j.lease.Key, j.lease.Token, nil)
+				c.emit(ob.ctx(ctx, j.i), LateConfirm, j.lease.Key, j.lease.Token, nil)
 			}
+		}
+		if ob != nil {
+			c.endBatch(ob)
 		}
 		if first != nil {
 			panic(first.v)
 		}
 		return errs
+	}
+}
+
+// batchObs holds what the Observer is told of each message of a batch, and
+// each message's started context. A nil *batchObs (no Observer) does
+// nothing.
+type batchObs struct {
+	start time.Time
+	ctxs  []context.Context
+	reps  []report
+}
+
+// startBatch starts observing a batch of n messages.
+func (c *config) startBatch(ctx context.Context, n int) *batchObs {
+	ob := &batchObs{start: time.Now(), ctxs: make([]context.Context, n), reps: make([]report, n)}
+	s, _ := c.observer.(idem.Starter)
+	for i := range ob.ctxs {
+		ob.ctxs[i] = ctx
+		if s != nil {
+			ob.ctxs[i] = s.Start(ctx, idem.OpMessage)
+		}
+	}
+	return ob
+}
+
+// ctx is message i's context: the started one when observing, else ctx.
+func (ob *batchObs) ctx(ctx context.Context, i int) context.Context {
+	if ob == nil {
+		return ctx
+	}
+	return ob.ctxs[i]
+}
+
+func (ob *batchObs) set(i int, key string, o idem.Outcome, err error) {
+	if ob != nil {
+		ob.reps[i] = report{key: key, outcome: o, err: err}
+	}
+}
+
+// endBatch reports every message of the batch.
+func (c *config) endBatch(ob *batchObs) {
+	for i, rep := range ob.reps {
+		c.observe(ob.ctxs[i], rep, ob.start)
 	}
 }
 

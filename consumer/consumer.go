@@ -60,10 +60,13 @@ func LeaseFrom(ctx context.Context) (*idem.Lease, bool) {
 func Idempotent[M any](store idem.Store, key func(M) string, h func(ctx context.Context, m M) error, opts ...Option) func(ctx context.Context, m M) error {
 	c := newConfig(opts)
 	fp := fingerprintFunc[M](c)
-	return func(ctx context.Context, m M) error {
+	// handle returns a handler's panic instead of raising it, so that the
+	// message's event is observed first.
+	handle := func(ctx context.Context, m M) (report, *panicValue, error) {
 		k := key(m)
 		if k == "" {
-			return fmt.Errorf("%w: the message's key is empty", idem.ErrInvalidKey)
+			err := fmt.Errorf("%w: the message's key is empty", idem.ErrInvalidKey)
+			return report{err: err}, nil, err
 		}
 		var f []byte
 		if fp != nil {
@@ -71,11 +74,13 @@ func Idempotent[M any](store idem.Store, key func(M) string, h func(ctx context.
 		}
 		cl, err := store.Claim(ctx, k, f)
 		if err != nil {
-			return err
+			return report{key: k, err: err}, nil, err
 		}
 		if cl.Outcome != idem.Claimed {
-			return c.notClaimed(ctx, k, f, fp != nil, cl)
+			err := c.notClaimed(ctx, k, f, fp != nil, cl)
+			return report{key: k, outcome: cl.Outcome, err: err}, nil, err
 		}
+		rep := report{key: k, outcome: idem.Claimed}
 		work, stop := idem.KeepAlive(ctx, store, cl.Lease)
 		defer stop() // also when h calls runtime.Goexit
 		p, err := call(context.WithValue(work, leaseKey{}, cl.Lease), h, m)
@@ -83,13 +88,50 @@ func Idempotent[M any](store idem.Store, key func(M) string, h func(ctx context.
 		lost := c.lost(ctx, work, cl.Lease)
 		if err != nil || p != nil {
 			c.forget(ctx, store, cl.Lease, lost)
-			if p != nil {
-				panic(p.v)
-			}
-			return err
+			// The handler's own failure, error or panic, is not the
+			// idempotency layer's: the report's err stays nil.
+			return rep, p, err
 		}
-		return c.confirm(ctx, store, cl.Lease, lost)
+		rep.err = c.confirm(ctx, store, cl.Lease, lost)
+		return rep, nil, rep.err
 	}
+	return func(ctx context.Context, m M) error {
+		var rep report
+		var p *panicValue
+		var err error
+		if c.observer == nil {
+			_, p, err = handle(ctx, m)
+		} else {
+			start := time.Now()
+			if s, ok := c.observer.(idem.Starter); ok {
+				ctx = s.Start(ctx, idem.OpMessage)
+			}
+			rep, p, err = handle(ctx, m)
+			c.observe(ctx, rep, start)
+		}
+		if p != nil {
+			panic(p.v)
+		}
+		return err
+	}
+}
+
+// report is what the Observer is told of a message: its key, its claim's
+// outcome, and the error the idempotency layer answered with (not the
+// handler's own).
+type report struct {
+	key     string
+	outcome idem.Outcome
+	err     error
+}
+
+// observe reports one message's event.
+func (c *config) observe(ctx context.Context, rep report, start time.Time) {
+	e := idem.Event{Op: idem.OpMessage, Outcome: rep.outcome, Items: 1, Took: time.Since(start), Err: rep.err}
+	if rep.key != "" {
+		e.KeyHash = c.keyHasher.Hash(rep.key)
+	}
+	c.observer.Observe(ctx, e)
 }
 
 // notClaimed answers a claim that found a confirmation or a live holder.
@@ -101,7 +143,7 @@ func (c *config) notClaimed(ctx context.Context, key string, fp []byte, checkFP 
 	}
 	if checkFP && !bytes.Equal(fp, recFP) {
 		return fmt.Errorf("%w: key %s was %s with another fingerprint",
-			idem.ErrFingerprintMismatch, idem.KeyHash(key), cl.Outcome)
+			idem.ErrFingerprintMismatch, c.keyHasher.Hash(key), cl.Outcome)
 	}
 	switch cl.Outcome {
 	case idem.Duplicate:
@@ -109,7 +151,7 @@ func (c *config) notClaimed(ctx context.Context, key string, fp []byte, checkFP 
 		return nil
 	case idem.InProgress:
 		c.emit(ctx, InProgress, key, token, nil)
-		return fmt.Errorf("%w: key %s is held by another delivery (token %d)", idem.ErrInProgress, idem.KeyHash(key), token)
+		return fmt.Errorf("%w: key %s is held by another delivery (token %d)", idem.ErrInProgress, c.keyHasher.Hash(key), token)
 	}
 	return fmt.Errorf("consumer: unexpected claim outcome %v", cl.Outcome)
 }
@@ -166,7 +208,7 @@ func (c *config) confirm(ctx context.Context, s idem.Store, l *idem.Lease, lost 
 	err := retry.Do(cctx, func(ctx context.Context) error { return s.Confirm(ctx, l, nil) })
 	if err != nil {
 		c.emit(ctx, ConfirmFailed, l.Key, l.Token, err)
-		return fmt.Errorf("%w: key %s token %d: %w", ErrNotRecorded, idem.KeyHash(l.Key), l.Token, err)
+		return fmt.Errorf("%w: key %s token %d: %w", ErrNotRecorded, c.keyHasher.Hash(l.Key), l.Token, err)
 	}
 	if lost {
 		c.emit(ctx, LateConfirm, l.Key, l.Token, nil)

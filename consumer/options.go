@@ -50,7 +50,7 @@ func (k Kind) String() string {
 // the key itself: keys may hold personal data.
 type Event struct {
 	Kind Kind
-	// KeyHash is idem.KeyHash of the message's key.
+	// KeyHash is the keyed hash of the message's key (WithKeyHasher).
 	KeyHash string
 	// Token is the fencing token of this delivery's lease (LeaseLost,
 	// LateConfirm, ConfirmFailed, ForgetFailed), or of the record found
@@ -102,7 +102,35 @@ func WithConcurrency(n int) Option {
 // DefaultConcurrency is Batch's default bound on concurrent handlers.
 const DefaultConcurrency = 16
 
+// WithObserver reports each message to o as one idem.Event with Op
+// idem.OpMessage (Batch: one per message of the batch), after it is
+// settled: Outcome is its claim's outcome (zero when the claim failed),
+// Took the whole message, handler included, KeyHash the keyed hash of its
+// key (WithKeyHasher). Err is the idempotency layer's answer, not the
+// handler's: nil when it did its part, even if the handler failed or
+// panicked (the claim was then forgotten); an error matching idem.ErrInProgress or
+// idem.ErrFingerprintMismatch (Class conflict); ErrNotRecorded joined with
+// the store's error; the Claim's error; idem.ErrInvalidKey for an empty
+// key. When o is an idem.Starter, it is started for each message before
+// its claim, and its context is the one the handler, the message's own
+// store calls and its event get, so that spans nest (Batch's ClaimBatch and
+// ConfirmBatch serve many messages and run on the batch's context). Give
+// the store the same Observer to see its operations too. With no Observer
+// nothing is measured and nothing is allocated for it. Default: none.
+func WithObserver(o idem.Observer) Option {
+	return func(c *config) { c.observer = o }
+}
+
+// WithKeyHasher hashes keys for the Hook, the Observer and error messages.
+// Give it the store's (idem.Options.KeyHasher) so that they correlate with
+// the store's events and log lines. Default: the process's (idem.KeyHash).
+func WithKeyHasher(h *idem.KeyHasher) Option {
+	return func(c *config) { c.keyHasher = h }
+}
+
 type config struct {
+	observer      idem.Observer
+	keyHasher     *idem.KeyHasher
 	hook          Hook
 	fingerprint   any
 	confirmBudget time.Duration
@@ -139,7 +167,7 @@ func (c *config) emit(ctx context.Context, k Kind, key string, token int64, err 
 	if c.hook == nil {
 		return
 	}
-	c.hook(ctx, Event{Kind: k, KeyHash: idem.KeyHash(key), Token: token, Err: err})
+	c.hook(ctx, Event{Kind: k, KeyHash: c.keyHasher.Hash(key), Token: token, Err: err})
 }
 
 // budget is how long Confirm and Forget may be retried for l.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"net/http"
 	"strconv"
@@ -72,24 +73,103 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	key, p := h.clientKey(r)
-	if p != nil {
-		h.fail(w, r, p)
-		return
-	}
-	if key == "" {
-		if c.Required {
-			h.fail(w, r, problem(TypeKeyMissing, "", nil))
-			return
-		}
+	if p == nil && key == "" && !c.Required {
 		h.next.ServeHTTP(w, r)
 		return
+	}
+	if c.Observer == nil {
+		h.serve(w, r, key, p)
+		return
+	}
+	h.observe(w, r, key, p)
+}
+
+// observe serves r and reports it to the Observer as one OpRequest event,
+// opening it first when the Observer is an idem.Starter.
+func (h *handler) observe(w http.ResponseWriter, r *http.Request, key string, p *Problem) {
+	start := time.Now()
+	ctx := r.Context()
+	if s, ok := h.c.Observer.(idem.Starter); ok {
+		ctx = s.Start(ctx, idem.OpRequest)
+	}
+	var res result
+	var handlerRan bool
+	r = r.WithContext(context.WithValue(ctx, handlerRanKey{}, &handlerRan))
+	done := false
+	defer func() {
+		if !done {
+			// A panic still ends the request's event. One from the
+			// handler is its own failure, not the idempotency layer's,
+			// as a 5xx is; one before it (a Scope, Key or Fingerprint
+			// func) is reported as errPanicked.
+			res = result{}
+			if handlerRan {
+				res.outcome = idem.Claimed
+			} else {
+				res.err = errPanicked
+			}
+		}
+		e := idem.Event{Op: idem.OpRequest, Outcome: res.outcome, Items: 1, Took: time.Since(start), Err: res.err}
+		if res.key != "" {
+			e.KeyHash = h.c.KeyHasher.Hash(res.key)
+		}
+		h.c.Observer.Observe(r.Context(), e)
+	}()
+	res = h.serve(w, r, key, p)
+	done = true
+}
+
+// handlerRanKey marks an observed request's context with where to note
+// that the handler ran.
+type handlerRanKey struct{}
+
+// handlerRuns notes, for the Observer, that r's handler runs.
+func (h *handler) handlerRuns(r *http.Request) {
+	if h.c.Observer != nil {
+		if ran, ok := r.Context().Value(handlerRanKey{}).(*bool); ok {
+			*ran = true
+		}
+	}
+}
+
+// result is what the Observer is told of a request: the store key, the
+// claim's outcome, and the error that the idempotency layer answered with
+// (nil when it did its part, whatever the handler answered).
+type result struct {
+	key     string
+	outcome idem.Outcome
+	err     error
+}
+
+// Errors reported to the Observer for requests refused before any store
+// call, sorted by idem.Event.Class as invalid input.
+var (
+	errKeyRefused    = fmt.Errorf("%w: the request's key is missing or malformed, or its scope refused", idem.ErrInvalidKey)
+	errBodyRefused   = fmt.Errorf("%w: the request's body is too large or unreadable", idem.ErrTooLarge)
+	errRecordDamaged = fmt.Errorf("%w: the recorded response cannot be read", idem.ErrDamaged)
+	// errPanicked is reported for a request whose Scope, Key or
+	// Fingerprint func panicked.
+	errPanicked = errors.New("middleware: an option's func panicked")
+)
+
+// serve handles a request the middleware covers, with its key (or the
+// problem with it).
+func (h *handler) serve(w http.ResponseWriter, r *http.Request, key string, p *Problem) result {
+	c := h.c
+	if p != nil {
+		h.fail(w, r, p)
+		return result{err: errKeyRefused}
+	}
+	if key == "" {
+		h.fail(w, r, problem(TypeKeyMissing, "", nil))
+		return result{err: errKeyRefused}
 	}
 	var scope string
 	if c.Scope != nil {
 		var err error
 		if scope, err = c.Scope(r); err != nil {
 			h.fail(w, r, problem(TypeScopeInvalid, "", err))
-			return
+			return result{err: errKeyRefused}
 		}
 	}
 	route := c.route(r, h.mux)
@@ -102,11 +182,11 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if errors.Is(err, errBodyTooLarge) {
 		h.fail(w, r, problem(TypeBodyTooLarge, "The request body exceeds "+strconv.FormatInt(c.MaxBodyBytes, 10)+" bytes.", err))
-		return
+		return result{err: errBodyRefused}
 	}
 	if err != nil {
 		h.fail(w, r, problem(TypeBodyUnreadable, "", err))
-		return
+		return result{err: errBodyRefused}
 	}
 	defer body.Close()
 	var fp []byte
@@ -117,18 +197,21 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if err != nil {
 		h.fail(w, r, problem(TypeBodyUnreadable, "", err))
-		return
+		return result{err: errBodyRefused}
 	}
 	if len(fp) > idem.MaxFingerprintBytes {
 		sum := sha256.Sum256(fp) // a store refuses a longer one
 		fp = sum[:]
 	}
 	sk := storeKey(scope, r.Method, route, key)
+	var res result
 	if c.Tx != nil {
-		h.serveTx(w, r, sk, fp, body)
-		return
+		res = h.serveTx(w, r, sk, fp, body)
+	} else {
+		res = h.serveLease(w, r, sk, fp, body)
 	}
-	h.serveLease(w, r, sk, fp, body)
+	res.key = sk
+	return res
 }
 
 // clientKey returns the request's key ("" for none) or the problem with it.
@@ -152,7 +235,7 @@ func (h *handler) clientKey(r *http.Request) (string, *Problem) {
 
 // serveLease is lease mode: claim, and run the handler under the lease;
 // or replay; or wait for the holder.
-func (h *handler) serveLease(w http.ResponseWriter, r *http.Request, sk string, fp []byte, body *spool) {
+func (h *handler) serveLease(w http.ResponseWriter, r *http.Request, sk string, fp []byte, body *spool) result {
 	store := h.c.Store
 	deadline := time.Now().Add(h.c.LockTimeout)
 	wait := 10 * time.Millisecond
@@ -160,40 +243,40 @@ func (h *handler) serveLease(w http.ResponseWriter, r *http.Request, sk string, 
 		cl, err := store.Claim(r.Context(), sk, fp)
 		if err != nil {
 			h.storeFailed(w, r, err)
-			return
+			return result{err: err}
 		}
 		if cl.Outcome == idem.Claimed {
-			h.run(w, r, cl.Lease, body)
-			return
+			return result{outcome: idem.Claimed, err: h.run(w, r, cl.Lease, body)}
 		}
 		// A different request under the key is answered at once, in flight
 		// or done: waiting would not make it the same request.
 		if !bytes.Equal(cl.Record.Fingerprint, fp) {
 			h.fail(w, r, problem(TypeFingerprintMismatch, "", nil))
-			return
+			return result{outcome: cl.Outcome, err: idem.ErrFingerprintMismatch}
 		}
 		if cl.Outcome == idem.Duplicate {
-			h.replay(w, r, cl.Record.Result)
-			return
+			return result{outcome: idem.Duplicate, err: h.replay(w, r, cl.Record.Result)}
 		}
 		left := time.Until(deadline)
 		if left <= 0 {
 			h.inProgress(w, r, cl.Record.Expires)
-			return
+			return result{outcome: idem.InProgress, err: idem.ErrInProgress}
 		}
 		// Jittered, growing waits: many retries of one key do not poll the
 		// store in step.
 		d := min(wait/2+rand.N(wait), left)
 		wait = min(2*wait, 250*time.Millisecond)
 		if !sleep(r.Context(), d) {
-			return // the client is gone: nobody to answer
+			// The client is gone: nobody to answer.
+			return result{outcome: idem.InProgress, err: context.Cause(r.Context())}
 		}
 	}
 }
 
 // run runs the handler under l, then records and sends its response, or
-// releases the key.
-func (h *handler) run(w http.ResponseWriter, r *http.Request, l *idem.Lease, body *spool) {
+// releases the key. It returns the error of a response that could not be
+// recorded.
+func (h *handler) run(w http.ResponseWriter, r *http.Request, l *idem.Lease, body *spool) error {
 	work, stop := idem.KeepAlive(r.Context(), h.c.Store, l)
 	rec := newRecorder(h.c.MaxResponseBytes)
 	defer rec.body.Close()
@@ -206,6 +289,7 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, l *idem.Lease, bod
 			h.forget(r, l)
 		}
 	}()
+	h.handlerRuns(r)
 	r2 := r.WithContext(context.WithValue(work, leaseKey{}, l))
 	r2.Body = spoolBody{body.Reader()}
 	h.next.ServeHTTP(rec, r2)
@@ -215,17 +299,19 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, l *idem.Lease, bod
 	if !h.c.Keep(rec.status) {
 		h.forget(r, l)
 		rec.send(w)
-		return
+		return nil
 	}
-	h.confirm(r, l, rec)
+	err := h.confirm(r, l, rec)
 	rec.send(w)
+	return err
 }
 
 // confirm records rec as l's result, on a context detached from the
 // request, retrying within RecordTimeout. A result the store finds too
 // large is recorded again without its body: the work is done, and must be
-// recorded as done whatever its size.
-func (h *handler) confirm(r *http.Request, l *idem.Lease, rec *recorder) {
+// recorded as done whatever its size. It returns the last error when no
+// Confirm succeeded.
+func (h *handler) confirm(r *http.Request, l *idem.Lease, rec *recorder) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), h.c.RecordTimeout)
 	defer cancel()
 	resp := h.response(rec)
@@ -244,6 +330,7 @@ func (h *handler) confirm(r *http.Request, l *idem.Lease, rec *recorder) {
 		// told otherwise would retry it once the lease runs out.
 		h.log(r, "middleware: the response could not be recorded; a retry after the lease may run the handler again", l.Key, err)
 	}
+	return err
 }
 
 // forget releases l on a context detached from the request, retrying
@@ -275,8 +362,9 @@ func (h *handler) response(rec *recorder) *response {
 }
 
 // replay answers with a recorded response, its headers filtered by
-// today's allowlist whatever was recorded.
-func (h *handler) replay(w http.ResponseWriter, r *http.Request, result []byte) {
+// today's allowlist whatever was recorded. It returns an error when the
+// record cannot be read.
+func (h *handler) replay(w http.ResponseWriter, r *http.Request, result []byte) error {
 	dst := w.Header()
 	status, omitted, body, err := walkResponse(result, func(k, v []byte) {
 		for _, name := range h.c.replay {
@@ -288,7 +376,7 @@ func (h *handler) replay(w http.ResponseWriter, r *http.Request, result []byte) 
 	})
 	if err != nil {
 		h.fail(w, r, problem(TypeRecordDamaged, "", err))
-		return
+		return errRecordDamaged
 	}
 	// Shared, never modified: net/http only reads header values.
 	dst[HeaderReplayed] = headerTrue
@@ -297,6 +385,7 @@ func (h *handler) replay(w http.ResponseWriter, r *http.Request, result []byte) 
 	}
 	w.WriteHeader(status)
 	_, _ = w.Write(body)
+	return nil
 }
 
 var headerTrue = []string{"true"}
@@ -328,7 +417,7 @@ func (h *handler) fail(w http.ResponseWriter, r *http.Request, p *Problem) {
 
 func (h *handler) log(r *http.Request, msg, key string, err error) {
 	if h.c.Logger != nil {
-		h.c.Logger.ErrorContext(r.Context(), msg, "key", idem.KeyHash(key), "err", err)
+		h.c.Logger.ErrorContext(r.Context(), msg, "key_hash", h.c.KeyHasher.Hash(key), "err", err)
 	}
 }
 

@@ -97,8 +97,34 @@ type Options struct {
 	RecordTimeout time.Duration
 	// Logger receives what the middleware cannot tell the client: a
 	// response that could not be recorded, a key that could not be
-	// released. Keys are logged as idem.KeyHash. Default: none.
+	// released. Keys are logged as their KeyHasher hash, never raw.
+	// Default: none.
 	Logger *slog.Logger
+	// Observer receives one idem.Event per request the middleware acts on
+	// (a covered method with a key, or without one when Required), with Op
+	// idem.OpRequest, after the response is written: Outcome is the
+	// outcome of the request's claim (Claimed: the handler ran; Duplicate:
+	// a replay; InProgress: another request held the key, and this one
+	// answered 409 or its client left while waiting); Took is the whole
+	// request, handler included; KeyHash is the hash of the key as stored
+	// (scope, method, route and client key). Err is the idempotency
+	// layer's answer, not the handler's: nil when it did its part, even
+	// for a 5xx the handler answered; idem.ErrInvalidKey or
+	// idem.ErrTooLarge (Class invalid) for a request refused before any
+	// store call; idem.ErrFingerprintMismatch or idem.ErrInProgress (Class
+	// conflict) for a 422 or a 409; the store's error for a 503 or for a
+	// response that could not be recorded. When the Observer is an
+	// idem.Starter, it is started before the first store call and its
+	// context is the handler's and the store calls' context, so that
+	// spans nest. Give the store the same Observer to see the store
+	// operations of each request too. With no Observer nothing is
+	// measured and nothing is allocated for it. Default: none.
+	Observer idem.Observer
+	// KeyHasher hashes keys for the Logger and the Observer. Give it the
+	// store's (idem.Options.KeyHasher) so that a request's events and log
+	// lines correlate with its store operations. Default: the process's
+	// (idem.KeyHash).
+	KeyHasher *idem.KeyHasher
 }
 
 // Defaults of Options.

@@ -18,7 +18,7 @@ var errNotKept = errors.New("middleware: response not kept")
 // SQL in the transaction that records its response, and the response is
 // sent only once that transaction committed (or, for a response not kept,
 // rolled back).
-func (h *handler) serveTx(w http.ResponseWriter, r *http.Request, sk string, fp []byte, body *spool) {
+func (h *handler) serveTx(w http.ResponseWriter, r *http.Request, sk string, fp []byte, body *spool) result {
 	deadline := time.Now().Add(h.c.LockTimeout)
 	wait := 10 * time.Millisecond
 	var rec *recorder
@@ -28,8 +28,9 @@ func (h *handler) serveTx(w http.ResponseWriter, r *http.Request, sk string, fp 
 		}
 	}()
 	for {
-		result, replayed, err := h.c.Tx.Run(r.Context(), sk, fp, func(ctx context.Context, _ *sql.Tx) ([]byte, error) {
+		out, replayed, err := h.c.Tx.Run(r.Context(), sk, fp, func(ctx context.Context, _ *sql.Tx) ([]byte, error) {
 			rec = newRecorder(h.c.MaxResponseBytes)
+			h.handlerRuns(r)
 			r2 := r.WithContext(ctx)
 			r2.Body = spoolBody{body.Reader()}
 			h.next.ServeHTTP(rec, r2)
@@ -41,30 +42,34 @@ func (h *handler) serveTx(w http.ResponseWriter, r *http.Request, sk string, fp 
 		})
 		switch {
 		case err == nil && replayed:
-			h.replay(w, r, result)
+			return result{outcome: idem.Duplicate, err: h.replay(w, r, out)}
 		case err == nil, errors.Is(err, errNotKept):
 			rec.send(w)
+			return result{outcome: idem.Claimed}
 		case errors.Is(err, idem.ErrFingerprintMismatch):
 			h.fail(w, r, problem(TypeFingerprintMismatch, "", nil))
+			return result{err: err}
 		case errors.Is(err, idem.ErrInProgress) && rec == nil:
 			left := time.Until(deadline)
 			if left <= 0 {
 				h.inProgress(w, r, h.holderExpires(r, sk))
-				return
+				return result{outcome: idem.InProgress, err: err}
 			}
 			d := min(wait/2+rand.N(wait), left)
 			wait = min(2*wait, 250*time.Millisecond)
 			if sleep(r.Context(), d) {
 				continue
 			}
+			return result{outcome: idem.InProgress, err: context.Cause(r.Context())}
 		case errors.Is(err, idem.ErrTooLarge) && rec != nil:
 			h.fail(w, r, problem(TypeResponseTooLarge, "", err))
+			return result{outcome: idem.Claimed, err: err}
 		default:
 			// A failed claim, or a failed commit: either way the work was
 			// rolled back, and the client may retry.
 			h.storeFailed(w, r, err)
+			return result{err: err}
 		}
-		return
 	}
 }
 

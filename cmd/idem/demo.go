@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
+	"github.com/idemgo/idem/internal/metrics"
 )
 
 const demoAbout = `Runs a fleet of workers on an in-process at-least-once queue that duplicates
@@ -52,8 +53,9 @@ type demoRun struct {
 	fault              func(*ledger) // tests only: breaks the ledger before the check
 	progressEvery      time.Duration
 	terminal           bool
-	stores             []idem.Store // [0] checks the records; [1:] one per worker
-	interrupted        error        // why the run stopped before the queue drained
+	stores             []idem.Store      // [0] checks the records; [1:] one per worker
+	metrics            *metrics.Registry // counts the stores' and the wrappers' events; nil: none
+	interrupted        error             // why the run stopped before the queue drained
 }
 
 // key returns message m's idempotency key.
@@ -106,7 +108,8 @@ func (c *cli) demo(args []string) int {
 			d.lease = time.Second
 		}
 	}
-	opts := idem.Options{LeaseTTL: d.lease, Retention: d.retention}
+	d.metrics = &metrics.Registry{}
+	opts := idem.Options{LeaseTTL: d.lease, Retention: d.retention, Observer: d.metrics}
 	if b.isSQL() {
 		s, err := b.sqlStore(opts)
 		if err == nil {
@@ -174,8 +177,12 @@ func (d *demoRun) run(ctx context.Context, w io.Writer) int {
 			d.ledger.count(func(c *counts) { c.leaseLost++ })
 		}
 	})
+	opts := []consumer.Option{hook}
+	if d.metrics != nil {
+		opts = append(opts, consumer.WithObserver(d.metrics))
+	}
 	for i := range handlers {
-		handlers[i] = consumer.Idempotent(d.stores[i+1], d.key, d.handle, hook)
+		handlers[i] = consumer.Idempotent(d.stores[i+1], d.key, d.handle, opts...)
 	}
 	fmt.Fprintf(w, "idem demo: %d messages (%d deliveries planned), %d workers, dup-rate %.2f, crash-rate %.2f, seed %d, lease %v\nstore: %s\n",
 		d.messages, len(d.plan.order), d.workers, d.dupRate, d.crashRate, d.seed, d.lease, d.store)
@@ -204,6 +211,10 @@ func (d *demoRun) run(ctx context.Context, w io.Writer) int {
 	}
 	c := d.ledger.snapshot()
 	report(w, d, c, v, elapsed)
+	if d.metrics != nil {
+		fmt.Fprintf(w, "\nmetrics (idem serve shows the same at GET /metrics, in Prometheus format):\n")
+		d.metrics.WriteTable(w)
+	}
 	if d.interrupted != nil || !v.ok(c) {
 		return exitFailed
 	}

@@ -58,6 +58,17 @@ func checkReport(t *testing.T, r result, messages int) {
 	if got := field(t, r.stdout, "never applied"); got != 0 {
 		t.Errorf("never applied = %d; want 0", got)
 	}
+	// The metrics table counts the wrapper's events: every duplicate
+	// skipped is a message event with outcome duplicate.
+	if !strings.Contains(r.stdout, "\nmetrics (") {
+		t.Fatalf("report has no metrics table:\n%s", r.stdout)
+	}
+	if got, want := metricRow(t, r.stdout, "message", "duplicate", "-"), field(t, r.stdout, "duplicates skipped"); got != want {
+		t.Errorf("metrics: message duplicate = %d; want duplicates skipped, %d", got, want)
+	}
+	if got := metricRow(t, r.stdout, "message", "claimed", "-"); got < messages {
+		t.Errorf("metrics: message claimed = %d; want at least one per message, %d", got, messages)
+	}
 	if !strings.Contains(r.stdout, "records confirmed          "+strconv.Itoa(messages)+" of "+strconv.Itoa(messages)) {
 		t.Errorf("not every record confirmed:\n%s", r.stdout)
 	}
@@ -166,4 +177,16 @@ func TestDemoTimeout(t *testing.T) {
 	if r.code != exitFailed || !strings.Contains(r.stdout, "FAILED: the run did not finish") || strings.Contains(r.stdout, "\nOK:") {
 		t.Errorf("demo past its timeout = %d; want %d and FAILED, not OK:\n%s", r.code, exitFailed, r.stdout)
 	}
+}
+
+// metricRow returns the count of the metrics table's row (op, outcome,
+// error), 0 when there is none.
+func metricRow(t *testing.T, out, op, outcome, class string) int {
+	t.Helper()
+	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(op) + ` +` + regexp.QuoteMeta(outcome) + ` +` + regexp.QuoteMeta(class) + ` +(\d+)$`).FindStringSubmatch(out)
+	if m == nil {
+		return 0
+	}
+	n, _ := strconv.Atoi(m[1])
+	return n
 }

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/metrics"
 	"github.com/idemgo/idem/middleware"
 )
 
@@ -66,11 +67,12 @@ func (c *cli) serve(args []string) int {
 			return c.usageError("serve", err)
 		}
 	}
-	s, err := b.store(idem.Options{})
+	reg := &metrics.Registry{}
+	s, err := b.store(idem.Options{Observer: reg})
 	if err != nil {
 		return c.usageError("serve", err)
 	}
-	h, err := newPaymentsAPI(s, *delay, *lockTimeout)
+	h, err := newPaymentsAPI(s, *delay, *lockTimeout, reg)
 	if err != nil {
 		return c.usageError("serve", err)
 	}
@@ -143,13 +145,22 @@ type paymentsAPI struct {
 	made  []payment
 }
 
-// newPaymentsAPI returns the example API behind the middleware on store.
-func newPaymentsAPI(store idem.Store, delay, lockTimeout time.Duration) (http.Handler, error) {
+// newPaymentsAPI returns the example API behind the middleware on store,
+// and, with reg, GET /metrics: reg's counts in Prometheus text format.
+func newPaymentsAPI(store idem.Store, delay, lockTimeout time.Duration, reg *metrics.Registry) (http.Handler, error) {
 	api := &paymentsAPI{delay: delay}
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /payments", api.create)
 	mux.HandleFunc("GET /payments", api.list)
-	idempotent, err := middleware.New(middleware.Options{Store: store, LockTimeout: lockTimeout})
+	mo := middleware.Options{Store: store, LockTimeout: lockTimeout}
+	if reg != nil {
+		mo.Observer = reg
+		mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+			_ = reg.WritePrometheus(w)
+		})
+	}
+	idempotent, err := middleware.New(mo)
 	if err != nil {
 		return nil, err
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/metrics"
 	"github.com/idemgo/idem/middleware"
 )
 
@@ -27,7 +28,7 @@ func post(t *testing.T, h http.Handler, key, body string) *httptest.ResponseReco
 // flight, a 422 for a key reused with another body, and one charge per key.
 func TestServeReplayConflictMismatch(t *testing.T) {
 	t.Parallel()
-	h, err := newPaymentsAPI(idem.NewMemoryStore(idem.Options{}), 300*time.Millisecond, 50*time.Millisecond)
+	h, err := newPaymentsAPI(idem.NewMemoryStore(idem.Options{}), 300*time.Millisecond, 50*time.Millisecond, nil)
 	if err != nil {
 		t.Fatalf("newPaymentsAPI = %v", err)
 	}
@@ -71,7 +72,7 @@ func TestServeReplayConflictMismatch(t *testing.T) {
 // A bad payment is answered 400, and the answer is recorded like any other.
 func TestServeBadPayment(t *testing.T) {
 	t.Parallel()
-	h, err := newPaymentsAPI(idem.NewMemoryStore(idem.Options{}), 0, time.Second)
+	h, err := newPaymentsAPI(idem.NewMemoryStore(idem.Options{}), 0, time.Second, nil)
 	if err != nil {
 		t.Fatalf("newPaymentsAPI = %v", err)
 	}
@@ -98,6 +99,38 @@ func TestServeCurlHelp(t *testing.T) {
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("curl help lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+// GET /metrics shows the requests and the store operations in Prometheus
+// text format.
+func TestServeMetrics(t *testing.T) {
+	t.Parallel()
+	reg := &metrics.Registry{}
+	h, err := newPaymentsAPI(idem.NewMemoryStore(idem.Options{Observer: reg}), 0, 50*time.Millisecond, reg)
+	if err != nil {
+		t.Fatalf("newPaymentsAPI = %v", err)
+	}
+	const eur = `{"amount":1000,"currency":"EUR"}`
+	post(t, h, "m-1", eur)
+	post(t, h, "m-1", eur)
+	post(t, h, "m-1", `{"amount":1,"currency":"EUR"}`)
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, httptest.NewRequest("GET", "/metrics", nil))
+	if w.Code != 200 || !strings.HasPrefix(w.Header().Get("Content-Type"), "text/plain; version=0.0.4") {
+		t.Fatalf("GET /metrics = %d %q; want 200 Prometheus text", w.Code, w.Header().Get("Content-Type"))
+	}
+	for _, want := range []string{
+		`idem_operations_total{op="request",outcome="claimed"} 1`,
+		`idem_operations_total{op="request",outcome="duplicate"} 1`,
+		`idem_operations_total{op="request",outcome="duplicate",error_class="conflict"} 1`,
+		`idem_operations_total{op="claim",outcome="claimed"} 1`,
+		`idem_operations_total{op="confirm"} 1`,
+		`idem_operation_duration_seconds_count{op="request"} 3`,
+	} {
+		if !strings.Contains(w.Body.String(), want+"\n") {
+			t.Errorf("GET /metrics lacks %q:\n%s", want, w.Body)
 		}
 	}
 }

@@ -78,13 +78,20 @@ type Options struct {
 	// MaxDelay bounds the requeue delay. Default 5s.
 	MaxDelay time.Duration
 	// Logger receives rejections and unrecorded work. Keys are logged as
-	// idem.KeyHash. Default: slog.Default().
+	// their KeyHasher hash, never raw. Default: slog.Default().
 	Logger *slog.Logger
+	// KeyHasher hashes keys and message ids for the Logger, and for the
+	// wrapped handler's hook, observer and errors (consumer.WithKeyHasher,
+	// which an option in Consumer overrides). Give it the store's
+	// (idem.Options.KeyHasher) so that they correlate. Default: the
+	// process's (idem.KeyHash).
+	KeyHasher *idem.KeyHasher
 	// OnSettle, when set, is called after each settlement, on the goroutine
 	// that settles (for a Nack, a timer's). It must be quick and safe for
 	// concurrent use. Default: none.
 	OnSettle func(d *amqp091.Delivery, s Settlement)
-	// Consumer options for the wrapped handler: hooks, fingerprint
+	// Consumer options for the wrapped handler: hooks, observer
+	// (consumer.WithObserver), fingerprint
 	// (consumer.WithFingerprint[amqp091.Delivery]), confirm budget.
 	Consumer []consumer.Option
 }
@@ -125,7 +132,8 @@ func Handler(store idem.Store, h func(ctx context.Context, d amqp091.Delivery) e
 		key = func(d *amqp091.Delivery) string { return d.MessageId }
 	}
 	a := &adapter{o: o, key: key, retries: map[string]int{}}
-	wrapped := consumer.Idempotent(store, func(d amqp091.Delivery) string { return key(&d) }, h, o.Consumer...)
+	copts := append([]consumer.Option{consumer.WithKeyHasher(o.KeyHasher)}, o.Consumer...)
+	wrapped := consumer.Idempotent(store, func(d amqp091.Delivery) string { return key(&d) }, h, copts...)
 	return func(ctx context.Context, d amqp091.Delivery) {
 		k := key(&d)
 		if k == "" {
@@ -147,7 +155,7 @@ func Handler(store idem.Store, h func(ctx context.Context, d amqp091.Delivery) e
 			a.ack(&d, k, nil)
 		case errors.Is(err, consumer.ErrNotRecorded):
 			o.Logger.LogAttrs(ctx, slog.LevelError, "idem/amqp: work done but not recorded; acked so it is not done again now",
-				slog.String("key_hash", idem.KeyHash(k)), slog.Any("err", err))
+				slog.String("key_hash", o.KeyHasher.Hash(k)), slog.Any("err", err))
 			a.ack(&d, k, err)
 		case errors.Is(err, idem.ErrInvalidKey), errors.Is(err, idem.ErrFingerprintMismatch):
 			a.reject(ctx, &d, err)
@@ -186,7 +194,7 @@ func (a *adapter) reject(ctx context.Context, d *amqp091.Delivery, err error) {
 	delete(a.retries, a.key(d))
 	a.mu.Unlock()
 	a.o.Logger.LogAttrs(ctx, slog.LevelError, "idem/amqp: delivery rejected without requeue",
-		slog.String("key_hash", idem.KeyHash(a.key(d))), slog.String("message_id_hash", idem.KeyHash(d.MessageId)),
+		slog.String("key_hash", a.o.KeyHasher.Hash(a.key(d))), slog.String("message_id_hash", a.o.KeyHasher.Hash(d.MessageId)),
 		slog.Uint64("delivery_tag", d.DeliveryTag), slog.Any("err", err))
 	a.settle(d, Reject, 0, err, d.Reject(false))
 }

@@ -200,3 +200,43 @@ func TestHandlerNackDoesNotBlock(t *testing.T) {
 			returned, settled, delay)
 	}
 }
+
+// Options.KeyHasher hashes the keys in the adapter's log lines and, through
+// the wrapped handler, in its hook's events.
+func TestHandlerKeyHasher(t *testing.T) {
+	hasher, err := idem.NewKeyHasher([]byte("the fleet's shared secret"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	var hooked []string
+	long := strings.Repeat("k", 2000) // over MaxKeyBytes: rejected
+	st := newSettlements()
+	h := idemamqp.Handler(idem.NewMemoryStore(idem.Options{}), func(context.Context, amqp091.Delivery) error { return nil },
+		idemamqp.Options{OnSettle: st.on, Logger: slog.New(slog.NewTextHandler(&logs, nil)), KeyHasher: hasher,
+			Key: func(d *amqp091.Delivery) string {
+				if d.MessageId == "too-long" {
+					return long
+				}
+				return d.MessageId
+			},
+			Consumer: []consumer.Option{consumer.WithHook(func(_ context.Context, e consumer.Event) { hooked = append(hooked, e.KeyHash) })}})
+	a := &acker{}
+	ctx := context.Background()
+	h(ctx, delivery(a, "too-long"))
+	if s := st.next(t); s.Action != idemamqp.Reject {
+		t.Fatalf("an oversized key: %v; want reject", s.Action)
+	}
+	for _, want := range []string{"key_hash=" + hasher.Hash(long), "message_id_hash=" + hasher.Hash("too-long")} {
+		if !strings.Contains(logs.String(), want) {
+			t.Errorf("log %q lacks %s", logs.String(), want)
+		}
+	}
+	h(ctx, delivery(a, "m"))
+	h(ctx, delivery(a, "m")) // a duplicate: the hook hears of it
+	st.next(t)
+	st.next(t)
+	if len(hooked) != 1 || hooked[0] != hasher.Hash("m") {
+		t.Errorf("hook saw key hashes %v; want [%s]", hooked, hasher.Hash("m"))
+	}
+}

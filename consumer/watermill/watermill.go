@@ -44,10 +44,16 @@ type Options struct {
 	// Key, when set, keys each message by what it returns; it overrides
 	// MetadataKey. Default: none.
 	Key func(msg *message.Message) string
-	// Logger receives unrecorded work (consumer.ErrNotRecorded). Default:
-	// slog.Default().
+	// Logger receives unrecorded work (consumer.ErrNotRecorded), keys as
+	// their KeyHasher hash. Default: slog.Default().
 	Logger *slog.Logger
-	// Consumer options for the wrapped handler: hooks, fingerprint
+	// KeyHasher hashes keys for the Logger, and for the wrapped handler's
+	// hook, observer and errors (consumer.WithKeyHasher, which an option
+	// in Consumer overrides). Give it the store's (idem.Options.KeyHasher)
+	// so that they correlate. Default: the process's (idem.KeyHash).
+	KeyHasher *idem.KeyHasher
+	// Consumer options for the wrapped handler: hooks, observer
+	// (consumer.WithObserver), fingerprint
 	// (consumer.WithFingerprint[*watermill.Delivery]), confirm budget.
 	Consumer []consumer.Option
 }
@@ -89,7 +95,7 @@ func Middleware(store idem.Store, o Options) message.HandlerMiddleware {
 			out, err := d.h(d.Msg)
 			d.out = out
 			return err
-		}, o.Consumer...)
+		}, append([]consumer.Option{consumer.WithKeyHasher(o.KeyHasher)}, o.Consumer...)...)
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			d := &Delivery{Msg: msg, h: h}
@@ -101,7 +107,7 @@ func Middleware(store idem.Store, o Options) message.HandlerMiddleware {
 				// Redelivering would surely do the work again once the lease
 				// runs out; acking risks it only if another duplicate comes.
 				logger.LogAttrs(msg.Context(), slog.LevelError, "idem/watermill: work done but not recorded; acked so it is not done again now",
-					slog.String("key_hash", idem.KeyHash(key(msg))), slog.Any("err", err))
+					slog.String("key_hash", o.KeyHasher.Hash(key(msg))), slog.Any("err", err))
 				return d.out, nil
 			}
 			return nil, err

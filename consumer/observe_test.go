@@ -1,0 +1,172 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/consumer"
+)
+
+type startKey struct{}
+
+// eventLog records the events it observes and whether each came on a
+// context it started; as a Starter it marks what it starts.
+type eventLog struct {
+	mu      sync.Mutex
+	events  []idem.Event
+	inside  []bool
+	started int
+}
+
+func (l *eventLog) Observe(ctx context.Context, e idem.Event) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.events = append(l.events, e)
+	l.inside = append(l.inside, ctx.Value(startKey{}) != nil)
+}
+
+func (l *eventLog) messages() []idem.Event {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []idem.Event
+	for _, e := range l.events {
+		if e.Op == idem.OpMessage {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+type startingLog struct{ eventLog }
+
+func (l *startingLog) Start(ctx context.Context, op idem.Op) context.Context {
+	l.mu.Lock()
+	l.started++
+	n := l.started
+	l.mu.Unlock()
+	return context.WithValue(ctx, startKey{}, n)
+}
+
+var errFailing = errors.New("test: the handler failed")
+
+// failing fails the messages whose body is "fail".
+func failing(_ context.Context, m msg) error {
+	if m.Body == "fail" {
+		return errFailing
+	}
+	return nil
+}
+
+func wantMessage(t *testing.T, what string, e idem.Event, outcome idem.Outcome, class idem.ErrorClass, hash string) {
+	t.Helper()
+	if e.Op != idem.OpMessage || e.Outcome != outcome || e.Class() != class || e.KeyHash != hash || e.Items != 1 || e.Took <= 0 {
+		t.Errorf("%s: event {%v %v class %q hash %q items %d took %v}; want {message %v class %q hash %q items 1 took > 0}",
+			what, e.Op, e.Outcome, e.Class(), e.KeyHash, e.Items, e.Took, outcome, class, hash)
+	}
+}
+
+// One OpMessage event per message: Claimed for work done (and for a
+// handler's own failure, which is not the store's), Duplicate for a
+// redelivery, conflict for a key held elsewhere, invalid for an empty key,
+// with the configured KeyHasher's hash.
+func TestObserverMessageEvents(t *testing.T) {
+	hasher, err := idem.NewKeyHasher([]byte("shared-secret-of-the-fleet"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := idem.NewMemoryStore(idem.Options{})
+	obs := &eventLog{}
+	h := consumer.Idempotent(store, msgKey, failing, consumer.WithObserver(obs), consumer.WithKeyHasher(hasher))
+	ctx := context.Background()
+	held, err := store.Claim(ctx, "held", nil)
+	if err != nil || held.Outcome != idem.Claimed {
+		t.Fatalf("Claim(held) = %v, %v", held.Outcome, err)
+	}
+	for _, m := range []msg{{ID: "a"}, {ID: "a"}, {ID: "b", Body: "fail"}, {ID: "held"}, {ID: ""}} {
+		_ = h(ctx, m)
+	}
+	got := obs.messages()
+	if len(got) != 5 || len(obs.events) != 5 {
+		t.Fatalf("%d events, %d of them messages; want 5 messages", len(obs.events), len(got))
+	}
+	wantMessage(t, "first", got[0], idem.Claimed, idem.ClassNone, hasher.Hash("a"))
+	wantMessage(t, "redelivery", got[1], idem.Duplicate, idem.ClassNone, hasher.Hash("a"))
+	wantMessage(t, "handler failed", got[2], idem.Claimed, idem.ClassNone, hasher.Hash("b"))
+	wantMessage(t, "held", got[3], idem.InProgress, idem.ClassConflict, hasher.Hash("held"))
+	wantMessage(t, "empty key", got[4], 0, idem.ClassInvalid, "")
+}
+
+// Batch reports each message of the batch; a Starter starts each message,
+// its handler and its event get that context, and the batch's own store
+// calls run outside any message.
+func TestObserverBatchEvents(t *testing.T) {
+	obs := &startingLog{}
+	store := idem.NewMemoryStore(idem.Options{Observer: obs})
+	ctx := context.Background()
+	if err := consumer.Idempotent(store, msgKey, failing)(ctx, msg{ID: "done"}); err != nil {
+		t.Fatal(err)
+	}
+	obs.events, obs.inside = nil, nil
+	handlerStarted := map[string]bool{}
+	var mu sync.Mutex
+	h := func(ctx context.Context, m msg) error {
+		mu.Lock()
+		handlerStarted[m.ID] = ctx.Value(startKey{}) != nil
+		mu.Unlock()
+		return failing(ctx, m)
+	}
+	b := consumer.Batch(store, msgKey, h, consumer.WithObserver(obs))
+	errs := b(ctx, []msg{{ID: "x"}, {ID: "done"}, {ID: "y", Body: "fail"}, {ID: "x"}})
+	if errs[0] != nil || errs[1] != nil || !errors.Is(errs[2], errFailing) || !errors.Is(errs[3], idem.ErrInProgress) {
+		t.Fatalf("errs = %v", errs)
+	}
+	if obs.started != 4 {
+		t.Errorf("started %d messages; want 4", obs.started)
+	}
+	if !handlerStarted["x"] || !handlerStarted["y"] {
+		t.Errorf("handlers ran on started contexts: %v; want all", handlerStarted)
+	}
+	got := obs.messages()
+	if len(got) != 4 {
+		t.Fatalf("%d message events; want 4", len(got))
+	}
+	wantMessage(t, "x", got[0], idem.Claimed, idem.ClassNone, idem.KeyHash("x"))
+	wantMessage(t, "done", got[1], idem.Duplicate, idem.ClassNone, idem.KeyHash("done"))
+	wantMessage(t, "y", got[2], idem.Claimed, idem.ClassNone, idem.KeyHash("y"))
+	wantMessage(t, "x again", got[3], idem.InProgress, idem.ClassConflict, idem.KeyHash("x"))
+	obs.mu.Lock()
+	defer obs.mu.Unlock()
+	for i, e := range obs.events {
+		// The batch calls serve every message; a message's own Forget and
+		// its event run on its context.
+		batchOp := e.Op == idem.OpClaimBatch || e.Op == idem.OpConfirmBatch
+		if obs.inside[i] == batchOp {
+			t.Errorf("event %v observed inside a message = %v; want %v", e.Op, obs.inside[i], !batchOp)
+		}
+	}
+}
+
+// An unrecorded success is reported with ErrNotRecorded and the store's
+// error; the store's events nest in the started message.
+func TestObserverNotRecorded(t *testing.T) {
+	obs := &startingLog{}
+	s := spy(idem.NewMemoryStore(idem.Options{Observer: obs}))
+	s.setFail("confirm", func(int) error { return errDown })
+	h := consumer.Idempotent(s, msgKey, failing, consumer.WithObserver(obs), consumer.WithConfirmBudget(20e6))
+	if err := h(context.Background(), msg{ID: "k"}); !errors.Is(err, consumer.ErrNotRecorded) {
+		t.Fatalf("err = %v; want ErrNotRecorded", err)
+	}
+	got := obs.messages()
+	if len(got) != 1 || got[0].Outcome != idem.Claimed || !errors.Is(got[0].Err, consumer.ErrNotRecorded) ||
+		!errors.Is(got[0].Err, errDown) || got[0].Class() == idem.ClassNone {
+		t.Fatalf("events %+v; want one Claimed with ErrNotRecorded and the store's error", got)
+	}
+	for i, e := range obs.events {
+		if !obs.inside[i] {
+			t.Errorf("event %v outside the started message", e.Op)
+		}
+	}
+}

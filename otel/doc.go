@@ -1,0 +1,54 @@
+// Package idemotel reports idem's operations to OpenTelemetry: metrics
+// through a MeterProvider, spans through a TracerProvider.
+//
+// [New] returns an [Observer], which is an idem.Observer and an
+// idem.Starter. Give the same one to the store (idem.Options.Observer), to
+// the HTTP middleware (middleware.Options.Observer) and to the consumer
+// wrapper (consumer.WithObserver):
+//
+//	obs, err := idemotel.New(idemotel.Options{})
+//	store, err := idem.NewRedisStore(client, idem.RedisOptions{Options: idem.Options{Observer: obs}})
+//	mw, err := middleware.New(middleware.Options{Store: store, Observer: obs})
+//
+// # Metrics
+//
+// Instruments, with their names as a Prometheus exporter shows them:
+//
+//	idem.operations           counter    idem_operations_total
+//	idem.operation.duration   histogram  idem_operation_duration_seconds (_bucket, _sum, _count)
+//	idem.takeovers            counter    idem_takeovers_total
+//	idem.late_confirms        counter    idem_late_confirms_total
+//
+// idem.operations counts every operation, with the attributes op (claim,
+// renew, confirm, forget, lookup, claim_batch, confirm_batch, run, request,
+// message), outcome (claimed, duplicate, in_progress; absent for
+// operations without one) and error_class (lease_lost, not_found, invalid,
+// conflict, canceled, damaged, store; absent on success). A batch counts
+// once. idem.operation.duration is each operation's duration in seconds,
+// with the attribute op, in buckets from 100µs to 10s. idem.takeovers
+// counts claims that replaced an expired claim (a worker that died or
+// stalled), idem.late_confirms confirmations recorded after their lease was
+// lost (the work may have been done twice); both have the attribute op.
+//
+// The key hash is never a metric attribute: one series per key would grow
+// without bound.
+//
+// # Spans
+//
+// A request through the middleware and a message through the consumer
+// wrapper are a span each ("idem.request", "idem.message"), opened when
+// the wrapper starts them and ended with their event; the handler runs
+// inside it, so its own spans are children. The store operations a request
+// or message makes are child spans ("idem.claim", "idem.confirm", ...),
+// created when the operation ends with its start time set back by its
+// duration. A store operation outside any request or message becomes a
+// span only when its context already carries a recording span (the
+// caller's own trace); otherwise it is counted in metrics only, so that a
+// store used without tracing does not produce one root span per call.
+//
+// Span attributes: idem.op, idem.outcome, idem.key_hash (the keyed hash
+// of idem.KeyHasher, never the key), idem.items for batches, idem.take_over
+// and idem.late when set, and error.type (the error class) on failure. A
+// span's status is Error for the classes store and damaged, which need an
+// operator; lease_lost, conflict and the like are answers, not faults.
+package idemotel
