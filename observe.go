@@ -121,11 +121,35 @@ func (e *Event) Class() ErrorClass {
 	case errors.Is(err, ErrInProgress), errors.Is(err, ErrFingerprintMismatch):
 		return ClassConflict
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return ClassCanceled
+		if onlyContext(err) {
+			return ClassCanceled
+		}
+		// A failure joined with the end of a retry budget (the consumer's
+		// ErrNotRecorded) is the failure's.
+		return ClassStore
 	case errors.Is(err, ErrDamaged):
 		return ClassDamaged
 	}
 	return ClassStore
+}
+
+// onlyContext reports whether every error err is built from (the leaves of
+// its wrap tree) is a context's end.
+func onlyContext(err error) bool {
+	switch u := err.(type) {
+	case interface{ Unwrap() []error }:
+		for _, e := range u.Unwrap() {
+			if !onlyContext(e) {
+				return false
+			}
+		}
+		return true
+	case interface{ Unwrap() error }:
+		if next := u.Unwrap(); next != nil {
+			return onlyContext(next)
+		}
+	}
+	return err == context.Canceled || err == context.DeadlineExceeded
 }
 
 // Observer receives one Event per operation, synchronously on the caller's

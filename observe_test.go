@@ -97,6 +97,10 @@ func TestEventClass(t *testing.T) {
 		{idem.ErrInProgress, idem.ClassConflict},
 		{idem.ErrFingerprintMismatch, idem.ClassConflict},
 		{context.DeadlineExceeded, idem.ClassCanceled},
+		{fmt.Errorf("idem: claim of key#1: %w", context.Canceled), idem.ClassCanceled},
+		{errors.Join(context.Canceled, context.DeadlineExceeded), idem.ClassCanceled},
+		{fmt.Errorf("%w: key 1: %w", errors.New("consumer: work done but not recorded"),
+			errors.Join(errors.New("i/o timeout"), context.DeadlineExceeded)), idem.ClassStore},
 		{idem.ErrDamaged, idem.ClassDamaged},
 		{errors.New("dial tcp: connection refused"), idem.ClassStore},
 	}
