@@ -199,12 +199,13 @@ func TestRedisAutoPipelineCoalesces(t *testing.T) {
 			calls := goroutines * rounds * 3
 			trips, sent := h.take()
 			t.Logf("%d calls in %d round trips", calls, trips)
-			// One call per round trip would be 3840. Measured here: ~8
-			// calls per round trip on miniredis, ~15 on Redis (race
-			// detector on); a quarter leaves room for a loaded machine.
-			if trips > calls/4 {
+			// One call per round trip would be 3840. Measured here: 3.6 to
+			// 15 calls per round trip, the fewer the faster Redis answers
+			// (a lone call goes at once); half leaves room for an idle
+			// machine and still fails a store that does not coalesce.
+			if trips > calls/2 {
 				t.Errorf("%d calls by %d goroutines cost %d round trips (first: %v); want at most %d",
-					calls, goroutines, trips, sent[:min(5, len(sent))], calls/4)
+					calls, goroutines, trips, sent[:min(5, len(sent))], calls/2)
 			}
 		})
 	}
