@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -23,14 +22,14 @@ import (
 // lone call is not held back, that each call keeps its own reply, error and
 // context, and that a lost script cache is survived.
 
-// gate is a go-redis hook that can hold pipelines back: while closed, every
-// pipeline that reaches it waits, so that the calls arriving meanwhile queue
-// up behind it, deterministically.
+// gate is a go-redis hook that can hold round trips back: while closed,
+// every command or pipeline that reaches it waits, so that the calls
+// arriving meanwhile queue up behind it, deterministically.
 type gate struct {
 	mu      sync.Mutex
 	closed  bool
 	open    chan struct{}
-	entered chan int // the size of each pipeline held
+	entered chan int // the number of commands of each round trip held
 }
 
 func newGate() *gate { return &gate{entered: make(chan int, 100)} }
@@ -50,23 +49,48 @@ func (g *gate) release() {
 	}
 }
 
-func (g *gate) DialHook(next redis.DialHook) redis.DialHook          { return next }
-func (g *gate) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+// pass lets the round trips held so far go, and holds the next ones.
+func (g *gate) pass() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	close(g.open)
+	g.open = make(chan struct{})
+}
+
+func (g *gate) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (g *gate) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		g.hold([]redis.Cmder{cmd})
+		return next(ctx, cmd)
+	}
+}
 
 func (g *gate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		g.mu.Lock()
-		closed, open := g.closed, g.open
-		g.mu.Unlock()
-		if closed {
-			g.entered <- len(cmds)
-			<-open
-		}
+		g.hold(cmds)
 		return next(ctx, cmds)
 	}
 }
 
-// waitEntered waits for n pipelines to be held at the gate.
+// hold waits while the gate is closed, if cmds run a script: a new
+// connection's set-up (HELLO, CLIENT SETINFO) passes, or it would be held
+// in place of the calls a test means to hold.
+func (g *gate) hold(cmds []redis.Cmder) {
+	n := len(cmds)
+	if !slices.ContainsFunc(cmds, func(c redis.Cmder) bool { return c.Name() == "evalsha" || c.Name() == "eval" }) {
+		return
+	}
+	g.mu.Lock()
+	closed, open := g.closed, g.open
+	g.mu.Unlock()
+	if closed {
+		g.entered <- n
+		<-open
+	}
+}
+
+// waitEntered waits for n round trips to be held at the gate.
 func (g *gate) waitEntered(t *testing.T, n int) {
 	t.Helper()
 	for range n {
@@ -96,8 +120,8 @@ func waitQueued(t *testing.T, s *RedisStore, n int) {
 	}
 }
 
-// occupySenders starts one Claim per sender and waits for their pipelines
-// to be held at g, so that every later call queues. The returned function
+// occupySenders starts one Claim per sender and waits for their round
+// trips to be held at g, so that every later call queues. The returned function
 // waits for those claims.
 func occupySenders(t *testing.T, s *RedisStore, g *gate) func() {
 	t.Helper()
@@ -175,12 +199,13 @@ func TestRedisAutoPipelineCoalesces(t *testing.T) {
 			calls := goroutines * rounds * 3
 			trips, sent := h.take()
 			t.Logf("%d calls in %d round trips", calls, trips)
-			// One call per round trip would be 3840. Measured here: ~8
-			// calls per round trip on miniredis, ~15 on Redis (race
-			// detector on); a quarter leaves room for a loaded machine.
-			if trips > calls/4 {
+			// One call per round trip would be 3840. Measured here: 3.6 to
+			// 15 calls per round trip, the fewer the faster Redis answers
+			// (a lone call goes at once); half leaves room for an idle
+			// machine and still fails a store that does not coalesce.
+			if trips > calls/2 {
 				t.Errorf("%d calls by %d goroutines cost %d round trips (first: %v); want at most %d",
-					calls, goroutines, trips, sent[:min(5, len(sent))], calls/4)
+					calls, goroutines, trips, sent[:min(5, len(sent))], calls/2)
 			}
 		})
 	}
@@ -308,8 +333,8 @@ func TestRedisAutoPipelineOnePipeline(t *testing.T) {
 	}
 }
 
-// TestRedisAutoPipelineLoneCall: a call on an idle store is sent at once, in
-// a pipeline of its own. A store that waited for company, even for a
+// TestRedisAutoPipelineLoneCall: a call on an idle store is sent at once,
+// alone, as without AutoPipeline. A store that waited for company, even for a
 // millisecond, would show it in the median time of a lone call next to a
 // store without AutoPipeline (calls alternate, so that the machine's load
 // weighs on both alike).
@@ -331,8 +356,8 @@ func TestRedisAutoPipelineLoneCall(t *testing.T) {
 				}
 				return time.Since(start)
 			}
-			// Both kinds of caller: one that cannot be cancelled sends
-			// itself, one that can hands the pipeline to a goroutine.
+			// Both kinds of caller: with a context that can be cancelled and
+			// one that cannot.
 			for _, cctx := range []context.Context{context.Background(), ctx} {
 				const n = 201
 				claim(plain, cctx, uuid.NewString()) // open the connections
@@ -347,18 +372,11 @@ func TestRedisAutoPipelineLoneCall(t *testing.T) {
 				if trips != 2*n {
 					t.Errorf("%d calls one after another cost %d round trips (first: %v); want %d", 2*n, trips, sent[:min(3, len(sent))], 2*n)
 				}
-				piped := 0
 				for _, what := range sent {
-					if strings.HasPrefix(what, "pipeline") {
-						piped++
-						if what != "pipeline of 1 evalsha" {
-							t.Errorf("a lone call went as %q; want a pipeline of 1 evalsha", what)
-							break
-						}
+					if what != "evalsha" {
+						t.Errorf("a lone call went as %q; want one evalsha, as without AutoPipeline", what)
+						break
 					}
-				}
-				if piped != n {
-					t.Errorf("%d lone calls with AutoPipeline went in %d pipelines; want %d", n, piped, n)
 				}
 				slices.Sort(p)
 				slices.Sort(a)
@@ -378,16 +396,22 @@ func TestRedisAutoPipelineCancel(t *testing.T) {
 	_, c := newMiniredisClient(t)
 	s := newTestRedisStore(t, c, RedisOptions{AutoPipeline: true})
 	ctx := context.Background()
+	loadScripts(t, c) // no NOSCRIPT retry among the round trips held
 	g := newGate()
 	c.AddHook(g)
 
-	// Sent, then cancelled while its pipeline is held.
-	sentKey := uuid.NewString()
-	g.close()
+	// Sent in a pipeline with another caller's call, then cancelled while
+	// that pipeline is held.
+	done := occupySenders(t, s, g)
+	sentKey, other := uuid.NewString(), uuid.NewString()
 	cctx, cancel := context.WithCancel(ctx)
 	errc := make(chan error, 1)
 	go func() { _, err := s.Claim(cctx, sentKey, nil); errc <- err }()
-	g.waitEntered(t, 1)
+	oerr := make(chan error, 1)
+	go func() { _, err := s.Claim(ctx, other, nil); oerr <- err }()
+	waitQueued(t, s, 2)
+	g.pass()            // the held calls go; the next round trip is held
+	g.waitEntered(t, 1) // the pipeline of the two queued calls
 	cancel()
 	select {
 	case err := <-errc:
@@ -398,9 +422,13 @@ func TestRedisAutoPipelineCancel(t *testing.T) {
 		t.Fatalf("Claim(%q) cancelled in flight did not return while its pipeline was held", sentKey)
 	}
 	g.release()
+	done()
+	if err := <-oerr; err != nil {
+		t.Errorf("Claim(%q) in a pipeline with a cancelled call: %v; want claimed", other, err)
+	}
 
 	// Queued behind held senders, then cancelled.
-	done := occupySenders(t, s, g)
+	done = occupySenders(t, s, g)
 	queuedKey, neighbour := uuid.NewString(), uuid.NewString()
 	qctx, qcancel := context.WithCancel(ctx)
 	go func() { _, err := s.Claim(qctx, queuedKey, nil); errc <- err }()

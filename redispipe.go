@@ -29,10 +29,9 @@ import (
 //   - its API is marked experimental and may change in any release.
 
 // autoPipeSenders is how many pipelines may be in flight at once, each on a
-// connection of its own. Two keep Redis busy while the client reads one
-// pipeline's replies and writes the next; more split the waiting calls into
-// smaller pipelines without adding throughput (measured with
-// BenchmarkRedisCompare).
+// connection of its own. Two let Redis work on one pipeline while the
+// client reads the other's replies and writes the next; more would split
+// the waiting calls into ever smaller pipelines.
 const autoPipeSenders = 2
 
 // The life of a pipeCall: queued until a sender takes it (sent) or its
@@ -47,7 +46,7 @@ const (
 type pipeCall struct {
 	scriptCall
 	state atomic.Int32
-	done  chan struct{} // closed once v, err and waitErr are set
+	done  chan struct{} // closed once v, err and waitErr are set; nil if no one waits
 	v     any
 	err   error
 	// waitErr is the verdict of the WAIT that followed a confirm (see
@@ -67,36 +66,52 @@ type autoPipe struct {
 }
 
 // do runs sc in a pipeline and returns its reply and, for a confirm with
-// WaitReplicas, the verdict of its WAIT. When ctx ends first, do returns
-// ctx.Err() at once; the call may then have been sent, and may run.
+// WaitReplicas, the verdict of its WAIT. A call that finds the store idle
+// and nothing queued goes out alone on the caller's goroutine and context,
+// exactly as without AutoPipeline. Otherwise, when ctx ends first, do
+// returns ctx.Err() at once; the call may then have been sent, and may run.
 func (p *autoPipe) do(ctx context.Context, sc scriptCall) (v any, waitErr, err error) {
 	if err := ctx.Err(); err != nil {
 		return nil, nil, err
 	}
-	c := &pipeCall{scriptCall: sc, done: make(chan struct{})}
+	// done is made only for a caller that will wait on it, before the call
+	// is visible to a sender: an idle store's lone call allocates none.
+	c := &pipeCall{scriptCall: sc}
 	p.mu.Lock()
-	p.queue = append(p.queue, c)
 	if p.senders >= autoPipeSenders {
+		c.done = make(chan struct{})
+		p.queue = append(p.queue, c)
 		p.mu.Unlock()
 		return c.wait(ctx)
 	}
 	p.senders++
-	batch := p.queue
+	batch := append(p.queue, c)
 	p.queue = nil
 	p.mu.Unlock()
-	if ctx.Done() == nil {
-		// Nothing can cancel this caller, so it sends the pipeline itself and
-		// a lone call costs no goroutine switch. It leaves what queued
-		// meanwhile to a new sender rather than making its own caller wait
-		// for another round trip.
-		p.send(batch)
+	if len(batch) == 1 || ctx.Done() == nil {
+		// A lone call, or a caller nothing can cancel: it sends the pipeline
+		// itself and costs no goroutine switch. A lone call goes on its own
+		// context, as it would without AutoPipeline (go-redis honours a
+		// deadline; a bare cancellation only before the command is sent):
+		// no other caller's call rides with it. What queues meanwhile is
+		// left to a new sender rather than making this caller wait for
+		// another round trip.
+		sctx := context.Background()
+		if len(batch) == 1 {
+			sctx = ctx
+		}
+		p.send(sctx, batch)
 		if next := p.next(); next != nil {
 			go p.loop(next)
+		}
+		if err := ctx.Err(); err != nil && c.err != nil {
+			return nil, nil, err
 		}
 		return c.v, c.waitErr, c.err
 	}
 	// A caller that may be cancelled must be able to return at once, while
 	// its pipeline (other callers' calls with it) runs to its end.
+	c.done = make(chan struct{})
 	go p.loop(batch)
 	return c.wait(ctx)
 }
@@ -115,11 +130,18 @@ func (c *pipeCall) wait(ctx context.Context) (any, error, error) {
 	}
 }
 
+// finish wakes c's caller, if it waits.
+func (c *pipeCall) finish() {
+	if c.done != nil {
+		close(c.done)
+	}
+}
+
 // loop sends batch, then whatever queued while it was in flight, until the
 // queue is empty.
 func (p *autoPipe) loop(batch []*pipeCall) {
 	for batch != nil {
-		p.send(batch)
+		p.send(context.Background(), batch)
 		batch = p.next()
 	}
 }
@@ -141,10 +163,11 @@ func (p *autoPipe) next() []*pipeCall {
 // send sends the calls of batch that are still wanted in one pipeline and
 // hands each its own reply.
 //
-// The pipeline runs on a context of its own, not any caller's: one
-// caller's cancellation must not fail the calls of the others. It is bounded
-// by the client's read and write timeouts, as every command is.
-func (p *autoPipe) send(batch []*pipeCall) {
+// A pipeline of several callers' calls runs on a context of its own (ctx
+// is then Background): one caller's cancellation must not fail the calls of
+// the others. It is bounded by the client's read and write timeouts, as
+// every command is.
+func (p *autoPipe) send(ctx context.Context, batch []*pipeCall) {
 	live := batch[:0]
 	for _, c := range batch {
 		if c.state.CompareAndSwap(callQueued, callSent) {
@@ -154,13 +177,21 @@ func (p *autoPipe) send(batch []*pipeCall) {
 	if len(live) == 0 {
 		return
 	}
+	if len(live) == 1 && !(live[0].scriptCall.wait && p.s.waitReplicas > 0) {
+		// One call alone goes as a plain command, as without AutoPipeline:
+		// the same round trip, without a pipeline's bookkeeping.
+		c := live[0]
+		c.v, c.err = c.script.Run(ctx, p.s.c, c.keys, c.args...).Result()
+		c.finish()
+		return
+	}
 	calls, order := p.s.mergeCalls(live)
-	cmds, waitErrs := p.s.pipeline(context.Background(), calls)
+	cmds, waitErrs := p.s.pipeline(ctx, calls)
 	each(calls, cmds, waitErrs, func(i int, v any, err, waitErr error) {
 		order[i].v, order[i].err, order[i].waitErr = v, err, waitErr
 	})
 	for _, c := range live {
-		close(c.done)
+		c.finish()
 	}
 }
 

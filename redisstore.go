@@ -80,12 +80,14 @@ type RedisOptions struct {
 	// no added latency.
 	//
 	// Every call keeps its own reply and error: one failing key does not
-	// fail the others in its pipeline. A call whose context ends first
-	// returns ctx.Err() at once, but if it was already sent it may still
-	// run with its reply lost, as after a broken connection: a Claim may
-	// then hold the key until its lease expires (LeaseTTL), and a Confirm
-	// may have recorded. The pipeline itself runs under the client's read
-	// and write timeouts, not any one caller's context. Default false.
+	// fail the others in its pipeline. A call that waits in the queue or
+	// shares a pipeline returns ctx.Err() as soon as its context ends; if
+	// it was already sent it may still run with its reply lost, as after a
+	// broken connection: a Claim may then hold the key until its lease
+	// expires (LeaseTTL), and a Confirm may have recorded. Such a pipeline
+	// runs under the client's read and write timeouts, not any one
+	// caller's context. A call sent alone on an idle store goes exactly as
+	// without AutoPipeline, on its own context. Default false.
 	AutoPipeline bool
 	// WaitReplicas makes Confirm and ConfirmBatch also wait until this many
 	// replicas have acknowledged the confirmation: WAIT follows the confirm

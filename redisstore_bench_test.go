@@ -78,6 +78,10 @@ func BenchmarkRedisSetNXBaseline(b *testing.B) { benchSetNX(b, testenv.Redis(b),
 func BenchmarkRedisCompare(b *testing.B) {
 	c := testenv.Redis(b)
 	for range *benchRounds {
+		// A caller whose context can be cancelled hands a pipeline it sends
+		// to a goroutine (see autoPipe.do): at 1 goroutine, both kinds.
+		b.Run("ClaimConfirmCtx/g=1", func(b *testing.B) { benchClaimConfirmCtx(b, c, cancellable(b), 1, false) })
+		b.Run("ClaimConfirmAutoCtx/g=1", func(b *testing.B) { benchClaimConfirmCtx(b, c, cancellable(b), 1, true) })
 		for _, g := range []int{1, benchGoroutines, 256} {
 			b.Run(fmt.Sprintf("ClaimConfirm/g=%d", g), func(b *testing.B) { benchClaimConfirm(b, c, g, false) })
 			b.Run(fmt.Sprintf("ClaimConfirmAuto/g=%d", g), func(b *testing.B) { benchClaimConfirm(b, c, g, true) })
@@ -91,8 +95,18 @@ func BenchmarkRedisCompare(b *testing.B) {
 // benchClaimConfirm: one Claim and one Confirm per message, unique keys, in
 // g goroutines, with or without AutoPipeline.
 func benchClaimConfirm(b *testing.B, c *redis.Client, g int, auto bool) {
+	benchClaimConfirmCtx(b, c, context.Background(), g, auto)
+}
+
+// cancellable returns a context that can be cancelled, as a request's can.
+func cancellable(b *testing.B) context.Context {
+	ctx, cancel := context.WithCancel(context.Background())
+	b.Cleanup(cancel)
+	return ctx
+}
+
+func benchClaimConfirmCtx(b *testing.B, c *redis.Client, ctx context.Context, g int, auto bool) {
 	s := newTestRedisStore(b, c, RedisOptions{Options: Options{Retention: 10 * time.Minute}, AutoPipeline: auto})
-	ctx := context.Background()
 	var next atomic.Uint64
 	runGoroutines(b, g, func(more func() bool) {
 		result := []byte("ok")
