@@ -185,6 +185,14 @@ func (s State) holds(l LeaseRef) bool {
 // step applies one call to s and reports whether out is an answer the
 // contract allows there. An unknown outcome is always allowed, and applied:
 // the checker covers "not applied" by placing the call after all others.
+// mayHold reports whether l may be the key's live claim when that claim's
+// Claim had an unknown outcome and no answer has shown its token yet: the
+// same owner and a token newer than any known. A lease of that owner, with
+// the token it was given or one guessed right, then acts on it.
+func (s State) mayHold(l LeaseRef) bool {
+	return s.Phase == claimed && s.Token == 0 && s.Owner == l.Owner && l.Token > s.Last
+}
+
 func step(s State, in Input, out Output) (bool, State) {
 	if out.Malformed != "" {
 		return false, s
@@ -201,6 +209,12 @@ func step(s State, in Input, out Output) (bool, State) {
 	case Forget, Renew:
 		if s.holds(in.Lease) {
 			return out.Err == OK, apply(s, in)
+		}
+		if out.Err == OK && s.mayHold(in.Lease) {
+			// The claim's token was unknown, and this lease turns out to
+			// be it: learn it, as reports does from a record.
+			s.Token, s.Last = in.Lease.Token, in.Lease.Token
+			return true, apply(s, in)
 		}
 		return out.Err == LeaseLost, s
 	case Lookup:

@@ -185,6 +185,24 @@ func TestModel(t *testing.T) {
 			add(2, 3, leaseIn(Forget, 5, "a", "f"), ok).
 			add(4, 0, claimIn("b", "g"), Output{}).
 			add(6, 7, lookupIn, claimRec(4, "b", "g")), false},
+		{"unknown claim, applied: its holder's lease renews it, then forgets it", seq{}.
+			add(0, 0, claimIn("a", "f"), Output{}).
+			add(2, 3, leaseIn(Renew, 7, "a", "f"), ok).
+			add(4, 5, lookupIn, claimRec(7, "a", "f")).
+			add(6, 7, leaseIn(Forget, 7, "a", "f"), ok).
+			add(8, 9, lookupIn, notFound), true},
+		{"unknown claim: another owner's lease forgets it", seq{}.
+			add(0, 0, claimIn("a", "f"), Output{}).
+			add(2, 3, leaseIn(Forget, 7, "b", "f"), ok), false},
+		{"unknown claim: a lease older than a known token forgets it", seq{}.
+			add(0, 1, claimIn("a", "f"), claimedOut(5, "a", "f")).
+			add(2, 3, leaseIn(Forget, 5, "a", "f"), ok).
+			add(4, 0, claimIn("a", "f"), Output{}).
+			add(6, 7, leaseIn(Forget, 4, "a", "f"), ok), false},
+		{"unknown claim: its lease acts, then the token changes", seq{}.
+			add(0, 0, claimIn("a", "f"), Output{}).
+			add(2, 3, leaseIn(Renew, 7, "a", "f"), ok).
+			add(4, 5, lookupIn, claimRec(8, "a", "f")), false},
 		{"unknown claim cannot take effect before its start", seq{}.
 			add(0, 1, lookupIn, claimRec(7, "a", "f")).
 			add(2, 0, claimIn("a", "f"), Output{}), false},
