@@ -332,8 +332,11 @@ func TestFaultsRedisRestart(t *testing.T) {
 	})
 	t.Logf("restart: %v; restarts %d, confirmed records checked after restarts %d, survived %d, NOSCRIPT recoveries (EVAL sent) %d",
 		r, restarts.Load(), checked.Load(), survived.Load(), evals.n.Load())
-	if restarts.Load() != 2 || checked.Load() == 0 || r.errors() == 0 || evals.n.Load() == 0 {
-		t.Errorf("restarts %d, records checked %d, errors %d, EVAL fallbacks %d; want 2 restarts that the workload felt and recovered from",
+	// NOSCRIPT answers prove the workload reached the restarted servers (a
+	// new server has no scripts); errors are not required, since the
+	// client's own retries may hide a short outage.
+	if restarts.Load() != 2 || checked.Load() == 0 || evals.n.Load() == 0 {
+		t.Errorf("restarts %d, records checked %d, errors %d, EVAL fallbacks %d; want 2 restarts that the workload reached and recovered from",
 			restarts.Load(), checked.Load(), r.errors(), evals.n.Load())
 	}
 }
