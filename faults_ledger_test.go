@@ -58,13 +58,13 @@ type workload struct {
 type fate uint8
 
 const (
-	open      fate = iota
-	forgotten      // Forget returned nil
-	confirmed      // Confirm returned nil while the lease was held
-	lateOK         // Confirm returned nil, late: the lease had run out
-	crashed        // the worker applied the effect and stopped
-	abandoned      // the worker applied the effect, Confirm kept failing, it gave up at the lease's end
-	forgetUnsure   // Forget returned an error: it may have deleted the claim (its reply lost) or not
+	open         fate = iota
+	forgotten         // Forget returned nil
+	confirmed         // Confirm returned nil while the lease was held
+	lateOK            // Confirm returned nil, late: the lease had run out
+	crashed           // the worker applied the effect and stopped
+	abandoned         // the worker applied the effect, Confirm kept failing, it gave up at the lease's end
+	forgetUnsure      // Forget returned an error: it may have deleted the claim (its reply lost) or not
 )
 
 type leaseInfo struct {
