@@ -110,7 +110,8 @@ func TestEventClass(t *testing.T) {
 			t.Errorf("Class(%v) = %v; want %v", c.err, got, c.want)
 		}
 	}
-	if idem.ClassStore.String() != "store" || idem.OpRequest.String() != "request" || idem.OpMessage.String() != "message" {
+	if idem.ClassStore.String() != "store" || idem.OpRequest.String() != "request" || idem.OpMessage.String() != "message" ||
+		idem.InProgress.Label() != "in_progress" || idem.Outcome(0).Label() != "" {
 		t.Error("names for metric labels changed")
 	}
 }

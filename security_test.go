@@ -21,31 +21,6 @@ import (
 	_ "modernc.org/sqlite"
 )
 
-// ioCounter is a go-redis hook that counts everything the client would send
-// or dial: a store that validates before any I/O leaves it at zero.
-type ioCounter struct{ n atomic.Int64 }
-
-func (c *ioCounter) DialHook(next redis.DialHook) redis.DialHook {
-	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c.n.Add(1)
-		return next(ctx, network, addr)
-	}
-}
-
-func (c *ioCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		c.n.Add(1)
-		return next(ctx, cmd)
-	}
-}
-
-func (c *ioCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		c.n.Add(int64(len(cmds)))
-		return next(ctx, cmds)
-	}
-}
-
 // countingConnector opens a connection of a database/sql driver, counting
 // each. Used with SetMaxIdleConns(0), every statement opens a connection,
 // so the count is the number of statements sent.
@@ -190,16 +165,16 @@ func TestSecurityOversizedInputsBeforeIO(t *testing.T) {
 	t.Run("redis", func(t *testing.T) {
 		c := redis.NewClient(&redis.Options{Addr: testenv.Lookup(t, testenv.RedisAddrVar)})
 		t.Cleanup(func() { _ = c.Close() })
-		io := &ioCounter{}
+		io := &testenv.IOCounter{}
 		c.AddHook(io)
 		s, err := idem.NewRedisStore(c, idem.RedisOptions{Options: o, Prefix: "idemtest:sec:" + randomHex(4) + ":"})
 		if err != nil {
 			t.Fatalf("NewRedisStore = %v", err)
 		}
-		if io.n.Load() == 0 {
+		if io.N.Load() == 0 {
 			t.Fatalf("the hook saw nothing of NewRedisStore's CONFIG GET; want it to count what the client sends")
 		}
-		checkRefusedBeforeIO(t, s, io.n.Load)
+		checkRefusedBeforeIO(t, s, io.N.Load)
 	})
 	for name, open := range sqlBackends(t) {
 		t.Run(name, func(t *testing.T) {

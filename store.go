@@ -41,6 +41,21 @@ func (o Outcome) String() string {
 	return "outcome(" + strconv.Itoa(int(o)) + ")"
 }
 
+// Label returns the outcome's name in snake case ("claimed", "duplicate",
+// "in_progress"), as Op.String and ErrorClass.String name theirs, for metric
+// labels; "" for no outcome.
+func (o Outcome) Label() string {
+	switch o {
+	case Claimed:
+		return "claimed"
+	case Duplicate:
+		return "duplicate"
+	case InProgress:
+		return "in_progress"
+	}
+	return ""
+}
+
 // Record is what a store holds for a key: a live claim or a confirmation.
 type Record struct {
 	Key         string

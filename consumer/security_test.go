@@ -140,38 +140,13 @@ func TestSecurityConsumerFailClosed(t *testing.T) {
 	}
 }
 
-// sentCounter is a go-redis hook that counts what the client would dial or
-// send.
-type sentCounter struct{ n atomic.Int64 }
-
-func (c *sentCounter) DialHook(next redis.DialHook) redis.DialHook {
-	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c.n.Add(1)
-		return next(ctx, network, addr)
-	}
-}
-
-func (c *sentCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		c.n.Add(1)
-		return next(ctx, cmd)
-	}
-}
-
-func (c *sentCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		c.n.Add(int64(len(cmds)))
-		return next(ctx, cmds)
-	}
-}
-
 // An oversized key is refused before the real Redis sees a command: the
 // wrapper returns ErrInvalidKey without running the handler, and the broker
 // adapter rejects the delivery without requeue (no redelivery can fix it).
 func TestSecurityConsumerOversizedKey(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: testenv.Lookup(t, testenv.RedisAddrVar)})
 	t.Cleanup(func() { _ = c.Close() })
-	sent := &sentCounter{}
+	sent := &testenv.IOCounter{}
 	c.AddHook(sent)
 	store, err := idem.NewRedisStore(c, idem.RedisOptions{Prefix: "idemtest:consumer-sec:"})
 	if err != nil {
@@ -179,7 +154,7 @@ func TestSecurityConsumerOversizedKey(t *testing.T) {
 	}
 	long := strings.Repeat("m", idem.DefaultMaxKeyBytes+1)
 	var runs atomic.Int64
-	before := sent.n.Load()
+	before := sent.N.Load()
 
 	err = consumer.Idempotent(store, msgKey, func(context.Context, msg) error { runs.Add(1); return nil })(context.Background(), msg{ID: long})
 	if !errors.Is(err, idem.ErrInvalidKey) {
@@ -189,7 +164,7 @@ func TestSecurityConsumerOversizedKey(t *testing.T) {
 	if s.Action != idemamqp.Reject || len(broker) != 1 || broker[0] != "reject" {
 		t.Errorf("amqp delivery with a %d-byte key settled %v, broker saw %q; want one reject without requeue", len(long), s.Action, broker)
 	}
-	if n := sent.n.Load() - before; n != 0 {
+	if n := sent.N.Load() - before; n != 0 {
 		t.Errorf("Redis saw %d commands or dials for the oversized key; want none", n)
 	}
 	if n := runs.Load(); n != 0 {

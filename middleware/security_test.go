@@ -248,31 +248,6 @@ func TestSecurityReplayHeaderAllowlist(t *testing.T) {
 	}
 }
 
-// ioCounter is a go-redis hook that counts what the client would dial or
-// send.
-type ioCounter struct{ n atomic.Int64 }
-
-func (c *ioCounter) DialHook(next redis.DialHook) redis.DialHook {
-	return func(ctx context.Context, network, addr string) (net.Conn, error) {
-		c.n.Add(1)
-		return next(ctx, network, addr)
-	}
-}
-
-func (c *ioCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		c.n.Add(1)
-		return next(ctx, cmd)
-	}
-}
-
-func (c *ioCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		c.n.Add(int64(len(cmds)))
-		return next(ctx, cmds)
-	}
-}
-
 // chunked is a body of unknown length (no Content-Length).
 type chunked struct{ io.Reader }
 
@@ -281,7 +256,7 @@ type chunked struct{ io.Reader }
 func TestSecurityOversizedBeforeIO(t *testing.T) {
 	c := redis.NewClient(&redis.Options{Addr: testenv.Lookup(t, testenv.RedisAddrVar)})
 	t.Cleanup(func() { _ = c.Close() })
-	sent := &ioCounter{}
+	sent := &testenv.IOCounter{}
 	c.AddHook(sent)
 	st, err := idem.NewRedisStore(c, idem.RedisOptions{Prefix: uniqueName("idem-mw-sec-") + ":"})
 	if err != nil {
@@ -312,21 +287,21 @@ func TestSecurityOversizedBeforeIO(t *testing.T) {
 		{"store key over MaxKeyBytes", h, req{key: strings.Repeat("k", 255), body: "{}", header: hugeTenant}, 400, TypeKeyInvalid},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			before := sent.n.Load()
+			before := sent.N.Load()
 			wantProblem(t, do(tc.h, tc.q), tc.status, tc.typ)
-			if n := sent.n.Load() - before; n != 0 {
+			if n := sent.N.Load() - before; n != 0 {
 				t.Errorf("Redis saw %d commands or dials; want none before the refusal", n)
 			}
 		})
 	}
 	t.Run("chunked body over MaxBodyBytes", func(t *testing.T) {
-		before := sent.n.Load()
+		before := sent.N.Load()
 		r := req{key: "k", header: tenant}.build()
 		r.Body, r.ContentLength = io.NopCloser(chunked{strings.NewReader(strings.Repeat("b", 4096))}), -1
 		w := httptest.NewRecorder()
 		h.ServeHTTP(w, r)
 		wantProblem(t, w, 413, TypeBodyTooLarge)
-		if n := sent.n.Load() - before; n != 0 {
+		if n := sent.N.Load() - before; n != 0 {
 			t.Errorf("Redis saw %d commands or dials; want none before the refusal", n)
 		}
 	})
@@ -334,9 +309,9 @@ func TestSecurityOversizedBeforeIO(t *testing.T) {
 		t.Errorf("handler ran %d times; want never for a refused request", ran.runs.Load())
 	}
 	// The counter counts: a good request does reach Redis.
-	before := sent.n.Load()
-	if w := do(h, req{key: "k", body: "{}", header: tenant}); w.Code != 201 || sent.n.Load() == before {
-		t.Errorf("a good request = %d after %d Redis commands; want 201 and some", w.Code, sent.n.Load()-before)
+	before := sent.N.Load()
+	if w := do(h, req{key: "k", body: "{}", header: tenant}); w.Code != 201 || sent.N.Load() == before {
+		t.Errorf("a good request = %d after %d Redis commands; want 201 and some", w.Code, sent.N.Load()-before)
 	}
 }
 

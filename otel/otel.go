@@ -90,7 +90,7 @@ func New(o Options) (*Observer, error) {
 			for class := range nClasses {
 				kvs := []attribute.KeyValue{opKV}
 				if out != 0 {
-					kvs = append(kvs, attribute.String("outcome", outcomeName(idem.Outcome(out))))
+					kvs = append(kvs, attribute.String("outcome", idem.Outcome(out).Label()))
 				}
 				if class != 0 {
 					kvs = append(kvs, attribute.String("error_class", idem.ErrorClass(class).String()))
@@ -100,19 +100,6 @@ func New(o Options) (*Observer, error) {
 		}
 	}
 	return ob, nil
-}
-
-// outcomeName is an outcome's label: snake case, like op and error_class.
-func outcomeName(o idem.Outcome) string {
-	switch o {
-	case idem.Claimed:
-		return "claimed"
-	case idem.Duplicate:
-		return "duplicate"
-	case idem.InProgress:
-		return "in_progress"
-	}
-	return ""
 }
 
 // started marks a context that Start returned, with the span it opened, so
@@ -165,7 +152,7 @@ func setAttributes(span trace.Span, e *idem.Event, class idem.ErrorClass) {
 	kvs := make([]attribute.KeyValue, 0, 7)
 	kvs = append(kvs, attribute.String("idem.op", e.Op.String()))
 	if e.Outcome != 0 {
-		kvs = append(kvs, attribute.String("idem.outcome", outcomeName(e.Outcome)))
+		kvs = append(kvs, attribute.String("idem.outcome", e.Outcome.Label()))
 	}
 	if e.KeyHash != "" {
 		kvs = append(kvs, attribute.String("idem.key_hash", e.KeyHash))

@@ -78,23 +78,30 @@ func (r *Registry) Count(op idem.Op, outcome idem.Outcome, class idem.ErrorClass
 	return r.ops[series{op, outcome, class}]
 }
 
-// OutcomeName is an outcome's label value: claimed, duplicate, in_progress.
-func OutcomeName(o idem.Outcome) string {
-	switch o {
-	case idem.Claimed:
-		return "claimed"
-	case idem.Duplicate:
-		return "duplicate"
-	case idem.InProgress:
-		return "in_progress"
+// sortedSeries returns the counted series by op, outcome and class, so that
+// output is stable. The caller holds r.mu.
+func (r *Registry) sortedSeries() []series {
+	ss := make([]series, 0, len(r.ops))
+	for s := range r.ops {
+		ss = append(ss, s)
 	}
-	return ""
+	sort.Slice(ss, func(i, j int) bool {
+		a, c := ss[i], ss[j]
+		if a.op != c.op {
+			return a.op < c.op
+		}
+		if a.outcome != c.outcome {
+			return a.outcome < c.outcome
+		}
+		return a.class < c.class
+	})
+	return ss
 }
 
 func (s series) labels() string {
 	l := `op="` + s.op.String() + `"`
 	if s.outcome != 0 {
-		l += `,outcome="` + OutcomeName(s.outcome) + `"`
+		l += `,outcome="` + s.outcome.Label() + `"`
 	}
 	if s.class != 0 {
 		l += `,error_class="` + s.class.String() + `"`
@@ -120,20 +127,7 @@ func (r *Registry) WritePrometheus(w io.Writer) error {
 	defer r.mu.Unlock()
 	var b strings.Builder
 	b.WriteString("# HELP idem_operations_total idem operations, by op, outcome and error class\n# TYPE idem_operations_total counter\n")
-	ss := make([]series, 0, len(r.ops))
-	for s := range r.ops {
-		ss = append(ss, s)
-	}
-	sort.Slice(ss, func(i, j int) bool {
-		a, c := ss[i], ss[j]
-		if a.op != c.op {
-			return a.op < c.op
-		}
-		if a.outcome != c.outcome {
-			return a.outcome < c.outcome
-		}
-		return a.class < c.class
-	})
+	ss := r.sortedSeries()
 	for _, s := range ss {
 		fmt.Fprintf(&b, "idem_operations_total{%s} %d\n", s.labels(), r.ops[s])
 	}
@@ -189,20 +183,7 @@ func (r *Registry) WriteTable(w io.Writer) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	fmt.Fprintf(w, "%-14s %-12s %-11s %8s\n", "op", "outcome", "error", "count")
-	ss := make([]series, 0, len(r.ops))
-	for s := range r.ops {
-		ss = append(ss, s)
-	}
-	sort.Slice(ss, func(i, j int) bool {
-		a, c := ss[i], ss[j]
-		if a.op != c.op {
-			return a.op < c.op
-		}
-		if a.outcome != c.outcome {
-			return a.outcome < c.outcome
-		}
-		return a.class < c.class
-	})
+	ss := r.sortedSeries()
 	dash := func(s string) string {
 		if s == "" {
 			return "-"
@@ -210,7 +191,7 @@ func (r *Registry) WriteTable(w io.Writer) {
 		return s
 	}
 	for _, s := range ss {
-		fmt.Fprintf(w, "%-14s %-12s %-11s %8d\n", s.op, dash(OutcomeName(s.outcome)), dash(s.class.String()), r.ops[s])
+		fmt.Fprintf(w, "%-14s %-12s %-11s %8d\n", s.op, dash(s.outcome.Label()), dash(s.class.String()), r.ops[s])
 	}
 	for _, op := range sortedOps(r.takeovers) {
 		fmt.Fprintf(w, "take-overs (%s): %d\n", op, r.takeovers[op])

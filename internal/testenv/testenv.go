@@ -9,8 +9,10 @@ package testenv
 
 import (
 	"context"
+	"net"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -92,4 +94,33 @@ func ping(t testing.TB, c redis.UniversalClient) {
 func PostgresDSN(t testing.TB) string {
 	t.Helper()
 	return Lookup(t, PostgresDSNVar)
+}
+
+// IOCounter is a go-redis hook that counts everything a client dials or
+// sends (a pipeline counts each of its commands). A store that checks its
+// input before any I/O leaves it at zero.
+type IOCounter struct{ N atomic.Int64 }
+
+// DialHook counts a dial.
+func (c *IOCounter) DialHook(next redis.DialHook) redis.DialHook {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c.N.Add(1)
+		return next(ctx, network, addr)
+	}
+}
+
+// ProcessHook counts a command.
+func (c *IOCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		c.N.Add(1)
+		return next(ctx, cmd)
+	}
+}
+
+// ProcessPipelineHook counts a pipeline's commands.
+func (c *IOCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		c.N.Add(int64(len(cmds)))
+		return next(ctx, cmds)
+	}
 }
