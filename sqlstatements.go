@@ -27,12 +27,13 @@ WHERE r.state = 'F' OR r.expires_at <= {now}`
 	// only, never for a decision: a claim ('C') there means the upsert took
 	// over an expired one. On Postgres a CTE reads it (CTEs see the
 	// statement's starting snapshot), so it costs no round trip; SQLite
-	// evaluates RETURNING after the write, so there sqlPrev reads it first,
+	// evaluates RETURNING after the write, so there the claim's read of the
+	// key (sqlReadAny, which the claim makes first anyway) tells it,
 	// in process and under the write lock the claim holds anyway.
 	sqlClaimPostgres = `WITH prev AS (SELECT state FROM {t} WHERE key = $1)
 ` + sqlClaim + ` RETURNING token, COALESCE((SELECT state FROM prev), '')`
 	sqlClaimSQLite = sqlClaim + ` RETURNING token, ''`
-	sqlPrev        = `SELECT state FROM {t} WHERE key = $1`
+	sqlReadAny     = `SELECT state, owner, token, fingerprint, result, {ttl} FROM {t} WHERE key = $1`
 	sqlRead        = `SELECT state, owner, token, fingerprint, result, {ttl} FROM {t}
 WHERE key = $1 AND state <> 'F' AND expires_at > {now}`
 	sqlRenew = `UPDATE {t} SET expires_at = {in $4}

@@ -111,7 +111,7 @@ func NewSQLStore(db *sql.DB, o SQLOptions) (*SQLStore, error) {
 	}
 	if o.Dialect == SQLite {
 		s.q.purge = text(sqlPurgeSQLite)
-		s.q.claim, s.q.prev = text(sqlClaimSQLite), text(sqlPrev)
+		s.q.claim, s.q.prev = text(sqlClaimSQLite), text(sqlReadAny)
 		s.gate = sqliteGate(db)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -178,7 +178,7 @@ func (s *SQLStore) claimIn(ctx context.Context, q sqlQuerier, key string, finger
 			prev string
 		)
 		err := s.locked(ctx, q, func() error {
-			if err := s.prevState(ctx, q, k, &prev); err != nil {
+			if err := s.prevState(ctx, q, key, &prev); err != nil {
 				return err
 			}
 			return s.upsert(ctx, q, k, fp, &tok, &prev)
@@ -189,7 +189,7 @@ func (s *SQLStore) claimIn(ctx context.Context, q sqlQuerier, key string, finger
 		if !errors.Is(err, sql.ErrNoRows) {
 			return Claim{}, err
 		}
-		if c, err := s.found(ctx, q, key, start); !errors.Is(err, errNoRecord) {
+		if c, err := s.found(ctx, q, key, start, nil); !errors.Is(err, errNoRecord) {
 			return c, err
 		}
 		// The row went (expired, forgotten, purged) since the INSERT: again.
@@ -210,14 +210,11 @@ func (s *SQLStore) claimSQLite(ctx context.Context, db *sql.DB, key string, fp [
 		var c Claim
 		err := s.exclusive(ctx, func() error {
 			var err error
-			if c, err = s.found(ctx, db, key, start); !errors.Is(err, errNoRecord) {
-				return err
-			}
 			var (
 				tok  int64
 				prev string
 			)
-			if err := s.prevState(ctx, db, []byte(key), &prev); err != nil {
+			if c, err = s.found(ctx, db, key, start, &prev); !errors.Is(err, errNoRecord) {
 				return err
 			}
 			err = s.upsert(ctx, db, []byte(key), fp, &tok, &prev)
@@ -237,16 +234,14 @@ func (s *SQLStore) claimSQLite(ctx context.Context, db *sql.DB, key string, fp [
 // prevState reads the state of key's row into *prev on SQLite, whose claim
 // statement cannot return it (see sqlClaimSQLite). On Postgres the claim
 // returns it.
-func (s *SQLStore) prevState(ctx context.Context, q sqlQuerier, key []byte, prev *string) error {
+func (s *SQLStore) prevState(ctx context.Context, q sqlQuerier, key string, prev *string) error {
 	if s.q.prev == "" {
 		return nil
 	}
-	err := q.QueryRowContext(ctx, s.q.prev, key).Scan(prev)
-	if errors.Is(err, sql.ErrNoRows) {
-		*prev = ""
-		return nil
+	if _, err := s.read(ctx, q, key, time.Now(), prev); err != nil && !errors.Is(err, errNoRecord) {
+		return err
 	}
-	return err
+	return nil
 }
 
 // upsert runs the claim statement: sql.ErrNoRows when the key is live,
@@ -272,9 +267,10 @@ func (s *SQLStore) claimed(key string, fp []byte, tok int64, prev string, start 
 }
 
 // found answers a claim of a key with a live record: Duplicate or
-// InProgress. Without one it returns errNoRecord.
-func (s *SQLStore) found(ctx context.Context, q sqlQuerier, key string, start time.Time) (Claim, error) {
-	rec, err := s.read(ctx, q, key, start)
+// InProgress. Without one it returns errNoRecord, and with prev (SQLite
+// only) the state of the row that is not live (see read).
+func (s *SQLStore) found(ctx context.Context, q sqlQuerier, key string, start time.Time, prev *string) (Claim, error) {
+	rec, err := s.read(ctx, q, key, start, prev)
 	switch {
 	case err != nil:
 		return Claim{}, err
@@ -285,21 +281,32 @@ func (s *SQLStore) found(ctx context.Context, q sqlQuerier, key string, start ti
 	}
 }
 
-// read returns the key's live record, or errNoRecord.
-func (s *SQLStore) read(ctx context.Context, q sqlQuerier, key string, start time.Time) (*Record, error) {
+// read returns the key's live record, or errNoRecord. With prev (SQLite
+// only, where reads are in process and cheap) it reads the row whatever its
+// state and, when it is not live, sets *prev to its state ("" for no row):
+// the claim that reads before it writes learns so whether it takes over.
+func (s *SQLStore) read(ctx context.Context, q sqlQuerier, key string, start time.Time, prev *string) (*Record, error) {
 	var (
 		st, owner string
 		tok, ttl  int64
 		fp, res   []byte
 	)
+	query := s.q.read
+	if prev != nil {
+		query, *prev = s.q.prev, ""
+	}
 	err := s.reading(ctx, q, func() error {
-		return q.QueryRowContext(ctx, s.q.read, []byte(key)).Scan(&st, &owner, &tok, &fp, &res, &ttl)
+		return q.QueryRowContext(ctx, query, []byte(key)).Scan(&st, &owner, &tok, &fp, &res, &ttl)
 	})
 	if errors.Is(err, sql.ErrNoRows) {
 		return nil, errNoRecord
 	}
 	if err != nil {
 		return nil, err
+	}
+	if prev != nil && (st == "F" || ttl <= 0) {
+		*prev = st
+		return nil, errNoRecord
 	}
 	if st != "C" && st != "D" {
 		return nil, fmt.Errorf("%w: state %q", ErrDamaged, st)
@@ -396,7 +403,7 @@ func (s *SQLStore) confirmIn(ctx context.Context, q sqlQuerier, l *Lease, result
 			return false, err
 		}
 		// A live confirmation stays; whose is it?
-		rec, err := s.read(ctx, q, l.Key, start)
+		rec, err := s.read(ctx, q, l.Key, start, nil)
 		if errors.Is(err, errNoRecord) {
 			continue // it expired in between: record ours
 		}
@@ -433,7 +440,7 @@ func (s *SQLStore) Lookup(ctx context.Context, key string) (rec *Record, err err
 	if err := s.o.checkKey(key); err != nil {
 		return nil, err
 	}
-	rec, err = s.read(ctx, s.db, key, start)
+	rec, err = s.read(ctx, s.db, key, start, nil)
 	if errors.Is(err, errNoRecord) {
 		return nil, fmt.Errorf("%w: %s", ErrNotFound, s.o.keyName(key))
 	}
