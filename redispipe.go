@@ -42,16 +42,49 @@ const (
 	callAbandoned
 )
 
-// pipeCall is one store call waiting for, or riding in, a pipeline.
+// pipeCall is one store call waiting for, or riding in, a pipeline. A
+// call that ends with its reply is reused (pipeCalls): a busy store makes
+// two calls a message, and each would otherwise cost a call, a channel and
+// a key slice on the heap.
 type pipeCall struct {
 	scriptCall
+	key   [1]string // scriptCall.keys
+	arg   [3]any    // scriptCall.args: no script takes more than three
 	state atomic.Int32
-	done  chan struct{} // closed once v, err and waitErr are set; nil if no one waits
+	// waits is set when the call's caller waits on done rather than sending
+	// the call itself; done, buffered, is then signalled once v, err and
+	// waitErr are set.
+	waits bool
+	done  chan struct{}
 	v     any
 	err   error
 	// waitErr is the verdict of the WAIT that followed a confirm (see
 	// RedisOptions.WaitReplicas).
 	waitErr error
+}
+
+var pipeCalls = sync.Pool{New: func() any { return &pipeCall{done: make(chan struct{}, 1)} }}
+
+// newPipeCall returns a queued call of script on key (a Redis key) with
+// args.
+func newPipeCall(script *redis.Script, key string, args []any) *pipeCall {
+	c := pipeCalls.Get().(*pipeCall)
+	c.key[0] = key
+	c.scriptCall = scriptCall{script: script, keys: c.key[:], args: args, wait: script == confirmScript}
+	if len(args) <= len(c.arg) {
+		c.args = c.arg[:copy(c.arg[:], args)]
+	}
+	c.state.Store(callQueued)
+	c.waits = false
+	return c
+}
+
+// release returns c, whose reply its caller has taken, for reuse. A call
+// abandoned by its caller is never released: a sender may still hold it.
+func (c *pipeCall) release() {
+	c.scriptCall, c.key, c.arg = scriptCall{}, [1]string{}, [3]any{}
+	c.v, c.err, c.waitErr = nil, nil, nil
+	pipeCalls.Put(c)
 }
 
 // autoPipe collects calls into pipelines. The first caller to find fewer
@@ -65,21 +98,21 @@ type autoPipe struct {
 	senders int // pipelines in flight
 }
 
-// do runs sc in a pipeline and returns its reply and, for a confirm with
-// WaitReplicas, the verdict of its WAIT. A call that finds the store idle
-// and nothing queued goes out alone on the caller's goroutine and context,
-// exactly as without AutoPipeline. Otherwise, when ctx ends first, do
-// returns ctx.Err() at once; the call may then have been sent, and may run.
-func (p *autoPipe) do(ctx context.Context, sc scriptCall) (v any, waitErr, err error) {
+// do runs script on key (a Redis key) with args in a pipeline and returns
+// its reply and, for a confirm with WaitReplicas, the verdict of its WAIT. A
+// call that finds the store idle and nothing queued goes out alone on the
+// caller's goroutine and context, exactly as without AutoPipeline.
+// Otherwise, when ctx ends first, do returns ctx.Err() at once; the call may
+// then have been sent, and may run.
+func (p *autoPipe) do(ctx context.Context, script *redis.Script, key string, args []any) (v any, waitErr, err error) {
 	if err := ctx.Err(); err != nil {
 		return nil, nil, err
 	}
-	// done is made only for a caller that will wait on it, before the call
-	// is visible to a sender: an idle store's lone call allocates none.
-	c := &pipeCall{scriptCall: sc}
+	c := newPipeCall(script, key, args)
 	p.mu.Lock()
 	if p.senders >= autoPipeSenders {
-		c.done = make(chan struct{})
+		// Set before the call is visible to a sender.
+		c.waits = true
 		p.queue = append(p.queue, c)
 		p.mu.Unlock()
 		return c.wait(ctx)
@@ -104,14 +137,16 @@ func (p *autoPipe) do(ctx context.Context, sc scriptCall) (v any, waitErr, err e
 		if next := p.next(); next != nil {
 			go p.loop(next)
 		}
-		if err := ctx.Err(); err != nil && c.err != nil {
-			return nil, nil, err
+		v, waitErr, err = c.v, c.waitErr, c.err
+		c.release()
+		if cerr := ctx.Err(); cerr != nil && err != nil {
+			return nil, nil, cerr
 		}
-		return c.v, c.waitErr, c.err
+		return v, waitErr, err
 	}
 	// A caller that may be cancelled must be able to return at once, while
 	// its pipeline (other callers' calls with it) runs to its end.
-	c.done = make(chan struct{})
+	c.waits = true
 	go p.loop(batch)
 	return c.wait(ctx)
 }
@@ -120,7 +155,9 @@ func (p *autoPipe) do(ctx context.Context, sc scriptCall) (v any, waitErr, err e
 func (c *pipeCall) wait(ctx context.Context) (any, error, error) {
 	select {
 	case <-c.done:
-		return c.v, c.waitErr, c.err
+		v, waitErr, err := c.v, c.waitErr, c.err
+		c.release()
+		return v, waitErr, err
 	case <-ctx.Done():
 		// A call still queued is never sent; one already sent may run, its
 		// reply lost, which the store's scripts allow for (a repeated or
@@ -130,10 +167,11 @@ func (c *pipeCall) wait(ctx context.Context) (any, error, error) {
 	}
 }
 
-// finish wakes c's caller, if it waits.
+// finish wakes c's caller, if it waits. The sender must not touch c after:
+// its caller may reuse it at once.
 func (c *pipeCall) finish() {
-	if c.done != nil {
-		close(c.done)
+	if c.waits {
+		c.done <- struct{}{}
 	}
 }
 

@@ -281,10 +281,10 @@ func (s *RedisStore) appendAttempt(b []byte) []byte {
 // AutoPipeline in the next pipeline. A confirm with WaitReplicas is followed
 // by WAIT in the same pipeline; waitErr is its verdict.
 func (s *RedisStore) run(ctx context.Context, script *redis.Script, key string, args ...any) (v any, waitErr, err error) {
-	sc := scriptCall{script: script, keys: []string{s.redisKey(key)}, args: args, wait: script == confirmScript}
 	if s.auto != nil {
-		return s.auto.do(ctx, sc)
+		return s.auto.do(ctx, script, s.redisKey(key), args)
 	}
+	sc := scriptCall{script: script, keys: []string{s.redisKey(key)}, args: args, wait: script == confirmScript}
 	if sc.wait && s.waitReplicas > 0 {
 		cmds, waitErrs := s.pipeline(ctx, []scriptCall{sc})
 		v, err := cmds[0].Result()

@@ -109,23 +109,6 @@ local function claimed(key, lease, tail, toks)
   return {'C', toks}
 end
 
--- token is the store's clock in microseconds: greater than the token of any
--- lease that expired before now, without a counter key per record.
-local function token()
-  local t = redis.call('TIME')
-  return t[1] .. string.sub('00000' .. t[2], -6)
-end
-
--- claim claims key for owner, or says who has it. tail is the claim's value
--- after "1C<token>:". See claim.lua.
-local function claim(key, lease, tail)
-  local toks = token()
-  if redis.call('SET', key, '1C' .. toks .. ':' .. tail, 'NX', 'PX', lease) then
-    return {'C', toks}
-  end
-  return claimed(key, lease, tail, toks)
-end
-
 -- confirmed answers a confirm of key whose record v is not the lease's own
 -- claim. See confirm.lua for the answers; 0 is DAMAGED.
 local function confirmed(key, v, held, retention, value)

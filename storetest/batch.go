@@ -68,6 +68,36 @@ func batchMixed(s *suite) {
 	}
 	d := s.claim(st, done, "", idem.Duplicate)
 	checkConfirmation(s, d.Record, dl, "r-done")
+
+	// A batch whose first item finds a record and whose later items are new
+	// or forgotten: each item still gets its own answer, in order, and a
+	// claim after a forgotten one gets a greater token.
+	gone, late := s.key("gone"), s.key("late")
+	gl := s.claim(st, gone, "", idem.Claimed).Lease
+	if err := st.Forget(ctx(s), gl); err != nil {
+		s.Fatalf("Forget = %v; want nil", err)
+	}
+	cs, err = b.ClaimBatch(ctx(s), []string{done, late, gone}, nil)
+	if err != nil || len(cs) != 3 {
+		s.Fatalf("ClaimBatch(done, new, forgotten) = %d claims, %v; want 3 claims, nil", len(cs), err)
+	}
+	for i, want := range []idem.Outcome{idem.Duplicate, idem.Claimed, idem.Claimed} {
+		if cs[i].Outcome != want {
+			s.Fatalf("ClaimBatch(done, new, forgotten) item %d = %v; want %v", i, cs[i].Outcome, want)
+		}
+	}
+	if cs[2].Lease.Token <= gl.Token {
+		s.Errorf("ClaimBatch after a forgotten claim: token %d; want more than the forgotten %d", cs[2].Lease.Token, gl.Token)
+	}
+	// A confirm that finds a record not its lease's (here: a repeat), then
+	// leases that are held.
+	if err := b.ConfirmBatch(ctx(s), []*idem.Lease{dl, cs[1].Lease, cs[2].Lease}, [][]byte{[]byte("again"), []byte("r-late"), []byte("r-gone")}); err != nil {
+		s.Fatalf("ConfirmBatch(repeat, held, held) = %v; want nil", err)
+	}
+	checkConfirmation(s, s.claim(st, done, "", idem.Duplicate).Record, dl, "r-done")
+	checkConfirmation(s, s.claim(st, late, "", idem.Duplicate).Record, cs[1].Lease, "r-late")
+	checkConfirmation(s, s.claim(st, gone, "", idem.Duplicate).Record, cs[2].Lease, "r-gone")
+
 	if err := b.ConfirmBatch(ctx(s), nil, nil); err != nil {
 		s.Errorf("ConfirmBatch of nothing = %v; want nil", err)
 	}
