@@ -22,6 +22,13 @@
 // process's, which on one busy goroutine is the contender's and its
 // client's). A memory pass writes confirmed records and reads Redis's
 // used_memory before and after.
+//
+// The timed rounds of a contender that talks to Redis also read the
+// server's CPU time (INFO cpu, used_cpu_user + used_cpu_sys, summed over a
+// cluster's masters) before and after, for the Redis CPU each message cost
+// at each goroutine count. Client and server share the machine, so when
+// contenders are CPU-bound this figure, steadier than throughput, says
+// where the time goes.
 package bench
 
 import (
@@ -248,13 +255,14 @@ func Run(ctx context.Context, e Env, cs []Contender, cfg Config) (*Report, error
 		}
 	}()
 	for i, c := range sel {
-		rows[i] = &Row{Name: c.Name, Group: c.Group, Msgs: c.msgs(), Rounds: make([][]float64, len(cfg.Goroutines))}
+		rows[i] = &Row{Name: c.Name, Group: c.Group, Msgs: c.msgs(), Rounds: make([][]float64, len(cfg.Goroutines)),
+			ServerCPURounds: make([][]float64, len(cfg.Goroutines))}
 		in, err := c.Open(ctx, &e)
 		if err != nil {
 			return nil, fmt.Errorf("bench: %s: %w", c.Name, err)
 		}
 		insts[i] = in
-		if _, err := throughput(ctx, in, c.msgs(), 8, cfg.Warmup); err != nil {
+		if _, _, err := throughput(ctx, in, c.msgs(), 8, cfg.Warmup); err != nil {
 			return nil, fmt.Errorf("bench: %s (warm-up): %w", c.Name, err)
 		}
 	}
@@ -262,11 +270,22 @@ func Run(ctx context.Context, e Env, cs []Contender, cfg Config) (*Report, error
 		for r := range cfg.Rounds {
 			for k := range sel {
 				i := (k + r) % len(sel) // rotate: nobody always runs first
-				tp, err := throughput(ctx, insts[i], sel[i].msgs(), g, cfg.Duration)
+				cpu0, measured, err := serverCPU(ctx, &e, sel[i])
+				if err != nil {
+					return nil, fmt.Errorf("bench: %s: %w", sel[i].Name, err)
+				}
+				tp, n, err := throughput(ctx, insts[i], sel[i].msgs(), g, cfg.Duration)
 				if err != nil {
 					return nil, fmt.Errorf("bench: %s at %d goroutines: %w", sel[i].Name, g, err)
 				}
 				rows[i].Rounds[gi] = append(rows[i].Rounds[gi], tp)
+				if measured && n > 0 {
+					cpu1, _, err := serverCPU(ctx, &e, sel[i])
+					if err != nil {
+						return nil, fmt.Errorf("bench: %s: %w", sel[i].Name, err)
+					}
+					rows[i].ServerCPURounds[gi] = append(rows[i].ServerCPURounds[gi], float64(cpu1-cpu0)/float64(time.Microsecond)/float64(n))
+				}
 				cfg.Progress("g=%d round %d/%d %-40s %10.0f msgs/s", g, r+1, cfg.Rounds, sel[i].Name, tp)
 			}
 		}
@@ -284,8 +303,8 @@ func Run(ctx context.Context, e Env, cs []Contender, cfg Config) (*Report, error
 }
 
 // throughput runs in's Op on g goroutines for d and returns messages per
-// second.
-func throughput(ctx context.Context, in *Instance, msgs, g int, d time.Duration) (float64, error) {
+// second and the messages handled.
+func throughput(ctx context.Context, in *Instance, msgs, g int, d time.Duration) (float64, int64, error) {
 	var (
 		stop  atomic.Bool
 		ops   atomic.Int64
@@ -317,9 +336,10 @@ func throughput(ctx context.Context, in *Instance, msgs, g int, d time.Duration)
 	wg.Wait()
 	elapsed := time.Since(start)
 	if first != nil {
-		return 0, first
+		return 0, 0, first
 	}
-	return float64(ops.Load()*int64(msgs)) / elapsed.Seconds(), nil
+	n := ops.Load() * int64(msgs)
+	return float64(n) / elapsed.Seconds(), n, nil
 }
 
 // machine describes where the run happens, for the report.

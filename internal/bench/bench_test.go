@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/xml"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -74,6 +75,9 @@ func TestRunRatios(t *testing.T) {
 	}
 	if _, ok := rep.Ratio("slow", "fast", 1); ok {
 		t.Errorf("Ratio(slow, fast) exists; want only the ratios Versus names")
+	}
+	if fast.ServerCPU != nil || fast.ServerCPURounds != nil {
+		t.Errorf("fast: Redis CPU %v; want none for a contender that does not talk to Redis", fast.ServerCPU)
 	}
 	if c := fast.Cost; c.Msgs != 10 || c.Redis {
 		t.Errorf("fast's cost = %+v; want 10 messages and no Redis figures", c)
@@ -147,6 +151,25 @@ func TestSmoke(t *testing.T) {
 		if r.Cost.Allocs < 1 {
 			t.Errorf("%s: %.1f allocations per message; want at least one", r.Name, r.Cost.Allocs)
 		}
+		// Redis CPU per message: for every contender that talks to Redis, a
+		// figure per goroutine count (other tests may share the server, so
+		// only that Redis did some work); none for the others.
+		if !contender(r.Name).Redis {
+			if r.ServerCPU != nil {
+				t.Errorf("%s: Redis CPU %v; want none for a contender that does not talk to Redis", r.Name, r.ServerCPU)
+			}
+			continue
+		}
+		if len(r.ServerCPU) != len(gs) {
+			t.Errorf("%s: Redis CPU at %d goroutine counts; want %d", r.Name, len(r.ServerCPU), len(gs))
+			continue
+		}
+		for gi, v := range r.ServerCPU {
+			if !(v > 0) || v > 100_000 || len(r.ServerCPURounds[gi]) != 2 {
+				t.Errorf("%s at %d goroutines: %v µs of Redis CPU per message over rounds %v; want more than 0, less than 0.1 s, 2 rounds",
+					r.Name, gs[gi], v, r.ServerCPURounds[gi])
+			}
+		}
 	}
 	// Commands and round trips per message: what each contender sends is
 	// known exactly. Redis runs at least that many (a script's calls add
@@ -200,7 +223,7 @@ func TestSmoke(t *testing.T) {
 func checkMarkdown(t *testing.T, md string, rep *Report) {
 	t.Helper()
 	rows := map[string][]string{}
-	var ratios []string
+	var ratios, cpus []string
 	tables, inTable := 0, false
 	for _, line := range strings.Split(md, "\n") {
 		if !strings.HasPrefix(line, "|") {
@@ -221,6 +244,9 @@ func checkMarkdown(t *testing.T, md string, rep *Report) {
 		if strings.HasPrefix(cells[0], "÷ ") {
 			ratios = append(ratios, cells[1])
 		}
+		if strings.HasPrefix(cells[0], "↳ Redis CPU") {
+			cpus = append(cpus, cells[1])
+		}
 	}
 	if tables != 1 {
 		t.Errorf("markdown has %d tables; want 1:\n%s", tables, md)
@@ -234,6 +260,15 @@ func checkMarkdown(t *testing.T, md string, rep *Report) {
 		if cells[0] != rate(r.Throughput[0]) {
 			t.Errorf("markdown row %q: first cell %q; want %q", r.Name, cells[0], rate(r.Throughput[0]))
 		}
+	}
+	var wantCPUs []string
+	for _, r := range rep.Rows {
+		if r.ServerCPU != nil {
+			wantCPUs = append(wantCPUs, fmt.Sprintf("%.1f µs", r.ServerCPU[0]))
+		}
+	}
+	if !slices.Equal(cpus, wantCPUs) {
+		t.Errorf("markdown Redis CPU rows, first column = %q; want %q", cpus, wantCPUs)
 	}
 	nRatios := 0
 	for _, r := range rep.Rows {
@@ -307,4 +342,14 @@ func checkSVG(t *testing.T, b []byte, rep *Report) {
 			t.Errorf("the chart's legend lacks %q", r.Name)
 		}
 	}
+}
+
+// contender returns the entry of Contenders named name.
+func contender(name string) Contender {
+	for _, c := range Contenders {
+		if c.Name == name {
+			return c
+		}
+	}
+	panic("no contender " + name)
 }

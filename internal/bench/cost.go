@@ -173,6 +173,55 @@ func clusterCalls(ctx context.Context, c *redis.ClusterClient) (int64, error) {
 	return sum, err
 }
 
+// serverCPU returns the CPU time the Redis that c's group talks to has used
+// so far (summed over a cluster's masters); measured is false for a
+// contender that does not talk to Redis.
+func serverCPU(ctx context.Context, e *Env, c Contender) (cpu time.Duration, measured bool, err error) {
+	if !c.Redis {
+		return 0, false, nil
+	}
+	if c.Group == GroupCluster {
+		var mu sync.Mutex
+		err := e.Cluster.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+			d, err := redisCPU(ctx, m)
+			mu.Lock()
+			cpu += d
+			mu.Unlock()
+			return err
+		})
+		return cpu, true, err
+	}
+	cpu, err = redisCPU(ctx, e.Redis)
+	return cpu, true, err
+}
+
+// redisCPU reads used_cpu_user + used_cpu_sys (seconds, to the microsecond)
+// from INFO cpu.
+func redisCPU(ctx context.Context, c *redis.Client) (time.Duration, error) {
+	info, err := c.Info(ctx, "cpu").Result()
+	if err != nil {
+		return 0, fmt.Errorf("INFO cpu: %w", err)
+	}
+	var sum time.Duration
+	found := 0
+	for _, line := range strings.Split(info, "\r\n") {
+		name, v, ok := strings.Cut(line, ":")
+		if !ok || (name != "used_cpu_user" && name != "used_cpu_sys") {
+			continue
+		}
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			return 0, fmt.Errorf("INFO cpu: line %q: %w", line, err)
+		}
+		sum += time.Duration(f * float64(time.Second))
+		found++
+	}
+	if found != 2 {
+		return 0, fmt.Errorf("INFO cpu: no used_cpu_user and used_cpu_sys in %q", info)
+	}
+	return sum, nil
+}
+
 // infoField returns one field of an INFO section, "" when it is missing.
 func infoField(ctx context.Context, c *redis.Client, section, field string) string {
 	info, err := c.Info(ctx, section).Result()

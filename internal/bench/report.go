@@ -29,6 +29,12 @@ type Row struct {
 	Throughput []float64
 	Ratios     []Ratio
 	Cost       Cost
+	// ServerCPURounds[i] holds, for a contender that talks to Redis, the
+	// microseconds of Redis CPU per message of each round at
+	// Config.Goroutines[i]; ServerCPU[i] is their median. Both are nil
+	// otherwise.
+	ServerCPURounds [][]float64
+	ServerCPU       []float64
 }
 
 // Ratio compares a contender with another measured in the same rounds.
@@ -49,6 +55,14 @@ func (rep *Report) summarize(sel []Contender) {
 		r.Throughput = make([]float64, len(r.Rounds))
 		for i, rs := range r.Rounds {
 			r.Throughput[i] = median(rs)
+		}
+		if slices.ContainsFunc(r.ServerCPURounds, func(rs []float64) bool { return len(rs) > 0 }) {
+			r.ServerCPU = make([]float64, len(r.ServerCPURounds))
+			for i, rs := range r.ServerCPURounds {
+				r.ServerCPU[i] = median(rs)
+			}
+		} else {
+			r.ServerCPURounds = nil
 		}
 	}
 	for i, c := range sel {
@@ -131,14 +145,16 @@ func (rep *Report) Targets(ts []Target) []TargetResult {
 }
 
 // WriteMarkdown writes the report as markdown: the conditions, one table of
-// throughput (median msgs/s per goroutine count), ratios (rows beginning
-// "÷": the median, then the lowest and highest round in small print) and
-// costs per message, then the memory figure and the targets.
+// throughput (median msgs/s per goroutine count), the Redis CPU per message
+// (rows beginning "↳", median over rounds), ratios (rows beginning "÷": the
+// median, then the lowest and highest round in small print) and costs per
+// message, then the memory figure and the targets.
 func (rep *Report) WriteMarkdown(w io.Writer, targets []Target) error {
 	c := rep.Config
 	var b strings.Builder
 	fmt.Fprintf(&b, "Run of %s on %s. %d rounds of %v per contender and goroutine count, contenders alternating; "+
-		"throughput is the median over rounds, a ratio the median of per-round ratios (in small print: the lowest and highest round).\n\n",
+		"throughput is the median over rounds, a ratio the median of per-round ratios (in small print: the lowest and highest round); "+
+		"Redis CPU per message is the server's used_cpu_user + used_cpu_sys over a round divided by its messages, median over rounds.\n\n",
 		rep.Started.UTC().Format("2006-01-02 15:04 MST"), rep.Machine, c.Rounds, c.Duration)
 	b.WriteString("| contender |")
 	for _, g := range c.Goroutines {
@@ -166,6 +182,13 @@ func (rep *Report) WriteMarkdown(w io.Writer, targets []Target) error {
 			b.WriteString(" – | – | – |")
 		}
 		fmt.Fprintf(&b, " %.1f | %.0f |\n", r.Cost.Allocs, r.Cost.Bytes)
+		if r.ServerCPU != nil {
+			b.WriteString("| ↳ Redis CPU per message |")
+			for _, v := range r.ServerCPU {
+				fmt.Fprintf(&b, " %.1f µs |", v)
+			}
+			b.WriteString(strings.Repeat(" |", 5) + "\n")
+		}
 		for _, ra := range r.Ratios {
 			fmt.Fprintf(&b, "| ÷ %s |", ra.Versus)
 			for gi, v := range ra.Median {
