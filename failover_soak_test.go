@@ -21,6 +21,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/testenv"
 )
 
 // The failover durability experiment (.ci/failover.sh runs it; it takes
@@ -68,16 +69,6 @@ type sentinelSet struct {
 
 const masterName = "mymaster"
 
-func freePort(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = l.Close() }()
-	return strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
-}
-
 func startSentinelSet(t *testing.T, downAfter int) *sentinelSet {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
@@ -91,12 +82,12 @@ func startSentinelSet(t *testing.T, downAfter int) *sentinelSet {
 			s.dumpLogs()
 		}
 	})
-	master := "127.0.0.1:" + freePort(t)
-	replica := "127.0.0.1:" + freePort(t)
+	master := "127.0.0.1:" + testenv.FreePort(t)
+	replica := "127.0.0.1:" + testenv.FreePort(t)
 	s.startNode(master, "")
 	s.startNode(replica, master)
 	for i := range 3 {
-		port := freePort(t)
+		port := testenv.FreePort(t)
 		d := filepath.Join(s.dir, "sentinel-"+port)
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
@@ -227,16 +218,8 @@ func (s *sentinelSet) waitFor(limit time.Duration, what string, ok func(ctx cont
 }
 
 func (s *sentinelSet) infoField(ctx context.Context, addr, field string) string {
-	info, err := s.client(addr).Info(ctx, "replication").Result()
-	if err != nil {
-		return ""
-	}
-	for _, line := range strings.Split(info, "\r\n") {
-		if v, ok := strings.CutPrefix(line, field+":"); ok {
-			return v
-		}
-	}
-	return ""
+	v, _ := testenv.InfoField(ctx, s.client(addr), "replication", field)
+	return v
 }
 
 // masters returns the master address each sentinel names.

@@ -2,9 +2,6 @@ package idem_test
 
 import (
 	"context"
-	"net"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -19,70 +16,6 @@ import (
 
 // Faults of the Redis server itself: its script cache flushed under a
 // batch workload, and the server killed and restarted.
-
-// redisServer is a redis-server of one test's own, which the test may kill
-// and start again on the same port and directory. Like the shared Redis it
-// is required under CI=true and skipped without IDEM_REDIS_ADDR.
-type redisServer struct {
-	t    *testing.T
-	bin  string
-	args []string
-	addr string
-	cmd  *exec.Cmd
-}
-
-func startRedisServer(t *testing.T, extra ...string) *redisServer {
-	t.Helper()
-	testenv.Lookup(t, testenv.RedisAddrVar)
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		t.Fatalf("redis-server is not on PATH: %v", err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
-	_ = l.Close()
-	dir := t.TempDir()
-	s := &redisServer{t: t, bin: bin, addr: "127.0.0.1:" + port,
-		args: append([]string{"--port", port, "--bind", "127.0.0.1", "--save", "",
-			"--dir", dir, "--logfile", filepath.Join(dir, "log")}, extra...)}
-	s.start()
-	t.Cleanup(s.kill)
-	return s
-}
-
-// start runs the server and waits until it answers PING.
-func (s *redisServer) start() {
-	s.t.Helper()
-	s.cmd = exec.Command(s.bin, s.args...)
-	if err := s.cmd.Start(); err != nil {
-		s.t.Fatalf("starting redis-server: %v", err)
-	}
-	c := redis.NewClient(&redis.Options{Addr: s.addr, MaxRetries: -1})
-	defer func() { _ = c.Close() }()
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
-		err := c.Ping(context.Background()).Err()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			s.t.Errorf("redis-server on %s does not answer: %v", s.addr, err)
-			return
-		}
-	}
-}
-
-// kill sends SIGKILL, as a crash would, and reaps the process.
-func (s *redisServer) kill() {
-	if s.cmd == nil {
-		return
-	}
-	_ = s.cmd.Process.Kill()
-	_ = s.cmd.Wait()
-	s.cmd = nil
-}
 
 // evalCounter counts EVAL commands, alone or pipelined: the store sends
 // one only after Redis answered NOSCRIPT (its script cache was lost).
@@ -116,8 +49,8 @@ func (h *evalCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 // recover on its own: no error, every message confirmed once.
 func TestFaultsRedisScriptFlush(t *testing.T) {
 	t.Parallel()
-	srv := startRedisServer(t, "--appendonly", "no")
-	ctl := redis.NewClient(&redis.Options{Addr: srv.addr})
+	srv := testenv.StartRedisServer(t, "--appendonly", "no")
+	ctl := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	t.Cleanup(func() { _ = ctl.Close() })
 	const messages, workers, batch = 400, 4, 16
 	keys := make([]string, messages)
@@ -168,7 +101,7 @@ func TestFaultsRedisScriptFlush(t *testing.T) {
 	}()
 	var wg sync.WaitGroup
 	for i := range workers {
-		c := redis.NewClient(&redis.Options{Addr: srv.addr})
+		c := redis.NewClient(&redis.Options{Addr: srv.Addr})
 		t.Cleanup(func() { _ = c.Close() })
 		c.AddHook(&evals)
 		s, err := idem.NewRedisStore(c, idem.RedisOptions{Options: idem.Options{LeaseTTL: time.Second,
@@ -283,8 +216,8 @@ func TestFaultsRedisScriptFlush(t *testing.T) {
 // (new connections, a script cache to fill again).
 func TestFaultsRedisRestart(t *testing.T) {
 	t.Parallel()
-	srv := startRedisServer(t, "--appendonly", "yes", "--appendfsync", "always")
-	direct := redis.NewClient(&redis.Options{Addr: srv.addr})
+	srv := testenv.StartRedisServer(t, "--appendonly", "yes", "--appendfsync", "always")
+	direct := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	t.Cleanup(func() { _ = direct.Close() })
 	ds, err := idem.NewRedisStore(direct, idem.RedisOptions{})
 	if err != nil {
@@ -292,7 +225,7 @@ func TestFaultsRedisRestart(t *testing.T) {
 	}
 	var evals evalCounter
 	open := func(i int, o idem.Options) idem.Store {
-		c := redis.NewClient(&redis.Options{Addr: srv.addr, MaxRetries: -1,
+		c := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1,
 			DialTimeout: 300 * time.Millisecond, ReadTimeout: 300 * time.Millisecond})
 		t.Cleanup(func() { _ = c.Close() })
 		c.AddHook(&evals)
@@ -311,10 +244,10 @@ func TestFaultsRedisRestart(t *testing.T) {
 				return
 			}
 			killed := time.Now()
-			srv.kill()
+			srv.Kill()
 			confirmed := led.confirmedBefore(killed)
 			time.Sleep(150 * time.Millisecond)
-			srv.start()
+			srv.Start()
 			restarts.Add(1)
 			for _, k := range confirmed {
 				checked.Add(1)

@@ -413,14 +413,7 @@ func TestRedisAutoPipelineCancel(t *testing.T) {
 	g.pass()            // the held calls go; the next round trip is held
 	g.waitEntered(t, 1) // the pipeline of the two queued calls
 	cancel()
-	select {
-	case err := <-errc:
-		if !errors.Is(err, context.Canceled) {
-			t.Errorf("Claim(%q) cancelled in flight = %v; want %v", sentKey, err, context.Canceled)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatalf("Claim(%q) cancelled in flight did not return while its pipeline was held", sentKey)
-	}
+	waitCancelled(t, errc, fmt.Sprintf("Claim(%q) cancelled in flight", sentKey), "its pipeline was held")
 	g.release()
 	done()
 	if err := <-oerr; err != nil {
@@ -442,14 +435,7 @@ func TestRedisAutoPipelineCancel(t *testing.T) {
 	}()
 	waitQueued(t, s, 2)
 	qcancel()
-	select {
-	case err := <-errc:
-		if !errors.Is(err, context.Canceled) {
-			t.Errorf("Claim(%q) cancelled in the queue = %v; want %v", queuedKey, err, context.Canceled)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatalf("Claim(%q) cancelled in the queue did not return while the senders were held", queuedKey)
-	}
+	waitCancelled(t, errc, fmt.Sprintf("Claim(%q) cancelled in the queue", queuedKey), "the senders were held")
 	g.release()
 	done()
 	if err := <-nerr; err != nil {
@@ -522,5 +508,19 @@ func TestRedisAutoPipelineNoScript(t *testing.T) {
 			wg.Wait()
 			checkAllDuplicate(t, s, keys)
 		})
+	}
+}
+
+// waitCancelled waits for the error of the call what, whose context was
+// cancelled while held: it must be context.Canceled, and come within 5 s.
+func waitCancelled(t *testing.T, errc <-chan error, what, while string) {
+	t.Helper()
+	select {
+	case err := <-errc:
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("%s = %v; want %v", what, err, context.Canceled)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatalf("%s did not return while %s", what, while)
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"strconv"
 	"strings"
 	"testing"
@@ -120,14 +119,8 @@ func TestRedisNoScriptCluster(t *testing.T) {
 func TestRedisBadInputBeforeIO(t *testing.T) {
 	t.Parallel()
 	// A port nothing listens on.
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	_ = l.Close()
 	d := &lossyDialer{}
-	c := redis.NewClient(&redis.Options{Addr: addr, Dialer: d.dial, MaxRetries: -1})
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + testenv.FreePort(t), Dialer: d.dial, MaxRetries: -1})
 	t.Cleanup(func() { _ = c.Close() })
 	h := &tripCounter{}
 	c.AddHook(h)

@@ -5,11 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"net"
-	"os/exec"
-	"path/filepath"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -91,58 +87,26 @@ func TestRedisMemoryPerRecord(t *testing.T) {
 		keyLen, per, usage)
 }
 
-// privateRedis starts a redis-server for t alone, on a free loopback port,
-// configured as `make test` configures the shared one. Like the shared
-// Redis, it is required under CI=true and skipped without IDEM_REDIS_ADDR.
+// privateRedis starts a redis-server for t alone (testenv.StartRedisServer),
+// configured as `make test` configures the shared one, and returns a
+// client of it.
 func privateRedis(t *testing.T) *redis.Client {
 	t.Helper()
-	testenv.Lookup(t, testenv.RedisAddrVar)
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		t.Fatalf("redis-server is not on PATH: %v", err)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
-	_ = l.Close()
-	dir := t.TempDir()
-	cmd := exec.Command(bin, "--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-		"--dir", dir, "--logfile", filepath.Join(dir, "log"))
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("starting redis-server: %v", err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	})
-	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + port})
+	srv := testenv.StartRedisServer(t, "--appendonly", "no")
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	t.Cleanup(func() { _ = c.Close() })
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if err := c.Ping(context.Background()).Err(); err == nil {
-			return c
-		} else if time.Now().After(deadline) {
-			t.Fatalf("private redis-server on port %s does not answer: %v", port, err)
-		}
-	}
+	return c
 }
 
 func usedMemory(t *testing.T, c *redis.Client) int64 {
 	t.Helper()
-	info, err := c.Info(context.Background(), "memory").Result()
+	v, ok := testenv.InfoField(context.Background(), c, "memory", "used_memory")
+	if !ok {
+		t.Fatalf("INFO memory: no used_memory")
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
 	if err != nil {
-		t.Fatalf("INFO memory: %v", err)
+		t.Fatalf("INFO memory: used_memory %q: %v", v, err)
 	}
-	for _, line := range strings.Split(info, "\r\n") {
-		if v, ok := strings.CutPrefix(line, "used_memory:"); ok {
-			n, err := strconv.ParseInt(v, 10, 64)
-			if err != nil {
-				t.Fatalf("INFO memory: used_memory %q: %v", v, err)
-			}
-			return n
-		}
-	}
-	t.Fatalf("INFO memory has no used_memory: %q", info)
-	return 0
+	return n
 }

@@ -7,7 +7,6 @@ import (
 	"database/sql/driver"
 	"encoding/hex"
 	"errors"
-	"net"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -265,15 +264,7 @@ func TestSecurityStoreDownIsError(t *testing.T) {
 	defer cancel()
 	stores := map[string]func(t *testing.T) idem.Store{
 		"redis": func(t *testing.T) idem.Store {
-			l, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			addr := l.Addr().String()
-			_ = l.Close() // nothing listens there now
-			c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialerRetries: 1, DialTimeout: time.Second})
-			t.Cleanup(func() { _ = c.Close() })
-			s, err := idem.NewRedisStore(c, idem.RedisOptions{AllowEviction: true})
+			s, err := idem.NewRedisStore(testenv.DeadRedis(t), idem.RedisOptions{AllowEviction: true})
 			if err != nil {
 				t.Fatalf("NewRedisStore(AllowEviction) = %v; want a store, no I/O yet", err)
 			}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -78,15 +77,7 @@ func settleOne(t *testing.T, store idem.Store, key string, h func(context.Contex
 // deadRedisStore is a RedisStore whose server is gone.
 func deadRedisStore(t *testing.T) idem.Store {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	_ = l.Close()
-	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialerRetries: 1, DialTimeout: time.Second})
-	t.Cleanup(func() { _ = c.Close() })
-	st, err := idem.NewRedisStore(c, idem.RedisOptions{AllowEviction: true}) // no I/O: the check is skipped
+	st, err := idem.NewRedisStore(testenv.DeadRedis(t), idem.RedisOptions{AllowEviction: true}) // no I/O: the check is skipped
 	if err != nil {
 		t.Fatalf("NewRedisStore = %v", err)
 	}

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -318,15 +317,7 @@ func TestSecurityOversizedBeforeIO(t *testing.T) {
 // deadRedisStore is a RedisStore whose server is gone.
 func deadRedisStore(t *testing.T) idem.Store {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := l.Addr().String()
-	_ = l.Close()
-	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialerRetries: 1, DialTimeout: time.Second})
-	t.Cleanup(func() { _ = c.Close() })
-	st, err := idem.NewRedisStore(c, idem.RedisOptions{AllowEviction: true}) // no I/O: the check is skipped
+	st, err := idem.NewRedisStore(testenv.DeadRedis(t), idem.RedisOptions{AllowEviction: true}) // no I/O: the check is skipped
 	if err != nil {
 		t.Fatalf("NewRedisStore = %v", err)
 	}

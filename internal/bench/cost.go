@@ -203,21 +203,16 @@ func redisCPU(ctx context.Context, c *redis.Client) (time.Duration, error) {
 		return 0, fmt.Errorf("INFO cpu: %w", err)
 	}
 	var sum time.Duration
-	found := 0
-	for _, line := range strings.Split(info, "\r\n") {
-		name, v, ok := strings.Cut(line, ":")
-		if !ok || (name != "used_cpu_user" && name != "used_cpu_sys") {
-			continue
+	for _, field := range []string{"used_cpu_user", "used_cpu_sys"} {
+		v, ok := infoValue(info, field)
+		if !ok {
+			return 0, fmt.Errorf("INFO cpu: no %s in %q", field, info)
 		}
 		f, err := strconv.ParseFloat(v, 64)
 		if err != nil {
-			return 0, fmt.Errorf("INFO cpu: line %q: %w", line, err)
+			return 0, fmt.Errorf("INFO cpu: %s %q: %w", field, v, err)
 		}
 		sum += time.Duration(f * float64(time.Second))
-		found++
-	}
-	if found != 2 {
-		return 0, fmt.Errorf("INFO cpu: no used_cpu_user and used_cpu_sys in %q", info)
 	}
 	return sum, nil
 }
@@ -228,12 +223,18 @@ func infoField(ctx context.Context, c *redis.Client, section, field string) stri
 	if err != nil {
 		return ""
 	}
+	v, _ := infoValue(info, field)
+	return v
+}
+
+// infoValue returns a field of an INFO reply.
+func infoValue(info, field string) (string, bool) {
 	for _, line := range strings.Split(info, "\r\n") {
 		if v, ok := strings.CutPrefix(line, field+":"); ok {
-			return v
+			return v, true
 		}
 	}
-	return ""
+	return "", false
 }
 
 // Memory is what one confirmed record costs Redis: a 36-byte key (a UUID),
