@@ -196,11 +196,11 @@ func (o *Options) observe(ctx context.Context, e Event, key string, start time.T
 	if e.Items == 0 {
 		e.Items = 1
 	}
-	if key != "" {
+	if key != "" && o.Observer != nil {
 		e.KeyHash = o.KeyHasher.Hash(key)
 	}
 	if o.Logger != nil {
-		o.logEvent(ctx, &e)
+		o.logEvent(ctx, &e, key)
 	}
 	if o.Observer != nil {
 		o.Observer.Observe(ctx, e)
@@ -209,18 +209,25 @@ func (o *Options) observe(ctx context.Context, e Event, key string, start time.T
 
 // logEvent logs the events an operator must see: a lease found lost on
 // Renew (the work goes on unprotected, or stops), and a store failing. A
-// late confirm is logged where it is found, per item (logLate).
-func (o *Options) logEvent(ctx context.Context, e *Event) {
+// late confirm is logged where it is found, per item (logLate). The key is
+// hashed only for a line that is written.
+func (o *Options) logEvent(ctx context.Context, e *Event, key string) {
+	hash := func() string {
+		if e.KeyHash == "" && key != "" {
+			e.KeyHash = o.KeyHasher.Hash(key)
+		}
+		return e.KeyHash
+	}
 	switch e.Class() {
 	case ClassLeaseLost:
 		if e.Op == OpRenew {
 			o.Logger.LogAttrs(ctx, slog.LevelWarn, "idem: lease lost: another worker may take the key over",
-				slog.String("key_hash", e.KeyHash))
+				slog.String("key_hash", hash()))
 		}
 	case ClassStore, ClassDamaged:
 		if n, ok := o.failures.admit(time.Now()); ok {
 			o.Logger.LogAttrs(ctx, slog.LevelError, "idem: store operation failed",
-				slog.String("op", e.Op.String()), slog.String("key_hash", e.KeyHash),
+				slog.String("op", e.Op.String()), slog.String("key_hash", hash()),
 				slog.Int64("failures_not_logged", n), slog.Any("err", e.Err))
 		}
 	}

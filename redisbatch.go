@@ -20,7 +20,12 @@ type scriptCall struct {
 	script *redis.Script
 	keys   []string
 	args   []any
-	wait   bool // a confirm: with WaitReplicas, followed by WAIT
+}
+
+// confirms reports whether c confirms: with WaitReplicas, it is followed by
+// WAIT.
+func (c scriptCall) confirms() bool {
+	return c.script == confirmScript || c.script == confirmBatchScript
 }
 
 // shared reports whether every key can go into one script call: true on a
@@ -79,7 +84,7 @@ func (s *RedisStore) ClaimBatch(ctx context.Context, keys []string, fingerprints
 		if err == nil {
 			cs[i], err = s.parseClaim(keys[i], fp(i), start, v)
 		} else {
-			err = s.fail(ctx, "claim", keys[i], err)
+			err = s.fail("claim", keys[i], err)
 		}
 		errs = collect(errs, len(keys), i, err)
 	})
@@ -107,7 +112,7 @@ func (s *RedisStore) ConfirmBatch(ctx context.Context, leases []*Lease, results 
 	if s.shared() {
 		for lo := 0; lo < len(leases); lo += batchChunk {
 			hi := min(lo+batchChunk, len(leases))
-			c := scriptCall{script: confirmBatchScript, keys: make([]string, 0, hi-lo), args: make([]any, 1, 1+2*(hi-lo)), wait: true}
+			c := scriptCall{script: confirmBatchScript, keys: make([]string, 0, hi-lo), args: make([]any, 1, 1+2*(hi-lo))}
 			c.args[0] = s.retentionMs
 			for i := lo; i < hi; i++ {
 				c.keys = append(c.keys, s.redisKey(leases[i].Key))
@@ -119,7 +124,7 @@ func (s *RedisStore) ConfirmBatch(ctx context.Context, leases []*Lease, results 
 	} else {
 		for i, l := range leases {
 			calls = append(calls, scriptCall{script: confirmScript, keys: []string{s.redisKey(l.Key)},
-				args: s.confirmArgs(l, at(results, i)), wait: true})
+				args: s.confirmArgs(l, at(results, i))})
 		}
 	}
 	var errs []error
@@ -138,7 +143,7 @@ func (s *RedisStore) ConfirmBatch(ctx context.Context, leases []*Lease, results 
 				err = fmt.Errorf("idem: confirm of %s: %w", s.o.keyName(leases[i].Key), waitErr)
 			}
 		} else {
-			err = s.fail(ctx, "confirm", leases[i].Key, err)
+			err = s.fail("confirm", leases[i].Key, err)
 		}
 		errs = collect(errs, len(leases), i, err)
 	})
@@ -198,7 +203,7 @@ func (s *RedisStore) pipeline(ctx context.Context, calls []scriptCall) (cmds []*
 
 func anyWait(calls []scriptCall) bool {
 	for _, c := range calls {
-		if c.wait {
+		if c.confirms() {
 			return true
 		}
 	}
@@ -239,7 +244,7 @@ func (s *RedisStore) pipelineOn(ctx context.Context, p pipeliner, calls []script
 				} else {
 					cmds[i] = c.script.EvalSha(ctx, pp, c.keys, c.args...)
 				}
-				waits = waits || c.wait
+				waits = waits || c.confirms()
 			}
 			if wait && waits {
 				// Pipeliner has no Wait method; WAIT takes milliseconds.
@@ -253,7 +258,7 @@ func (s *RedisStore) pipelineOn(ctx context.Context, p pipeliner, calls []script
 		}
 		err := s.replicated(w)
 		for _, i := range idx {
-			if calls[i].wait {
+			if calls[i].confirms() {
 				waitErrs[i] = err
 			}
 		}
@@ -314,7 +319,7 @@ func (s *RedisStore) pipelineByMaster(ctx context.Context, cc *redis.ClusterClie
 			got, _ := s.pipelineOn(ctx, cc, sub, false)
 			for j, i := range pending {
 				cmds[i] = got[j]
-				if calls[i].wait {
+				if calls[i].confirms() {
 					waitErrs[i] = fmt.Errorf("%w: the slot moved during the confirm; its replication was not checked", ErrNotReplicated)
 				}
 			}

@@ -70,7 +70,7 @@ var pipeCalls = sync.Pool{New: func() any { return &pipeCall{done: make(chan str
 func newPipeCall(script *redis.Script, key string, args []any) *pipeCall {
 	c := pipeCalls.Get().(*pipeCall)
 	c.key[0] = key
-	c.scriptCall = scriptCall{script: script, keys: c.key[:], args: args, wait: script == confirmScript}
+	c.scriptCall = scriptCall{script: script, keys: c.key[:], args: args}
 	if len(args) <= len(c.arg) {
 		c.args = c.arg[:copy(c.arg[:], args)]
 	}
@@ -215,11 +215,11 @@ func (p *autoPipe) send(ctx context.Context, batch []*pipeCall) {
 	if len(live) == 0 {
 		return
 	}
-	if len(live) == 1 && !(live[0].scriptCall.wait && p.s.waitReplicas > 0) {
-		// One call alone goes as a plain command, as without AutoPipeline:
-		// the same round trip, without a pipeline's bookkeeping.
+	if len(live) == 1 {
+		// One call alone goes as without AutoPipeline, without a
+		// pipeline's bookkeeping.
 		c := live[0]
-		c.v, c.err = c.script.Run(ctx, p.s.c, c.keys, c.args...).Result()
+		c.v, c.waitErr, c.err = p.s.runNow(ctx, c.scriptCall)
 		c.finish()
 		return
 	}
@@ -272,7 +272,7 @@ func (s *RedisStore) mergeCalls(live []*pipeCall) ([]scriptCall, []*pipeCall) {
 		}
 		for lo := 0; lo < len(cs); lo += batchChunk {
 			hi := min(lo+batchChunk, len(cs))
-			bc := scriptCall{script: batch, keys: make([]string, 0, hi-lo), args: make([]any, 1, 1+2*(hi-lo)), wait: cs[lo].scriptCall.wait}
+			bc := scriptCall{script: batch, keys: make([]string, 0, hi-lo), args: make([]any, 1, 1+2*(hi-lo))}
 			bc.args[0] = first(cs[lo])
 			for _, c := range cs[lo:hi] {
 				bc.keys = append(bc.keys, c.keys[0])

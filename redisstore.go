@@ -284,13 +284,18 @@ func (s *RedisStore) run(ctx context.Context, script *redis.Script, key string, 
 	if s.auto != nil {
 		return s.auto.do(ctx, script, s.redisKey(key), args)
 	}
-	sc := scriptCall{script: script, keys: []string{s.redisKey(key)}, args: args, wait: script == confirmScript}
-	if sc.wait && s.waitReplicas > 0 {
+	return s.runNow(ctx, scriptCall{script: script, keys: []string{s.redisKey(key)}, args: args})
+}
+
+// runNow sends sc at once, as one command; a confirm with WaitReplicas is
+// followed by WAIT in the same pipeline, and waitErr is its verdict.
+func (s *RedisStore) runNow(ctx context.Context, sc scriptCall) (v any, waitErr, err error) {
+	if sc.confirms() && s.waitReplicas > 0 {
 		cmds, waitErrs := s.pipeline(ctx, []scriptCall{sc})
 		v, err := cmds[0].Result()
 		return v, waitErrs[0], err
 	}
-	v, err = script.Run(ctx, s.c, sc.keys, args...).Result()
+	v, err = sc.script.Run(ctx, s.c, sc.keys, sc.args...).Result()
 	return v, nil, err
 }
 
@@ -308,7 +313,7 @@ func (s *RedisStore) Claim(ctx context.Context, key string, fingerprint []byte) 
 	var buf [40]byte
 	v, _, err := s.run(ctx, claimScript, key, s.leaseMs, claimTail(s.o.Worker, s.appendAttempt(buf[:0]), fingerprint))
 	if err != nil {
-		return Claim{}, s.fail(ctx, "claim", key, err)
+		return Claim{}, s.fail("claim", key, err)
 	}
 	return s.parseClaim(key, fingerprint, start, v)
 }
@@ -420,13 +425,10 @@ func (s *RedisStore) badReply(op, key string, v any) error {
 }
 
 // fail wraps a Redis error with the operation and key, mapping a script's
-// damaged-record answer to ErrDamaged.
-func (s *RedisStore) fail(ctx context.Context, op, key string, err error) error {
+// damaged-record answer to ErrDamaged. The operation's event logs it (see
+// Options.observe), with the key's hash in the error.
+func (s *RedisStore) fail(op, key string, err error) error {
 	if strings.Contains(err.Error(), "idem: damaged record") {
-		if s.o.Logger != nil {
-			s.o.Logger.LogAttrs(ctx, slog.LevelError, "idem: damaged record in Redis; left as it is",
-				slog.String("key_hash", s.o.KeyHasher.Hash(key)))
-		}
 		return fmt.Errorf("%w: %s of %s", ErrDamaged, op, s.o.keyName(key))
 	}
 	return fmt.Errorf("idem: %s of %s: %w", op, s.o.keyName(key), err)
@@ -441,7 +443,7 @@ func (s *RedisStore) Renew(ctx context.Context, l *Lease) (err error) {
 	}
 	v, _, err := s.run(ctx, renewScript, l.Key, heldPrefix(l), s.leaseMs)
 	if err != nil {
-		return s.fail(ctx, "renew", l.Key, err)
+		return s.fail("renew", l.Key, err)
 	}
 	n, ok := v.(int64)
 	if !ok {
@@ -463,7 +465,7 @@ func (s *RedisStore) Confirm(ctx context.Context, l *Lease, result []byte) (err 
 	}
 	v, waitErr, err := s.run(ctx, confirmScript, l.Key, s.confirmArgs(l, result)...)
 	if err != nil {
-		return s.fail(ctx, "confirm", l.Key, err)
+		return s.fail("confirm", l.Key, err)
 	}
 	n, ok := v.(int64)
 	if !ok {
@@ -506,7 +508,7 @@ func (s *RedisStore) Forget(ctx context.Context, l *Lease) (err error) {
 	}
 	v, _, err := s.run(ctx, forgetScript, l.Key, heldPrefix(l), strconv.FormatInt(l.Token, 10))
 	if err != nil {
-		return s.fail(ctx, "forget", l.Key, err)
+		return s.fail("forget", l.Key, err)
 	}
 	n, ok := v.(int64)
 	if !ok {
@@ -530,7 +532,7 @@ func (s *RedisStore) Lookup(ctx context.Context, key string) (rec *Record, err e
 		return nil, fmt.Errorf("%w: %s", ErrNotFound, s.o.keyName(key))
 	}
 	if err != nil {
-		return nil, s.fail(ctx, "lookup", key, err)
+		return nil, s.fail("lookup", key, err)
 	}
 	a, ok := v.([]any)
 	if !ok {

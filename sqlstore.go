@@ -167,27 +167,48 @@ func (s *SQLStore) Claim(ctx context.Context, key string, fingerprint []byte) (c
 
 // claimIn claims key with q's statements: the database, or a transaction
 // (ClaimBatch's, Run's).
+//
+// On SQLite, where writes queue for the one write lock and reads are in
+// process and cheap, a claim reads first, in its turn as this process's
+// writer, and writes only when it found nothing live, so that racing claims
+// of one key do not each write; the read also tells a take-over, which
+// SQLite's claim statement cannot return. Answering from the read is sound
+// (the record was live when read, and only the writer could have changed it
+// since); the take-over itself is still the one upsert with the expiry
+// check in its WHERE clause, which holds against other processes too. On
+// Postgres the upsert alone answers a new or expired key, and returns the
+// prior state.
 func (s *SQLStore) claimIn(ctx context.Context, q sqlQuerier, key string, fingerprint []byte, start time.Time) (Claim, error) {
 	k, fp := []byte(key), nonNil(fingerprint)
-	if db, ok := q.(*sql.DB); ok && s.dialect == SQLite {
-		return s.claimSQLite(ctx, db, key, fp, start)
-	}
+	readFirst := s.dialect == SQLite
 	for range claimAttempts {
 		var (
-			tok  int64
-			prev string
+			c        Claim
+			answered bool
+			tok      int64
+			prev     string
 		)
 		err := s.locked(ctx, q, func() error {
-			if err := s.prevState(ctx, q, key, &prev); err != nil {
-				return err
+			if readFirst {
+				var err error
+				if c, err = s.found(ctx, q, key, start, &prev); !errors.Is(err, errNoRecord) {
+					answered = true
+					return err
+				}
 			}
 			return s.upsert(ctx, q, k, fp, &tok, &prev)
 		})
-		if err == nil {
+		switch {
+		case answered:
+			return c, err
+		case err == nil:
 			return s.claimed(key, fp, tok, prev, start), nil
-		}
-		if !errors.Is(err, sql.ErrNoRows) {
+		case !errors.Is(err, sql.ErrNoRows):
 			return Claim{}, err
+		case readFirst:
+			// Another process wrote the row between the read and the
+			// upsert: read again.
+			continue
 		}
 		if c, err := s.found(ctx, q, key, start, nil); !errors.Is(err, errNoRecord) {
 			return c, err
@@ -195,53 +216,6 @@ func (s *SQLStore) claimIn(ctx context.Context, q sqlQuerier, key string, finger
 		// The row went (expired, forgotten, purged) since the INSERT: again.
 	}
 	return Claim{}, errChanged
-}
-
-// claimSQLite is claimIn outside a transaction on SQLite, where writes
-// queue for the one write lock and reads are cheap: in its turn as this
-// process's writer, a claim reads first and writes only when it found
-// nothing live, so that racing claims of one key do not each write.
-// Answering from the read is sound (the record was live when read, and only
-// the writer could have changed it since); the take-over itself is still
-// the one upsert with the expiry check in its WHERE clause, which holds
-// against other processes too.
-func (s *SQLStore) claimSQLite(ctx context.Context, db *sql.DB, key string, fp []byte, start time.Time) (Claim, error) {
-	for range claimAttempts {
-		var c Claim
-		err := s.exclusive(ctx, func() error {
-			var err error
-			var (
-				tok  int64
-				prev string
-			)
-			if c, err = s.found(ctx, db, key, start, &prev); !errors.Is(err, errNoRecord) {
-				return err
-			}
-			err = s.upsert(ctx, db, []byte(key), fp, &tok, &prev)
-			if err == nil {
-				c = s.claimed(key, fp, tok, prev, start)
-			}
-			return err
-		})
-		if !errors.Is(err, sql.ErrNoRows) {
-			return c, err
-		}
-		// Another process wrote the row between the read and the upsert.
-	}
-	return Claim{}, errChanged
-}
-
-// prevState reads the state of key's row into *prev on SQLite, whose claim
-// statement cannot return it (see sqlClaimSQLite). On Postgres the claim
-// returns it.
-func (s *SQLStore) prevState(ctx context.Context, q sqlQuerier, key string, prev *string) error {
-	if s.q.prev == "" {
-		return nil
-	}
-	if _, err := s.read(ctx, q, key, time.Now(), prev); err != nil && !errors.Is(err, errNoRecord) {
-		return err
-	}
-	return nil
 }
 
 // upsert runs the claim statement: sql.ErrNoRows when the key is live,

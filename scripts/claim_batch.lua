@@ -15,26 +15,14 @@
 local t = redis.call('TIME')
 local toks = t[1] .. string.sub('00000' .. t[2], -6)
 
--- The common case, new keys: one write each, answered with the bare token,
--- until the first key that has a record.
-local out = {}
-local i = 1
-while i <= #KEYS do
-  if not redis.call('SET', KEYS[i], '1C' .. toks .. ':' .. ARGV[1 + i], 'NX', 'PX', ARGV[1]) then break end
-  out[i] = toks
-  i = i + 1
-end
-if i > #KEYS then return out end
-
 -- #include record.lua
 
--- From the first key with a record on, each in order, as claim.lua would.
-out[i] = claimed(KEYS[i], ARGV[1], ARGV[1 + i], toks)
-for j = i + 1, #KEYS do
-  if redis.call('SET', KEYS[j], '1C' .. toks .. ':' .. ARGV[1 + j], 'NX', 'PX', ARGV[1]) then
-    out[j] = toks
+local out = {}
+for i = 1, #KEYS do
+  if redis.call('SET', KEYS[i], '1C' .. toks .. ':' .. ARGV[1 + i], 'NX', 'PX', ARGV[1]) then
+    out[i] = toks
   else
-    out[j] = claimed(KEYS[j], ARGV[1], ARGV[1 + j], toks)
+    out[i] = claimed(KEYS[i], ARGV[1], ARGV[1 + i], toks)
   end
 end
 return out

@@ -1,6 +1,7 @@
 -- The record format and the operations on one record, shared by every
--- script: each includes it where it says "#include record.lua", after its
--- fast path, so that the common case runs without defining any of this.
+-- script: each includes it where it says "#include record.lua". A one-key
+-- script includes it after its fast path, so that the common case runs
+-- without defining any of this; a batch script's keys share the cost.
 --
 -- One Redis string per idempotency key. Its TTL is the lease while claimed
 -- and the retention once confirmed. The value begins with the format version
