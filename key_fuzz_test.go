@@ -173,7 +173,11 @@ func checkOneSlot(t *testing.T, c redis.UniversalClient, rec *keyRecorder) {
 		t.Fatalf("ConfirmBatch = %v", err)
 	}
 	_, cluster := c.(*redis.ClusterClient)
-	for _, keys := range rec.take() {
+	calls := rec.take()
+	if len(calls) == 0 {
+		t.Fatalf("no script call of ClaimBatch and ConfirmBatch was recorded")
+	}
+	for _, keys := range calls {
 		for _, k := range keys[1:] {
 			if cluster && keySlot(k) != keySlot(keys[0]) {
 				t.Fatalf("a batch script call on a cluster named keys %q of different slots", keys)

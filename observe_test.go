@@ -15,6 +15,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/sqltest"
+	"github.com/idemgo/idem/internal/testenv"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -79,7 +80,7 @@ func TestKeyHasher(t *testing.T) {
 	if a.Hash(long) != first || a.Hash(key) != a2.Hash(key) {
 		t.Error("hash of a key changed after hashing others")
 	}
-	if n := testing.AllocsPerRun(100, func() { _ = a.Hash(key) }); n > 1 && !raceEnabled {
+	if n := testing.AllocsPerRun(100, func() { _ = a.Hash(key) }); n > 1 && !testenv.RaceEnabled {
 		t.Errorf("Hash allocates %v times; want at most the result string", n)
 	}
 }
@@ -258,8 +259,6 @@ func TestClaimTakeOverSQL(t *testing.T) {
 		lease := 200 * time.Millisecond
 		st := newSQLStore(t, db, idem.SQLOptions{Options: idem.Options{LeaseTTL: lease, Observer: rec}, Dialect: d, Table: uniqueTable()})
 		takeOverSequence(t, st, rec, func() { time.Sleep(lease + 50*time.Millisecond) })
-		// Inside Run's transaction the same statement reports it too (the
-		// event of Run is OpRun; the take-over shows on the claim only).
 	})
 }
 

@@ -7,6 +7,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
+	"github.com/idemgo/idem/internal/testenv"
 )
 
 // Allocations on a MemoryStore with no Observer, measured
@@ -26,7 +27,7 @@ func (nopObserver) Observe(context.Context, idem.Event) {}
 // report events, so any allocation the observing adds on the unobserved
 // path fails here; with one, reporting stays cheap.
 func TestObserverAllocations(t *testing.T) {
-	if testing.CoverMode() != "" || raceEnabled {
+	if testing.CoverMode() != "" || testenv.RaceEnabled {
 		t.Skip("allocation counts differ under -cover and -race")
 	}
 	ctx := context.Background()

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/testenv"
 )
 
 // allocsPerRequest is the allocations of one request through h, new key
@@ -45,7 +46,7 @@ func (nopObserver) Observe(context.Context, idem.Event) {}
 // existed, so any allocation the observing adds on the unobserved path
 // fails here. With an Observer, reporting costs a few allocations.
 func TestObserverAllocations(t *testing.T) {
-	if testing.CoverMode() != "" || raceEnabled {
+	if testing.CoverMode() != "" || testenv.RaceEnabled {
 		t.Skip("allocation counts differ under -cover and -race")
 	}
 	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

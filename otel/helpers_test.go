@@ -3,7 +3,6 @@ package idemotel_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"testing"
 	"time"
 
@@ -15,29 +14,6 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 )
-
-// realRedis returns a client of the Redis at IDEM_REDIS_ADDR. Like the
-// root module's internal/testenv (which a nested module cannot import),
-// it skips without the variable, except under CI=true, where a missing
-// service fails the test.
-func realRedis(t testing.TB) *redis.Client {
-	t.Helper()
-	addr := os.Getenv("IDEM_REDIS_ADDR")
-	if addr == "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("IDEM_REDIS_ADDR is not set: under CI=true the real service is required (run `make test`)")
-		}
-		t.Skip("IDEM_REDIS_ADDR is not set; skipping the real Redis test")
-	}
-	c := redis.NewClient(&redis.Options{Addr: addr})
-	t.Cleanup(func() { _ = c.Close() })
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	if err := c.Ping(ctx).Err(); err != nil {
-		t.Fatalf("Redis at %s does not answer: %v", addr, err)
-	}
-	return c
-}
 
 // redisStore returns a RedisStore with a prefix of its own.
 func redisStore(t testing.TB, c *redis.Client, o idem.Options) *idem.RedisStore {

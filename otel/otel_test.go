@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
+	"github.com/idemgo/idem/internal/testenv"
 	"github.com/idemgo/idem/middleware"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -207,7 +208,7 @@ func TestStoreOutsideSpans(t *testing.T) {
 // TestTakeOverOnMemoryStore.)
 func TestConsumerOnRedis(t *testing.T) {
 	s := newSDK(t)
-	c := realRedis(t)
+	c := testenv.Redis(t)
 	store := redisStore(t, c, idem.Options{Observer: s.obs, LeaseTTL: 60 * time.Millisecond})
 	ctx := context.Background()
 
@@ -273,7 +274,7 @@ func TestConsumerOnRedis(t *testing.T) {
 // A store failure is an Error span and counted with class store.
 func TestStoreFailureOnRedis(t *testing.T) {
 	s := newSDK(t)
-	c := realRedis(t)
+	c := testenv.Redis(t)
 	store := redisStore(t, c, idem.Options{Observer: s.obs})
 	ctx, cancel := context.WithCancel(context.Background())
 	h := consumer.Idempotent(store, func(k string) string { return k },

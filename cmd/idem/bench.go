@@ -22,13 +22,10 @@ import (
 	"github.com/idemgo/idem/internal/bench"
 )
 
-// The variables `make test` and `make bench` export for the services (see
-// .ci/services.sh); `idem bench` reads them as its flags' defaults.
-const (
-	envBenchRedis    = "IDEM_REDIS_ADDR"
-	envBenchCluster  = "IDEM_REDIS_CLUSTER_ADDRS"
-	envBenchPostgres = "IDEM_POSTGRES_DSN"
-)
+// envBenchRedis is the standalone Redis `make test` and `make bench` export
+// (see .ci/services.sh); `idem bench` reads it, envClusterAddrs and
+// envPostgresDSN as its flags' defaults.
+const envBenchRedis = "IDEM_REDIS_ADDR"
 
 // Files that --out writes.
 const (
@@ -59,8 +56,8 @@ http (--redis).`
 func (c *cli) bench(args []string) int {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	redisAddr := fs.String("redis", c.getenv(envBenchRedis), "standalone Redis `host:port` or redis:// URL (env "+envBenchRedis+")")
-	cluster := fs.String("cluster", c.getenv(envBenchCluster), "comma-separated host:port `ADDRS` of a Redis Cluster's masters (env "+envBenchCluster+")")
-	postgres := fs.String("postgres", c.getenv(envBenchPostgres), "Postgres `DSN` (env "+envBenchPostgres+")")
+	cluster := fs.String("cluster", c.getenv(envClusterAddrs), "comma-separated host:port `ADDRS` of a Redis Cluster's masters (env "+envClusterAddrs+")")
+	postgres := fs.String("postgres", c.getenv(envPostgresDSN), "Postgres `DSN` (env "+envPostgresDSN+")")
 	groups := fs.String("groups", strings.Join(bench.AllGroups, ","), "comma-separated `groups` to run")
 	only := fs.String("only", "", "run only the contenders whose name matches this `regexp` (and that --groups selects)")
 	rounds := fs.Int("rounds", 5, "rounds per goroutine count")

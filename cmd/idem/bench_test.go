@@ -14,7 +14,7 @@ import (
 // differently (exit 2 after a timeout, with "cannot reach").
 func TestBenchUsageErrors(t *testing.T) {
 	t.Parallel()
-	nowhere := map[string]string{envBenchRedis: "127.0.0.1:1", envBenchCluster: "127.0.0.1:1", envBenchPostgres: "postgres://127.0.0.1:1/x"}
+	nowhere := map[string]string{envBenchRedis: "127.0.0.1:1", envClusterAddrs: "127.0.0.1:1", envPostgresDSN: "postgres://127.0.0.1:1/x"}
 	for _, tc := range []struct {
 		env  map[string]string
 		args []string

@@ -54,7 +54,7 @@ type demoRun struct {
 	progressEvery      time.Duration
 	terminal           bool
 	stores             []idem.Store      // [0] checks the records; [1:] one per worker
-	metrics            *metrics.Registry // counts the stores' and the wrappers' events; nil: none
+	metrics            *metrics.Registry // counts the stores' and the wrappers' events
 	interrupted        error             // why the run stopped before the queue drained
 }
 
@@ -178,9 +178,7 @@ func (d *demoRun) run(ctx context.Context, w io.Writer) int {
 		}
 	})
 	opts := []consumer.Option{hook}
-	if d.metrics != nil {
-		opts = append(opts, consumer.WithObserver(d.metrics))
-	}
+	opts = append(opts, consumer.WithObserver(d.metrics))
 	for i := range handlers {
 		handlers[i] = consumer.Idempotent(d.stores[i+1], d.key, d.handle, opts...)
 	}
@@ -211,10 +209,8 @@ func (d *demoRun) run(ctx context.Context, w io.Writer) int {
 	}
 	c := d.ledger.snapshot()
 	report(w, d, c, v, elapsed)
-	if d.metrics != nil {
-		fmt.Fprintf(w, "\nmetrics (idem serve shows the same at GET /metrics, in Prometheus format):\n")
-		d.metrics.WriteTable(w)
-	}
+	fmt.Fprintf(w, "\nmetrics (idem serve shows the same at GET /metrics, in Prometheus format):\n")
+	d.metrics.WriteTable(w)
 	if d.interrupted != nil || !v.ok(c) {
 		return exitFailed
 	}

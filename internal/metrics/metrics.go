@@ -71,13 +71,6 @@ func (r *Registry) Observe(_ context.Context, e idem.Event) {
 	}
 }
 
-// Count returns how many events of op had outcome and class.
-func (r *Registry) Count(op idem.Op, outcome idem.Outcome, class idem.ErrorClass) uint64 {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.ops[series{op, outcome, class}]
-}
-
 // sortedSeries returns the counted series by op, outcome and class, so that
 // output is stable. The caller holds r.mu.
 func (r *Registry) sortedSeries() []series {

@@ -44,9 +44,6 @@ func TestWritePrometheus(t *testing.T) {
 			t.Errorf("missing %q in:\n%s", want, out)
 		}
 	}
-	if got := r.Count(idem.OpClaim, idem.Claimed, idem.ClassNone); got != 1 {
-		t.Errorf("Count(claim, claimed) = %d; want 1", got)
-	}
 	var tb strings.Builder
 	r.WriteTable(&tb)
 	for _, want := range []string{"claim          claimed      -                  1", "take-overs (claim): 1", "late confirms (confirm): 1", "> 10s"} {

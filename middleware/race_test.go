@@ -1,5 +1,0 @@
-//go:build race
-
-package middleware
-
-const raceEnabled = true
