@@ -1,8 +1,6 @@
 package idem_test
 
 import (
-	"crypto/rand"
-	"encoding/hex"
 	"sync"
 	"testing"
 	"time"
@@ -72,28 +70,28 @@ func TestRedisStoreConformanceMiniredisAutoPipeline(t *testing.T) {
 func TestRedisStoreConformanceAutoPipeline(t *testing.T) {
 	c := testenv.Redis(t)
 	storetest.Run(t, func(t *testing.T) storetest.Backend {
-		return redisBackend(c, idem.RedisOptions{Prefix: uniquePrefix(), AutoPipeline: true}, nil)
+		return redisBackend(c, idem.RedisOptions{Prefix: testenv.UniquePrefix(), AutoPipeline: true}, nil)
 	})
 }
 
 func TestRedisStoreConformanceClusterAutoPipeline(t *testing.T) {
 	c := testenv.Cluster(t)
 	storetest.Run(t, func(t *testing.T) storetest.Backend {
-		return redisBackend(c, idem.RedisOptions{Prefix: uniquePrefix(), AutoPipeline: true}, nil)
+		return redisBackend(c, idem.RedisOptions{Prefix: testenv.UniquePrefix(), AutoPipeline: true}, nil)
 	})
 }
 
 func TestRedisStoreConformance(t *testing.T) {
 	c := testenv.Redis(t)
 	storetest.Run(t, func(t *testing.T) storetest.Backend {
-		return redisBackend(c, idem.RedisOptions{Prefix: uniquePrefix()}, nil)
+		return redisBackend(c, idem.RedisOptions{Prefix: testenv.UniquePrefix()}, nil)
 	})
 }
 
 func TestRedisStoreConformanceCluster(t *testing.T) {
 	c := testenv.Cluster(t)
 	storetest.Run(t, func(t *testing.T) storetest.Backend {
-		return redisBackend(c, idem.RedisOptions{Prefix: uniquePrefix()}, nil)
+		return redisBackend(c, idem.RedisOptions{Prefix: testenv.UniquePrefix()}, nil)
 	})
 }
 
@@ -110,17 +108,9 @@ func redisBackend(c redis.UniversalClient, ro idem.RedisOptions, advance func(ti
 	}
 }
 
-// uniquePrefix keeps one check's records apart from every other's on a
-// shared server.
-func uniquePrefix() string {
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	return "idemtest:" + hex.EncodeToString(b[:]) + ":"
-}
-
 func TestRedisStoreConformanceSentinel(t *testing.T) {
 	c := testenv.Sentinel(t)
 	storetest.Run(t, func(t *testing.T) storetest.Backend {
-		return redisBackend(c, idem.RedisOptions{Prefix: uniquePrefix()}, nil)
+		return redisBackend(c, idem.RedisOptions{Prefix: testenv.UniquePrefix()}, nil)
 	})
 }

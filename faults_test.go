@@ -214,8 +214,12 @@ func TestFaultsRedis(t *testing.T) {
 	for _, f := range faults {
 		t.Run(f.name, func(t *testing.T) {
 			p := startFaultProxy(t, direct.Options().Addr)
-			prefix := uniquePrefix()
-			t.Cleanup(func() { deletePrefix(t, direct, prefix) })
+			prefix := testenv.UniquePrefix()
+			t.Cleanup(func() {
+				if err := testenv.DeletePrefix(context.Background(), direct, prefix); err != nil {
+					t.Errorf("deleting the test's keys %s*: %v", prefix, err)
+				}
+			})
 			ds, err := idem.NewRedisStore(direct, idem.RedisOptions{Prefix: prefix})
 			if err != nil {
 				t.Fatalf("NewRedisStore: %v", err)
@@ -303,23 +307,4 @@ func portOf(t *testing.T, addr string) uint16 {
 		t.Fatalf("address %q has no port", addr)
 	}
 	return uint16(n)
-}
-
-// deletePrefix unlinks the keys that begin with prefix (no glob characters).
-func deletePrefix(t *testing.T, c *redis.Client, prefix string) {
-	ctx := context.Background()
-	iter := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
-	var keys []string
-	for iter.Next(ctx) {
-		keys = append(keys, iter.Val())
-	}
-	if err := iter.Err(); err != nil {
-		t.Errorf("SCAN %s*: %v", prefix, err)
-		return
-	}
-	if len(keys) > 0 {
-		if err := c.Unlink(ctx, keys...).Err(); err != nil {
-			t.Errorf("UNLINK %s*: %v", prefix, err)
-		}
-	}
 }

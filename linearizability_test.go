@@ -107,7 +107,7 @@ func TestLinearizableMemoryStore(t *testing.T) {
 // context deadlines (ContextTimeoutEnabled): go-redis otherwise lets a call
 // run past its deadline, and no outcome would be unknown.
 func linRedis(t *testing.T, c redis.UniversalClient) func(worker string) idem.Store {
-	prefix := uniquePrefix()
+	prefix := testenv.UniquePrefix()
 	return func(worker string) idem.Store {
 		s, err := idem.NewRedisStore(c, idem.RedisOptions{Options: linOptions(worker), Prefix: prefix})
 		if err != nil {

@@ -40,17 +40,17 @@ func TestRedisEvictionPolicy(t *testing.T) {
 			t.Errorf("restoring maxmemory-policy noeviction: %v", err)
 		}
 	})
-	_, err = NewRedisStore(c, RedisOptions{Prefix: redisTestPrefix(t)})
+	_, err = NewRedisStore(c, RedisOptions{Prefix: testenv.UniquePrefix()})
 	if err == nil || !strings.Contains(err.Error(), "allkeys-lru") {
 		t.Errorf("NewRedisStore on allkeys-lru = %v; want an error naming the policy", err)
 	}
-	if _, err := NewRedisStore(c, RedisOptions{Prefix: redisTestPrefix(t), AllowEviction: true}); err != nil {
+	if _, err := NewRedisStore(c, RedisOptions{Prefix: testenv.UniquePrefix(), AllowEviction: true}); err != nil {
 		t.Errorf("NewRedisStore on allkeys-lru with AllowEviction = %v; want nil", err)
 	}
 	if err := c.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err(); err != nil {
 		t.Fatalf("restoring maxmemory-policy noeviction: %v", err)
 	}
-	if _, err := NewRedisStore(c, RedisOptions{Prefix: redisTestPrefix(t)}); err != nil {
+	if _, err := NewRedisStore(c, RedisOptions{Prefix: testenv.UniquePrefix()}); err != nil {
 		t.Errorf("NewRedisStore on noeviction = %v; want nil", err)
 	}
 }
@@ -78,7 +78,7 @@ func TestRedisEvictionPolicyCluster(t *testing.T) {
 			t.Errorf("restoring maxmemory-policy noeviction on %s: %v", one.Options().Addr, err)
 		}
 	})
-	_, err := NewRedisStore(c, RedisOptions{Prefix: redisTestPrefix(t)})
+	_, err := NewRedisStore(c, RedisOptions{Prefix: testenv.UniquePrefix()})
 	if err == nil || !strings.Contains(err.Error(), "volatile-ttl") {
 		t.Errorf("NewRedisStore on a cluster with one volatile-ttl master = %v; want an error naming the policy", err)
 	}

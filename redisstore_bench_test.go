@@ -204,9 +204,9 @@ func benchScriptFloor(b *testing.B, c *redis.Client) {
 // key of its own prefix, as the store benchmarks do, and deletes the keys
 // afterwards.
 func benchRawPerMessage(b *testing.B, c *redis.Client, g int, msg func(ctx context.Context, key string) error) {
-	prefix := redisTestPrefix(b)
+	prefix := testenv.UniquePrefix()
 	b.Cleanup(func() {
-		if err := deleteRedisPrefix(context.Background(), c, prefix); err != nil {
+		if err := testenv.DeletePrefix(context.Background(), c, prefix); err != nil {
 			b.Errorf("deleting the benchmark's keys: %v", err)
 		}
 	})

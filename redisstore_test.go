@@ -2,8 +2,6 @@ package idem
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"fmt"
 	"strings"
 	"sync"
@@ -19,71 +17,23 @@ import (
 // script cache, damaged records, the eviction check, memory. What every
 // store must do is storetest's.
 
-// redisTestPrefix returns a Redis key prefix no other test uses, so that tests
-// can share one Redis (and run beside other packages' tests on it).
-func redisTestPrefix(t testing.TB) string {
-	t.Helper()
-	var b [4]byte
-	_, _ = rand.Read(b[:])
-	return "idemtest:" + hex.EncodeToString(b[:]) + ":"
-}
-
 // newTestRedisStore returns a store on c under a fresh prefix (unless o
 // names one) and deletes the prefix's keys when t ends.
 func newTestRedisStore(t testing.TB, c redis.UniversalClient, o RedisOptions) *RedisStore {
 	t.Helper()
 	if o.Prefix == "" {
-		o.Prefix = redisTestPrefix(t)
+		o.Prefix = testenv.UniquePrefix()
 	}
 	s, err := NewRedisStore(c, o)
 	if err != nil {
 		t.Fatalf("NewRedisStore: %v", err)
 	}
 	t.Cleanup(func() {
-		if err := deleteRedisPrefix(context.Background(), c, o.Prefix); err != nil {
+		if err := testenv.DeletePrefix(context.Background(), c, o.Prefix); err != nil {
 			t.Errorf("deleting the test's keys %s*: %v", o.Prefix, err)
 		}
 	})
 	return s
-}
-
-// deleteRedisPrefix unlinks every key that begins with prefix, on every master of
-// a cluster. prefix must hold no glob characters.
-func deleteRedisPrefix(ctx context.Context, c redis.UniversalClient, prefix string) error {
-	del := func(ctx context.Context, c *redis.Client) error {
-		iter := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
-		var keys []string
-		for iter.Next(ctx) {
-			keys = append(keys, iter.Val())
-			if len(keys) == 1000 {
-				if err := c.Unlink(ctx, keys...).Err(); err != nil {
-					return err
-				}
-				keys = keys[:0]
-			}
-		}
-		if err := iter.Err(); err != nil {
-			return err
-		}
-		if len(keys) > 0 {
-			// One by one: on a cluster the keys are in different slots.
-			_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
-				for _, k := range keys {
-					p.Unlink(ctx, k)
-				}
-				return nil
-			})
-			return err
-		}
-		return nil
-	}
-	switch c := c.(type) {
-	case *redis.ClusterClient:
-		return c.ForEachMaster(ctx, del)
-	case *redis.Client:
-		return del(ctx, c)
-	}
-	return fmt.Errorf("deleteRedisPrefix: unexpected client %T", c)
 }
 
 // newMiniredisClient returns a client of an in-process miniredis.

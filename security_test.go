@@ -2,10 +2,8 @@ package idem_test
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
 	"database/sql/driver"
-	"encoding/hex"
 	"errors"
 	"path/filepath"
 	"strings"
@@ -64,12 +62,6 @@ func sqlBackends(t *testing.T) map[string]func(t *testing.T) (*sql.DB, *counting
 			return db, c, idem.Postgres
 		},
 	}
-}
-
-func randomHex(n int) string {
-	b := make([]byte, n)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
 }
 
 // maxResult is the MaxResultBytes of the stores under test.
@@ -166,7 +158,7 @@ func TestSecurityOversizedInputsBeforeIO(t *testing.T) {
 		t.Cleanup(func() { _ = c.Close() })
 		io := &testenv.IOCounter{}
 		c.AddHook(io)
-		s, err := idem.NewRedisStore(c, idem.RedisOptions{Options: o, Prefix: "idemtest:sec:" + randomHex(4) + ":"})
+		s, err := idem.NewRedisStore(c, idem.RedisOptions{Options: o, Prefix: testenv.UniquePrefix()})
 		if err != nil {
 			t.Fatalf("NewRedisStore = %v", err)
 		}
@@ -178,7 +170,7 @@ func TestSecurityOversizedInputsBeforeIO(t *testing.T) {
 	for name, open := range sqlBackends(t) {
 		t.Run(name, func(t *testing.T) {
 			db, conns, d := open(t)
-			table := "idemsec_" + randomHex(6)
+			table := uniqueTable()
 			ddl, err := idem.SchemaDDL(d, table)
 			if err != nil {
 				t.Fatal(err)
@@ -274,7 +266,7 @@ func TestSecurityStoreDownIsError(t *testing.T) {
 	for name, open := range sqlBackends(t) {
 		stores[name] = func(t *testing.T) idem.Store {
 			db, _, d := open(t)
-			s, err := idem.NewSQLStore(db, idem.SQLOptions{Dialect: d, Table: "idemsec_" + randomHex(6)})
+			s, err := idem.NewSQLStore(db, idem.SQLOptions{Dialect: d, Table: uniqueTable()})
 			if err != nil {
 				t.Fatalf("NewSQLStore = %v", err)
 			}
