@@ -97,16 +97,8 @@ const maxPooledHead = 4 << 10
 // mime.ParseMediaType returns exactly strings.ToLower(ct) and no
 // parameters.
 func simpleMediaType(ct string) bool {
-	slash := strings.IndexByte(ct, '/')
-	if slash <= 0 || slash == len(ct)-1 {
-		return false
-	}
-	for i := 0; i < len(ct); i++ {
-		if i != slash && !isTchar(ct[i]) {
-			return false
-		}
-	}
-	return true
+	typ, sub, ok := strings.Cut(ct, "/")
+	return ok && validFieldName(typ) && validFieldName(sub)
 }
 
 // appendField appends s to b, length first.
