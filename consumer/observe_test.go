@@ -8,47 +8,8 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
+	"github.com/idemgo/idem/internal/obstest"
 )
-
-type startKey struct{}
-
-// eventLog records the events it observes and whether each came on a
-// context it started; as a Starter it marks what it starts.
-type eventLog struct {
-	mu      sync.Mutex
-	events  []idem.Event
-	inside  []bool
-	started int
-}
-
-func (l *eventLog) Observe(ctx context.Context, e idem.Event) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.events = append(l.events, e)
-	l.inside = append(l.inside, ctx.Value(startKey{}) != nil)
-}
-
-func (l *eventLog) messages() []idem.Event {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []idem.Event
-	for _, e := range l.events {
-		if e.Op == idem.OpMessage {
-			out = append(out, e)
-		}
-	}
-	return out
-}
-
-type startingLog struct{ eventLog }
-
-func (l *startingLog) Start(ctx context.Context, op idem.Op) context.Context {
-	l.mu.Lock()
-	l.started++
-	n := l.started
-	l.mu.Unlock()
-	return context.WithValue(ctx, startKey{}, n)
-}
 
 var errFailing = errors.New("test: the handler failed")
 
@@ -78,7 +39,7 @@ func TestObserverMessageEvents(t *testing.T) {
 		t.Fatal(err)
 	}
 	store := idem.NewMemoryStore(idem.Options{})
-	obs := &eventLog{}
+	obs := &obstest.Log{}
 	h := consumer.Idempotent(store, msgKey, failing, consumer.WithObserver(obs), consumer.WithKeyHasher(hasher))
 	ctx := context.Background()
 	held, err := store.Claim(ctx, "held", nil)
@@ -88,9 +49,9 @@ func TestObserverMessageEvents(t *testing.T) {
 	for _, m := range []msg{{ID: "a"}, {ID: "a"}, {ID: "b", Body: "fail"}, {ID: "held"}, {ID: ""}} {
 		_ = h(ctx, m)
 	}
-	got := obs.messages()
-	if len(got) != 5 || len(obs.events) != 5 {
-		t.Fatalf("%d events, %d of them messages; want 5 messages", len(obs.events), len(got))
+	got := obs.Of(idem.OpMessage)
+	if all, _ := obs.All(); len(got) != 5 || len(all) != 5 {
+		t.Fatalf("%d events, %d of them messages; want 5 messages", len(all), len(got))
 	}
 	wantMessage(t, "first", got[0], idem.Claimed, idem.ClassNone, hasher.Hash("a"))
 	wantMessage(t, "redelivery", got[1], idem.Duplicate, idem.ClassNone, hasher.Hash("a"))
@@ -103,18 +64,18 @@ func TestObserverMessageEvents(t *testing.T) {
 // its handler and its event get that context, and the batch's own store
 // calls run outside any message.
 func TestObserverBatchEvents(t *testing.T) {
-	obs := &startingLog{}
+	obs := &obstest.Starter{}
 	store := idem.NewMemoryStore(idem.Options{Observer: obs})
 	ctx := context.Background()
 	if err := consumer.Idempotent(store, msgKey, failing)(ctx, msg{ID: "done"}); err != nil {
 		t.Fatal(err)
 	}
-	obs.events, obs.inside = nil, nil
+	obs.Reset()
 	handlerStarted := map[string]bool{}
 	var mu sync.Mutex
 	h := func(ctx context.Context, m msg) error {
 		mu.Lock()
-		handlerStarted[m.ID] = ctx.Value(startKey{}) != nil
+		_, handlerStarted[m.ID] = obstest.StartedOp(ctx)
 		mu.Unlock()
 		return failing(ctx, m)
 	}
@@ -123,13 +84,13 @@ func TestObserverBatchEvents(t *testing.T) {
 	if errs[0] != nil || errs[1] != nil || !errors.Is(errs[2], errFailing) || !errors.Is(errs[3], idem.ErrInProgress) {
 		t.Fatalf("errs = %v", errs)
 	}
-	if obs.started != 4 {
-		t.Errorf("started %d messages; want 4", obs.started)
+	if n := len(obs.Started()); n != 4 {
+		t.Errorf("started %d messages; want 4", n)
 	}
 	if !handlerStarted["x"] || !handlerStarted["y"] {
 		t.Errorf("handlers ran on started contexts: %v; want all", handlerStarted)
 	}
-	got := obs.messages()
+	got := obs.Of(idem.OpMessage)
 	if len(got) != 4 {
 		t.Fatalf("%d message events; want 4", len(got))
 	}
@@ -137,14 +98,13 @@ func TestObserverBatchEvents(t *testing.T) {
 	wantMessage(t, "done", got[1], idem.Duplicate, idem.ClassNone, idem.KeyHash("done"))
 	wantMessage(t, "y", got[2], idem.Claimed, idem.ClassNone, idem.KeyHash("y"))
 	wantMessage(t, "x again", got[3], idem.InProgress, idem.ClassConflict, idem.KeyHash("x"))
-	obs.mu.Lock()
-	defer obs.mu.Unlock()
-	for i, e := range obs.events {
+	events, inside := obs.All()
+	for i, e := range events {
 		// The batch calls serve every message; a message's own Forget and
 		// its event run on its context.
 		batchOp := e.Op == idem.OpClaimBatch || e.Op == idem.OpConfirmBatch
-		if obs.inside[i] == batchOp {
-			t.Errorf("event %v observed inside a message = %v; want %v", e.Op, obs.inside[i], !batchOp)
+		if inside[i] == batchOp {
+			t.Errorf("event %v observed inside a message = %v; want %v", e.Op, inside[i], !batchOp)
 		}
 	}
 }
@@ -152,20 +112,21 @@ func TestObserverBatchEvents(t *testing.T) {
 // An unrecorded success is reported with ErrNotRecorded and the store's
 // error; the store's events nest in the started message.
 func TestObserverNotRecorded(t *testing.T) {
-	obs := &startingLog{}
+	obs := &obstest.Starter{}
 	s := spy(idem.NewMemoryStore(idem.Options{Observer: obs}))
 	s.setFail("confirm", func(int) error { return errDown })
 	h := consumer.Idempotent(s, msgKey, failing, consumer.WithObserver(obs), consumer.WithConfirmBudget(20e6))
 	if err := h(context.Background(), msg{ID: "k"}); !errors.Is(err, consumer.ErrNotRecorded) {
 		t.Fatalf("err = %v; want ErrNotRecorded", err)
 	}
-	got := obs.messages()
+	got := obs.Of(idem.OpMessage)
 	if len(got) != 1 || got[0].Outcome != idem.Claimed || !errors.Is(got[0].Err, consumer.ErrNotRecorded) ||
 		!errors.Is(got[0].Err, errDown) || got[0].Class() == idem.ClassNone {
 		t.Fatalf("events %+v; want one Claimed with ErrNotRecorded and the store's error", got)
 	}
-	for i, e := range obs.events {
-		if !obs.inside[i] {
+	events, inside := obs.All()
+	for i, e := range events {
+		if !inside[i] {
 			t.Errorf("event %v outside the started message", e.Op)
 		}
 	}

@@ -1,56 +1,14 @@
 package middleware
 
 import (
-	"context"
 	"errors"
 	"net/http"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/obstest"
 )
-
-type spanKey struct{}
-
-// recorder of events: with start set it is an idem.Starter that marks the
-// context it returns, so that a test sees which calls ran inside it.
-type eventLog struct {
-	mu     sync.Mutex
-	events []idem.Event
-	inside []bool // events[i] was observed on a started context
-}
-
-func (l *eventLog) Observe(ctx context.Context, e idem.Event) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.events = append(l.events, e)
-	l.inside = append(l.inside, ctx.Value(spanKey{}) != nil)
-}
-
-func (l *eventLog) ops(op idem.Op) []idem.Event {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	var out []idem.Event
-	for _, e := range l.events {
-		if e.Op == op {
-			out = append(out, e)
-		}
-	}
-	return out
-}
-
-type startingLog struct {
-	eventLog
-	started []idem.Op
-}
-
-func (l *startingLog) Start(ctx context.Context, op idem.Op) context.Context {
-	l.mu.Lock()
-	l.started = append(l.started, op)
-	l.mu.Unlock()
-	return context.WithValue(ctx, spanKey{}, op)
-}
 
 // One OpRequest event per request the middleware acts on, with the claim's
 // outcome, the class of the idempotency layer's answer, and the keyed hash
@@ -60,7 +18,7 @@ func TestObserverRequestEvents(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	obs := &eventLog{}
+	obs := &obstest.Log{}
 	b := newBlocker()
 	h := mustNew(t, Options{Store: idem.NewMemoryStore(idem.Options{}), Observer: obs, KeyHasher: hasher,
 		LockTimeout: 20 * time.Millisecond}, b)
@@ -103,9 +61,9 @@ func TestObserverRequestEvents(t *testing.T) {
 		{idem.Duplicate, idem.ClassConflict, hasher.Hash(sk)},
 		{0, idem.ClassInvalid, ""},
 	}
-	got := obs.ops(idem.OpRequest)
-	if len(got) != len(want) || len(obs.events) != len(want) {
-		t.Fatalf("%d events (%d OpRequest); want %d OpRequest only: %+v", len(obs.events), len(got), len(want), obs.events)
+	got := obs.Of(idem.OpRequest)
+	if all, _ := obs.All(); len(got) != len(want) || len(all) != len(want) {
+		t.Fatalf("%d events (%d OpRequest); want %d OpRequest only: %+v", len(all), len(got), len(want), all)
 	}
 	for i, w := range want {
 		e := got[i]
@@ -125,7 +83,7 @@ func TestObserverRequestEvents(t *testing.T) {
 // A store failure and an unrecorded response are reported with the
 // store's error.
 func TestObserverStoreErrors(t *testing.T) {
-	obs := &eventLog{}
+	obs := &obstest.Log{}
 	s := newCounting()
 	s.claimErr = errStoreDown
 	h := mustNew(t, Options{Store: s, Observer: obs}, &counter{})
@@ -138,7 +96,7 @@ func TestObserverStoreErrors(t *testing.T) {
 	if w := do(h, req{key: "k2", body: `{}`}); w.Code != 201 {
 		t.Fatalf("unrecorded = %d; want 201 (the work was done)", w.Code)
 	}
-	got := obs.ops(idem.OpRequest)
+	got := obs.Of(idem.OpRequest)
 	if len(got) != 2 {
 		t.Fatalf("%d events; want 2", len(got))
 	}
@@ -154,27 +112,29 @@ func TestObserverStoreErrors(t *testing.T) {
 // the handler run on the context it returned, and the request's event is
 // observed on it too.
 func TestObserverStarter(t *testing.T) {
-	obs := &startingLog{}
+	obs := &obstest.Starter{}
 	store := idem.NewMemoryStore(idem.Options{Observer: obs})
 	var handlerInside bool
 	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		handlerInside = r.Context().Value(spanKey{}) == idem.OpRequest
+		op, ok := obstest.StartedOp(r.Context())
+		handlerInside = ok && op == idem.OpRequest
 		w.WriteHeader(201)
 	})
 	h := mustNew(t, Options{Store: store, Observer: obs}, next)
 	if w := do(h, req{key: "k", body: `{}`}); w.Code != 201 {
 		t.Fatalf("status %d", w.Code)
 	}
-	if len(obs.started) != 1 || obs.started[0] != idem.OpRequest {
-		t.Errorf("started %v; want [request]", obs.started)
+	if started := obs.Started(); len(started) != 1 || started[0] != idem.OpRequest {
+		t.Errorf("started %v; want [request]", started)
 	}
 	if !handlerInside {
 		t.Error("the handler's context is not the started one")
 	}
 	var ops []idem.Op
-	for i, e := range obs.events {
+	events, inside := obs.All()
+	for i, e := range events {
 		ops = append(ops, e.Op)
-		if !obs.inside[i] {
+		if !inside[i] {
 			t.Errorf("event %v observed outside the started context", e.Op)
 		}
 	}
@@ -185,14 +145,14 @@ func TestObserverStarter(t *testing.T) {
 
 // A panic still ends its request's event.
 func TestObserverPanic(t *testing.T) {
-	obs := &eventLog{}
+	obs := &obstest.Log{}
 	h := mustNew(t, Options{Store: idem.NewMemoryStore(idem.Options{}), Observer: obs},
 		http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic("boom") }))
 	func() {
 		defer func() { _ = recover() }()
 		do(h, req{key: "k", body: `{}`})
 	}()
-	got := obs.ops(idem.OpRequest)
+	got := obs.Of(idem.OpRequest)
 	if len(got) != 1 || got[0].Err != nil || got[0].Outcome != idem.Claimed {
 		t.Errorf("events %+v; want one, Claimed, without an error (the handler's failure is its own)", got)
 	}
@@ -203,7 +163,7 @@ func TestObserverPanic(t *testing.T) {
 		defer func() { _ = recover() }()
 		do(h, req{key: "k", body: `{}`})
 	}()
-	got = obs.ops(idem.OpRequest)
+	got = obs.Of(idem.OpRequest)
 	if len(got) != 2 || !errors.Is(got[1].Err, errPanicked) || got[1].Outcome != 0 {
 		t.Errorf("events %+v; want a second one with errPanicked and no outcome", got)
 	}
