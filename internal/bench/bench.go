@@ -14,6 +14,13 @@
 // seconds apart), which is steadier than a ratio of medians on a noisy
 // machine.
 //
+// Each round starts from a Redis without the run's records: after every
+// round of a contender that talks to Redis, Run unlinks every key the run
+// has written (outside the timed window and the CPU reading). Otherwise the
+// records of one round would expire during a later round, the retention
+// later, and that round would be charged Redis CPU for another contender's
+// work. What expiry itself costs is measured apart, by the memory pass.
+//
 // Apart from the timed rounds, a cost pass runs each contender on one
 // goroutine, on clients with a counting hook, and reads what a message
 // costs: commands and round trips sent (the hook), commands Redis ran
@@ -43,6 +50,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemgo/idem/internal/rediskeys"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -79,6 +87,24 @@ func (e *Env) Key(tag string) string {
 // letters, digits and underscores only.
 func (e *Env) Name(tag string) string {
 	return "idembench_" + e.prefix[:len(e.prefix)-1] + "_" + tag
+}
+
+// clean unlinks every key this run has written: each holds e.prefix, which
+// no other program's key does.
+func (e *Env) clean(ctx context.Context) error {
+	var cs []redis.UniversalClient
+	if e.Redis != nil {
+		cs = append(cs, e.Redis)
+	}
+	if e.Cluster != nil {
+		cs = append(cs, e.Cluster)
+	}
+	for _, c := range cs {
+		if _, err := rediskeys.Unlink(ctx, c, "*"+e.prefix+"*"); err != nil {
+			return fmt.Errorf("bench: deleting the run's keys: %w", err)
+		}
+	}
+	return nil
 }
 
 // Op handles one unit of work: a message, a batch of Contender.Msgs
@@ -137,6 +163,10 @@ type Config struct {
 	// MemoryRecords is how many confirmed records the memory pass writes
 	// (group redis); 0 means 100,000, negative skips the pass.
 	MemoryRecords int
+	// ExpireSpread is how long the memory pass's records take to expire,
+	// evenly spaced, when it measures what expiry costs; default 2s
+	// (100,000 records over 2s is the rate of the busiest contenders).
+	ExpireSpread time.Duration
 	// Progress, when set, is told of each measurement as it finishes.
 	Progress func(format string, args ...any)
 }
@@ -160,6 +190,9 @@ func (c *Config) withDefaults() Config {
 	}
 	if o.CostMsgs == 0 {
 		o.CostMsgs = 2000
+	}
+	if o.ExpireSpread <= 0 {
+		o.ExpireSpread = 2 * time.Second
 	}
 	if o.MemoryRecords == 0 {
 		o.MemoryRecords = 100_000
@@ -234,10 +267,12 @@ func Run(ctx context.Context, e Env, cs []Contender, cfg Config) (*Report, error
 	}
 	e.prefix = fmt.Sprintf("b%x_", time.Now().UnixNano()&0xffffffffff)
 	e.seq = new(atomic.Uint64)
+	// A run leaves no key behind, whichever way it ends.
+	defer func() { _ = e.clean(context.WithoutCancel(ctx)) }()
 	rep := &Report{Config: cfg, Machine: machine(ctx, &e), Started: time.Now()}
 
 	if slices.Contains(cfg.Groups, GroupRedis) && cfg.MemoryRecords > 0 {
-		m, err := measureMemory(ctx, e.Redis, cfg.MemoryRecords)
+		m, err := measureMemory(ctx, e.Redis, cfg.MemoryRecords, cfg.ExpireSpread)
 		if err != nil {
 			return nil, fmt.Errorf("bench: memory per record: %w", err)
 		}
@@ -266,6 +301,9 @@ func Run(ctx context.Context, e Env, cs []Contender, cfg Config) (*Report, error
 			return nil, fmt.Errorf("bench: %s (warm-up): %w", c.Name, err)
 		}
 	}
+	if err := e.clean(ctx); err != nil {
+		return nil, err
+	}
 	for gi, g := range cfg.Goroutines {
 		for r := range cfg.Rounds {
 			for k := range sel {
@@ -285,6 +323,11 @@ func Run(ctx context.Context, e Env, cs []Contender, cfg Config) (*Report, error
 						return nil, fmt.Errorf("bench: %s: %w", sel[i].Name, err)
 					}
 					rows[i].ServerCPURounds[gi] = append(rows[i].ServerCPURounds[gi], float64(cpu1-cpu0)/float64(time.Microsecond)/float64(n))
+				}
+				if sel[i].Redis {
+					if err := e.clean(ctx); err != nil {
+						return nil, err
+					}
 				}
 				cfg.Progress("g=%d round %d/%d %-40s %10.0f msgs/s", g, r+1, cfg.Rounds, sel[i].Name, tp)
 			}

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -105,6 +106,60 @@ func TestRunStopsOnError(t *testing.T) {
 	}
 }
 
+// TestRunCleansRounds: every round of a contender that writes to Redis
+// starts without the run's keys, the run leaves none behind, and a key that
+// is not the run's survives.
+func TestRunCleansRounds(t *testing.T) {
+	c := testenv.Redis(t)
+	ctx := context.Background()
+	other := testenv.UniquePrefix() + "other"
+	if err := c.Set(ctx, other, "x", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Del(context.Background(), other).Err() })
+	var (
+		prefix        string
+		rounds, dirty atomic.Int64
+	)
+	runKeys := func() int {
+		keys, err := c.Keys(ctx, "*"+prefix+"*").Result()
+		if err != nil {
+			t.Error(err)
+		}
+		return len(keys)
+	}
+	writer := Contender{Name: "writer", Group: GroupRedis, Redis: true, Open: func(_ context.Context, e *Env) (*Instance, error) {
+		prefix = e.prefix
+		// Each goroutine's Worker is called before any of the round's ops.
+		return &Instance{Worker: func() Op {
+			rounds.Add(1)
+			if runKeys() != 0 {
+				dirty.Add(1)
+			}
+			return func(ctx context.Context) error { return c.Set(ctx, e.Key("w"), "x", 10*time.Minute).Err() }
+		}}, nil
+	}}
+	_, err := Run(ctx, Env{Redis: c}, []Contender{writer}, Config{
+		Groups: []string{GroupRedis}, Goroutines: []int{1, 2}, Rounds: 2,
+		Duration: 30 * time.Millisecond, CostMsgs: 10, MemoryRecords: -1,
+	})
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	if prefix == "" || rounds.Load() == 0 {
+		t.Fatalf("writer never ran")
+	}
+	if n := dirty.Load(); n != 0 {
+		t.Errorf("%d of %d workers began a round with the run's keys in Redis; want none", n, rounds.Load())
+	}
+	if n := runKeys(); n != 0 {
+		t.Errorf("%d of the run's keys left after Run; want none", n)
+	}
+	if n, err := c.Exists(ctx, other).Result(); err != nil || n != 1 {
+		t.Errorf("EXISTS %s (not the run's) = %d, %v; want 1", other, n, err)
+	}
+}
+
 func TestRunRejectsBadConfig(t *testing.T) {
 	cs := []Contender{sleeper("a", time.Millisecond)}
 	for _, tc := range []struct {
@@ -134,7 +189,7 @@ func TestSmoke(t *testing.T) {
 	gs := []int{1, 4}
 	rep, err := Run(context.Background(), env, Contenders, Config{
 		Goroutines: gs, Rounds: 2, Duration: 60 * time.Millisecond, Warmup: 20 * time.Millisecond,
-		CostMsgs: 200, MemoryRecords: 1000,
+		CostMsgs: 200, MemoryRecords: 1000, ExpireSpread: 200 * time.Millisecond,
 	})
 	if err != nil {
 		t.Fatalf("Run: %v", err)
@@ -205,12 +260,20 @@ func TestSmoke(t *testing.T) {
 	if m := rep.Memory; m == nil || m.KeyLen != 43 || m.MemoryUsage < 80 || m.MemoryUsage > 400 {
 		t.Errorf("Memory = %+v; want a 43-byte key and 80-400 bytes of MEMORY USAGE", m)
 	}
+	// Other tests load the same Redis, so the expiry figure is only checked
+	// to be reported (TestMeasureExpiry checks it on a Redis of its own).
+	if m := rep.Memory; m == nil || m.ExpireSpread != 200*time.Millisecond {
+		t.Errorf("Memory = %+v; want the expiry pass run over 200ms", m)
+	}
 
 	var md bytes.Buffer
 	if err := rep.WriteMarkdown(&md, DefaultTargets); err != nil {
 		t.Fatal(err)
 	}
 	checkMarkdown(t, md.String(), rep)
+	if want := fmt.Sprintf("expire a confirmed record when its retention ends: **%.1f µs**", rep.Memory.ExpireCPU); !strings.Contains(md.String(), want) {
+		t.Errorf("markdown lacks %q", want)
+	}
 	var svg bytes.Buffer
 	if err := rep.WriteSVG(&svg); err != nil {
 		t.Fatal(err)
@@ -352,4 +415,38 @@ func contender(name string) Contender {
 		}
 	}
 	panic("no contender " + name)
+}
+
+// TestMeasureExpiry lets records expire on a Redis of the test's own, where
+// nothing else runs: every key must be gone when it returns, and the cost
+// per key must be what deleting a small key costs, a few microseconds, not
+// nothing and not a runaway.
+func TestMeasureExpiry(t *testing.T) {
+	srv := testenv.StartRedisServer(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { _ = c.Close() })
+	ctx := context.Background()
+	keys := make([]string, 20_000)
+	for i := range keys {
+		keys[i] = "idem:{" + strconv.Itoa(i) + "}"
+	}
+	if _, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, k := range keys {
+			p.Set(ctx, k, "1D1764500000000000:0:", 10*time.Minute)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	cost, err := measureExpiry(ctx, c, keys, 300*time.Millisecond)
+	if err != nil {
+		t.Fatalf("measureExpiry: %v", err)
+	}
+	if n, err := c.DBSize(ctx).Result(); err != nil || n != 0 {
+		t.Errorf("DBSIZE after measureExpiry = %d, %v; want every key expired", n, err)
+	}
+	if !(cost > 0 && cost < 100) {
+		t.Errorf("expiry cost %.2f µs per key; want more than 0 and less than 100", cost)
+	}
+	t.Logf("expiry: %.2f µs of Redis CPU per key", cost)
 }

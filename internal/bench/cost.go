@@ -249,11 +249,19 @@ type Memory struct {
 	// MemoryUsage is the mean MEMORY USAGE of a sample of the records: the
 	// record alone, immune to other clients.
 	MemoryUsage float64
+	// ExpireCPU is the Redis CPU, in microseconds, that the records cost
+	// again when their retention ends and Redis expires them (see
+	// measureExpiry). The timed rounds delete their records before that,
+	// so no per-message figure includes it.
+	ExpireCPU float64
+	// ExpireSpread is how long the records took to expire, evenly spaced.
+	ExpireSpread time.Duration
 }
 
 // measureMemory writes n confirmed records through a RedisStore, reads
-// used_memory before and after, and deletes them.
-func measureMemory(ctx context.Context, c *redis.Client, n int) (*Memory, error) {
+// used_memory before and after, then lets them expire over spread to measure
+// what their expiry costs (measureExpiry); whatever is left is deleted.
+func measureMemory(ctx context.Context, c *redis.Client, n int, spread time.Duration) (*Memory, error) {
 	const batch = 500
 	s, err := idem.NewRedisStore(c, idem.RedisOptions{Options: idem.Options{Retention: 10 * time.Minute}})
 	if err != nil {
@@ -321,10 +329,107 @@ func measureMemory(ctx context.Context, c *redis.Client, n int) (*Memory, error)
 		}
 		sum += u
 	}
-	return &Memory{
-		Records:     n,
-		KeyLen:      len(rk),
-		UsedMemory:  float64(after-before) / float64(n),
-		MemoryUsage: float64(sum) / float64(sample),
-	}, nil
+	m := &Memory{
+		Records:      n,
+		KeyLen:       len(rk),
+		UsedMemory:   float64(after-before) / float64(n),
+		MemoryUsage:  float64(sum) / float64(sample),
+		ExpireSpread: spread,
+	}
+	rks := make([]string, n)
+	for i, k := range keys {
+		rks[i] = idem.DefaultPrefix + "{" + k + "}"
+	}
+	if m.ExpireCPU, err = measureExpiry(ctx, c, rks, spread); err != nil {
+		return nil, fmt.Errorf("expiry: %w", err)
+	}
+	return m, nil
+}
+
+// measureExpiry makes keys (records with a long retention, nothing else
+// touching them) expire evenly over spread and returns the Redis CPU per key
+// spent until Redis has expired them all, less what the server spends idle
+// over as long. Nothing reads the keys, so Redis finds them by its active
+// expiry, as it finds the records of keys never seen again.
+func measureExpiry(ctx context.Context, c *redis.Client, keys []string, spread time.Duration) (float64, error) {
+	const poll = 50 * time.Millisecond
+	expired := func() (int64, error) {
+		v := infoField(ctx, c, "stats", "expired_keys")
+		if v == "" {
+			return 0, errors.New("INFO stats has no expired_keys")
+		}
+		return strconv.ParseInt(v, 10, 64)
+	}
+	// The idle server over spread, read the way the expiry is watched
+	// (INFO every poll), so that both include the same polling.
+	cpu0, err := redisCPU(ctx, c)
+	if err != nil {
+		return 0, err
+	}
+	t0 := time.Now()
+	for time.Since(t0) < spread {
+		if _, err := expired(); err != nil {
+			return 0, err
+		}
+		time.Sleep(poll)
+	}
+	cpu1, err := redisCPU(ctx, c)
+	if err != nil {
+		return 0, err
+	}
+	idle := float64(cpu1-cpu0) / float64(time.Since(t0))
+
+	// Every expiry is set before the first one falls due: pipelined, a
+	// thousand take well under 20ms here.
+	lead := 500*time.Millisecond + time.Duration(len(keys))*20*time.Microsecond
+	start := time.Now().Add(lead)
+	for lo := 0; lo < len(keys); lo += 1000 {
+		_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i := lo; i < min(lo+1000, len(keys)); i++ {
+				p.PExpireAt(ctx, keys[i], start.Add(spread*time.Duration(i)/time.Duration(len(keys))))
+			}
+			return nil
+		})
+		if err != nil {
+			return 0, fmt.Errorf("PEXPIREAT: %w", err)
+		}
+	}
+	if time.Until(start) < poll {
+		return 0, fmt.Errorf("setting %d expiries took longer than %v", len(keys), lead)
+	}
+	time.Sleep(time.Until(start))
+	e0, err := expired()
+	if err != nil {
+		return 0, err
+	}
+	cpu0, err = redisCPU(ctx, c)
+	if err != nil {
+		return 0, err
+	}
+	t0 = time.Now()
+	for {
+		e, err := expired()
+		if err != nil {
+			return 0, err
+		}
+		// On a shared Redis other clients' keys count in expired_keys too:
+		// the pass also waits for the key that falls due last.
+		if e-e0 >= int64(len(keys)) {
+			if n, err := c.Exists(ctx, keys[len(keys)-1]).Result(); err != nil {
+				return 0, err
+			} else if n == 0 {
+				break
+			}
+		}
+		if time.Since(t0) > spread+30*time.Second {
+			return 0, fmt.Errorf("only %d of %d keys expired in %v", e-e0, len(keys), time.Since(t0))
+		}
+		time.Sleep(poll)
+	}
+	cpu1, err = redisCPU(ctx, c)
+	if err != nil {
+		return 0, err
+	}
+	busy := float64(cpu1-cpu0) - idle*float64(time.Since(t0))
+	return busy / float64(time.Microsecond) / float64(len(keys)), nil
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"fmt"
 	"net"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +13,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/idemgo/idem/internal/rediskeys"
 )
 
 // FreePort returns a loopback TCP port that nothing listened on when it was
@@ -134,41 +135,6 @@ func UniquePrefix() string {
 // DeletePrefix unlinks every key that begins with prefix, on every master of
 // a cluster. prefix must hold no glob characters.
 func DeletePrefix(ctx context.Context, c redis.UniversalClient, prefix string) error {
-	del := func(ctx context.Context, c *redis.Client) error {
-		// One UNLINK per key, pipelined a thousand at a time: on a cluster
-		// the keys are in different slots.
-		unlink := func(keys []string) error {
-			_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
-				for _, k := range keys {
-					p.Unlink(ctx, k)
-				}
-				return nil
-			})
-			return err
-		}
-		iter := c.Scan(ctx, 0, prefix+"*", 1000).Iterator()
-		var keys []string
-		for iter.Next(ctx) {
-			if keys = append(keys, iter.Val()); len(keys) == 1000 {
-				if err := unlink(keys); err != nil {
-					return err
-				}
-				keys = keys[:0]
-			}
-		}
-		if err := iter.Err(); err != nil {
-			return err
-		}
-		if len(keys) == 0 {
-			return nil
-		}
-		return unlink(keys)
-	}
-	switch c := c.(type) {
-	case *redis.ClusterClient:
-		return c.ForEachMaster(ctx, del)
-	case *redis.Client:
-		return del(ctx, c)
-	}
-	return fmt.Errorf("DeletePrefix: unexpected client %T", c)
+	_, err := rediskeys.Unlink(ctx, c, prefix+"*")
+	return err
 }

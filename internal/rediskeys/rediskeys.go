@@ -1,0 +1,71 @@
+// Package rediskeys deletes keys by pattern on a single Redis or on every
+// master of a cluster, for the tests and `idem bench` to leave a shared
+// Redis as they found it.
+package rediskeys
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// chunk is how many keys one SCAN step asks for and one pipeline unlinks.
+const chunk = 1000
+
+// Unlink unlinks every key that matches pattern (a SCAN MATCH glob) and
+// returns how many it unlinked. On a cluster it scans every master. Keys
+// written while it runs may be missed.
+func Unlink(ctx context.Context, c redis.UniversalClient, pattern string) (int64, error) {
+	switch c := c.(type) {
+	case *redis.ClusterClient:
+		var n atomic.Int64 // ForEachMaster runs fn on the masters at once
+		err := c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
+			k, err := unlink(ctx, m, pattern)
+			n.Add(k)
+			return err
+		})
+		return n.Load(), err
+	case *redis.Client:
+		return unlink(ctx, c, pattern)
+	}
+	return 0, fmt.Errorf("rediskeys: unexpected client %T", c)
+}
+
+func unlink(ctx context.Context, c *redis.Client, pattern string) (int64, error) {
+	var n int64
+	// One UNLINK per key: on a cluster master the keys are in different
+	// slots, and a multi-key UNLINK across slots is refused (CROSSSLOT).
+	del := func(keys []string) error {
+		_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, k := range keys {
+				p.Unlink(ctx, k)
+			}
+			return nil
+		})
+		if err == nil {
+			n += int64(len(keys))
+		}
+		return err
+	}
+	iter := c.Scan(ctx, 0, pattern, chunk).Iterator()
+	keys := make([]string, 0, chunk)
+	for iter.Next(ctx) {
+		if keys = append(keys, iter.Val()); len(keys) == chunk {
+			if err := del(keys); err != nil {
+				return n, err
+			}
+			keys = keys[:0]
+		}
+	}
+	if err := iter.Err(); err != nil {
+		return n, err
+	}
+	if len(keys) > 0 {
+		if err := del(keys); err != nil {
+			return n, err
+		}
+	}
+	return n, nil
+}
