@@ -1,0 +1,62 @@
+package rediskeys_test
+
+import (
+	"context"
+	"strconv"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemgo/idem/internal/rediskeys"
+	"github.com/idemgo/idem/internal/testenv"
+)
+
+// TestUnlink writes keys that match a pattern and keys that do not, spread
+// over many hash slots, and checks that Unlink removes exactly the first,
+// on one Redis and on every master of a cluster.
+func TestUnlink(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		c    func(testing.TB) redis.UniversalClient
+	}{
+		{"standalone", func(t testing.TB) redis.UniversalClient { return testenv.Redis(t) }},
+		{"cluster", func(t testing.TB) redis.UniversalClient { return testenv.Cluster(t) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := tc.c(t)
+			ctx := context.Background()
+			prefix := testenv.UniquePrefix()
+			// 2,500 matching keys: more than one SCAN step and one pipeline.
+			const n = 2500
+			keep := []string{prefix + "keep", "x" + prefix + "a"}
+			for i := range n {
+				if err := c.Set(ctx, prefix+"del:"+strconv.Itoa(i), "v", 0).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, k := range keep {
+				if err := c.Set(ctx, k, "v", 0).Err(); err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = c.Del(context.Background(), k).Err() })
+			}
+			got, err := rediskeys.Unlink(ctx, c, prefix+"del:*")
+			if err != nil || got != n {
+				t.Fatalf("Unlink = %d, %v; want %d, nil", got, err, n)
+			}
+			for _, k := range []string{prefix + "del:0", prefix + "del:" + strconv.Itoa(n-1)} {
+				if e, err := c.Exists(ctx, k).Result(); err != nil || e != 0 {
+					t.Errorf("EXISTS %s = %d, %v; want 0", k, e, err)
+				}
+			}
+			for _, k := range keep {
+				if e, err := c.Exists(ctx, k).Result(); err != nil || e != 1 {
+					t.Errorf("EXISTS %s (not matched) = %d, %v; want 1", k, e, err)
+				}
+			}
+			if again, err := rediskeys.Unlink(ctx, c, prefix+"del:*"); err != nil || again != 0 {
+				t.Errorf("second Unlink = %d, %v; want 0, nil", again, err)
+			}
+		})
+	}
+}
