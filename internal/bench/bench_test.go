@@ -237,6 +237,7 @@ func TestSmoke(t *testing.T) {
 		{NameCheckThenSet, 3, 3, 3},
 		{NameRedislock, 2, 2, 4},    // EVALSHA obtain (SET NX inside), EVALSHA release (GET, DEL inside)
 		{NameClaimConfirm, 2, 2, 4}, // two EVALSHA, each with calls inside
+		{NameScriptFloor, 2, 2, 6},  // EVALSHA (TIME, SET NX), EVALSHA (GET, SET)
 		{NameBatch, 0.02, 0.02, 2},  // one pipeline of 100 EVALSHA each way
 		{NameClusterClaimConfirm, 2, 2, 4},
 		{NameClusterSetFloor, 2, 2, 2},
