@@ -89,14 +89,15 @@ func (e *Env) Name(tag string) string {
 	return "idembench_" + e.prefix[:len(e.prefix)-1] + "_" + tag
 }
 
-// clean unlinks every key this run has written: each holds e.prefix, which
-// no other program's key does.
-func (e *Env) clean(ctx context.Context) error {
+// clean unlinks every key this run has written on the Redis that group
+// talks to, or on both when group is "": each key holds e.prefix, which no
+// other program's key does.
+func (e *Env) clean(ctx context.Context, group string) error {
 	var cs []redis.UniversalClient
-	if e.Redis != nil {
+	if e.Redis != nil && group != GroupCluster {
 		cs = append(cs, e.Redis)
 	}
-	if e.Cluster != nil {
+	if e.Cluster != nil && (group == "" || group == GroupCluster) {
 		cs = append(cs, e.Cluster)
 	}
 	for _, c := range cs {
@@ -114,8 +115,11 @@ type Op func(ctx context.Context) error
 
 // Instance is a contender set up against an Env.
 type Instance struct {
-	// Worker returns the Op of one goroutine; each goroutine calls it once
-	// and keeps its own state (a batch's buffers, a replayed key).
+	// Worker returns the Op of one goroutine; each goroutine of a round
+	// (or warm-up, or cost pass) calls it once, before any Op of that
+	// round runs, and keeps its own state (a batch's buffers, a replayed
+	// key). State in Redis must not outlive the round: the run's keys are
+	// unlinked between rounds.
 	Worker func() Op
 	// Close releases what Open created (tables, connections). Optional.
 	Close func() error
@@ -132,8 +136,10 @@ type Contender struct {
 	// Versus names the contenders this one is divided by, each a ratio
 	// row of the table. They must be in the same group or run beside it.
 	Versus []string
-	// Redis reports whether the cost pass reads Redis's command counts for
-	// this contender (it talks to the group's Redis).
+	// Redis reports whether the contender talks to its group's Redis: the
+	// cost pass reads Redis's command counts for it, its rounds read
+	// Redis's CPU, and after each of its rounds the run's keys there are
+	// unlinked.
 	Redis bool
 	// Open sets the contender up; it is called once for the timed rounds
 	// and once, on counting clients, for the cost pass.
@@ -265,10 +271,16 @@ func Run(ctx context.Context, e Env, cs []Contender, cfg Config) (*Report, error
 			return nil, fmt.Errorf("bench: contender %q has no name or no Open", c.Name)
 		}
 	}
-	e.prefix = fmt.Sprintf("b%x_", time.Now().UnixNano()&0xffffffffff)
+	e.prefix = fmt.Sprintf("b%010x_", time.Now().UnixNano()&0xffffffffff)
 	e.seq = new(atomic.Uint64)
 	// A run leaves no key behind, whichever way it ends.
-	defer func() { _ = e.clean(context.WithoutCancel(ctx)) }()
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		if err := e.clean(ctx, ""); err != nil {
+			cfg.Progress("%v", err)
+		}
+	}()
 	rep := &Report{Config: cfg, Machine: machine(ctx, &e), Started: time.Now()}
 
 	if slices.Contains(cfg.Groups, GroupRedis) && cfg.MemoryRecords > 0 {
@@ -301,7 +313,7 @@ func Run(ctx context.Context, e Env, cs []Contender, cfg Config) (*Report, error
 			return nil, fmt.Errorf("bench: %s (warm-up): %w", c.Name, err)
 		}
 	}
-	if err := e.clean(ctx); err != nil {
+	if err := e.clean(ctx, ""); err != nil {
 		return nil, err
 	}
 	for gi, g := range cfg.Goroutines {
@@ -325,7 +337,7 @@ func Run(ctx context.Context, e Env, cs []Contender, cfg Config) (*Report, error
 					rows[i].ServerCPURounds[gi] = append(rows[i].ServerCPURounds[gi], float64(cpu1-cpu0)/float64(time.Microsecond)/float64(n))
 				}
 				if sel[i].Redis {
-					if err := e.clean(ctx); err != nil {
+					if err := e.clean(ctx, sel[i].Group); err != nil {
 						return nil, err
 					}
 				}

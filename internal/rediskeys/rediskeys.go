@@ -15,7 +15,7 @@ import (
 const chunk = 1000
 
 // Unlink unlinks every key that matches pattern (a SCAN MATCH glob) and
-// returns how many it unlinked. On a cluster it scans every master. Keys
+// returns how many keys it removed. On a cluster it scans every master. Keys
 // written while it runs may be missed.
 func Unlink(ctx context.Context, c redis.UniversalClient, pattern string) (int64, error) {
 	switch c := c.(type) {
@@ -38,14 +38,18 @@ func unlink(ctx context.Context, c *redis.Client, pattern string) (int64, error)
 	// One UNLINK per key: on a cluster master the keys are in different
 	// slots, and a multi-key UNLINK across slots is refused (CROSSSLOT).
 	del := func(keys []string) error {
-		_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		cmds, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for _, k := range keys {
 				p.Unlink(ctx, k)
 			}
 			return nil
 		})
-		if err == nil {
-			n += int64(len(keys))
+		// What UNLINK removed, not what was sent: SCAN may return a key
+		// twice, and a key may expire before its UNLINK.
+		for _, cmd := range cmds {
+			if u, ok := cmd.(*redis.IntCmd); ok {
+				n += u.Val()
+			}
 		}
 		return err
 	}
