@@ -21,6 +21,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/redisadmin"
 	"github.com/idemgo/idem/internal/testenv"
 )
 
@@ -218,7 +219,7 @@ func (s *sentinelSet) waitFor(limit time.Duration, what string, ok func(ctx cont
 }
 
 func (s *sentinelSet) infoField(ctx context.Context, addr, field string) string {
-	v, _ := testenv.InfoField(ctx, s.client(addr), "replication", field)
+	v, _ := redisadmin.InfoField(ctx, s.client(addr), "replication", field)
 	return v
 }
 

@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemgo/idem/internal/redisadmin"
 	"github.com/idemgo/idem/internal/testenv"
 )
 
@@ -100,7 +101,7 @@ func privateRedis(t *testing.T) *redis.Client {
 
 func usedMemory(t *testing.T, c *redis.Client) int64 {
 	t.Helper()
-	v, ok := testenv.InfoField(context.Background(), c, "memory", "used_memory")
+	v, ok := redisadmin.InfoField(context.Background(), c, "memory", "used_memory")
 	if !ok {
 		t.Fatalf("INFO memory: no used_memory")
 	}

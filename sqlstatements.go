@@ -7,7 +7,7 @@ package idem
 // sqlStatements are an SQLStore's statements, built once for its dialect
 // and table.
 type sqlStatements struct {
-	claim, prev, read, renew, confirm, confirmLate, forget, record, purge string
+	claim, readAny, read, renew, confirm, confirmLate, forget, record, purge string
 }
 
 // The statements, in the markers of sqlText.

@@ -111,7 +111,7 @@ func NewSQLStore(db *sql.DB, o SQLOptions) (*SQLStore, error) {
 	}
 	if o.Dialect == SQLite {
 		s.q.purge = text(sqlPurgeSQLite)
-		s.q.claim, s.q.prev = text(sqlClaimSQLite), text(sqlReadAny)
+		s.q.claim, s.q.readAny = text(sqlClaimSQLite), text(sqlReadAny)
 		s.gate = sqliteGate(db)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -225,7 +225,7 @@ func (s *SQLStore) upsert(ctx context.Context, q sqlQuerier, key, fp []byte, tok
 	if err := q.QueryRowContext(ctx, s.q.claim, key, s.o.Worker, fp, s.leaseMs).Scan(tok, &before); err != nil {
 		return err
 	}
-	if s.q.prev == "" {
+	if s.dialect != SQLite {
 		*prev = before
 	}
 	return nil
@@ -267,7 +267,7 @@ func (s *SQLStore) read(ctx context.Context, q sqlQuerier, key string, start tim
 	)
 	query := s.q.read
 	if prev != nil {
-		query, *prev = s.q.prev, ""
+		query, *prev = s.q.readAny, ""
 	}
 	err := s.reading(ctx, q, func() error {
 		return q.QueryRowContext(ctx, query, []byte(key)).Scan(&st, &owner, &tok, &fp, &res, &ttl)

@@ -46,10 +46,8 @@ func (o Outcome) String() string {
 // labels; "" for no outcome.
 func (o Outcome) Label() string {
 	switch o {
-	case Claimed:
-		return "claimed"
-	case Duplicate:
-		return "duplicate"
+	case Claimed, Duplicate:
+		return o.String()
 	case InProgress:
 		return "in_progress"
 	}

@@ -50,8 +50,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/idemgo/idem/internal/rediskeys"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/idemgo/idem/internal/redisadmin"
 )
 
 // Groups of contenders, selectable on their own; each needs the service
@@ -101,7 +102,7 @@ func (e *Env) clean(ctx context.Context, group string) error {
 		cs = append(cs, e.Cluster)
 	}
 	for _, c := range cs {
-		if _, err := rediskeys.Unlink(ctx, c, "*"+e.prefix+"*"); err != nil {
+		if _, err := redisadmin.Unlink(ctx, c, "*"+e.prefix+"*"); err != nil {
 			return fmt.Errorf("bench: deleting the run's keys: %w", err)
 		}
 	}
@@ -320,23 +321,28 @@ func Run(ctx context.Context, e Env, cs []Contender, cfg Config) (*Report, error
 		for r := range cfg.Rounds {
 			for k := range sel {
 				i := (k + r) % len(sel) // rotate: nobody always runs first
-				cpu0, measured, err := serverCPU(ctx, &e, sel[i])
-				if err != nil {
-					return nil, fmt.Errorf("bench: %s: %w", sel[i].Name, err)
+				var (
+					cpu0 time.Duration
+					err  error
+				)
+				if sel[i].Redis {
+					if cpu0, err = serverCPU(ctx, &e, sel[i].Group); err != nil {
+						return nil, fmt.Errorf("bench: %s: %w", sel[i].Name, err)
+					}
 				}
 				tp, n, err := throughput(ctx, insts[i], sel[i].msgs(), g, cfg.Duration)
 				if err != nil {
 					return nil, fmt.Errorf("bench: %s at %d goroutines: %w", sel[i].Name, g, err)
 				}
 				rows[i].Rounds[gi] = append(rows[i].Rounds[gi], tp)
-				if measured && n > 0 {
-					cpu1, _, err := serverCPU(ctx, &e, sel[i])
+				if sel[i].Redis {
+					cpu1, err := serverCPU(ctx, &e, sel[i].Group)
 					if err != nil {
 						return nil, fmt.Errorf("bench: %s: %w", sel[i].Name, err)
 					}
-					rows[i].ServerCPURounds[gi] = append(rows[i].ServerCPURounds[gi], float64(cpu1-cpu0)/float64(time.Microsecond)/float64(n))
-				}
-				if sel[i].Redis {
+					if n > 0 {
+						rows[i].ServerCPURounds[gi] = append(rows[i].ServerCPURounds[gi], float64(cpu1-cpu0)/float64(time.Microsecond)/float64(n))
+					}
 					if err := e.clean(ctx, sel[i].Group); err != nil {
 						return nil, err
 					}
@@ -401,7 +407,7 @@ func throughput(ctx context.Context, in *Instance, msgs, g int, d time.Duration)
 func machine(ctx context.Context, e *Env) string {
 	s := fmt.Sprintf("%s/%s, %d CPUs (GOMAXPROCS %d), %s", runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version())
 	if e.Redis != nil {
-		if v := infoField(ctx, e.Redis, "server", "redis_version"); v != "" {
+		if v, ok := redisadmin.InfoField(ctx, e.Redis, "server", "redis_version"); ok {
 			s += ", Redis " + v
 		}
 	}

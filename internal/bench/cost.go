@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/redisadmin"
 )
 
 // Cost is what one message costs, measured by the cost pass on one
@@ -159,40 +160,33 @@ func commandCalls(ctx context.Context, c *redis.Client) (int64, error) {
 
 // clusterCalls is commandCalls summed over the cluster's masters.
 func clusterCalls(ctx context.Context, c *redis.ClusterClient) (int64, error) {
+	return sumMasters(ctx, c, commandCalls)
+}
+
+// serverCPU returns the CPU time that the Redis of group has used so far
+// (summed over a cluster's masters).
+func serverCPU(ctx context.Context, e *Env, group string) (time.Duration, error) {
+	if group != GroupCluster {
+		return redisCPU(ctx, e.Redis)
+	}
+	return sumMasters(ctx, e.Cluster, redisCPU)
+}
+
+// sumMasters returns the sum of f over the cluster's masters, which
+// ForEachMaster visits at once.
+func sumMasters[T int64 | time.Duration](ctx context.Context, c *redis.ClusterClient, f func(context.Context, *redis.Client) (T, error)) (T, error) {
 	var (
 		mu  sync.Mutex
-		sum int64
+		sum T
 	)
 	err := c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
-		n, err := commandCalls(ctx, m)
+		v, err := f(ctx, m)
 		mu.Lock()
-		sum += n
+		sum += v
 		mu.Unlock()
 		return err
 	})
 	return sum, err
-}
-
-// serverCPU returns the CPU time the Redis that c's group talks to has used
-// so far (summed over a cluster's masters); measured is false for a
-// contender that does not talk to Redis.
-func serverCPU(ctx context.Context, e *Env, c Contender) (cpu time.Duration, measured bool, err error) {
-	if !c.Redis {
-		return 0, false, nil
-	}
-	if c.Group == GroupCluster {
-		var mu sync.Mutex
-		err := e.Cluster.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
-			d, err := redisCPU(ctx, m)
-			mu.Lock()
-			cpu += d
-			mu.Unlock()
-			return err
-		})
-		return cpu, true, err
-	}
-	cpu, err = redisCPU(ctx, e.Redis)
-	return cpu, true, err
 }
 
 // redisCPU reads used_cpu_user + used_cpu_sys (seconds, to the microsecond)
@@ -204,7 +198,7 @@ func redisCPU(ctx context.Context, c *redis.Client) (time.Duration, error) {
 	}
 	var sum time.Duration
 	for _, field := range []string{"used_cpu_user", "used_cpu_sys"} {
-		v, ok := infoValue(info, field)
+		v, ok := redisadmin.InfoValue(info, field)
 		if !ok {
 			return 0, fmt.Errorf("INFO cpu: no %s in %q", field, info)
 		}
@@ -215,26 +209,6 @@ func redisCPU(ctx context.Context, c *redis.Client) (time.Duration, error) {
 		sum += time.Duration(f * float64(time.Second))
 	}
 	return sum, nil
-}
-
-// infoField returns one field of an INFO section, "" when it is missing.
-func infoField(ctx context.Context, c *redis.Client, section, field string) string {
-	info, err := c.Info(ctx, section).Result()
-	if err != nil {
-		return ""
-	}
-	v, _ := infoValue(info, field)
-	return v
-}
-
-// infoValue returns a field of an INFO reply.
-func infoValue(info, field string) (string, bool) {
-	for _, line := range strings.Split(info, "\r\n") {
-		if v, ok := strings.CutPrefix(line, field+":"); ok {
-			return v, true
-		}
-	}
-	return "", false
 }
 
 // Memory is what one confirmed record costs Redis: a 36-byte key (a UUID),
@@ -273,8 +247,8 @@ func measureMemory(ctx context.Context, c *redis.Client, n int, spread time.Dura
 		keys[i] = uuid.NewString()
 	}
 	used := func() (int64, error) {
-		v := infoField(ctx, c, "memory", "used_memory")
-		if v == "" {
+		v, ok := redisadmin.InfoField(ctx, c, "memory", "used_memory")
+		if !ok {
 			return 0, errors.New("INFO memory has no used_memory")
 		}
 		return strconv.ParseInt(v, 10, 64)
@@ -362,7 +336,7 @@ func measureExpiry(ctx context.Context, c *redis.Client, keys []string, spread t
 		if err != nil {
 			return 0, fmt.Errorf("INFO stats: %w", err)
 		}
-		v, ok := infoValue(info, "expired_keys")
+		v, ok := redisadmin.InfoValue(info, "expired_keys")
 		if !ok {
 			return 0, errors.New("INFO stats has no expired_keys")
 		}

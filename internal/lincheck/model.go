@@ -182,9 +182,6 @@ func (s State) holds(l LeaseRef) bool {
 	return s.Phase == claimed && s.Token != 0 && s.Token == l.Token && s.Owner == l.Owner
 }
 
-// step applies one call to s and reports whether out is an answer the
-// contract allows there. An unknown outcome is always allowed, and applied:
-// the checker covers "not applied" by placing the call after all others.
 // mayHold reports whether l may be the key's live claim when that claim's
 // Claim had an unknown outcome and no answer has shown its token yet: the
 // same owner and a token newer than any known. A lease of that owner, with
@@ -193,6 +190,9 @@ func (s State) mayHold(l LeaseRef) bool {
 	return s.Phase == claimed && s.Token == 0 && s.Owner == l.Owner && l.Token > s.Last
 }
 
+// step applies one call to s and reports whether out is an answer the
+// contract allows there. An unknown outcome is always allowed, and applied:
+// the checker covers "not applied" by placing the call after all others.
 func step(s State, in Input, out Output) (bool, State) {
 	if out.Malformed != "" {
 		return false, s

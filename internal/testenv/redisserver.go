@@ -8,13 +8,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemgo/idem/internal/rediskeys"
+	"github.com/idemgo/idem/internal/redisadmin"
 )
 
 // FreePort returns a loopback TCP port that nothing listened on when it was
@@ -109,21 +108,6 @@ func (s *RedisServer) Kill() {
 	s.cmd = nil
 }
 
-// InfoField returns one field of an INFO section of c; ok is false when
-// INFO failed or has no such field.
-func InfoField(ctx context.Context, c *redis.Client, section, field string) (v string, ok bool) {
-	info, err := c.Info(ctx, section).Result()
-	if err != nil {
-		return "", false
-	}
-	for _, line := range strings.Split(info, "\r\n") {
-		if v, ok := strings.CutPrefix(line, field+":"); ok {
-			return v, true
-		}
-	}
-	return "", false
-}
-
 // UniquePrefix returns a Redis key prefix no other test uses, so that tests
 // (and other packages' tests) can share one Redis.
 func UniquePrefix() string {
@@ -135,6 +119,6 @@ func UniquePrefix() string {
 // DeletePrefix unlinks every key that begins with prefix, on every master of
 // a cluster. prefix must hold no glob characters.
 func DeletePrefix(ctx context.Context, c redis.UniversalClient, prefix string) error {
-	_, err := rediskeys.Unlink(ctx, c, prefix+"*")
+	_, err := redisadmin.Unlink(ctx, c, prefix+"*")
 	return err
 }

@@ -1,11 +1,13 @@
-// Package rediskeys deletes keys by pattern on a single Redis or on every
-// master of a cluster, for the tests and `idem bench` to leave a shared
-// Redis as they found it.
-package rediskeys
+// Package redisadmin is what the tests and `idem bench` do to a Redis
+// beside the store: delete their keys by pattern (on a single Redis or on
+// every master of a cluster), to leave a shared Redis as they found it, and
+// read INFO fields.
+package redisadmin
 
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync/atomic"
 
 	"github.com/redis/go-redis/v9"
@@ -30,7 +32,7 @@ func Unlink(ctx context.Context, c redis.UniversalClient, pattern string) (int64
 	case *redis.Client:
 		return unlink(ctx, c, pattern)
 	}
-	return 0, fmt.Errorf("rediskeys: unexpected client %T", c)
+	return 0, fmt.Errorf("redisadmin: unexpected client %T", c)
 }
 
 func unlink(ctx context.Context, c *redis.Client, pattern string) (int64, error) {
@@ -72,4 +74,24 @@ func unlink(ctx context.Context, c *redis.Client, pattern string) (int64, error)
 		}
 	}
 	return n, nil
+}
+
+// InfoField returns one field of an INFO section of c; ok is false when
+// INFO failed or has no such field.
+func InfoField(ctx context.Context, c *redis.Client, section, field string) (v string, ok bool) {
+	info, err := c.Info(ctx, section).Result()
+	if err != nil {
+		return "", false
+	}
+	return InfoValue(info, field)
+}
+
+// InfoValue returns a field of an INFO reply.
+func InfoValue(info, field string) (v string, ok bool) {
+	for _, line := range strings.Split(info, "\r\n") {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
+			return v, true
+		}
+	}
+	return "", false
 }

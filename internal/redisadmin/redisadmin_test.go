@@ -1,4 +1,4 @@
-package rediskeys_test
+package redisadmin_test
 
 import (
 	"context"
@@ -7,7 +7,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemgo/idem/internal/rediskeys"
+	"github.com/idemgo/idem/internal/redisadmin"
 	"github.com/idemgo/idem/internal/testenv"
 )
 
@@ -40,7 +40,7 @@ func TestUnlink(t *testing.T) {
 				}
 				t.Cleanup(func() { _ = c.Del(context.Background(), k).Err() })
 			}
-			got, err := rediskeys.Unlink(ctx, c, prefix+"del:*")
+			got, err := redisadmin.Unlink(ctx, c, prefix+"del:*")
 			if err != nil || got != n {
 				t.Fatalf("Unlink = %d, %v; want %d, nil", got, err, n)
 			}
@@ -54,7 +54,7 @@ func TestUnlink(t *testing.T) {
 					t.Errorf("EXISTS %s (not matched) = %d, %v; want 1", k, e, err)
 				}
 			}
-			if again, err := rediskeys.Unlink(ctx, c, prefix+"del:*"); err != nil || again != 0 {
+			if again, err := redisadmin.Unlink(ctx, c, prefix+"del:*"); err != nil || again != 0 {
 				t.Errorf("second Unlink = %d, %v; want 0, nil", again, err)
 			}
 		})
