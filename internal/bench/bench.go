@@ -33,9 +33,11 @@
 // The timed rounds of a contender that talks to Redis also read the
 // server's CPU time (INFO cpu, used_cpu_user + used_cpu_sys, summed over a
 // cluster's masters) before and after, for the Redis CPU each message cost
-// at each goroutine count. Client and server share the machine, so when
-// contenders are CPU-bound this figure, steadier than throughput, says
-// where the time goes.
+// at each goroutine count; every timed round also reads this process's
+// CPU time (getrusage: the contender, its client, and the kernel's work on
+// their sockets) for the client's CPU per message. Client and server share
+// the machine, so when contenders are CPU-bound these figures, steadier
+// than throughput, say where the time goes.
 package bench
 
 import (
@@ -304,7 +306,7 @@ func Run(ctx context.Context, e Env, cs []Contender, cfg Config) (*Report, error
 	}()
 	for i, c := range sel {
 		rows[i] = &Row{Name: c.Name, Group: c.Group, Msgs: c.msgs(), Rounds: make([][]float64, len(cfg.Goroutines)),
-			ServerCPURounds: make([][]float64, len(cfg.Goroutines))}
+			ServerCPURounds: make([][]float64, len(cfg.Goroutines)), ClientCPURounds: make([][]float64, len(cfg.Goroutines))}
 		in, err := c.Open(ctx, &e)
 		if err != nil {
 			return nil, fmt.Errorf("bench: %s: %w", c.Name, err)
@@ -330,11 +332,16 @@ func Run(ctx context.Context, e Env, cs []Contender, cfg Config) (*Report, error
 						return nil, fmt.Errorf("bench: %s: %w", sel[i].Name, err)
 					}
 				}
+				own0, ownOK := processCPU()
 				tp, n, err := throughput(ctx, insts[i], sel[i].msgs(), g, cfg.Duration)
 				if err != nil {
 					return nil, fmt.Errorf("bench: %s at %d goroutines: %w", sel[i].Name, g, err)
 				}
+				own1, _ := processCPU()
 				rows[i].Rounds[gi] = append(rows[i].Rounds[gi], tp)
+				if ownOK && n > 0 {
+					rows[i].ClientCPURounds[gi] = append(rows[i].ClientCPURounds[gi], float64(own1-own0)/float64(time.Microsecond)/float64(n))
+				}
 				if sel[i].Redis {
 					cpu1, err := serverCPU(ctx, &e, sel[i].Group)
 					if err != nil {

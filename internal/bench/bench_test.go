@@ -31,12 +31,44 @@ func sleeper(name string, d time.Duration, versus ...string) Contender {
 		}}
 }
 
+// spinner is a contender whose every op keeps a CPU busy for d.
+func spinner(name string, d time.Duration) Contender {
+	return Contender{Name: name, Group: GroupHTTP,
+		Open: func(context.Context, *Env) (*Instance, error) {
+			return &Instance{Worker: func() Op {
+				return func(ctx context.Context) error {
+					for t0 := time.Now(); time.Since(t0) < d; {
+					}
+					return nil
+				}
+			}}, nil
+		}}
+}
+
 func miniEnv(t *testing.T) Env {
 	t.Helper()
 	m := miniredis.RunT(t)
 	c := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	t.Cleanup(func() { _ = c.Close() })
 	return Env{Redis: c}
+}
+
+// TestRunClientCPU runs a contender whose op spins for 1ms on one
+// goroutine: the process's CPU per message must be about 1ms (less when
+// other processes take the CPU from it), which the sleepers of
+// TestRunRatios, costing next to none, bracket from below.
+func TestRunClientCPU(t *testing.T) {
+	rep, err := Run(context.Background(), miniEnv(t), []Contender{spinner("spin", time.Millisecond)}, Config{
+		Groups: []string{GroupHTTP}, Goroutines: []int{1}, Rounds: 2,
+		Duration: 100 * time.Millisecond, CostMsgs: 10,
+	})
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	r := rep.Row("spin")
+	if len(r.ClientCPU) != 1 || r.ClientCPU[0] < 300 || r.ClientCPU[0] > 1500 || len(r.ClientCPURounds[0]) != 2 {
+		t.Errorf("client CPU per message %v µs over rounds %v; want about 1000 µs, 2 rounds", r.ClientCPU, r.ClientCPURounds)
+	}
 }
 
 // TestRunRatios runs two contenders whose ops take 5ms and 10ms: the fast
@@ -80,6 +112,21 @@ func TestRunRatios(t *testing.T) {
 	}
 	if fast.ServerCPU != nil || fast.ServerCPURounds != nil {
 		t.Errorf("fast: Redis CPU %v; want none for a contender that does not talk to Redis", fast.ServerCPU)
+	}
+	// An op that sleeps 5ms costs the process next to no CPU: a figure in
+	// the wrong unit (ns, ms) or not divided by the messages lands outside.
+	gs := []int{1, 4}
+	for _, r := range []*Row{fast, slow} {
+		if len(r.ClientCPU) != len(gs) {
+			t.Errorf("%s: client CPU at %d goroutine counts; want %d", r.Name, len(r.ClientCPU), len(gs))
+			continue
+		}
+		for gi, v := range r.ClientCPU {
+			if v < 0 || v > 2000 || len(r.ClientCPURounds[gi]) != 3 {
+				t.Errorf("%s at %d goroutines: %v µs of client CPU per message over rounds %v; want 0 to 2000 µs, 3 rounds",
+					r.Name, gs[gi], v, r.ClientCPURounds[gi])
+			}
+		}
 	}
 	if c := fast.Cost; c.Msgs != 10 || c.Redis {
 		t.Errorf("fast's cost = %+v; want 10 messages and no Redis figures", c)
@@ -220,6 +267,17 @@ func TestSmoke(t *testing.T) {
 		if r.Cost.Allocs < 1 {
 			t.Errorf("%s: %.1f allocations per message; want at least one", r.Name, r.Cost.Allocs)
 		}
+		// The process's CPU per message: a figure per goroutine count for
+		// every contender.
+		if len(r.ClientCPU) != len(gs) {
+			t.Errorf("%s: client CPU at %d goroutine counts; want %d", r.Name, len(r.ClientCPU), len(gs))
+		}
+		for gi, v := range r.ClientCPU {
+			if !(v > 0) || v > 100_000 || len(r.ClientCPURounds[gi]) != 2 {
+				t.Errorf("%s at %d goroutines: %v µs of client CPU per message over rounds %v; want more than 0, less than 0.1 s, 2 rounds",
+					r.Name, gs[gi], v, r.ClientCPURounds[gi])
+			}
+		}
 		// Redis CPU per message: for every contender that talks to Redis, a
 		// figure per goroutine count (other tests may share the server, so
 		// only that Redis did some work); none for the others.
@@ -322,8 +380,8 @@ func checkMarkdown(t *testing.T, md string, rep *Report) {
 		if strings.HasPrefix(cells[0], "÷ ") {
 			ratios = append(ratios, cells[1])
 		}
-		if strings.HasPrefix(cells[0], "↳ Redis CPU") {
-			cpus = append(cpus, cells[1])
+		if strings.HasPrefix(cells[0], "↳ ") {
+			cpus = append(cpus, cells[0]+": "+cells[1])
 		}
 	}
 	if tables != 1 {
@@ -341,12 +399,15 @@ func checkMarkdown(t *testing.T, md string, rep *Report) {
 	}
 	var wantCPUs []string
 	for _, r := range rep.Rows {
-		if r.ServerCPU != nil {
-			wantCPUs = append(wantCPUs, fmt.Sprintf("%.1f µs", r.ServerCPU[0]))
+		switch {
+		case r.ServerCPU != nil:
+			wantCPUs = append(wantCPUs, fmt.Sprintf("↳ CPU per message: Redis + client: %.1f + %.1f µs", r.ServerCPU[0], r.ClientCPU[0]))
+		case r.ClientCPU != nil:
+			wantCPUs = append(wantCPUs, fmt.Sprintf("↳ client CPU per message: %.1f µs", r.ClientCPU[0]))
 		}
 	}
 	if !slices.Equal(cpus, wantCPUs) {
-		t.Errorf("markdown Redis CPU rows, first column = %q; want %q", cpus, wantCPUs)
+		t.Errorf("markdown CPU rows, first column = %q; want %q", cpus, wantCPUs)
 	}
 	nRatios := 0
 	for _, r := range rep.Rows {

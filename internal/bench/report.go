@@ -35,6 +35,13 @@ type Row struct {
 	// otherwise.
 	ServerCPURounds [][]float64
 	ServerCPU       []float64
+	// ClientCPURounds[i] holds the microseconds of this process's CPU
+	// (user and system: the contender, its client, and the kernel's work
+	// on their sockets) per message of each round at Config.Goroutines[i];
+	// ClientCPU[i] is their median. Both are nil where the system cannot
+	// read a process's CPU time.
+	ClientCPURounds [][]float64
+	ClientCPU       []float64
 }
 
 // Ratio compares a contender with another measured in the same rounds.
@@ -56,14 +63,8 @@ func (rep *Report) summarize(sel []Contender) {
 		for i, rs := range r.Rounds {
 			r.Throughput[i] = median(rs)
 		}
-		if slices.ContainsFunc(r.ServerCPURounds, func(rs []float64) bool { return len(rs) > 0 }) {
-			r.ServerCPU = make([]float64, len(r.ServerCPURounds))
-			for i, rs := range r.ServerCPURounds {
-				r.ServerCPU[i] = median(rs)
-			}
-		} else {
-			r.ServerCPURounds = nil
-		}
+		r.ServerCPU = medians(&r.ServerCPURounds)
+		r.ClientCPU = medians(&r.ClientCPURounds)
 	}
 	for i, c := range sel {
 		r := rep.Rows[i]
@@ -113,6 +114,21 @@ func (rep *Report) Ratio(contender, versus string, g int) (float64, bool) {
 	return 0, false
 }
 
+// medians returns the median of each of *rounds, or nil, setting *rounds
+// to nil too, when none holds a figure (a contender the figure does not
+// apply to).
+func medians(rounds *[][]float64) []float64 {
+	if !slices.ContainsFunc(*rounds, func(rs []float64) bool { return len(rs) > 0 }) {
+		*rounds = nil
+		return nil
+	}
+	m := make([]float64, len(*rounds))
+	for i, rs := range *rounds {
+		m[i] = median(rs)
+	}
+	return m
+}
+
 func median(xs []float64) float64 {
 	if len(xs) == 0 {
 		return 0
@@ -145,8 +161,8 @@ func (rep *Report) Targets(ts []Target) []TargetResult {
 }
 
 // WriteMarkdown writes the report as markdown: the conditions, one table of
-// throughput (median msgs/s per goroutine count), the Redis CPU per message
-// (rows beginning "↳", median over rounds), ratios (rows beginning "÷": the
+// throughput (median msgs/s per goroutine count), the Redis and client CPU
+// per message (rows beginning "↳", median over rounds), ratios (rows beginning "÷": the
 // median, then the lowest and highest round in small print) and costs per
 // message, then the memory figure and the targets.
 func (rep *Report) WriteMarkdown(w io.Writer, targets []Target) error {
@@ -154,7 +170,8 @@ func (rep *Report) WriteMarkdown(w io.Writer, targets []Target) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "Run of %s on %s. %d rounds of %v per contender and goroutine count, contenders alternating; "+
 		"throughput is the median over rounds, a ratio the median of per-round ratios (in small print: the lowest and highest round); "+
-		"Redis CPU per message is the server's used_cpu_user + used_cpu_sys over a round divided by its messages, median over rounds.\n\n",
+		"CPU per message, median over rounds, is a round's CPU divided by its messages: Redis's (used_cpu_user + used_cpu_sys) "+
+		"and the client's (this process's user + system time, which includes the kernel's work on its sockets).\n\n",
 		rep.Started.UTC().Format("2006-01-02 15:04 MST"), rep.Machine, c.Rounds, c.Duration)
 	b.WriteString("| contender |")
 	for _, g := range c.Goroutines {
@@ -182,9 +199,22 @@ func (rep *Report) WriteMarkdown(w io.Writer, targets []Target) error {
 			b.WriteString(" – | – | – |")
 		}
 		fmt.Fprintf(&b, " %.1f | %.0f |\n", r.Cost.Allocs, r.Cost.Bytes)
-		if r.ServerCPU != nil {
+		switch {
+		case r.ServerCPU != nil && r.ClientCPU != nil:
+			b.WriteString("| ↳ CPU per message: Redis + client |")
+			for i, v := range r.ServerCPU {
+				fmt.Fprintf(&b, " %.1f + %.1f µs |", v, r.ClientCPU[i])
+			}
+			b.WriteString(strings.Repeat(" |", 5) + "\n")
+		case r.ServerCPU != nil:
 			b.WriteString("| ↳ Redis CPU per message |")
 			for _, v := range r.ServerCPU {
+				fmt.Fprintf(&b, " %.1f µs |", v)
+			}
+			b.WriteString(strings.Repeat(" |", 5) + "\n")
+		case r.ClientCPU != nil:
+			b.WriteString("| ↳ client CPU per message |")
+			for _, v := range r.ClientCPU {
 				fmt.Fprintf(&b, " %.1f µs |", v)
 			}
 			b.WriteString(strings.Repeat(" |", 5) + "\n")
