@@ -222,3 +222,70 @@ func benchRawPerMessage(b *testing.B, c *redis.Client, g int, msg func(ctx conte
 	})
 	reportMsgs(b, b.N)
 }
+
+// cannedReplies answers every command in the client, without I/O: a claim
+// script (idem's or the floor's) with a new token, anything else with 1.
+type cannedReplies struct{ tok atomic.Int64 }
+
+func (h *cannedReplies) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *cannedReplies) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (h *cannedReplies) ProcessHook(redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		c, ok := cmd.(*redis.Cmd)
+		if !ok {
+			return fmt.Errorf("canned replies: unexpected %s", cmd.Name())
+		}
+		if sha, _ := c.Args()[1].(string); sha == claimScript.Hash() || sha == floorClaim.Hash() {
+			c.SetVal(strconv.FormatInt(1_764_500_000_000_000+h.tok.Add(1), 10))
+		} else {
+			c.SetVal(int64(1))
+		}
+		return nil
+	}
+}
+
+// BenchmarkRedisClientCost is what a message costs the client alone, with
+// Redis's replies canned (no I/O): the store's Claim and Confirm, and the
+// script floor's two Script.Run calls, each including go-redis's command
+// building. It needs no Redis.
+func BenchmarkRedisClientCost(b *testing.B) {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	c.AddHook(&cannedReplies{})
+	b.Cleanup(func() { _ = c.Close() })
+	ctx := context.Background()
+	var next atomic.Uint64
+	key := func() string { return "b0123456789_cc:" + strconv.FormatUint(next.Add(1), 36) }
+	b.Run("Store", func(b *testing.B) {
+		s, err := NewRedisStore(c, RedisOptions{AllowEviction: true})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportAllocs()
+		for b.Loop() {
+			cl, err := s.Claim(ctx, key(), nil)
+			if err != nil || cl.Outcome != Claimed {
+				b.Fatalf("Claim = %v, %v; want Claimed", cl.Outcome, err)
+			}
+			if err := s.Confirm(ctx, cl.Lease, nil); err != nil {
+				b.Fatalf("Confirm: %v", err)
+			}
+		}
+	})
+	b.Run("ScriptFloor", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			k := key()
+			tok, err := floorClaim.Run(ctx, c, []string{k}, "30001").Text()
+			if err != nil || tok == "" {
+				b.Fatalf("floor claim = %q, %v; want a token", tok, err)
+			}
+			if err := floorConfirm.Run(ctx, c, []string{k}, "done", "600001").Err(); err != nil {
+				b.Fatalf("floor confirm: %v", err)
+			}
+		}
+	})
+}
