@@ -34,10 +34,12 @@
 // server's CPU time (INFO cpu, used_cpu_user + used_cpu_sys, summed over a
 // cluster's masters) before and after, for the Redis CPU each message cost
 // at each goroutine count; every timed round also reads this process's
-// CPU time (getrusage: the contender, its client, and the kernel's work on
-// their sockets) for the client's CPU per message. Client and server share
-// the machine, so when contenders are CPU-bound these figures, steadier
-// than throughput, say where the time goes.
+// CPU time (getrusage) for the client's CPU per message: the whole
+// process's, so also the runtime's and the kernel's loopback work, part of
+// which the sending side pays for the receiving one (see Row.ClientCPU).
+// Client and server share the machine, so when contenders are CPU-bound
+// these figures, steadier than throughput, say roughly where the time
+// goes.
 package bench
 
 import (

@@ -53,10 +53,18 @@ func miniEnv(t *testing.T) Env {
 	return Env{Redis: c}
 }
 
+// canReadCPU reports whether this system lets Run read the process's CPU
+// time; where it cannot, no contender may have a client CPU figure.
+func canReadCPU() bool {
+	_, ok := processCPU()
+	return ok
+}
+
 // TestRunClientCPU runs a contender whose op spins for 1ms on one
 // goroutine: the process's CPU per message must be about 1ms (less when
-// other processes take the CPU from it), which the sleepers of
-// TestRunRatios, costing next to none, bracket from below.
+// other processes take the CPU from it). A figure in the wrong unit (ns,
+// ms), not divided by the messages, or taken from wall time over a
+// sleep, lands outside.
 func TestRunClientCPU(t *testing.T) {
 	rep, err := Run(context.Background(), miniEnv(t), []Contender{spinner("spin", time.Millisecond)}, Config{
 		Groups: []string{GroupHTTP}, Goroutines: []int{1}, Rounds: 2,
@@ -66,6 +74,12 @@ func TestRunClientCPU(t *testing.T) {
 		t.Fatalf("Run: %v", err)
 	}
 	r := rep.Row("spin")
+	if !canReadCPU() {
+		if r.ClientCPU != nil {
+			t.Errorf("client CPU %v on a system that cannot read it; want none", r.ClientCPU)
+		}
+		return
+	}
 	if len(r.ClientCPU) != 1 || r.ClientCPU[0] < 300 || r.ClientCPU[0] > 1500 || len(r.ClientCPURounds[0]) != 2 {
 		t.Errorf("client CPU per message %v µs over rounds %v; want about 1000 µs, 2 rounds", r.ClientCPU, r.ClientCPURounds)
 	}
@@ -113,10 +127,16 @@ func TestRunRatios(t *testing.T) {
 	if fast.ServerCPU != nil || fast.ServerCPURounds != nil {
 		t.Errorf("fast: Redis CPU %v; want none for a contender that does not talk to Redis", fast.ServerCPU)
 	}
-	// An op that sleeps 5ms costs the process next to no CPU: a figure in
-	// the wrong unit (ns, ms) or not divided by the messages lands outside.
+	// An op that sleeps 5ms costs the process little CPU: a figure in ns,
+	// or taken from wall time, lands above 2000 µs.
 	gs := []int{1, 4}
 	for _, r := range []*Row{fast, slow} {
+		if !canReadCPU() {
+			if r.ClientCPU != nil {
+				t.Errorf("%s: client CPU %v on a system that cannot read it; want none", r.Name, r.ClientCPU)
+			}
+			continue
+		}
 		if len(r.ClientCPU) != len(gs) {
 			t.Errorf("%s: client CPU at %d goroutine counts; want %d", r.Name, len(r.ClientCPU), len(gs))
 			continue
@@ -268,8 +288,12 @@ func TestSmoke(t *testing.T) {
 			t.Errorf("%s: %.1f allocations per message; want at least one", r.Name, r.Cost.Allocs)
 		}
 		// The process's CPU per message: a figure per goroutine count for
-		// every contender.
-		if len(r.ClientCPU) != len(gs) {
+		// every contender, where the system can read it.
+		if !canReadCPU() {
+			if r.ClientCPU != nil {
+				t.Errorf("%s: client CPU %v on a system that cannot read it; want none", r.Name, r.ClientCPU)
+			}
+		} else if len(r.ClientCPU) != len(gs) {
 			t.Errorf("%s: client CPU at %d goroutine counts; want %d", r.Name, len(r.ClientCPU), len(gs))
 		}
 		for gi, v := range r.ClientCPU {
@@ -400,8 +424,10 @@ func checkMarkdown(t *testing.T, md string, rep *Report) {
 	var wantCPUs []string
 	for _, r := range rep.Rows {
 		switch {
-		case r.ServerCPU != nil:
+		case r.ServerCPU != nil && r.ClientCPU != nil:
 			wantCPUs = append(wantCPUs, fmt.Sprintf("↳ CPU per message: Redis + client: %.1f + %.1f µs", r.ServerCPU[0], r.ClientCPU[0]))
+		case r.ServerCPU != nil:
+			wantCPUs = append(wantCPUs, fmt.Sprintf("↳ Redis CPU per message: %.1f µs", r.ServerCPU[0]))
 		case r.ClientCPU != nil:
 			wantCPUs = append(wantCPUs, fmt.Sprintf("↳ client CPU per message: %.1f µs", r.ClientCPU[0]))
 		}
@@ -527,4 +553,39 @@ func TestMeasureExpiry(t *testing.T) {
 		t.Errorf("expiry cost %.2f µs per key; want 0.2 to 100", cost)
 	}
 	t.Logf("expiry: %.2f µs of Redis CPU per key", cost)
+}
+
+// TestMarkdownCPURows writes the "↳" row of each kind, with a goroutine
+// count where no round handled a message.
+func TestMarkdownCPURows(t *testing.T) {
+	gap := [][]float64{{}, {2, 4, 6}}
+	rep := &Report{Config: Config{Goroutines: []int{1, 8}, Rounds: 3, Duration: time.Second}}
+	for _, r := range []*Row{
+		{Name: "both", ServerCPURounds: gap, ClientCPURounds: [][]float64{{1}, {3}}},
+		{Name: "redis", ServerCPURounds: gap, ClientCPURounds: [][]float64{{}, {}}},
+		{Name: "client", ServerCPURounds: [][]float64{{}, {}}, ClientCPURounds: gap},
+		{Name: "none", ServerCPURounds: [][]float64{{}, {}}, ClientCPURounds: [][]float64{{}, {}}},
+	} {
+		r.Rounds = [][]float64{{0}, {1}}
+		rep.Rows = append(rep.Rows, r)
+	}
+	rep.summarize(nil)
+	var md strings.Builder
+	if err := rep.WriteMarkdown(&md, nil); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, line := range strings.Split(md.String(), "\n") {
+		if strings.HasPrefix(line, "| ↳") {
+			got = append(got, strings.TrimRight(line, " |"))
+		}
+	}
+	want := []string{
+		"| ↳ CPU per message: Redis + client | – + 1.0 µs | 4.0 + 3.0 µs",
+		"| ↳ Redis CPU per message | – | 4.0 µs",
+		"| ↳ client CPU per message | – | 4.0 µs",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("CPU rows:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
 }

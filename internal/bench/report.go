@@ -3,6 +3,7 @@ package bench
 import (
 	"fmt"
 	"io"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -31,15 +32,20 @@ type Row struct {
 	Cost       Cost
 	// ServerCPURounds[i] holds, for a contender that talks to Redis, the
 	// microseconds of Redis CPU per message of each round at
-	// Config.Goroutines[i]; ServerCPU[i] is their median. Both are nil
-	// otherwise.
+	// Config.Goroutines[i]; ServerCPU[i] is their median, NaN when no round
+	// there handled a message. Both are nil for other contenders, and for
+	// one that handled no message at all.
 	ServerCPURounds [][]float64
 	ServerCPU       []float64
 	// ClientCPURounds[i] holds the microseconds of this process's CPU
-	// (user and system: the contender, its client, and the kernel's work
-	// on their sockets) per message of each round at Config.Goroutines[i];
-	// ClientCPU[i] is their median. Both are nil where the system cannot
-	// read a process's CPU time.
+	// (user and system) per message of each round at Config.Goroutines[i];
+	// ClientCPU[i] is their median, NaN when no round there handled a
+	// message. It is the whole process's: the contender and its client,
+	// but also the garbage collector (garbage of earlier rounds too), the
+	// runtime, system calls and the kernel's loopback network work, part
+	// of which a sender pays for its receiver. Both are nil where the
+	// system cannot read a process's CPU time, or no round handled a
+	// message.
 	ClientCPURounds [][]float64
 	ClientCPU       []float64
 }
@@ -114,9 +120,9 @@ func (rep *Report) Ratio(contender, versus string, g int) (float64, bool) {
 	return 0, false
 }
 
-// medians returns the median of each of *rounds, or nil, setting *rounds
-// to nil too, when none holds a figure (a contender the figure does not
-// apply to).
+// medians returns the median of each of *rounds (NaN for one without a
+// figure), or nil, setting *rounds to nil too, when none holds a figure:
+// a contender the figure does not apply to, or that handled no message.
 func medians(rounds *[][]float64) []float64 {
 	if !slices.ContainsFunc(*rounds, func(rs []float64) bool { return len(rs) > 0 }) {
 		*rounds = nil
@@ -124,9 +130,20 @@ func medians(rounds *[][]float64) []float64 {
 	}
 	m := make([]float64, len(*rounds))
 	for i, rs := range *rounds {
-		m[i] = median(rs)
+		m[i] = math.NaN() // no round at this goroutine count handled a message
+		if len(rs) > 0 {
+			m[i] = median(rs)
+		}
 	}
 	return m
+}
+
+// micros formats microseconds for the table: "–" where there is no figure.
+func micros(v float64) string {
+	if math.IsNaN(v) {
+		return "–"
+	}
+	return fmt.Sprintf("%.1f", v)
 }
 
 func median(xs []float64) float64 {
@@ -199,23 +216,26 @@ func (rep *Report) WriteMarkdown(w io.Writer, targets []Target) error {
 			b.WriteString(" – | – | – |")
 		}
 		fmt.Fprintf(&b, " %.1f | %.0f |\n", r.Cost.Allocs, r.Cost.Bytes)
-		switch {
-		case r.ServerCPU != nil && r.ClientCPU != nil:
-			b.WriteString("| ↳ CPU per message: Redis + client |")
-			for i, v := range r.ServerCPU {
-				fmt.Fprintf(&b, " %.1f + %.1f µs |", v, r.ClientCPU[i])
+		if r.ServerCPU != nil || r.ClientCPU != nil {
+			label := "CPU per message: Redis + client"
+			if r.ClientCPU == nil {
+				label = "Redis CPU per message"
+			} else if r.ServerCPU == nil {
+				label = "client CPU per message"
 			}
-			b.WriteString(strings.Repeat(" |", 5) + "\n")
-		case r.ServerCPU != nil:
-			b.WriteString("| ↳ Redis CPU per message |")
-			for _, v := range r.ServerCPU {
-				fmt.Fprintf(&b, " %.1f µs |", v)
-			}
-			b.WriteString(strings.Repeat(" |", 5) + "\n")
-		case r.ClientCPU != nil:
-			b.WriteString("| ↳ client CPU per message |")
-			for _, v := range r.ClientCPU {
-				fmt.Fprintf(&b, " %.1f µs |", v)
+			fmt.Fprintf(&b, "| ↳ %s |", label)
+			for i := range c.Goroutines {
+				var parts []string
+				for _, fig := range [][]float64{r.ServerCPU, r.ClientCPU} {
+					if fig != nil {
+						parts = append(parts, micros(fig[i]))
+					}
+				}
+				cell := strings.Join(parts, " + ") + " µs"
+				if !slices.ContainsFunc(parts, func(p string) bool { return p != "–" }) {
+					cell = "–"
+				}
+				fmt.Fprintf(&b, " %s |", cell)
 			}
 			b.WriteString(strings.Repeat(" |", 5) + "\n")
 		}
