@@ -46,6 +46,16 @@ func appendEscapedKey(dst []byte, key string) []byte {
 	return dst
 }
 
+// escapes reports whether appendEscapedKey would change key.
+func escapes(key string) bool {
+	for i := 0; i < len(key); i++ {
+		if mustEscape(key[i]) {
+			return true
+		}
+	}
+	return false
+}
+
 func mustEscape(c byte) bool {
 	return c <= 0x20 || c >= 0x7F || c == '%' || c == '{' || c == '}'
 }

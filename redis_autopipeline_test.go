@@ -142,7 +142,7 @@ func occupySenders(t *testing.T, s *RedisStore, g *gate) func() {
 // no NOSCRIPT retry adds a round trip to what a test counts.
 func loadScripts(t *testing.T, c redis.UniversalClient) {
 	t.Helper()
-	for _, sc := range []*redis.Script{claimScript, renewScript, confirmScript, forgetScript,
+	for _, sc := range []*luaScript{claimScript, renewScript, confirmScript, forgetScript,
 		lookupScript, claimBatchScript, confirmBatchScript} {
 		if err := sc.Load(context.Background(), c).Err(); err != nil {
 			t.Fatalf("SCRIPT LOAD: %v", err)

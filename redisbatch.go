@@ -17,7 +17,7 @@ const batchChunk = 128
 
 // scriptCall is one script invocation of a pipeline.
 type scriptCall struct {
-	script *redis.Script
+	script *luaScript
 	keys   []string
 	args   []any
 }

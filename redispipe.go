@@ -4,8 +4,6 @@ import (
 	"context"
 	"sync"
 	"sync/atomic"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // Automatic pipelining (RedisOptions.AutoPipeline): the single-key calls of
@@ -67,7 +65,7 @@ var pipeCalls = sync.Pool{New: func() any { return &pipeCall{done: make(chan str
 
 // newPipeCall returns a queued call of script on key (a Redis key) with
 // args.
-func newPipeCall(script *redis.Script, key string, args []any) *pipeCall {
+func newPipeCall(script *luaScript, key string, args []any) *pipeCall {
 	c := pipeCalls.Get().(*pipeCall)
 	c.key[0] = key
 	c.scriptCall = scriptCall{script: script, keys: c.key[:], args: args}
@@ -104,7 +102,7 @@ type autoPipe struct {
 // caller's goroutine and context, exactly as without AutoPipeline.
 // Otherwise, when ctx ends first, do returns ctx.Err() at once; the call may
 // then have been sent, and may run.
-func (p *autoPipe) do(ctx context.Context, script *redis.Script, key string, args []any) (v any, waitErr, err error) {
+func (p *autoPipe) do(ctx context.Context, script *luaScript, key string, args []any) (v any, waitErr, err error) {
 	if err := ctx.Err(); err != nil {
 		return nil, nil, err
 	}
@@ -219,7 +217,7 @@ func (p *autoPipe) send(ctx context.Context, batch []*pipeCall) {
 		// One call alone goes as without AutoPipeline, without a
 		// pipeline's bookkeeping.
 		c := live[0]
-		c.v, c.waitErr, c.err = p.s.runNow(ctx, c.scriptCall)
+		c.v, c.waitErr, c.err = p.s.runNow(ctx, c.script, c.keys[0], c.args)
 		c.finish()
 		return
 	}
@@ -264,7 +262,7 @@ func (s *RedisStore) mergeCalls(live []*pipeCall) ([]scriptCall, []*pipeCall) {
 	// merge groups cs into batch script calls of at most batchChunk keys;
 	// first holds the argument shared by the chunk (lease or retention),
 	// items the arguments of one call that the batch script takes.
-	merge := func(cs []*pipeCall, batch *redis.Script, first func(*pipeCall) any, items func([]any, *pipeCall) []any) {
+	merge := func(cs []*pipeCall, batch *luaScript, first func(*pipeCall) any, items func([]any, *pipeCall) []any) {
 		if len(cs) == 1 {
 			calls = append(calls, cs[0].scriptCall)
 			order = append(order, cs[0])

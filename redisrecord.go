@@ -20,16 +20,20 @@ func claimTail(owner string, attempt, fingerprint []byte) []byte {
 // heldPrefix is how the live claim of a lease begins:
 // 1C<token>:<#owner>:<owner>.
 func heldPrefix(l *Lease) []byte {
-	b := make([]byte, 0, 24+len(l.Owner))
+	return appendHeld(make([]byte, 0, 24+len(l.Owner)), l)
+}
+
+// appendHeld appends heldPrefix(l) to b.
+func appendHeld(b []byte, l *Lease) []byte {
 	b = append(b, "1C"...)
 	b = strconv.AppendInt(b, l.Token, 10)
 	b = append(b, ':')
 	return appendField(b, l.Owner)
 }
 
-// doneValue is a confirmation: 1D<token>:<#fingerprint>:<fingerprint><result>.
-func doneValue(l *Lease, result []byte) []byte {
-	b := make([]byte, 0, 24+len(l.Fingerprint)+len(result))
+// appendDone appends a confirmation:
+// 1D<token>:<#fingerprint>:<fingerprint><result>.
+func appendDone(b []byte, l *Lease, result []byte) []byte {
 	b = append(b, "1D"...)
 	b = strconv.AppendInt(b, l.Token, 10)
 	b = append(b, ':')

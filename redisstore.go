@@ -45,14 +45,23 @@ var (
 	confirmBatchScript = script(confirmBatchLua)
 )
 
+// luaScript is one of the store's scripts, with what its EVALSHA and EVAL
+// commands carry converted to interface values once, not on every call.
+type luaScript struct {
+	*redis.Script
+	sha, src any
+}
+
 // script includes record.lua into an operation's source at its
 // "-- #include record.lua" line.
-func script(src string) *redis.Script {
+func script(src string) *luaScript {
 	const include = "-- #include record.lua\n"
 	if strings.Count(src, include) != 1 {
 		panic("idem: a script must include record.lua exactly once")
 	}
-	return redis.NewScript(strings.Replace(src, include, recordLua, 1))
+	src = strings.Replace(src, include, recordLua, 1)
+	s := redis.NewScript(src)
+	return &luaScript{Script: s, sha: s.Hash(), src: src}
 }
 
 // DefaultPrefix begins the name of every Redis key a RedisStore writes.
@@ -262,12 +271,19 @@ func (s *RedisStore) checkEviction(ctx context.Context) error {
 
 // redisKey returns the Redis key name holding key's record.
 func (s *RedisStore) redisKey(key string) string {
-	b := make([]byte, 0, len(s.prefix)+len(key)+2+len(key)/4)
-	b = append(b, s.prefix...)
-	b = append(b, '{')
-	b = appendEscapedKey(b, key)
-	b = append(b, '}')
-	return string(b)
+	// One allocation for a key with nothing to escape (the common case):
+	// String does not copy the builder's bytes.
+	var b strings.Builder
+	b.Grow(len(s.prefix) + len(key) + 2)
+	b.WriteString(s.prefix)
+	b.WriteByte('{')
+	if escapes(key) {
+		b.Write(appendEscapedKey(nil, key))
+	} else {
+		b.WriteString(key)
+	}
+	b.WriteByte('}')
+	return b.String()
 }
 
 // appendAttempt appends a new attempt id to b: unique to this store
@@ -280,23 +296,44 @@ func (s *RedisStore) appendAttempt(b []byte) []byte {
 // run runs script on key's record and returns its reply: at once, or with
 // AutoPipeline in the next pipeline. A confirm with WaitReplicas is followed
 // by WAIT in the same pipeline; waitErr is its verdict.
-func (s *RedisStore) run(ctx context.Context, script *redis.Script, key string, args ...any) (v any, waitErr, err error) {
+func (s *RedisStore) run(ctx context.Context, script *luaScript, key string, args ...any) (v any, waitErr, err error) {
 	if s.auto != nil {
 		return s.auto.do(ctx, script, s.redisKey(key), args)
 	}
-	return s.runNow(ctx, scriptCall{script: script, keys: []string{s.redisKey(key)}, args: args})
+	return s.runNow(ctx, script, s.redisKey(key), args)
 }
 
-// runNow sends sc at once, as one command; a confirm with WaitReplicas is
-// followed by WAIT in the same pipeline, and waitErr is its verdict.
-func (s *RedisStore) runNow(ctx context.Context, sc scriptCall) (v any, waitErr, err error) {
-	if sc.confirms() && s.waitReplicas > 0 {
-		cmds, waitErrs := s.pipeline(ctx, []scriptCall{sc})
+// runNow runs script on key (a Redis key) at once, as one command; a
+// confirm with WaitReplicas is followed by WAIT in the same pipeline, and
+// waitErr is its verdict.
+func (s *RedisStore) runNow(ctx context.Context, script *luaScript, key string, args []any) (v any, waitErr, err error) {
+	if s.waitReplicas > 0 && (scriptCall{script: script}).confirms() {
+		cmds, waitErrs := s.pipeline(ctx, []scriptCall{{script: script, keys: []string{key}, args: args}})
 		v, err := cmds[0].Result()
 		return v, waitErrs[0], err
 	}
-	v, err = sc.script.Run(ctx, s.c, sc.keys, sc.args...).Result()
+	v, err = s.eval(ctx, script, key, args)
 	return v, nil, err
+}
+
+// eval runs script on key (a Redis key) with args as one EVALSHA, and
+// again as EVAL, which also loads the script, if Redis answers NOSCRIPT:
+// what redis.Script.Run sends, built without Run's copies of the keys and
+// arguments.
+func (s *RedisStore) eval(ctx context.Context, script *luaScript, key string, args []any) (any, error) {
+	cmdArgs := make([]any, 0, 4+len(args))
+	cmdArgs = append(cmdArgs, "evalsha", script.sha, 1, key)
+	cmdArgs = append(cmdArgs, args...)
+	cmd := redis.NewCmd(ctx, cmdArgs...)
+	cmd.SetFirstKeyPos(3) // for a cluster's routing, as go-redis's Eval does
+	err := s.c.Process(ctx, cmd)
+	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		cmdArgs[0], cmdArgs[1] = "eval", script.src
+		cmd = redis.NewCmd(ctx, cmdArgs...)
+		cmd.SetFirstKeyPos(3)
+		err = s.c.Process(ctx, cmd)
+	}
+	return cmd.Val(), err
 }
 
 // Claim implements Store in one round trip. Should go-redis retry the
@@ -482,7 +519,13 @@ func (s *RedisStore) Confirm(ctx context.Context, l *Lease, result []byte) (err 
 
 // confirmArgs are confirm.lua's ARGV for l.
 func (s *RedisStore) confirmArgs(l *Lease, result []byte) []any {
-	return []any{heldPrefix(l), s.retentionMs, doneValue(l, result)}
+	// Both values in one allocation; the held prefix is capped so that
+	// nothing appended to it could overwrite the confirmation.
+	b := make([]byte, 0, 48+len(l.Owner)+len(l.Fingerprint)+len(result))
+	b = appendHeld(b, l)
+	n := len(b)
+	b = appendDone(b, l, result)
+	return []any{b[:n:n], s.retentionMs, b[n:]}
 }
 
 // confirmed interprets confirm.lua's answer n, logging a late confirm.
