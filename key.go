@@ -46,14 +46,15 @@ func appendEscapedKey(dst []byte, key string) []byte {
 	return dst
 }
 
-// escapes reports whether appendEscapedKey would change key.
-func escapes(key string) bool {
+// escapes counts the bytes of key that appendEscapedKey escapes.
+func escapes(key string) int {
+	n := 0
 	for i := 0; i < len(key); i++ {
 		if mustEscape(key[i]) {
-			return true
+			n++
 		}
 	}
-	return false
+	return n
 }
 
 func mustEscape(c byte) bool {

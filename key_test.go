@@ -26,6 +26,26 @@ var trickyKeys = []string{
 
 func escapeKey(key string) string { return string(appendEscapedKey(nil, key)) }
 
+// TestRedisKeyName checks that a Redis key name is the prefix, then the
+// escaped key in braces, built in one allocation whether or not the key
+// has bytes to escape.
+func TestRedisKeyName(t *testing.T) {
+	s := &RedisStore{prefix: DefaultPrefix}
+	for _, k := range append([]string{""}, trickyKeys...) {
+		if got, want := s.redisKey(k), DefaultPrefix+"{"+escapeKey(k)+"}"; got != want {
+			t.Errorf("redisKey(%q) = %q; want %q", k, got, want)
+		}
+	}
+	if testenv.RaceEnabled {
+		return // the race detector's own allocations would count
+	}
+	for _, k := range []string{"550e8400-e29b-41d4-a716-446655440000", "a}{b\x00\xff"} {
+		if n := testing.AllocsPerRun(100, func() { _ = s.redisKey(k) }); n != 1 {
+			t.Errorf("redisKey(%q): %v allocations; want 1", k, n)
+		}
+	}
+}
+
 // checkEscaped fails t unless esc is a well-formed escaped key: only bytes
 // 0x21-0x7E, so never a brace (which would change the hash tag) nor a byte
 // redis-cli cannot show.

@@ -86,6 +86,50 @@ func TestRedisNoScript(t *testing.T) {
 	}
 }
 
+// TestRedisNoScriptQueuingClient runs the store on go-redis's asynchronous
+// AutoPipeliner, whose Process queues a command and returns before its
+// reply: a lost script cache, a missing key and a duplicate must still be
+// told apart, from what the command holds once it has run.
+func TestRedisNoScriptQueuingClient(t *testing.T) {
+	c := testenv.Redis(t)
+	ap, err := c.AsyncAutoPipeline()
+	if err != nil {
+		t.Fatalf("AsyncAutoPipeline: %v", err)
+	}
+	t.Cleanup(func() { _ = ap.Close() })
+	prefix := testenv.UniquePrefix()
+	s, err := NewRedisStore(ap, RedisOptions{Prefix: prefix})
+	if err != nil {
+		t.Fatalf("NewRedisStore: %v", err)
+	}
+	ctx := context.Background()
+	t.Cleanup(func() {
+		if err := testenv.DeletePrefix(ctx, c, prefix); err != nil {
+			t.Errorf("deleting the test's keys %s*: %v", prefix, err)
+		}
+	})
+	key := uuid.NewString()
+	if _, err := s.Lookup(ctx, key); !errors.Is(err, ErrNotFound) {
+		t.Errorf("Lookup(%q) of a new key = %v; want ErrNotFound", key, err)
+	}
+	if err := c.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatalf("SCRIPT FLUSH: %v", err)
+	}
+	cl, err := s.Claim(ctx, key, nil)
+	if err != nil || cl.Outcome != Claimed {
+		t.Fatalf("Claim(%q) after SCRIPT FLUSH = %v, %v; want claimed", key, cl.Outcome, err)
+	}
+	if err := c.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatalf("SCRIPT FLUSH: %v", err)
+	}
+	if err := s.Confirm(ctx, cl.Lease, []byte("r")); err != nil {
+		t.Fatalf("Confirm(%q) after SCRIPT FLUSH: %v", key, err)
+	}
+	if d, err := s.Claim(ctx, key, nil); err != nil || d.Outcome != Duplicate || string(d.Record.Result) != "r" {
+		t.Errorf("Claim(%q) after Confirm = %+v, %v; want duplicate with result \"r\"", key, d, err)
+	}
+}
+
 func TestRedisNoScriptCluster(t *testing.T) {
 	c := testenv.Cluster(t)
 	s := newTestRedisStore(t, c, RedisOptions{})

@@ -271,16 +271,20 @@ func (s *RedisStore) checkEviction(ctx context.Context) error {
 
 // redisKey returns the Redis key name holding key's record.
 func (s *RedisStore) redisKey(key string) string {
-	// One allocation for a key with nothing to escape (the common case):
-	// String does not copy the builder's bytes.
+	// One allocation, sized exactly (an escaped byte takes three): String
+	// does not copy the builder's bytes.
+	n := escapes(key)
 	var b strings.Builder
-	b.Grow(len(s.prefix) + len(key) + 2)
+	b.Grow(len(s.prefix) + len(key) + 2*n + 2)
 	b.WriteString(s.prefix)
 	b.WriteByte('{')
-	if escapes(key) {
-		b.Write(appendEscapedKey(nil, key))
-	} else {
+	if n == 0 {
 		b.WriteString(key)
+	} else {
+		var esc [3]byte
+		for i := 0; i < len(key); i++ {
+			b.Write(appendEscapedKey(esc[:0], key[i:i+1]))
+		}
 	}
 	b.WriteByte('}')
 	return b.String()
@@ -317,23 +321,31 @@ func (s *RedisStore) runNow(ctx context.Context, script *luaScript, key string, 
 }
 
 // eval runs script on key (a Redis key) with args as one EVALSHA, and
-// again as EVAL, which also loads the script, if Redis answers NOSCRIPT:
-// what redis.Script.Run sends, built without Run's copies of the keys and
+// again as EVAL, which also loads the script, if Redis answers NOSCRIPT.
+// The commands are those redis.Script.Run sends for one key and these
+// arguments (strings, byte slices and numbers, never a lone slice or map
+// for Run to flatten), built without Run's copies of the keys and
 // arguments.
 func (s *RedisStore) eval(ctx context.Context, script *luaScript, key string, args []any) (any, error) {
+	v, err := s.evalAs(ctx, "evalsha", script.sha, key, args)
+	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		v, err = s.evalAs(ctx, "eval", script.src, key, args)
+	}
+	return v, err
+}
+
+// evalAs sends one EVALSHA or EVAL (name) of body on key with args. The
+// verdict is read from the command, not from Process's return: a client
+// that queues commands (go-redis's AutoPipeliner) returns from Process
+// before the reply, and the command then holds both.
+func (s *RedisStore) evalAs(ctx context.Context, name string, body any, key string, args []any) (any, error) {
 	cmdArgs := make([]any, 0, 4+len(args))
-	cmdArgs = append(cmdArgs, "evalsha", script.sha, 1, key)
+	cmdArgs = append(cmdArgs, name, body, 1, key)
 	cmdArgs = append(cmdArgs, args...)
 	cmd := redis.NewCmd(ctx, cmdArgs...)
 	cmd.SetFirstKeyPos(3) // for a cluster's routing, as go-redis's Eval does
-	err := s.c.Process(ctx, cmd)
-	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-		cmdArgs[0], cmdArgs[1] = "eval", script.src
-		cmd = redis.NewCmd(ctx, cmdArgs...)
-		cmd.SetFirstKeyPos(3)
-		err = s.c.Process(ctx, cmd)
-	}
-	return cmd.Val(), err
+	_ = s.c.Process(ctx, cmd)
+	return cmd.Result()
 }
 
 // Claim implements Store in one round trip. Should go-redis retry the
@@ -520,7 +532,10 @@ func (s *RedisStore) Confirm(ctx context.Context, l *Lease, result []byte) (err 
 // confirmArgs are confirm.lua's ARGV for l.
 func (s *RedisStore) confirmArgs(l *Lease, result []byte) []any {
 	// Both values in one allocation; the held prefix is capped so that
-	// nothing appended to it could overwrite the confirmation.
+	// nothing appended to it could overwrite the confirmation. 48 bytes
+	// hold the fixed parts of both ("1C", "1D", today's 16-digit tokens,
+	// the separators and two field lengths); more only costs a
+	// reallocation.
 	b := make([]byte, 0, 48+len(l.Owner)+len(l.Fingerprint)+len(result))
 	b = appendHeld(b, l)
 	n := len(b)

@@ -30,7 +30,7 @@ status=0
 go test -race -count=1 ./... || status=$?
 # Allocation counts hold only without the race detector: the tests that pin
 # them (skipped or lenient under -race) run once more without it.
-go test -count=1 -run 'ObserverAllocations|KeyHasher' . ./consumer ./middleware || status=$?
+go test -count=1 -run 'ObserverAllocations|KeyHasher|RedisKeyName' . ./consumer ./middleware || status=$?
 # Nested modules (kept apart for their heavy dependency trees) are not part of ./...
 nested=(consumer/watermill otel)
 for mod in "${nested[@]}"; do
