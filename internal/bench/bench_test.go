@@ -60,6 +60,36 @@ func canReadCPU() bool {
 	return ok
 }
 
+// checkClientCPU fails t unless r has a client CPU figure for each of gs,
+// from rounds rounds, each within [lo, hi] µs, or, where the system cannot
+// read a process's CPU time, none at all.
+func checkClientCPU(t *testing.T, r *Row, gs []int, rounds int, lo, hi float64) {
+	t.Helper()
+	if !canReadCPU() {
+		if r.ClientCPU != nil {
+			t.Errorf("%s: client CPU %v on a system that cannot read it; want none", r.Name, r.ClientCPU)
+		}
+		return
+	}
+	checkCPU(t, r.Name+": client", r.ClientCPU, r.ClientCPURounds, gs, rounds, lo, hi)
+}
+
+// checkCPU fails t unless fig, a CPU figure of what, has a median for each
+// of gs, from rounds rounds, each within [lo, hi] µs.
+func checkCPU(t *testing.T, what string, fig []float64, perRound [][]float64, gs []int, rounds int, lo, hi float64) {
+	t.Helper()
+	if len(fig) != len(gs) {
+		t.Errorf("%s CPU at %d goroutine counts; want %d", what, len(fig), len(gs))
+		return
+	}
+	for gi, v := range fig {
+		if !(v >= lo && v <= hi) || len(perRound[gi]) != rounds {
+			t.Errorf("%s CPU at %d goroutines: %v µs per message over rounds %v; want %g to %g µs, %d rounds",
+				what, gs[gi], v, perRound[gi], lo, hi, rounds)
+		}
+	}
+}
+
 // TestRunClientCPU runs a contender whose op spins for 1ms on one
 // goroutine: the process's CPU per message must be about 1ms (less when
 // other processes take the CPU from it). A figure in the wrong unit (ns,
@@ -73,16 +103,7 @@ func TestRunClientCPU(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Run: %v", err)
 	}
-	r := rep.Row("spin")
-	if !canReadCPU() {
-		if r.ClientCPU != nil {
-			t.Errorf("client CPU %v on a system that cannot read it; want none", r.ClientCPU)
-		}
-		return
-	}
-	if len(r.ClientCPU) != 1 || r.ClientCPU[0] < 300 || r.ClientCPU[0] > 1500 || len(r.ClientCPURounds[0]) != 2 {
-		t.Errorf("client CPU per message %v µs over rounds %v; want about 1000 µs, 2 rounds", r.ClientCPU, r.ClientCPURounds)
-	}
+	checkClientCPU(t, rep.Row("spin"), []int{1}, 2, 300, 1500)
 }
 
 // TestRunRatios runs two contenders whose ops take 5ms and 10ms: the fast
@@ -129,24 +150,8 @@ func TestRunRatios(t *testing.T) {
 	}
 	// An op that sleeps 5ms costs the process little CPU: a figure in ns,
 	// or taken from wall time, lands above 2000 µs.
-	gs := []int{1, 4}
 	for _, r := range []*Row{fast, slow} {
-		if !canReadCPU() {
-			if r.ClientCPU != nil {
-				t.Errorf("%s: client CPU %v on a system that cannot read it; want none", r.Name, r.ClientCPU)
-			}
-			continue
-		}
-		if len(r.ClientCPU) != len(gs) {
-			t.Errorf("%s: client CPU at %d goroutine counts; want %d", r.Name, len(r.ClientCPU), len(gs))
-			continue
-		}
-		for gi, v := range r.ClientCPU {
-			if v < 0 || v > 2000 || len(r.ClientCPURounds[gi]) != 3 {
-				t.Errorf("%s at %d goroutines: %v µs of client CPU per message over rounds %v; want 0 to 2000 µs, 3 rounds",
-					r.Name, gs[gi], v, r.ClientCPURounds[gi])
-			}
-		}
+		checkClientCPU(t, r, []int{1, 4}, 3, 0, 2000)
 	}
 	if c := fast.Cost; c.Msgs != 10 || c.Redis {
 		t.Errorf("fast's cost = %+v; want 10 messages and no Redis figures", c)
@@ -288,20 +293,8 @@ func TestSmoke(t *testing.T) {
 			t.Errorf("%s: %.1f allocations per message; want at least one", r.Name, r.Cost.Allocs)
 		}
 		// The process's CPU per message: a figure per goroutine count for
-		// every contender, where the system can read it.
-		if !canReadCPU() {
-			if r.ClientCPU != nil {
-				t.Errorf("%s: client CPU %v on a system that cannot read it; want none", r.Name, r.ClientCPU)
-			}
-		} else if len(r.ClientCPU) != len(gs) {
-			t.Errorf("%s: client CPU at %d goroutine counts; want %d", r.Name, len(r.ClientCPU), len(gs))
-		}
-		for gi, v := range r.ClientCPU {
-			if !(v > 0) || v > 100_000 || len(r.ClientCPURounds[gi]) != 2 {
-				t.Errorf("%s at %d goroutines: %v µs of client CPU per message over rounds %v; want more than 0, less than 0.1 s, 2 rounds",
-					r.Name, gs[gi], v, r.ClientCPURounds[gi])
-			}
-		}
+		// every contender, more than nothing and less than 0.1 s.
+		checkClientCPU(t, r, gs, 2, math.SmallestNonzeroFloat64, 100_000)
 		// Redis CPU per message: for every contender that talks to Redis, a
 		// figure per goroutine count (other tests may share the server, so
 		// only that Redis did some work); none for the others.
@@ -311,16 +304,7 @@ func TestSmoke(t *testing.T) {
 			}
 			continue
 		}
-		if len(r.ServerCPU) != len(gs) {
-			t.Errorf("%s: Redis CPU at %d goroutine counts; want %d", r.Name, len(r.ServerCPU), len(gs))
-			continue
-		}
-		for gi, v := range r.ServerCPU {
-			if !(v > 0) || v > 100_000 || len(r.ServerCPURounds[gi]) != 2 {
-				t.Errorf("%s at %d goroutines: %v µs of Redis CPU per message over rounds %v; want more than 0, less than 0.1 s, 2 rounds",
-					r.Name, gs[gi], v, r.ServerCPURounds[gi])
-			}
-		}
+		checkCPU(t, r.Name+": Redis", r.ServerCPU, r.ServerCPURounds, gs, 2, math.SmallestNonzeroFloat64, 100_000)
 	}
 	// Commands and round trips per message: what each contender sends is
 	// known exactly. Redis runs at least that many (a script's calls add
