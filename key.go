@@ -2,6 +2,7 @@ package idem
 
 import (
 	"fmt"
+	"strconv"
 )
 
 // Keys are byte strings: any non-empty value up to MaxKeyBytes, NUL bytes and
@@ -19,8 +20,12 @@ func (o *Options) checkKey(key string) error {
 }
 
 // keyName names a key in error messages by its keyed hash ("key#…"):
-// errors end up in logs, and keys may carry personal data.
+// errors end up in logs, and keys may carry personal data. With RevealKeys
+// it is the key itself, quoted.
 func (o *Options) keyName(key string) string {
+	if o.RevealKeys {
+		return "key " + strconv.Quote(key)
+	}
 	return "key#" + o.KeyHasher.Hash(key)
 }
 

@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"sync"
@@ -104,18 +105,11 @@ func (r *memRecord) record(key string) *Record {
 		Confirmed:   r.confirmed,
 		Token:       r.token,
 		Owner:       r.owner,
-		Fingerprint: clone(r.fingerprint),
-		Result:      clone(r.result),
+		Fingerprint: bytes.Clone(r.fingerprint),
+		Result:      bytes.Clone(r.result),
 		Expires:     r.expires,
 	}
 	return rec
-}
-
-func clone(b []byte) []byte {
-	if b == nil {
-		return nil
-	}
-	return append([]byte{}, b...)
 }
 
 // Claim implements Store.
@@ -132,8 +126,9 @@ func (m *MemoryStore) Claim(ctx context.Context, key string, fingerprint []byte)
 	}
 	d := m.data
 	d.mu.Lock()
-	defer d.mu.Unlock()
-	return m.claimLocked(key, fingerprint), nil
+	c = m.claimLocked(key, fingerprint)
+	d.mu.Unlock()
+	return c, m.o.checkFingerprint(c, key, fingerprint)
 }
 
 func (m *MemoryStore) claimLocked(key string, fingerprint []byte) Claim {
@@ -153,7 +148,7 @@ func (m *MemoryStore) claimLocked(key string, fingerprint []byte) Claim {
 	r := &memRecord{
 		token:       d.token,
 		owner:       m.o.Worker,
-		fingerprint: clone(fingerprint),
+		fingerprint: bytes.Clone(fingerprint),
 		expires:     now.Add(m.o.LeaseTTL),
 	}
 	d.recs[key] = r
@@ -164,7 +159,7 @@ func (m *MemoryStore) claimLocked(key string, fingerprint []byte) Claim {
 		Owner:       r.owner,
 		TTL:         m.o.LeaseTTL,
 		Expires:     r.expires,
-		Fingerprint: clone(fingerprint),
+		Fingerprint: bytes.Clone(fingerprint),
 	}}
 }
 
@@ -208,34 +203,38 @@ func (m *MemoryStore) Confirm(ctx context.Context, l *Lease, result []byte) (err
 	}
 	d := m.data
 	d.mu.Lock()
-	late = m.confirmLocked(l, result)
+	late, err = m.confirmLocked(l, result)
 	d.mu.Unlock()
 	if late {
 		m.o.logLate(ctx, l)
 	}
-	return nil
+	return err
 }
 
-// confirmLocked records l's work and reports whether the lease had been lost.
-func (m *MemoryStore) confirmLocked(l *Lease, result []byte) (late bool) {
+// confirmLocked records l's work and reports whether the lease had been
+// lost; err is ErrAlreadyConfirmed when another lease's confirmation stays.
+func (m *MemoryStore) confirmLocked(l *Lease, result []byte) (late bool, err error) {
 	d := m.data
 	now := d.now()
 	r := d.live(l.Key, now)
 	if r != nil && r.confirmed {
 		// The first confirmation stays: duplicates may have been answered
 		// with it already.
-		return r.token != l.Token
+		if r.token != l.Token {
+			return true, m.o.notKept(l)
+		}
+		return false, nil
 	}
 	late = !holds(r, l)
 	d.recs[l.Key] = &memRecord{
 		confirmed:   true,
 		token:       l.Token,
-		fingerprint: clone(l.Fingerprint),
+		fingerprint: bytes.Clone(l.Fingerprint),
 		result:      append([]byte{}, result...),
 		expires:     now.Add(m.o.Retention),
 	}
 	d.wrote(now)
-	return late
+	return late, nil
 }
 
 // Forget implements Store.
@@ -292,8 +291,13 @@ func (m *MemoryStore) ClaimBatch(ctx context.Context, keys []string, fingerprint
 	d := m.data
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	var errs []error
 	for i, k := range keys {
 		cs[i] = m.claimLocked(k, at(fingerprints, i))
+		errs = collect(errs, len(keys), i, m.o.checkFingerprint(cs[i], k, at(fingerprints, i)))
+	}
+	if errs != nil {
+		return cs, &BatchError{Errs: errs}
 	}
 	return cs, nil
 }
@@ -309,16 +313,22 @@ func (m *MemoryStore) ConfirmBatch(ctx context.Context, leases []*Lease, results
 		return err
 	}
 	var late []*Lease
+	var errs []error
 	d := m.data
 	d.mu.Lock()
 	for i, l := range leases {
-		if m.confirmLocked(l, at(results, i)) {
+		lost, err := m.confirmLocked(l, at(results, i))
+		if lost {
 			late = append(late, l)
 		}
+		errs = collect(errs, len(leases), i, err)
 	}
 	d.mu.Unlock()
 	for _, l := range late {
 		m.o.logLate(ctx, l)
+	}
+	if errs != nil {
+		return &BatchError{Errs: errs}
 	}
 	return nil
 }

@@ -84,8 +84,9 @@ const (
 	// ClassInvalid: the caller's input was refused before any I/O
 	// (ErrInvalidKey, ErrTooLarge, a bad lease).
 	ClassInvalid
-	// ClassConflict: ErrInProgress or ErrFingerprintMismatch, answers that
-	// a wrapper turns into an error.
+	// ClassConflict: ErrInProgress, ErrFingerprintMismatch or
+	// ErrAlreadyConfirmed: the key is another request's, or another lease
+	// confirmed it first.
 	ClassConflict
 	// ClassCanceled: the caller's context ended.
 	ClassCanceled
@@ -116,9 +117,9 @@ func (e *Event) Class() ErrorClass {
 		return ClassLeaseLost
 	case errors.Is(err, ErrNotFound):
 		return ClassNotFound
-	case errors.Is(err, ErrInvalidKey), errors.Is(err, ErrTooLarge), errors.Is(err, errNilLease):
+	case errors.Is(err, ErrInvalidKey), errors.Is(err, ErrTooLarge), errors.Is(err, ErrInvalidLease):
 		return ClassInvalid
-	case errors.Is(err, ErrInProgress), errors.Is(err, ErrFingerprintMismatch):
+	case errors.Is(err, ErrInProgress), errors.Is(err, ErrFingerprintMismatch), errors.Is(err, ErrAlreadyConfirmed):
 		return ClassConflict
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		if onlyContext(err) {
@@ -218,16 +219,22 @@ func (o *Options) logEvent(ctx context.Context, e *Event, key string) {
 		}
 		return e.KeyHash
 	}
+	keyAttr := func() slog.Attr {
+		if o.RevealKeys && key != "" {
+			return o.keyAttr(key)
+		}
+		return slog.String("key_hash", hash())
+	}
 	switch e.Class() {
 	case ClassLeaseLost:
 		if e.Op == OpRenew {
 			o.Logger.LogAttrs(ctx, slog.LevelWarn, "idem: lease lost: another worker may take the key over",
-				slog.String("key_hash", hash()))
+				keyAttr())
 		}
 	case ClassStore, ClassDamaged:
 		if n, ok := o.failures.admit(time.Now()); ok {
 			o.Logger.LogAttrs(ctx, slog.LevelError, "idem: store operation failed",
-				slog.String("op", e.Op.String()), slog.String("key_hash", hash()),
+				slog.String("op", e.Op.String()), keyAttr(),
 				slog.Int64("failures_not_logged", n), slog.Any("err", e.Err))
 		}
 	}

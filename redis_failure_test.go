@@ -190,12 +190,12 @@ func TestRedisBadInputBeforeIO(t *testing.T) {
 		{"Lookup(empty)", func() error { _, err := s.Lookup(ctx, ""); return err }, ErrInvalidKey},
 		{"Lookup(long)", func() error { _, err := s.Lookup(ctx, long); return err }, ErrInvalidKey},
 		{"Confirm(big result)", func() error { return s.Confirm(ctx, lease, make([]byte, 9)) }, ErrTooLarge},
-		{"Confirm(empty key)", func() error { return s.Confirm(ctx, &Lease{Token: 1}, nil) }, ErrInvalidKey},
+		{"Confirm(empty key)", func() error { return s.Confirm(ctx, &Lease{Token: 1, Owner: "w"}, nil) }, ErrInvalidKey},
 		{"Confirm(nil)", func() error { return s.Confirm(ctx, nil, nil) }, nil},
 		{"Renew(nil)", func() error { return s.Renew(ctx, nil) }, nil},
 		{"Forget(nil)", func() error { return s.Forget(ctx, nil) }, nil},
-		{"Renew(long key)", func() error { return s.Renew(ctx, &Lease{Key: long}) }, ErrInvalidKey},
-		{"Forget(empty key)", func() error { return s.Forget(ctx, &Lease{}) }, ErrInvalidKey},
+		{"Renew(long key)", func() error { return s.Renew(ctx, &Lease{Key: long, Token: 1, Owner: "w"}) }, ErrInvalidKey},
+		{"Forget(empty key)", func() error { return s.Forget(ctx, &Lease{Token: 1, Owner: "w"}) }, ErrInvalidKey},
 		{"ClaimBatch(one empty)", func() error { _, err := s.ClaimBatch(ctx, []string{"a", ""}, nil); return err }, ErrInvalidKey},
 		{"ClaimBatch(fingerprints short)", func() error {
 			_, err := s.ClaimBatch(ctx, []string{"a", "b"}, [][]byte{nil})

@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	_ "embed"
@@ -370,7 +371,8 @@ func (s *RedisStore) Claim(ctx context.Context, key string, fingerprint []byte) 
 	return s.parseClaim(key, fingerprint, start, v)
 }
 
-// parseClaim turns claim.lua's reply into a Claim.
+// parseClaim turns claim.lua's reply into a Claim, and a record made with
+// another fingerprint into ErrFingerprintMismatch with the Claim.
 func (s *RedisStore) parseClaim(key string, fingerprint []byte, start time.Time, v any) (Claim, error) {
 	if t, ok := v.(string); ok {
 		// The common case, a new lease, is answered with its token alone.
@@ -414,10 +416,11 @@ func (s *RedisStore) parseClaim(key string, fingerprint []byte, start time.Time,
 		if err != nil {
 			return Claim{}, err
 		}
+		c := Claim{Outcome: InProgress, Record: rec}
 		if rec.Confirmed {
-			return Claim{Outcome: Duplicate, Record: rec}, nil
+			c.Outcome = Duplicate
 		}
-		return Claim{Outcome: InProgress, Record: rec}, nil
+		return c, s.o.checkFingerprint(c, key, fingerprint)
 	}
 	return Claim{}, s.badReply("claim", key, v)
 }
@@ -430,7 +433,7 @@ func (s *RedisStore) claimed(key string, tok int64, left time.Duration, fingerpr
 		Owner:       s.o.Worker,
 		TTL:         s.o.LeaseTTL,
 		Expires:     start.Add(left),
-		Fingerprint: append([]byte{}, fingerprint...),
+		Fingerprint: bytes.Clone(fingerprint),
 	}}
 }
 
@@ -546,14 +549,18 @@ func (s *RedisStore) confirmArgs(l *Lease, result []byte) []any {
 	return []any{b[:n:n], s.retentionMs, b[n:]}
 }
 
-// confirmed interprets confirm.lua's answer n, logging a late confirm.
+// confirmed interprets confirm.lua's answer n, logging a late confirm;
+// another lease's confirmation kept is ErrAlreadyConfirmed.
 func (s *RedisStore) confirmed(ctx context.Context, l *Lease, n int64) (late bool, err error) {
 	switch n {
 	case 1, 3:
 		return false, nil
-	case 2, 4:
+	case 2:
 		s.o.logLate(ctx, l)
 		return true, nil
+	case 4:
+		s.o.logLate(ctx, l)
+		return true, s.o.notKept(l)
 	case 0: // from confirm_batch.lua
 		return false, fmt.Errorf("%w: confirm of %s", ErrDamaged, s.o.keyName(l.Key))
 	}

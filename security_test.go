@@ -95,7 +95,7 @@ func checkRefusedBeforeIO(t *testing.T, s idem.Store, io func() int64) {
 		{"Forget(empty key)", func() error { return s.Forget(ctx, emptyLease) }, idem.ErrInvalidKey, "empty key"},
 		{"Confirm(1025-byte key)", func() error { return s.Confirm(ctx, longLease, nil) }, idem.ErrInvalidKey, "exceeds MaxKeyBytes"},
 		{"Confirm(oversized result)", func() error { return s.Confirm(ctx, good, bigResult) }, idem.ErrTooLarge, "exceeds MaxResultBytes"},
-		{"Confirm(nil lease)", func() error { return s.Confirm(ctx, nil, nil) }, nil, "nil lease"},
+		{"Confirm(nil lease)", func() error { return s.Confirm(ctx, nil, nil) }, idem.ErrInvalidLease, "nil *Lease"},
 	}
 	if b, ok := s.(idem.Batcher); ok {
 		calls = append(calls,

@@ -42,6 +42,7 @@ func (s *SQLStore) ClaimBatch(ctx context.Context, keys []string, fingerprints [
 				continue
 			}
 			cs[i] = c
+			errs = collect(errs, len(keys), i, s.o.checkFingerprint(c, keys[i], at(fingerprints, i)))
 		}
 		return nil
 	})
@@ -73,13 +74,15 @@ func (s *SQLStore) ConfirmBatch(ctx context.Context, leases []*Lease, results []
 		return nil
 	}
 	var lates []*Lease
+	var errs []error
 	err = s.inTx(ctx, func(tx *sql.Tx) error {
-		lates = nil
+		lates, errs = nil, nil
 		for _, i := range byteOrder(len(leases), func(i int) string { return leases[i].Key }) {
 			l, err := s.confirmIn(ctx, tx, leases[i], at(results, i), start)
-			if err != nil {
+			if err != nil && !errors.Is(err, ErrAlreadyConfirmed) {
 				return s.fail("confirm", leases[i].Key, err)
 			}
+			errs = collect(errs, len(leases), i, err)
 			if l {
 				lates = append(lates, leases[i])
 			}
@@ -92,6 +95,9 @@ func (s *SQLStore) ConfirmBatch(ctx context.Context, leases []*Lease, results []
 	late = len(lates) > 0
 	for _, l := range lates {
 		s.o.logLate(ctx, l)
+	}
+	if errs != nil {
+		return &BatchError{Errs: errs}
 	}
 	return nil
 }

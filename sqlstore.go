@@ -1,6 +1,7 @@
 package idem
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"errors"
@@ -162,7 +163,7 @@ func (s *SQLStore) Claim(ctx context.Context, key string, fingerprint []byte) (c
 	if err != nil {
 		return Claim{}, s.fail("claim", key, err)
 	}
-	return c, nil
+	return c, s.o.checkFingerprint(c, key, fingerprint)
 }
 
 // claimIn claims key with q's statements: the database, or a transaction
@@ -236,7 +237,7 @@ func (s *SQLStore) upsert(ctx context.Context, q sqlQuerier, key, fp []byte, tok
 func (s *SQLStore) claimed(key string, fp []byte, tok int64, prev string, start time.Time) Claim {
 	return Claim{Outcome: Claimed, TakeOver: prev == "C", Lease: &Lease{
 		Key: key, Token: tok, Owner: s.o.Worker, TTL: s.o.LeaseTTL,
-		Expires: start.Add(s.o.LeaseTTL), Fingerprint: clone(fp),
+		Expires: start.Add(s.o.LeaseTTL), Fingerprint: bytes.Clone(fp),
 	}}
 }
 
@@ -347,18 +348,19 @@ func (s *SQLStore) Confirm(ctx context.Context, l *Lease, result []byte) (err er
 		return err
 	}
 	late, err = s.confirmIn(ctx, s.db, l, result, start)
-	if err != nil {
-		return s.fail("confirm", l.Key, err)
-	}
 	if late {
 		s.o.logLate(ctx, l)
 	}
-	return nil
+	if err != nil && !errors.Is(err, ErrAlreadyConfirmed) {
+		return s.fail("confirm", l.Key, err)
+	}
+	return err
 }
 
 // confirmIn records l's work with q and reports whether the lease had been
 // lost (late), as MemoryStore does: a repeat confirm by the same lease is
-// not late, a confirm that finds another lease's confirmation is.
+// not late; a confirm that finds another lease's confirmation is, and its
+// error wraps ErrAlreadyConfirmed.
 func (s *SQLStore) confirmIn(ctx context.Context, q sqlQuerier, l *Lease, result []byte, start time.Time) (late bool, err error) {
 	k, fp, res := []byte(l.Key), nonNil(l.Fingerprint), nonNil(result)
 	ok, err := s.exec(ctx, q, s.q.confirm, k, l.Owner, l.Token, fp, res, s.retentionMs)
@@ -384,7 +386,10 @@ func (s *SQLStore) confirmIn(ctx context.Context, q sqlQuerier, l *Lease, result
 		if err != nil {
 			return false, err
 		}
-		return rec.Token != l.Token, nil
+		if rec.Token != l.Token {
+			return true, s.o.notKept(l)
+		}
+		return false, nil
 	}
 	return false, errChanged
 }

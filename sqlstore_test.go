@@ -241,7 +241,7 @@ func TestSQLStoreInvalidInputBeforeIO(t *testing.T) {
 	if _, err := st.Lookup(ctx, big); !errors.Is(err, idem.ErrInvalidKey) {
 		t.Errorf("Lookup of a %d-byte key = %v; want ErrInvalidKey", len(big), err)
 	}
-	if err := st.Confirm(ctx, &idem.Lease{Key: "k"}, []byte("12345")); !errors.Is(err, idem.ErrTooLarge) {
+	if err := st.Confirm(ctx, &idem.Lease{Key: "k", Token: 1, Owner: "w"}, []byte("12345")); !errors.Is(err, idem.ErrTooLarge) {
 		t.Errorf("Confirm of a 5-byte result, MaxResultBytes 4 = %v; want ErrTooLarge", err)
 	}
 	if _, err := st.ClaimBatch(ctx, []string{"a", ""}, nil); !errors.Is(err, idem.ErrInvalidKey) {

@@ -1,7 +1,6 @@
 package idem
 
 import (
-	"bytes"
 	"context"
 	"database/sql"
 	"errors"
@@ -119,7 +118,7 @@ func (s *SQLStore) run(ctx context.Context, key string, fp []byte,
 	}
 	c, err := s.claimIn(ctx, tx, key, fp, start)
 	if isLockTimeout(err) {
-		return nil, false, fmt.Errorf("%w: run of key %q: another Run held it for LockTimeout %v",
+		return nil, false, fmt.Errorf("%w: run of %s: another Run held it for LockTimeout %v",
 			ErrInProgress, s.o.keyName(key), s.lockTimeout), nil
 	}
 	if err != nil {
@@ -127,11 +126,11 @@ func (s *SQLStore) run(ctx context.Context, key string, fp []byte,
 	}
 	switch c.Outcome {
 	case Duplicate, InProgress:
-		if !bytes.Equal(c.Record.Fingerprint, fp) {
-			return nil, false, fmt.Errorf("%w: run of %s", ErrFingerprintMismatch, s.o.keyName(key)), nil
+		if err := s.o.checkFingerprint(c, key, fp); err != nil {
+			return nil, false, err, nil
 		}
 		if c.Outcome == InProgress {
-			return nil, false, fmt.Errorf("%w: run of key %q: a lease is held by %q until about %v",
+			return nil, false, fmt.Errorf("%w: run of %s: a lease is held by %q until about %v",
 				ErrInProgress, s.o.keyName(key), c.Record.Owner, c.Record.Expires.Format(time.RFC3339Nano)), nil
 		}
 		return c.Record.Result, true, nil, nil
@@ -141,7 +140,7 @@ func (s *SQLStore) run(ctx context.Context, key string, fp []byte,
 		return nil, false, nil, err
 	}
 	if len(result) > s.o.MaxResultBytes {
-		return nil, false, nil, fmt.Errorf("%w: result of %d bytes for key %q exceeds MaxResultBytes %d; the transaction was rolled back",
+		return nil, false, nil, fmt.Errorf("%w: result of %d bytes for %s exceeds MaxResultBytes %d; the transaction was rolled back",
 			ErrTooLarge, len(result), s.o.keyName(key), s.o.MaxResultBytes)
 	}
 	ok, err := s.exec(ctx, tx, s.q.record, []byte(key), c.Lease.Token, nonNil(result), s.retentionMs)

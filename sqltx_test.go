@@ -344,8 +344,8 @@ func TestRunAndLeases(t *testing.T) {
 		if res, replayed, err := e.st.Run(ctx, "expired", nil, e.write("expired", "run", nil)); err != nil || replayed || string(res) != "run" {
 			t.Errorf("Run of a key whose lease expired = %q, replayed %v, %v; want the work done", res, replayed, err)
 		}
-		if err := short.Confirm(ctx, c.Lease, []byte("late")); err != nil {
-			t.Errorf("late Confirm = %v; want nil", err)
+		if err := short.Confirm(ctx, c.Lease, []byte("late")); !errors.Is(err, idem.ErrAlreadyConfirmed) {
+			t.Errorf("late Confirm after Run's = %v; want ErrAlreadyConfirmed (its result is not the one kept)", err)
 		}
 		rec, err := e.st.Lookup(ctx, "expired")
 		if err != nil || string(rec.Result) != "run" || rec.Token <= c.Lease.Token {

@@ -1,6 +1,8 @@
 package idem
 
 import (
+	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -87,9 +89,17 @@ type Store interface {
 	// Claim atomically claims key under a new lease (Claimed), or reports a
 	// live confirmation (Duplicate) or a live claim by anyone, this worker
 	// included (InProgress). A claim whose lease ran out is taken over in the
-	// same atomic step. fingerprint identifies the request's content; it is
-	// stored with the claim and returned with Duplicate and InProgress so the
-	// caller can tell a retry from a different request reusing the key.
+	// same atomic step. fingerprint identifies the request's content (a
+	// hash); it is stored with the claim and returned in Claim.Record.
+	//
+	// When the record found (confirmed or live) was made with a different
+	// fingerprint, and neither is empty, Claim returns an error wrapping
+	// ErrFingerprintMismatch together with the Claim (Duplicate or
+	// InProgress, with its Record): the one case where a result comes with
+	// an error, so that a caller can tell a request reusing a key that is
+	// done from one reusing a key in flight. A caller that replays
+	// Duplicate's Result therefore never answers one request with
+	// another's result.
 	Claim(ctx context.Context, key string, fingerprint []byte) (Claim, error)
 	// Renew extends a live lease by the store's LeaseTTL from now. It returns
 	// ErrLeaseLost when the lease expired, was forgotten, confirmed or taken
@@ -97,8 +107,11 @@ type Store interface {
 	Renew(ctx context.Context, l *Lease) error
 	// Confirm records the work of l as done, remembered for the retention
 	// window, with result. It records even when the lease was lost (the work
-	// happened); if the key is already confirmed, the first confirmation
-	// stays and Confirm returns nil.
+	// happened). If the key is already confirmed by another lease, the first
+	// confirmation stays (duplicates may have been answered with it) and
+	// Confirm returns an error wrapping ErrAlreadyConfirmed: the work was
+	// done, but twice, and result is not the one kept. A repeated Confirm of
+	// the same lease changes nothing and returns nil.
 	Confirm(ctx context.Context, l *Lease, result []byte) error
 	// Forget deletes l's own live claim so that the key can be claimed again
 	// at once (the work failed). It never deletes a confirmation or another
@@ -110,17 +123,18 @@ type Store interface {
 }
 
 // Batcher is implemented by stores that can claim and confirm many keys in
-// one round trip. RedisStore and MemoryStore implement it.
+// one round trip. RedisStore, MemoryStore and the SQL store implement it.
 type Batcher interface {
 	// ClaimBatch claims every key as Claim would, fingerprints[i] going with
 	// keys[i] (fingerprints may be nil: no fingerprints). Invalid input fails
 	// the whole batch before any I/O. When some items fail, the claims of the
-	// others are still returned (a failed item has a zero Claim) along with a
-	// *BatchError that says which failed.
+	// others are still returned (a failed item has a zero Claim, except a
+	// fingerprint mismatch, which keeps its Claim as Claim does) along with
+	// a *BatchError that says which failed.
 	ClaimBatch(ctx context.Context, keys []string, fingerprints [][]byte) ([]Claim, error)
 	// ConfirmBatch confirms every lease as Confirm would, results[i] going
-	// with leases[i] (results may be nil: empty results). Partial failure is
-	// a *BatchError.
+	// with leases[i] (results may be nil: empty results). Partial failure,
+	// ErrAlreadyConfirmed included, is a *BatchError.
 	ConfirmBatch(ctx context.Context, leases []*Lease, results [][]byte) error
 }
 
@@ -184,9 +198,15 @@ var (
 	ErrTooLarge = errors.New("idem: too large")
 	// ErrInProgress: another caller holds the key (returned by wrappers).
 	ErrInProgress = errors.New("idem: in progress")
-	// ErrFingerprintMismatch: the key was claimed with another fingerprint
-	// (returned by wrappers).
+	// ErrFingerprintMismatch: Claim found the key claimed or confirmed with
+	// another fingerprint: a different request reusing the key.
 	ErrFingerprintMismatch = errors.New("idem: fingerprint mismatch")
+	// ErrAlreadyConfirmed: Confirm found the key confirmed by another lease.
+	// The first confirmation stays; the work was done more than once.
+	ErrAlreadyConfirmed = errors.New("idem: already confirmed by another lease")
+	// ErrInvalidLease: a Lease given back to a store that no Claim returned
+	// (nil, or a zero Token or Owner), refused before any I/O.
+	ErrInvalidLease = errors.New("idem: invalid lease")
 	// ErrDamaged: a stored record could not be decoded. The record is left
 	// as it is for an operator to inspect.
 	ErrDamaged = errors.New("idem: damaged record")
@@ -196,35 +216,36 @@ var (
 // request, not the request.
 const MaxFingerprintBytes = 1024
 
-// Options configure a store. The zero value is valid: every zero field means
-// its documented default. Negative durations are rejected.
+// Options are the settings every store shares; each store's own options
+// (RedisOptions, the SQL store's) repeat these fields in one flat literal.
+// The zero value is valid: every zero field means its documented default.
 type Options struct {
-	// Retention is how long a confirmed key is remembered: the window in
-	// which duplicates are expected. A duplicate arriving later is done
-	// again. Default 24h.
+	// Retention is how long a confirmed key is remembered. At least
+	// LeaseTTL. Default 24h.
 	Retention time.Duration
-	// LeaseTTL is how long a claim binds unless renewed; a crashed worker's
-	// key is taken over after it. KeepAlive renews at LeaseTTL/3. At least
-	// 1ms. Default 30s.
+	// LeaseTTL is how long a claim binds unless renewed. At least 1ms.
+	// Default 30s.
 	LeaseTTL time.Duration
-	// Worker names this store's leases (Lease.Owner). Two stores must not
-	// share a Worker name. Default: a random UUID.
+	// Worker names this store's leases (Lease.Owner); no two stores may
+	// share one. At most 255 bytes, no NUL. Default: a random UUID.
 	Worker string
 	// MaxKeyBytes bounds keys. Default 1024.
 	MaxKeyBytes int
 	// MaxResultBytes bounds Confirm's result. Default 1 MiB.
 	MaxResultBytes int
-	// Logger receives the events an operator must see: a late confirm, a
-	// lease lost on Renew, a store failure (at most one line a second), a
-	// damaged record, an unsafe Redis eviction policy. Keys are logged as
-	// KeyHasher hashes, never raw. Default: none.
+	// Logger receives what an operator must see (a late confirm, a lost
+	// lease, a store failure at most once a second, a damaged record).
+	// Default: none.
 	Logger *slog.Logger
 	// Observer is called once per operation. Default: none.
 	Observer Observer
-	// KeyHasher hashes keys for the Logger and the Observer's events. Give
-	// every process the same one (NewKeyHasher with a shared secret) to
-	// correlate their logs. Default: a random secret per process.
+	// KeyHasher hashes keys for errors, the Logger and the Observer.
+	// Default: a random secret per process.
 	KeyHasher *KeyHasher
+	// RevealKeys makes errors and log lines name keys as they are (quoted)
+	// instead of by their hash, for debugging. Keys may carry personal
+	// data: leave it off in production. Default false.
+	RevealKeys bool
 
 	// failures limits the Logger's store-failure lines; shared by the
 	// copies of these options a store makes.
@@ -239,7 +260,8 @@ const (
 	DefaultMaxResultBytes = 1 << 20
 )
 
-// withDefaults validates o and fills in its defaults.
+// withDefaults validates o and fills in its defaults. Each error names the
+// one field at fault.
 func (o Options) withDefaults() (Options, error) {
 	if o.Retention < 0 {
 		return o, fmt.Errorf("idem: negative Retention %v", o.Retention)
@@ -247,32 +269,40 @@ func (o Options) withDefaults() (Options, error) {
 	if o.LeaseTTL < 0 {
 		return o, fmt.Errorf("idem: negative LeaseTTL %v", o.LeaseTTL)
 	}
-	if o.MaxKeyBytes < 0 || o.MaxResultBytes < 0 {
-		return o, fmt.Errorf("idem: negative MaxKeyBytes %d or MaxResultBytes %d", o.MaxKeyBytes, o.MaxResultBytes)
+	if o.MaxKeyBytes < 0 {
+		return o, fmt.Errorf("idem: negative MaxKeyBytes %d", o.MaxKeyBytes)
 	}
-	if o.Retention == 0 {
-		o.Retention = DefaultRetention
-	}
-	if o.LeaseTTL == 0 {
-		o.LeaseTTL = DefaultLeaseTTL
+	if o.MaxResultBytes < 0 {
+		return o, fmt.Errorf("idem: negative MaxResultBytes %d", o.MaxResultBytes)
 	}
 	// Stores keep time in milliseconds (Redis PX): a sub-millisecond
 	// duration would round to nothing and expire at once.
-	if o.Retention < time.Millisecond || o.LeaseTTL < time.Millisecond {
-		return o, fmt.Errorf("idem: Retention %v and LeaseTTL %v must be at least 1ms", o.Retention, o.LeaseTTL)
+	if o.Retention > 0 && o.Retention < time.Millisecond {
+		return o, fmt.Errorf("idem: Retention %v is under 1ms", o.Retention)
+	}
+	if o.LeaseTTL > 0 && o.LeaseTTL < time.Millisecond {
+		return o, fmt.Errorf("idem: LeaseTTL %v is under 1ms", o.LeaseTTL)
+	}
+	setRetention := o.Retention != 0
+	o.Retention = cmp.Or(o.Retention, DefaultRetention)
+	o.LeaseTTL = cmp.Or(o.LeaseTTL, DefaultLeaseTTL)
+	// A confirmation forgotten before a claim would have expired lets a
+	// duplicate in while its original could still be running.
+	if o.Retention < o.LeaseTTL {
+		if setRetention {
+			return o, fmt.Errorf("idem: Retention %v is shorter than LeaseTTL %v", o.Retention, o.LeaseTTL)
+		}
+		return o, fmt.Errorf("idem: LeaseTTL %v is longer than the default Retention %v; set Retention too",
+			o.LeaseTTL, o.Retention)
 	}
 	if o.Worker == "" {
 		o.Worker = uuid.NewString()
 	}
 	if strings.ContainsRune(o.Worker, 0) || len(o.Worker) > 255 {
-		return o, fmt.Errorf("idem: Worker must be at most 255 bytes without NUL")
+		return o, fmt.Errorf("idem: Worker %q must be at most 255 bytes without NUL", o.Worker)
 	}
-	if o.MaxKeyBytes == 0 {
-		o.MaxKeyBytes = DefaultMaxKeyBytes
-	}
-	if o.MaxResultBytes == 0 {
-		o.MaxResultBytes = DefaultMaxResultBytes
-	}
+	o.MaxKeyBytes = cmp.Or(o.MaxKeyBytes, DefaultMaxKeyBytes)
+	o.MaxResultBytes = cmp.Or(o.MaxResultBytes, DefaultMaxResultBytes)
 	if o.Logger != nil && o.failures == nil {
 		o.failures = &logLimit{}
 	}
@@ -285,14 +315,35 @@ func ms(d time.Duration) int64 {
 	return int64((d + time.Millisecond - 1) / time.Millisecond)
 }
 
-var errNilLease = errors.New("idem: nil lease")
-
-// checkLease validates a lease given back to a store, before any I/O.
+// checkLease validates a lease given back to a store, before any I/O: one
+// that no Claim returned would record work nobody claimed.
 func (o *Options) checkLease(l *Lease) error {
-	if l == nil {
-		return errNilLease
+	switch {
+	case l == nil:
+		return fmt.Errorf("%w: nil *Lease", ErrInvalidLease)
+	case l.Token <= 0:
+		return fmt.Errorf("%w: Token %d (a Lease comes from Claim)", ErrInvalidLease, l.Token)
+	case l.Owner == "":
+		return fmt.Errorf("%w: empty Owner (a Lease comes from Claim)", ErrInvalidLease)
 	}
 	return o.checkKey(l.Key)
+}
+
+// checkFingerprint is Claim's answer when c found a record made with a
+// different fingerprint: an error wrapping ErrFingerprintMismatch, returned
+// together with c. An empty fingerprint on either side is not compared.
+func (o *Options) checkFingerprint(c Claim, key string, fingerprint []byte) error {
+	if c.Record == nil || len(fingerprint) == 0 || len(c.Record.Fingerprint) == 0 ||
+		bytes.Equal(fingerprint, c.Record.Fingerprint) {
+		return nil
+	}
+	return fmt.Errorf("%w: claim of %s found it %s with another fingerprint",
+		ErrFingerprintMismatch, o.keyName(key), c.Outcome)
+}
+
+// notKept is Confirm's answer when another lease's confirmation was kept.
+func (o *Options) notKept(l *Lease) error {
+	return fmt.Errorf("%w: confirm of %s token %d", ErrAlreadyConfirmed, o.keyName(l.Key), l.Token)
 }
 
 // checkResult validates a result given to Confirm, before any I/O.
@@ -301,7 +352,7 @@ func (o *Options) checkResult(l *Lease, result []byte) error {
 		return err
 	}
 	if len(result) > o.MaxResultBytes {
-		return fmt.Errorf("%w: result of %d bytes for key %q exceeds MaxResultBytes %d",
+		return fmt.Errorf("%w: result of %d bytes for %s exceeds MaxResultBytes %d",
 			ErrTooLarge, len(result), o.keyName(l.Key), o.MaxResultBytes)
 	}
 	return nil
@@ -357,5 +408,13 @@ func (o *Options) logLate(ctx context.Context, l *Lease) {
 		return
 	}
 	o.Logger.LogAttrs(ctx, slog.LevelWarn, "idem: late confirm: the lease was lost before the work was confirmed",
-		slog.String("key_hash", o.KeyHasher.Hash(l.Key)), slog.Int64("token", l.Token), slog.String("owner", l.Owner))
+		o.keyAttr(l.Key), slog.Int64("token", l.Token), slog.String("owner", l.Owner))
+}
+
+// keyAttr names key in a log line: by its hash, or with RevealKeys as it is.
+func (o *Options) keyAttr(key string) slog.Attr {
+	if o.RevealKeys {
+		return slog.String("key", key)
+	}
+	return slog.String("key_hash", o.KeyHasher.Hash(key))
 }

@@ -1,7 +1,6 @@
 package middleware
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -241,18 +240,18 @@ func (h *handler) serveLease(w http.ResponseWriter, r *http.Request, sk string, 
 	wait := 10 * time.Millisecond
 	for {
 		cl, err := store.Claim(r.Context(), sk, fp)
+		// A different request under the key is answered at once, in flight
+		// or done: waiting would not make it the same request.
+		if errors.Is(err, idem.ErrFingerprintMismatch) {
+			h.fail(w, r, problem(TypeFingerprintMismatch, "", nil))
+			return result{outcome: cl.Outcome, err: err}
+		}
 		if err != nil {
 			h.storeFailed(w, r, err)
 			return result{err: err}
 		}
 		if cl.Outcome == idem.Claimed {
 			return result{outcome: idem.Claimed, err: h.run(w, r, cl.Lease, body)}
-		}
-		// A different request under the key is answered at once, in flight
-		// or done: waiting would not make it the same request.
-		if !bytes.Equal(cl.Record.Fingerprint, fp) {
-			h.fail(w, r, problem(TypeFingerprintMismatch, "", nil))
-			return result{outcome: cl.Outcome, err: idem.ErrFingerprintMismatch}
 		}
 		if cl.Outcome == idem.Duplicate {
 			return result{outcome: idem.Duplicate, err: h.replay(w, r, cl.Record.Result)}
@@ -325,6 +324,13 @@ func (h *handler) confirm(r *http.Request, l *idem.Lease, rec *recorder) error {
 		}
 		return err
 	})
+	if errors.Is(err, idem.ErrAlreadyConfirmed) {
+		// Another request's response is the one replayed from now on; this
+		// one did the work too, which an operator must hear of, but it is
+		// done and its client gets its own response.
+		h.log(r, "middleware: the work was done twice: another request under the key was recorded first", l.Key, err)
+		return nil
+	}
 	if err != nil {
 		// The response still goes out: the work was done, and a client
 		// told otherwise would retry it once the lease runs out.

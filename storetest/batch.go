@@ -31,7 +31,7 @@ func batchMixed(s *suite) {
 	hl := s.claim(st, held, "fp-held", idem.Claimed).Lease
 
 	keys := []string{fresh, done, held, fresh}
-	fps := [][]byte{[]byte("f0"), []byte("f1"), []byte("f2"), []byte("f3")}
+	fps := [][]byte{[]byte("f0"), []byte("fp-done"), []byte("fp-held"), nil}
 	cs, err := b.ClaimBatch(ctx(s), keys, fps)
 	if err != nil || len(cs) != len(keys) {
 		s.Fatalf("ClaimBatch = %d claims, %v; want %d claims, nil", len(cs), err, len(keys))

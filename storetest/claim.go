@@ -43,16 +43,16 @@ func claimInProgressSameWorker(s *suite) {
 	// is still being handled: the second must not run the work too.
 	st := s.open("w1")
 	k := s.key("k")
-	first := s.claim(st, k, "fp1", idem.Claimed)
-	c := s.claim(st, k, "fp2", idem.InProgress)
+	first := s.claim(st, k, "fp", idem.Claimed)
+	c := s.claim(st, k, "fp", idem.InProgress)
 	checkHolder(s, c.Record, first.Lease)
 }
 
 func claimInProgressOtherWorker(s *suite) {
 	a, b := s.open("w1"), s.open("w2")
 	k := s.key("k")
-	first := s.claim(a, k, "fp1", idem.Claimed)
-	c := s.claim(b, k, "fp2", idem.InProgress)
+	first := s.claim(a, k, "fp", idem.Claimed)
+	c := s.claim(b, k, "fp", idem.InProgress)
 	checkHolder(s, c.Record, first.Lease)
 }
 

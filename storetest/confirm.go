@@ -26,7 +26,7 @@ func confirmDuplicate(s *suite) {
 	c := s.claim(a, k, "fp", idem.Claimed)
 	s.confirm(a, c.Lease, "result")
 	for _, st := range []idem.Store{a, b} {
-		d := s.claim(st, k, "other-fp", idem.Duplicate)
+		d := s.claim(st, k, "fp", idem.Duplicate)
 		checkConfirmation(s, d.Record, c.Lease, "result")
 		s.expiresIn("confirmation", d.Record.Expires, retention)
 	}
@@ -75,7 +75,11 @@ func confirmAfterTakeOver(s *suite) {
 	if err := b.Forget(ctx(s), second.Lease); !isErr(err, idem.ErrLeaseLost) {
 		s.Errorf("Forget of the overtaken lease = %v; want ErrLeaseLost, never deleting the confirmation", err)
 	}
-	s.confirm(b, second.Lease, "from-b")
+	// b's work was done too, and its result cannot be the one kept: b must
+	// be told, or it would answer its caller as if it were.
+	if err := b.Confirm(ctx(s), second.Lease, []byte("from-b")); !isErr(err, idem.ErrAlreadyConfirmed) {
+		s.Errorf("Confirm of the overtaken lease after the first confirmed = %v; want ErrAlreadyConfirmed", err)
+	}
 	d = s.claim(a, k, "fp", idem.Duplicate)
 	checkConfirmation(s, d.Record, first.Lease, "from-a")
 }
@@ -114,7 +118,7 @@ func forgetNeverAnotherHolder(s *suite) {
 	k := s.key("k")
 	first := s.claim(a, k, "fp", idem.Claimed)
 	s.wait(lease + slack)
-	second := s.claim(b, k, "fp2", idem.Claimed)
+	second := s.claim(b, k, "fp", idem.Claimed)
 	if err := a.Forget(ctx(s), first.Lease); !isErr(err, idem.ErrLeaseLost) {
 		s.Errorf("Forget of an overtaken lease = %v; want ErrLeaseLost", err)
 	}

@@ -58,7 +58,7 @@ const MaxFailures = 0.01
 
 // logicErrors are errors a store returns only when its logic or its data is
 // wrong, never because a server was slow: a history with one fails.
-var logicErrors = []error{idem.ErrDamaged, idem.ErrInvalidKey, idem.ErrTooLarge, idem.ErrFingerprintMismatch}
+var logicErrors = []error{idem.ErrDamaged, idem.ErrInvalidKey, idem.ErrTooLarge, idem.ErrInvalidLease}
 
 func (t Tally) String() string {
 	return fmt.Sprintf("%d histories, %d operations, %d with unknown outcome, %d violations, %d inconclusive, %d store failures",

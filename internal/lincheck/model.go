@@ -88,12 +88,19 @@ const (
 	LeaseLost
 	// NotFound: idem.ErrNotFound.
 	NotFound
+	// Mismatch: idem.ErrFingerprintMismatch, a Claim that found the record
+	// (which Output describes) made with another fingerprint.
+	Mismatch
+	// NotKept: idem.ErrAlreadyConfirmed, a Confirm that found another
+	// lease's confirmation.
+	NotKept
 	// Unknown: any other error, after which the call may or may not have
 	// taken effect.
 	Unknown
 )
 
-var errNames = [...]string{OK: "ok", LeaseLost: "ErrLeaseLost", NotFound: "ErrNotFound", Unknown: "unknown"}
+var errNames = [...]string{OK: "ok", LeaseLost: "ErrLeaseLost", NotFound: "ErrNotFound",
+	Mismatch: "ErrFingerprintMismatch", NotKept: "ErrAlreadyConfirmed", Unknown: "unknown"}
 
 func (e Err) String() string {
 	if int(e) < len(errNames) {
@@ -205,7 +212,12 @@ func step(s State, in Input, out Output) (bool, State) {
 		return stepClaim(s, in, out)
 	case Confirm:
 		// Confirm never reports a lost lease: it records the work anyway.
-		return out.Err == OK, apply(s, in)
+		// It reports another lease's confirmation, which stays.
+		want := OK
+		if s.Phase == confirmed && s.Token != in.Lease.Token {
+			want = NotKept
+		}
+		return out.Err == want, apply(s, in)
 	case Forget, Renew:
 		if s.holds(in.Lease) {
 			return out.Err == OK, apply(s, in)
@@ -252,7 +264,11 @@ func apply(s State, in Input) State {
 }
 
 func stepClaim(s State, in Input, out Output) (bool, State) {
-	if out.Err != OK {
+	want := OK
+	if s.Phase != absent && in.Fingerprint != "" && s.Fingerprint != "" && in.Fingerprint != s.Fingerprint {
+		want = Mismatch
+	}
+	if out.Err != want {
 		return false, s
 	}
 	switch s.Phase {
@@ -352,10 +368,20 @@ func (o Output) String() string {
 		what, o.Confirmed, o.Token, o.Owner, o.Fingerprint, o.Result)
 }
 
-// claimOutput describes Claim's answer.
+// claimOutput describes Claim's answer: the record found comes with a
+// fingerprint mismatch.
 func claimOutput(c idem.Claim, err error) Output {
 	if err != nil {
-		return errOutput(err)
+		o := errOutput(err)
+		if o.Err != Mismatch {
+			return o
+		}
+		if c.Record == nil || c.Outcome == idem.Claimed {
+			return Output{Malformed: "a fingerprint mismatch without the record found"}
+		}
+		o = claimOutput(c, nil)
+		o.Err = Mismatch
+		return o
 	}
 	switch c.Outcome {
 	case idem.Claimed:
@@ -396,6 +422,10 @@ func errOutput(err error) Output {
 		return Output{Err: LeaseLost}
 	case errors.Is(err, idem.ErrNotFound):
 		return Output{Err: NotFound}
+	case errors.Is(err, idem.ErrFingerprintMismatch):
+		return Output{Err: Mismatch}
+	case errors.Is(err, idem.ErrAlreadyConfirmed):
+		return Output{Err: NotKept}
 	}
 	return Output{Err: Unknown}
 }

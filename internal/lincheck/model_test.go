@@ -54,10 +54,17 @@ func outcome(o Output, c idem.Outcome) Output {
 	return o
 }
 
+// mismatched is Claim's answer of a record made with another fingerprint.
+func mismatched(o Output) Output {
+	o.Err = Mismatch
+	return o
+}
+
 var (
 	ok       = Output{}
 	lost     = Output{Err: LeaseLost}
 	notFound = Output{Err: NotFound}
+	notKept  = Output{Err: NotKept}
 )
 
 func TestModel(t *testing.T) {
@@ -69,10 +76,10 @@ func TestModel(t *testing.T) {
 		{"claim, lookup, confirm, duplicate, forget after confirm", seq{}.
 			add(0, 1, claimIn("a", "f"), claimedOut(5, "a", "f")).
 			add(2, 3, lookupIn, claimRec(5, "a", "f")).
-			add(4, 5, claimIn("b", "g"), outcome(claimRec(5, "a", "f"), idem.InProgress)).
+			add(4, 5, claimIn("b", "f"), outcome(claimRec(5, "a", "f"), idem.InProgress)).
 			add(6, 7, leaseIn(Renew, 5, "a", "f"), ok).
 			add(8, 9, confirmIn(5, "a", "f", "r"), ok).
-			add(10, 11, claimIn("b", "g"), outcome(doneRec(5, "f", "r"), idem.Duplicate)).
+			add(10, 11, claimIn("b", "f"), outcome(doneRec(5, "f", "r"), idem.Duplicate)).
 			add(12, 13, leaseIn(Forget, 5, "a", "f"), lost).
 			add(14, 15, leaseIn(Renew, 5, "a", "f"), lost).
 			add(16, 17, lookupIn, doneRec(5, "f", "r")), true},
@@ -82,8 +89,23 @@ func TestModel(t *testing.T) {
 			add(0, 10, claimIn("a", "f"), claimedOut(5, "a", "f")).
 			add(1, 11, claimIn("b", "f"), claimedOut(6, "b", "f")), false},
 		{"two overlapping claims, one Claimed", seq{}.
-			add(0, 10, claimIn("a", "f"), outcome(claimRec(6, "b", "g"), idem.InProgress)).
+			add(0, 10, claimIn("a", "f"), mismatched(outcome(claimRec(6, "b", "g"), idem.InProgress))).
 			add(1, 11, claimIn("b", "g"), claimedOut(6, "b", "g")), true},
+		{"a claim with another fingerprint answered without the mismatch", seq{}.
+			add(0, 1, claimIn("a", "f"), claimedOut(5, "a", "f")).
+			add(2, 3, claimIn("b", "g"), outcome(claimRec(5, "a", "f"), idem.InProgress)), false},
+		{"a claim with the same fingerprint answered a mismatch", seq{}.
+			add(0, 1, claimIn("a", "f"), claimedOut(5, "a", "f")).
+			add(2, 3, claimIn("b", "f"), mismatched(outcome(claimRec(5, "a", "f"), idem.InProgress))), false},
+		{"an empty fingerprint on either side is not compared", seq{}.
+			add(0, 1, claimIn("a", ""), claimedOut(5, "a", "")).
+			add(2, 3, claimIn("b", "g"), outcome(claimRec(5, "a", ""), idem.InProgress)).
+			add(4, 5, confirmIn(5, "a", "", "r"), ok).
+			add(6, 7, claimIn("b", "g"), outcome(doneRec(5, "", "r"), idem.Duplicate)), true},
+		{"a confirmation's fingerprint mismatched", seq{}.
+			add(0, 1, claimIn("a", "f"), claimedOut(5, "a", "f")).
+			add(2, 3, confirmIn(5, "a", "f", "r"), ok).
+			add(4, 5, claimIn("b", "g"), mismatched(outcome(doneRec(5, "f", "r"), idem.Duplicate))), true},
 		{"claim of a fresh key answered InProgress by no one", seq{}.
 			add(0, 1, claimIn("a", "f"), outcome(claimRec(6, "b", "g"), idem.InProgress)), false},
 		{"lease names another owner than the claiming worker", seq{}.
@@ -138,17 +160,26 @@ func TestModel(t *testing.T) {
 			add(0, 1, claimIn("a", "f"), claimedOut(5, "a", "f")).
 			add(2, 3, leaseIn(Forget, 5, "a", "f"), ok).
 			add(4, 5, confirmIn(5, "a", "f", "r"), ok).
-			add(6, 7, claimIn("b", "g"), outcome(doneRec(5, "f", "r"), idem.Duplicate)), true},
+			add(6, 7, claimIn("b", "f"), outcome(doneRec(5, "f", "r"), idem.Duplicate)), true},
 		{"the second confirmation replaces the first", seq{}.
 			add(0, 1, claimIn("a", "f"), claimedOut(5, "a", "f")).
 			add(2, 3, confirmIn(5, "a", "f", "r1"), ok).
 			add(4, 5, confirmIn(5, "a", "f", "r2"), ok).
 			add(6, 7, lookupIn, doneRec(5, "f", "r2")), false},
-		{"overlapping confirmations: either may be first", seq{}.
+		{"overlapping confirmations: either may be first, the other is not kept", seq{}.
+			add(0, 1, claimIn("a", "f"), claimedOut(5, "a", "f")).
+			add(2, 5, confirmIn(5, "a", "f", "r1"), notKept).
+			add(3, 6, confirmIn(4, "b", "g", "r2"), ok).
+			add(7, 8, lookupIn, doneRec(4, "g", "r2")), true},
+		{"overlapping confirmations: both told they were kept", seq{}.
 			add(0, 1, claimIn("a", "f"), claimedOut(5, "a", "f")).
 			add(2, 5, confirmIn(5, "a", "f", "r1"), ok).
 			add(3, 6, confirmIn(4, "b", "g", "r2"), ok).
-			add(7, 8, lookupIn, doneRec(4, "g", "r2")), true},
+			add(7, 8, lookupIn, doneRec(4, "g", "r2")), false},
+		{"a repeated confirm of the kept lease is not ErrAlreadyConfirmed", seq{}.
+			add(0, 1, claimIn("a", "f"), claimedOut(5, "a", "f")).
+			add(2, 3, confirmIn(5, "a", "f", "r"), ok).
+			add(4, 5, confirmIn(5, "a", "f", "r"), notKept), false},
 		{"duplicate with another result than the confirmation's", seq{}.
 			add(0, 1, claimIn("a", "f"), claimedOut(5, "a", "f")).
 			add(2, 3, confirmIn(5, "a", "f", "r"), ok).
@@ -168,7 +199,7 @@ func TestModel(t *testing.T) {
 		{"unknown claim, applied: its token shows", seq{}.
 			add(0, 0, claimIn("a", "f"), Output{}).
 			add(2, 3, lookupIn, claimRec(7, "a", "f")).
-			add(4, 5, claimIn("b", "g"), outcome(claimRec(7, "a", "f"), idem.InProgress)).
+			add(4, 5, claimIn("b", "g"), mismatched(outcome(claimRec(7, "a", "f"), idem.InProgress))).
 			add(6, 7, leaseIn(Forget, 7, "a", "f"), ok).
 			add(8, 9, claimIn("b", "g"), claimedOut(8, "b", "g")), true},
 		{"unknown claim, applied: its token changes", seq{}.

@@ -244,8 +244,8 @@ func (w Workload) claimBatch(ctx context.Context, r *recorder, p *pool, i int, c
 			outs[j] = Output{Malformed: fmt.Sprintf("ClaimBatch of %d keys answered %d claims", n, len(cs))}
 		}
 		for j, cl := range cs[:min(len(cs), n)] {
-			if errs[j] == nil {
-				outs[j] = claimOutput(cl, nil)
+			if errs[j] == nil || errors.Is(errs[j], idem.ErrFingerprintMismatch) {
+				outs[j] = claimOutput(cl, errs[j])
 				switch {
 				case cl.Outcome == idem.Claimed && cl.Lease != nil:
 					own[keys[j]] = cl.Lease
@@ -257,7 +257,7 @@ func (w Workload) claimBatch(ctx context.Context, r *recorder, p *pool, i int, c
 			}
 		}
 		for j, e := range errs {
-			if e != nil {
+			if e != nil && !errors.Is(e, idem.ErrFingerprintMismatch) {
 				outs[j] = errOutput(e)
 			}
 		}

@@ -1,6 +1,7 @@
 package lincheck
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"runtime"
@@ -296,7 +297,11 @@ func (s naiveStore) Claim(_ context.Context, key string, fp []byte) (idem.Claim,
 		if r.confirmed {
 			o = idem.Duplicate
 		}
-		return idem.Claim{Outcome: o, Record: r.record(key, !d.now(dropFingerprint))}, nil
+		c := idem.Claim{Outcome: o, Record: r.record(key, !d.now(dropFingerprint))}
+		if len(fp) > 0 && len(r.fingerprint) > 0 && !bytes.Equal(fp, r.fingerprint) {
+			return c, idem.ErrFingerprintMismatch
+		}
+		return c, nil
 	}
 	if d.now(racyClaim) {
 		// Check, then act: another claim can slip in between.
@@ -336,6 +341,9 @@ func (s naiveStore) Confirm(_ context.Context, l *idem.Lease, result []byte) err
 	defer d.mu.Unlock()
 	r := d.recs[l.Key]
 	if r != nil && r.confirmed && !d.now(lastConfirmWins) {
+		if r.token != l.Token {
+			return idem.ErrAlreadyConfirmed
+		}
 		return nil
 	}
 	if !d.holds(l) && d.now(confirmOnlyHeld) {

@@ -14,11 +14,19 @@ import (
 )
 
 // Permanent reports errors that no retry fixes: bad input, a damaged record,
-// a lease that is gone.
+// a lease that is gone, a key that is another request's or already
+// confirmed by another lease.
 func Permanent(err error) bool {
-	return errors.Is(err, idem.ErrInvalidKey) || errors.Is(err, idem.ErrTooLarge) ||
-		errors.Is(err, idem.ErrDamaged) || errors.Is(err, idem.ErrLeaseLost)
+	for _, p := range permanent {
+		if errors.Is(err, p) {
+			return true
+		}
+	}
+	return false
 }
+
+var permanent = []error{idem.ErrInvalidKey, idem.ErrTooLarge, idem.ErrInvalidLease, idem.ErrDamaged,
+	idem.ErrLeaseLost, idem.ErrFingerprintMismatch, idem.ErrAlreadyConfirmed}
 
 // Do calls f until it succeeds, fails with a Permanent error, or ctx ends,
 // sleeping a doubling backoff (from 5ms up to 250ms, jittered so that many
