@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The failover durability experiment (failover_soak_test.go): on a Sentinel set
-# of its own, many goroutines claim and confirm distinct keys through
-# redis.NewFailoverClient while the master is killed (SIGKILL) again and again;
+# The failover durability experiment (internal/reliability/failover_soak_test.go):
+# on a Sentinel set of its own, many goroutines claim and confirm distinct keys
+# through redis.NewFailoverClient while the master is killed (SIGKILL) again and again;
 # afterwards every key whose Confirm returned nil is looked up, and the
 # confirmed-then-lost ones are counted. It takes minutes, so `make test` does
 # not run it.
@@ -43,5 +43,5 @@ cd "$root"
 # say what happened.
 IDEM_FAILOVER_KILLS=$kills IDEM_FAILOVER_WAIT_REPLICAS=$wait IDEM_FAILOVER_DOWN_AFTER_MS=$down \
 	IDEM_FAILOVER_WORKERS=$workers \
-	go test -tags "$tags" -run '^TestFailoverDurability$' -count=1 -v -timeout 60m . 2>&1 |
+	go test -tags "$tags" -run '^TestFailoverDurability$' -count=1 -v -timeout 60m ./internal/reliability/ 2>&1 |
 	grep -v -E '^redis: .* (pool|sentinel)\.go:[0-9]+:'

@@ -19,7 +19,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemgo/idem/internal/bench"
+	"github.com/idemgo/idem/cmd/idem/internal/bench"
 )
 
 // envBenchRedis is the standalone Redis `make test` and `make bench` export

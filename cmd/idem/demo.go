@@ -16,8 +16,8 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/cmd/idem/internal/metrics"
 	"github.com/idemgo/idem/consumer"
-	"github.com/idemgo/idem/internal/metrics"
 )
 
 const demoAbout = `Runs a fleet of workers on an in-process at-least-once queue that duplicates

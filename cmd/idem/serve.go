@@ -18,7 +18,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/internal/metrics"
+	"github.com/idemgo/idem/cmd/idem/internal/metrics"
 	"github.com/idemgo/idem/middleware"
 )
 

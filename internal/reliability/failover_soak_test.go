@@ -1,6 +1,6 @@
 //go:build failover
 
-package idem_test
+package reliability_test
 
 import (
 	"context"

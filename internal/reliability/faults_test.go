@@ -1,4 +1,4 @@
-package idem_test
+package reliability_test
 
 import (
 	"bytes"

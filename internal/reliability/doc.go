@@ -1,0 +1,24 @@
+// Package reliability holds the reliability tests of the idem stores, run
+// against the real services of internal/testenv (and the embedded stores):
+//
+//   - faults_test.go, faults_ledger_test.go, faults_redis_test.go: the
+//     fault-proxy tests (internal/faultproxy between the store and Redis or
+//     Postgres: latency, lost replies, resets, blackholes, SCRIPT FLUSH, a
+//     Redis kill -9) and the ledger that checks each run;
+//   - linearizability_test.go: porcupine histories of every store, checked
+//     by internal/lincheck (longer with -idem.histories N, -idem.ops N,
+//     -idem.cut F, -idem.seed S);
+//   - sqltx_crash_test.go: SQLStore.Run whose connection or process dies
+//     mid-transaction;
+//   - failover_soak_test.go (build tag failover): the Sentinel failover
+//     durability experiment, run by .ci/failover.sh.
+//
+// The package has no non-test code. `make test` runs it with the rest; by
+// hand, with the services' variables exported (make services-up):
+//
+//	CI=true go test -race -run 'TestFaults|TestLinearizable|TestRun' -v ./internal/reliability/
+//	go test -run TestLinearizable -idem.histories 3000 ./internal/reliability/
+//	bash .ci/failover.sh --kills 20
+//
+// See RELIABILITY.md for what the runs showed.
+package reliability
