@@ -7,6 +7,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/storeopts"
 	"github.com/idemgo/idem/internal/testenv"
 	"github.com/idemgo/idem/storetest"
 	"github.com/redis/go-redis/v9"
@@ -101,8 +102,9 @@ func TestRedisStoreConformanceCluster(t *testing.T) {
 func redisBackend(c redis.UniversalClient, ro idem.RedisOptions, advance func(time.Duration)) storetest.Backend {
 	return storetest.Backend{
 		Open: func(o idem.Options) (idem.Store, error) {
-			ro.Options = o
-			return idem.NewRedisStore(c, ro)
+			so := storeopts.Redis(o)
+			so.Prefix, so.AutoPipeline, so.WaitReplicas, so.WaitTimeout = ro.Prefix, ro.AutoPipeline, ro.WaitReplicas, ro.WaitTimeout
+			return idem.NewRedisStore(c, so)
 		},
 		Advance: advance,
 	}

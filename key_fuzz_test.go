@@ -130,7 +130,7 @@ func (r *keyRecorder) take() [][]string {
 func checkOneSlot(t *testing.T, c redis.UniversalClient, rec *keyRecorder) {
 	t.Helper()
 	ctx := context.Background()
-	s := newTestRedisStore(t, c, RedisOptions{Options: Options{LeaseTTL: time.Minute}})
+	s := newTestRedisStore(t, c, RedisOptions{LeaseTTL: time.Minute})
 	for _, key := range trickyKeys {
 		want := s.redisKey(key)
 		cl, err := s.Claim(ctx, key, []byte("fp"))

@@ -15,6 +15,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/sqltest"
+	"github.com/idemgo/idem/internal/storeopts"
 	"github.com/idemgo/idem/internal/testenv"
 	"github.com/redis/go-redis/v9"
 )
@@ -137,12 +138,14 @@ func observedStores(t *testing.T, o idem.Options) map[string]idem.Store {
 	m := miniredis.RunT(t)
 	c := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	t.Cleanup(func() { _ = c.Close() })
-	rs, err := idem.NewRedisStore(c, idem.RedisOptions{Options: o})
+	rs, err := idem.NewRedisStore(c, storeopts.Redis(o))
 	if err != nil {
 		t.Fatal(err)
 	}
 	db, _ := sqltest.SQLite(t)
-	ss := newSQLStore(t, db, idem.SQLOptions{Options: o, Dialect: idem.SQLite, Table: uniqueTable()})
+	so := storeopts.SQL(o, idem.SQLite)
+	so.Table = uniqueTable()
+	ss := newSQLStore(t, db, so)
 	return map[string]idem.Store{"memory": idem.NewMemoryStore(o), "redis": rs, "sqlite": ss}
 }
 
@@ -257,7 +260,7 @@ func TestClaimTakeOverSQL(t *testing.T) {
 	dialects(t, func(t *testing.T, db *sql.DB, d idem.Dialect) {
 		rec := &recorder{}
 		lease := 200 * time.Millisecond
-		st := newSQLStore(t, db, idem.SQLOptions{Options: idem.Options{LeaseTTL: lease, Observer: rec}, Dialect: d, Table: uniqueTable()})
+		st := newSQLStore(t, db, idem.SQLOptions{LeaseTTL: lease, Observer: rec, Dialect: d, Table: uniqueTable()})
 		takeOverSequence(t, st, rec, func() { time.Sleep(lease + 50*time.Millisecond) })
 	})
 }
@@ -273,7 +276,7 @@ func TestStoreLogsForOperators(t *testing.T) {
 	m := miniredis.RunT(t)
 	c := redis.NewClient(&redis.Options{Addr: m.Addr(), MaxRetries: -1, DialerRetries: 1})
 	t.Cleanup(func() { _ = c.Close() })
-	st, err := idem.NewRedisStore(c, idem.RedisOptions{Options: idem.Options{Logger: logger, KeyHasher: h, LeaseTTL: time.Second}})
+	st, err := idem.NewRedisStore(c, idem.RedisOptions{Logger: logger, KeyHasher: h, LeaseTTL: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}

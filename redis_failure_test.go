@@ -169,7 +169,7 @@ func TestRedisBadInputBeforeIO(t *testing.T) {
 	h := &tripCounter{}
 	c.AddHook(h)
 	// AllowEviction: the constructor's only I/O is the eviction check.
-	s, err := NewRedisStore(c, RedisOptions{AllowEviction: true, Options: Options{MaxKeyBytes: 16, MaxResultBytes: 8}})
+	s, err := NewRedisStore(c, RedisOptions{AllowEviction: true, MaxKeyBytes: 16, MaxResultBytes: 8})
 	if err != nil {
 		t.Fatalf("NewRedisStore: %v", err)
 	}
@@ -264,9 +264,7 @@ func TestRedisDamagedRecords(t *testing.T) {
 			t.Parallel()
 			c := backend.client(t)
 			var logs bytes.Buffer
-			s := newTestRedisStore(t, c, RedisOptions{Options: Options{
-				Logger: slog.New(slog.NewTextHandler(&logs, nil)),
-			}})
+			s := newTestRedisStore(t, c, RedisOptions{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 			for i, v := range damagedRecords {
 				t.Run(strconv.Quote(v), func(t *testing.T) {
 					checkDamaged(t, s, c, "damaged-"+strconv.Itoa(i), v)

@@ -38,7 +38,7 @@ func TestRedisMemoryPerRecord(t *testing.T) {
 		var b [2]byte
 		_, _ = rand.Read(b[:])
 		prefix := "i" + hex.EncodeToString(b[:]) + ":"
-		s := newTestRedisStore(t, c, RedisOptions{Prefix: prefix, Options: Options{Retention: 10 * time.Minute}})
+		s := newTestRedisStore(t, c, RedisOptions{Prefix: prefix, Retention: 10 * time.Minute})
 		keys := uuidKeys(n)
 		var fps [][]byte
 		if fp != nil {

@@ -97,7 +97,7 @@ func TestRedisEvictionPolicyUnreadable(t *testing.T) {
 	}
 	var logs bytes.Buffer
 	logger := slog.New(slog.NewTextHandler(&logs, nil))
-	if _, err := NewRedisStore(c, RedisOptions{Options: Options{Logger: logger}}); err != nil {
+	if _, err := NewRedisStore(c, RedisOptions{Logger: logger}); err != nil {
 		t.Errorf("NewRedisStore on a server refusing CONFIG = %v; want nil", err)
 	}
 	if got := logs.String(); !strings.Contains(got, "level=WARN") || !strings.Contains(got, "maxmemory-policy") {
@@ -122,12 +122,12 @@ func TestRedisOptionsRefused(t *testing.T) {
 		{"prefix with {", c, RedisOptions{Prefix: "a{"}},
 		{"prefix with }", c, RedisOptions{Prefix: "}a:"}},
 		{"prefix with a hash tag", c, RedisOptions{Prefix: "{tenant}:"}},
-		{"negative Retention", c, RedisOptions{Options: Options{Retention: -time.Second}}},
-		{"negative LeaseTTL", c, RedisOptions{Options: Options{LeaseTTL: -1}}},
-		{"sub-millisecond LeaseTTL", c, RedisOptions{Options: Options{LeaseTTL: time.Microsecond}}},
-		{"negative MaxKeyBytes", c, RedisOptions{Options: Options{MaxKeyBytes: -1}}},
-		{"negative MaxResultBytes", c, RedisOptions{Options: Options{MaxResultBytes: -1}}},
-		{"Worker with NUL", c, RedisOptions{Options: Options{Worker: "a\x00b"}}},
+		{"negative Retention", c, RedisOptions{Retention: -time.Second}},
+		{"negative LeaseTTL", c, RedisOptions{LeaseTTL: -1}},
+		{"sub-millisecond LeaseTTL", c, RedisOptions{LeaseTTL: time.Microsecond}},
+		{"negative MaxKeyBytes", c, RedisOptions{MaxKeyBytes: -1}},
+		{"negative MaxResultBytes", c, RedisOptions{MaxResultBytes: -1}},
+		{"Worker with NUL", c, RedisOptions{Worker: "a\x00b"}},
 		{"negative WaitReplicas", c, RedisOptions{WaitReplicas: -1}},
 		{"negative WaitTimeout", c, RedisOptions{WaitReplicas: 1, WaitTimeout: -time.Second}},
 		{"sub-millisecond WaitTimeout", c, RedisOptions{WaitReplicas: 1, WaitTimeout: time.Microsecond}},

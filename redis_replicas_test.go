@@ -57,7 +57,7 @@ func TestRedisWaitReplicas(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/replicas=%d", name, tt.replicas), func(t *testing.T) {
 				events := &eventLog{}
 				s := newTestRedisStore(t, c, RedisOptions{
-					Options:      Options{Observer: events},
+					Observer:     events,
 					WaitReplicas: tt.replicas, WaitTimeout: tt.timeout, AutoPipeline: auto,
 				})
 				h := &tripCounter{}

@@ -68,9 +68,33 @@ func script(src string) *luaScript {
 // DefaultPrefix begins the name of every Redis key a RedisStore writes.
 const DefaultPrefix = "idem:"
 
-// RedisOptions configure a RedisStore.
+// RedisOptions configure a RedisStore in one flat literal. The first fields
+// are those of Options, with the same meaning and defaults. The zero value
+// is valid.
 type RedisOptions struct {
-	Options
+	// Retention is how long a confirmed key is remembered. At least
+	// LeaseTTL. Default 24h.
+	Retention time.Duration
+	// LeaseTTL is how long a claim binds unless renewed. At least 1ms.
+	// Default 30s.
+	LeaseTTL time.Duration
+	// Worker names this store's leases (Lease.Owner); no two stores may
+	// share one. Default: a random UUID.
+	Worker string
+	// MaxKeyBytes bounds keys. Default 1024.
+	MaxKeyBytes int
+	// MaxResultBytes bounds Confirm's result. Default 1 MiB.
+	MaxResultBytes int
+	// Logger receives what an operator must see. Default: none.
+	Logger *slog.Logger
+	// Observer is called once per operation. Default: none.
+	Observer Observer
+	// KeyHasher hashes keys for errors, the Logger and the Observer.
+	// Default: a random secret per process.
+	KeyHasher *KeyHasher
+	// RevealKeys names keys as they are in errors and log lines, for
+	// debugging. Default false.
+	RevealKeys bool
 	// Prefix begins every Redis key name, so that idem's keys can share a
 	// Redis with others. It must not contain '{' or '}' (the hash tag that
 	// follows it is idem's). Default "idem:".
@@ -112,6 +136,13 @@ type RedisOptions struct {
 	// client's ReadTimeout, which bounds reading the WAIT's reply. Default
 	// 1s when WaitReplicas is set.
 	WaitTimeout time.Duration
+}
+
+// options returns the settings o shares with every store.
+func (o RedisOptions) options() Options {
+	return Options{Retention: o.Retention, LeaseTTL: o.LeaseTTL, Worker: o.Worker,
+		MaxKeyBytes: o.MaxKeyBytes, MaxResultBytes: o.MaxResultBytes, Logger: o.Logger,
+		Observer: o.Observer, KeyHasher: o.KeyHasher, RevealKeys: o.RevealKeys}
 }
 
 // DefaultWaitTimeout is RedisOptions.WaitTimeout's default.
@@ -165,7 +196,7 @@ func NewRedisStore(c redis.UniversalClient, o RedisOptions) (*RedisStore, error)
 	if c == nil || isNilClient(c) {
 		return nil, errors.New("idem: NewRedisStore with a nil client")
 	}
-	opts, err := o.Options.withDefaults()
+	opts, err := o.options().withDefaults()
 	if err != nil {
 		return nil, err
 	}

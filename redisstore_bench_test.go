@@ -55,7 +55,7 @@ func benchStore(b *testing.B, c *redis.Client) *RedisStore {
 	b.Helper()
 	// Short retention: should the clean-up not run, Redis forgets the keys
 	// by itself.
-	return newTestRedisStore(b, c, RedisOptions{Options: Options{Retention: 10 * time.Minute}})
+	return newTestRedisStore(b, c, RedisOptions{Retention: 10 * time.Minute})
 }
 
 func BenchmarkRedisClaimConfirm(b *testing.B) {
@@ -106,7 +106,7 @@ func cancellable(b *testing.B) context.Context {
 }
 
 func benchClaimConfirmCtx(b *testing.B, c *redis.Client, ctx context.Context, g int, auto bool) {
-	s := newTestRedisStore(b, c, RedisOptions{Options: Options{Retention: 10 * time.Minute}, AutoPipeline: auto})
+	s := newTestRedisStore(b, c, RedisOptions{Retention: 10 * time.Minute, AutoPipeline: auto})
 	var next atomic.Uint64
 	runGoroutines(b, g, func(more func() bool) {
 		result := []byte("ok")

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/storeopts"
 	"github.com/idemgo/idem/internal/testenv"
 	_ "github.com/jackc/pgx/v5/stdlib"
 	"github.com/redis/go-redis/v9"
@@ -158,7 +159,9 @@ func TestSecurityOversizedInputsBeforeIO(t *testing.T) {
 		t.Cleanup(func() { _ = c.Close() })
 		io := &testenv.IOCounter{}
 		c.AddHook(io)
-		s, err := idem.NewRedisStore(c, idem.RedisOptions{Options: o, Prefix: testenv.UniquePrefix()})
+		ro := storeopts.Redis(o)
+		ro.Prefix = testenv.UniquePrefix()
+		s, err := idem.NewRedisStore(c, ro)
 		if err != nil {
 			t.Fatalf("NewRedisStore = %v", err)
 		}
@@ -181,7 +184,9 @@ func TestSecurityOversizedInputsBeforeIO(t *testing.T) {
 				}
 			}
 			t.Cleanup(func() { _, _ = db.Exec(`DROP TABLE "` + table + `"`) })
-			s, err := idem.NewSQLStore(db, idem.SQLOptions{Options: o, Dialect: d, Table: table})
+			so := storeopts.SQL(o, d)
+			so.Table = table
+			s, err := idem.NewSQLStore(db, so)
 			if err != nil {
 				t.Fatalf("NewSQLStore = %v", err)
 			}

@@ -6,15 +6,39 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 )
 
 // DefaultLockTimeout is how long an SQLStore waits for a lock by default.
 const DefaultLockTimeout = 5 * time.Second
 
-// SQLOptions configure an SQLStore.
+// SQLOptions configure an SQLStore in one flat literal. The fields up to
+// RevealKeys are those of Options, with the same meaning and defaults.
 type SQLOptions struct {
-	Options
+	// Retention is how long a confirmed key is remembered. At least
+	// LeaseTTL. Default 24h.
+	Retention time.Duration
+	// LeaseTTL is how long a claim binds unless renewed. At least 1ms.
+	// Default 30s.
+	LeaseTTL time.Duration
+	// Worker names this store's leases (Lease.Owner); no two stores may
+	// share one. Default: a random UUID.
+	Worker string
+	// MaxKeyBytes bounds keys. Default 1024.
+	MaxKeyBytes int
+	// MaxResultBytes bounds Confirm's result. Default 1 MiB.
+	MaxResultBytes int
+	// Logger receives what an operator must see. Default: none.
+	Logger *slog.Logger
+	// Observer is called once per operation. Default: none.
+	Observer Observer
+	// KeyHasher hashes keys for errors, the Logger and the Observer.
+	// Default: a random secret per process.
+	KeyHasher *KeyHasher
+	// RevealKeys names keys as they are in errors and log lines, for
+	// debugging. Default false.
+	RevealKeys bool
 	// Dialect is the database: Postgres or SQLite. Required.
 	Dialect Dialect
 	// Table holds the records: a plain identifier, optionally qualified by
@@ -26,6 +50,13 @@ type SQLOptions struct {
 	// ErrInProgress); on SQLite, any operation waiting for the database's
 	// single write lock. Default 5s.
 	LockTimeout time.Duration
+}
+
+// options returns the settings o shares with every store.
+func (o SQLOptions) options() Options {
+	return Options{Retention: o.Retention, LeaseTTL: o.LeaseTTL, Worker: o.Worker,
+		MaxKeyBytes: o.MaxKeyBytes, MaxResultBytes: o.MaxResultBytes, Logger: o.Logger,
+		Observer: o.Observer, KeyHasher: o.KeyHasher, RevealKeys: o.RevealKeys}
 }
 
 // SQLStore is a Store and Batcher on a SQL table (Postgres or SQLite), with
@@ -80,7 +111,7 @@ func NewSQLStore(db *sql.DB, o SQLOptions) (*SQLStore, error) {
 	if db == nil {
 		return nil, errors.New("idem: NewSQLStore with a nil *sql.DB")
 	}
-	opts, err := o.Options.withDefaults()
+	opts, err := o.options().withDefaults()
 	if err != nil {
 		return nil, err
 	}

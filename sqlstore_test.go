@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/sqltest"
+	"github.com/idemgo/idem/internal/storeopts"
 	"github.com/idemgo/idem/storetest"
 )
 
@@ -77,7 +78,9 @@ func sqlBackend(t *testing.T, db *sql.DB, d idem.Dialect) storetest.Backend {
 	table := uniqueTable()
 	newSQLStore(t, db, idem.SQLOptions{Dialect: d, Table: table})
 	return storetest.Backend{Open: func(o idem.Options) (idem.Store, error) {
-		return idem.NewSQLStore(db, idem.SQLOptions{Options: o, Dialect: d, Table: table})
+		so := storeopts.SQL(o, d)
+		so.Table = table
+		return idem.NewSQLStore(db, so)
 	}}
 }
 
@@ -119,8 +122,8 @@ func TestNewSQLStoreRejects(t *testing.T) {
 		{"no dialect", db, idem.SQLOptions{}},
 		{"unknown dialect", db, idem.SQLOptions{Dialect: 3}},
 		{"negative LockTimeout", db, idem.SQLOptions{Dialect: idem.SQLite, LockTimeout: -time.Second}},
-		{"negative LeaseTTL", db, idem.SQLOptions{Dialect: idem.SQLite, Options: idem.Options{LeaseTTL: -1}}},
-		{"negative Retention", db, idem.SQLOptions{Dialect: idem.SQLite, Options: idem.Options{Retention: -1}}},
+		{"negative LeaseTTL", db, idem.SQLOptions{Dialect: idem.SQLite, LeaseTTL: -1}},
+		{"negative Retention", db, idem.SQLOptions{Dialect: idem.SQLite, Retention: -1}},
 		{"quote in table", db, idem.SQLOptions{Dialect: idem.SQLite, Table: `keys"; DROP TABLE x; --`}},
 		{"space in table", db, idem.SQLOptions{Dialect: idem.SQLite, Table: "idem keys"}},
 		{"leading digit", db, idem.SQLOptions{Dialect: idem.SQLite, Table: "1keys"}},
@@ -231,7 +234,7 @@ func TestSQLStoreInvalidInputBeforeIO(t *testing.T) {
 	// A closed database fails every statement: the errors below must come
 	// from validation, before any.
 	db, _ := sqltest.SQLite(t)
-	st := newSQLStore(t, db, idem.SQLOptions{Dialect: idem.SQLite, Options: idem.Options{MaxResultBytes: 4}})
+	st := newSQLStore(t, db, idem.SQLOptions{Dialect: idem.SQLite, MaxResultBytes: 4})
 	_ = db.Close()
 	ctx := t.Context()
 	big := strings.Repeat("k", idem.DefaultMaxKeyBytes+1)
@@ -267,7 +270,7 @@ func TestSQLStorePurgeExpired(t *testing.T) {
 		ctx := t.Context()
 		table := uniqueTable()
 		short := newSQLStore(t, db, idem.SQLOptions{Dialect: d, Table: table,
-			Options: idem.Options{LeaseTTL: 50 * time.Millisecond, Retention: 50 * time.Millisecond}})
+			LeaseTTL: 50 * time.Millisecond, Retention: 50 * time.Millisecond})
 		long, err := idem.NewSQLStore(db, idem.SQLOptions{Dialect: d, Table: table})
 		if err != nil {
 			t.Fatal(err)
@@ -358,7 +361,7 @@ func TestSQLStoreTokensOutrunTheClock(t *testing.T) {
 		ctx := t.Context()
 		table := uniqueTable()
 		st := newSQLStore(t, db, idem.SQLOptions{Dialect: d, Table: table,
-			Options: idem.Options{LeaseTTL: 100 * time.Millisecond}})
+			LeaseTTL: 100 * time.Millisecond})
 		c, err := st.Claim(ctx, "k", nil)
 		if err != nil {
 			t.Fatal(err)

@@ -174,7 +174,7 @@ func TestRunWriteFails(t *testing.T) {
 		}()
 		e.fact("panic", false)
 
-		small := e.store(idem.SQLOptions{Options: idem.Options{MaxResultBytes: 4}})
+		small := e.store(idem.SQLOptions{MaxResultBytes: 4})
 		if _, _, err := small.Run(ctx, "big", nil, e.write("big", "12345", nil)); !errors.Is(err, idem.ErrTooLarge) {
 			t.Errorf("Run whose result exceeds MaxResultBytes = %v; want ErrTooLarge", err)
 		}
@@ -338,7 +338,7 @@ func TestRunAndLeases(t *testing.T) {
 
 		// An expired lease is taken over, with a greater token; the stalled
 		// holder's late Confirm leaves Run's record alone.
-		short := e.store(idem.SQLOptions{Options: idem.Options{LeaseTTL: 100 * time.Millisecond}})
+		short := e.store(idem.SQLOptions{LeaseTTL: 100 * time.Millisecond})
 		c, _ = short.Claim(ctx, "expired", nil)
 		time.Sleep(200 * time.Millisecond)
 		if res, replayed, err := e.st.Run(ctx, "expired", nil, e.write("expired", "run", nil)); err != nil || replayed || string(res) != "run" {

@@ -26,8 +26,8 @@ func BenchmarkThroughput(b *testing.B) {
 	c := testenv.Redis(b)
 	ctx := context.Background()
 	store, err := idem.NewRedisStore(c, idem.RedisOptions{
-		Prefix:  fmt.Sprintf("idembench:%d:", time.Now().UnixNano()),
-		Options: idem.Options{Retention: time.Minute},
+		Prefix:    fmt.Sprintf("idembench:%d:", time.Now().UnixNano()),
+		Retention: time.Minute,
 	})
 	if err != nil {
 		b.Fatal(err)

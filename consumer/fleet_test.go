@@ -37,7 +37,7 @@ func TestFleetRedis(t *testing.T) {
 	prefix := fmt.Sprintf("idemtest:fleet:%d:", time.Now().UnixNano())
 	mk := func(worker string) idem.Store {
 		s, err := idem.NewRedisStore(c, idem.RedisOptions{Prefix: prefix,
-			Options: idem.Options{Worker: worker, LeaseTTL: fleetTTL, Retention: time.Minute}})
+			Worker: worker, LeaseTTL: fleetTTL, Retention: time.Minute})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -224,7 +224,7 @@ func TestTxInFlight(t *testing.T) {
 // work back and answers 500: the work is undone, so a retry may run it.
 func TestTxResultTooLarge(t *testing.T) {
 	e := newTxEnv(t, idem.SQLite)
-	small, err := idem.NewSQLStore(e.db, idem.SQLOptions{Dialect: idem.SQLite, Table: uniqueName("idemtest_"), Options: idem.Options{MaxResultBytes: 64}})
+	small, err := idem.NewSQLStore(e.db, idem.SQLOptions{Dialect: idem.SQLite, Table: uniqueName("idemtest_"), MaxResultBytes: 64})
 	if err != nil {
 		t.Fatal(err)
 	}

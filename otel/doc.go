@@ -7,7 +7,7 @@
 // wrapper (consumer.WithObserver):
 //
 //	obs, err := idemotel.New(idemotel.Options{})
-//	store, err := idem.NewRedisStore(client, idem.RedisOptions{Options: idem.Options{Observer: obs}})
+//	store, err := idem.NewRedisStore(client, idem.RedisOptions{Observer: obs})
 //	mw, err := middleware.New(middleware.Options{Store: store, Observer: obs})
 //
 // # Metrics

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/storeopts"
 	idemotel "github.com/idemgo/idem/otel"
 	"github.com/redis/go-redis/v9"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -18,7 +19,9 @@ import (
 // redisStore returns a RedisStore with a prefix of its own.
 func redisStore(t testing.TB, c *redis.Client, o idem.Options) *idem.RedisStore {
 	t.Helper()
-	s, err := idem.NewRedisStore(c, idem.RedisOptions{Options: o, Prefix: fmt.Sprintf("idemotel:%s:%d:", t.Name(), time.Now().UnixNano())})
+	ro := storeopts.Redis(o)
+	ro.Prefix = fmt.Sprintf("idemotel:%s:%d:", t.Name(), time.Now().UnixNano())
+	s, err := idem.NewRedisStore(c, ro)
 	if err != nil {
 		t.Fatal(err)
 	}

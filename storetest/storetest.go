@@ -10,7 +10,10 @@
 //			c := redis.NewClient(&redis.Options{Addr: m.Addr()})
 //			return storetest.Backend{
 //				Open: func(o idem.Options) (idem.Store, error) {
-//					return idem.NewRedisStore(c, idem.RedisOptions{Options: o})
+//					return idem.NewRedisStore(c, idem.RedisOptions{
+//						Worker: o.Worker, LeaseTTL: o.LeaseTTL, Retention: o.Retention,
+//						MaxKeyBytes: o.MaxKeyBytes, MaxResultBytes: o.MaxResultBytes,
+//					})
 //				},
 //				Advance: m.FastForward,
 //			}

@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/storeopts"
 
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
 	_ "modernc.org/sqlite"             // database/sql driver "sqlite"
@@ -93,11 +94,16 @@ func (b *backend) store(o idem.Options) (idem.Store, error) {
 	if b.isSQL() {
 		return b.sqlStore(o)
 	}
-	return idem.NewRedisStore(b.redis, idem.RedisOptions{Options: o, Prefix: b.prefix, AllowEviction: b.allowEviction})
+	ro := storeopts.Redis(o)
+	ro.Prefix = b.prefix
+	ro.AllowEviction = b.allowEviction
+	return idem.NewRedisStore(b.redis, ro)
 }
 
 func (b *backend) sqlStore(o idem.Options) (*idem.SQLStore, error) {
-	return idem.NewSQLStore(b.db, idem.SQLOptions{Options: o, Dialect: b.dialect, Table: b.table})
+	so := storeopts.SQL(o, b.dialect)
+	so.Table = b.table
+	return idem.NewSQLStore(b.db, so)
 }
 
 // errNoStore is returned by open when no store was named and the command has

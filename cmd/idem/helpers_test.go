@@ -8,6 +8,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/sqltest"
+	"github.com/idemgo/idem/internal/storeopts"
 )
 
 // result is what one run of the command left behind.
@@ -45,7 +46,7 @@ func (r result) wantOneLine(t *testing.T, args []string) {
 func sqliteFile(t *testing.T, o idem.Options) (string, *idem.SQLStore) {
 	t.Helper()
 	db, path := sqltest.SQLite(t)
-	s, err := idem.NewSQLStore(db, idem.SQLOptions{Options: o, Dialect: idem.SQLite})
+	s, err := idem.NewSQLStore(db, storeopts.SQL(o, idem.SQLite))
 	if err != nil {
 		t.Fatalf("NewSQLStore = %v", err)
 	}

@@ -48,7 +48,7 @@ func TestInspect(t *testing.T) {
 	m := miniredis.RunT(t)
 	rc := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	t.Cleanup(func() { _ = rc.Close() })
-	redisStore, err := idem.NewRedisStore(rc, idem.RedisOptions{Options: idem.Options{Worker: "w-7"}})
+	redisStore, err := idem.NewRedisStore(rc, idem.RedisOptions{Worker: "w-7"})
 	if err != nil {
 		t.Fatalf("NewRedisStore = %v", err)
 	}
@@ -130,7 +130,7 @@ func checkPruned(t *testing.T, r result, s idem.Store) {
 func TestPruneSQLite(t *testing.T) {
 	t.Parallel()
 	path, long := sqliteFile(t, idem.Options{})
-	short, err := idem.NewSQLStore(sqltest.OpenSQLite(t, path), idem.SQLOptions{Options: idem.Options{Retention: 10 * time.Millisecond, LeaseTTL: 10 * time.Millisecond}, Dialect: idem.SQLite})
+	short, err := idem.NewSQLStore(sqltest.OpenSQLite(t, path), idem.SQLOptions{Retention: 10 * time.Millisecond, LeaseTTL: 10 * time.Millisecond, Dialect: idem.SQLite})
 	if err != nil {
 		t.Fatalf("NewSQLStore = %v", err)
 	}
@@ -150,7 +150,7 @@ func TestPrunePostgres(t *testing.T) {
 	table := "idem_prune_" + hex.EncodeToString(b[:])
 	t.Cleanup(func() { _, _ = db.Exec(`DROP TABLE IF EXISTS "` + table + `"`) })
 	newStore := func(retention time.Duration) *idem.SQLStore {
-		s, err := idem.NewSQLStore(db, idem.SQLOptions{Options: idem.Options{Retention: retention, LeaseTTL: retention}, Dialect: idem.Postgres, Table: table})
+		s, err := idem.NewSQLStore(db, idem.SQLOptions{Retention: retention, LeaseTTL: retention, Dialect: idem.Postgres, Table: table})
 		if err != nil {
 			t.Fatalf("NewSQLStore = %v", err)
 		}

@@ -131,7 +131,7 @@ func TestRabbitMQEffectsOnce(t *testing.T) {
 	var chans []*amqp091.Channel
 	for c := range consumers {
 		store, err := idem.NewRedisStore(rc, idem.RedisOptions{Prefix: prefix,
-			Options: idem.Options{Worker: fmt.Sprintf("consumer-%d", c), Retention: time.Minute}})
+			Worker: fmt.Sprintf("consumer-%d", c), Retention: time.Minute})
 		if err != nil {
 			t.Fatal(err)
 		}

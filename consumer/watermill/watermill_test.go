@@ -157,8 +157,8 @@ func TestRouterMemory(t *testing.T) {
 
 func TestRouterRedis(t *testing.T) {
 	store, err := idem.NewRedisStore(testenv.Redis(t), idem.RedisOptions{
-		Prefix:  fmt.Sprintf("idemtest:watermill:%d:", time.Now().UnixNano()),
-		Options: idem.Options{Retention: time.Minute},
+		Prefix:    fmt.Sprintf("idemtest:watermill:%d:", time.Now().UnixNano()),
+		Retention: time.Minute,
 	})
 	if err != nil {
 		t.Fatal(err)

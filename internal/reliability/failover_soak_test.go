@@ -323,7 +323,7 @@ func TestFailoverDurability(t *testing.T) {
 	fc := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: masterName, SentinelAddrs: set.sentinels,
 		DialTimeout: 500 * time.Millisecond, ReadTimeout: time.Second, WriteTimeout: time.Second})
 	t.Cleanup(func() { _ = fc.Close() })
-	o := idem.RedisOptions{Options: idem.Options{LeaseTTL: 5 * time.Second, Retention: time.Hour}}
+	o := idem.RedisOptions{LeaseTTL: 5 * time.Second, Retention: time.Hour}
 	if wait > 0 {
 		o.WaitReplicas, o.WaitTimeout = wait, 200*time.Millisecond
 	}

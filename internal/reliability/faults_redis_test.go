@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/storeopts"
 	"github.com/idemgo/idem/internal/testenv"
 )
 
@@ -104,8 +105,8 @@ func TestFaultsRedisScriptFlush(t *testing.T) {
 		c := redis.NewClient(&redis.Options{Addr: srv.Addr})
 		t.Cleanup(func() { _ = c.Close() })
 		c.AddHook(&evals)
-		s, err := idem.NewRedisStore(c, idem.RedisOptions{Options: idem.Options{LeaseTTL: time.Second,
-			Worker: "flush-worker-" + strconv.Itoa(i)}})
+		s, err := idem.NewRedisStore(c, idem.RedisOptions{LeaseTTL: time.Second,
+			Worker: "flush-worker-" + strconv.Itoa(i)})
 		if err != nil {
 			t.Fatalf("NewRedisStore: %v", err)
 		}
@@ -229,7 +230,7 @@ func TestFaultsRedisRestart(t *testing.T) {
 			DialTimeout: 300 * time.Millisecond, ReadTimeout: 300 * time.Millisecond})
 		t.Cleanup(func() { _ = c.Close() })
 		c.AddHook(&evals)
-		s, err := idem.NewRedisStore(c, idem.RedisOptions{Options: o})
+		s, err := idem.NewRedisStore(c, storeopts.Redis(o))
 		if err != nil {
 			t.Fatalf("NewRedisStore: %v", err)
 		}

@@ -16,6 +16,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/faultproxy"
 	"github.com/idemgo/idem/internal/sqltest"
+	"github.com/idemgo/idem/internal/storeopts"
 	"github.com/idemgo/idem/internal/testenv"
 )
 
@@ -229,7 +230,9 @@ func TestFaultsRedis(t *testing.T) {
 					DialTimeout: 300 * time.Millisecond, ReadTimeout: 300 * time.Millisecond,
 					WriteTimeout: 300 * time.Millisecond})
 				t.Cleanup(func() { _ = c.Close() })
-				s, err := idem.NewRedisStore(c, idem.RedisOptions{Options: o, Prefix: prefix})
+				ro := storeopts.Redis(o)
+				ro.Prefix = prefix
+				s, err := idem.NewRedisStore(c, ro)
 				if err != nil {
 					t.Fatalf("NewRedisStore through the proxy: %v", err)
 				}
@@ -265,7 +268,9 @@ func TestFaultsPostgres(t *testing.T) {
 			pdb.SetMaxIdleConns(8)
 			t.Cleanup(func() { _ = pdb.Close() })
 			open := func(i int, o idem.Options) idem.Store {
-				s, err := idem.NewSQLStore(pdb, idem.SQLOptions{Options: o, Dialect: idem.Postgres, Table: table})
+				so := storeopts.SQL(o, idem.Postgres)
+				so.Table = table
+				s, err := idem.NewSQLStore(pdb, so)
 				if err != nil {
 					t.Fatalf("NewSQLStore through the proxy: %v", err)
 				}

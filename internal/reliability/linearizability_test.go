@@ -10,6 +10,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/lincheck"
 	"github.com/idemgo/idem/internal/sqltest"
+	"github.com/idemgo/idem/internal/storeopts"
 	"github.com/idemgo/idem/internal/testenv"
 	"github.com/redis/go-redis/v9"
 )
@@ -109,7 +110,9 @@ func TestLinearizableMemoryStore(t *testing.T) {
 func linRedis(t *testing.T, c redis.UniversalClient) func(worker string) idem.Store {
 	prefix := testenv.UniquePrefix()
 	return func(worker string) idem.Store {
-		s, err := idem.NewRedisStore(c, idem.RedisOptions{Options: linOptions(worker), Prefix: prefix})
+		ro := storeopts.Redis(linOptions(worker))
+		ro.Prefix = prefix
+		s, err := idem.NewRedisStore(c, ro)
 		if err != nil {
 			t.Fatalf("NewRedisStore = %v", err)
 		}
@@ -135,7 +138,9 @@ func TestLinearizableSQLStorePostgres(t *testing.T) {
 	table := uniqueTable()
 	newSQLStore(t, db, idem.SQLOptions{Dialect: idem.Postgres, Table: table})
 	checkLinearizable(t, linPostgres, func(worker string) idem.Store {
-		s, err := idem.NewSQLStore(db, idem.SQLOptions{Options: linOptions(worker), Dialect: idem.Postgres, Table: table})
+		so := storeopts.SQL(linOptions(worker), idem.Postgres)
+		so.Table = table
+		s, err := idem.NewSQLStore(db, so)
 		if err != nil {
 			t.Fatalf("NewSQLStore = %v", err)
 		}
@@ -148,7 +153,9 @@ func TestLinearizableSQLStoreSQLite(t *testing.T) {
 	table := uniqueTable()
 	newSQLStore(t, db, idem.SQLOptions{Dialect: idem.SQLite, Table: table})
 	checkLinearizable(t, linSQLite, func(worker string) idem.Store {
-		s, err := idem.NewSQLStore(db, idem.SQLOptions{Options: linOptions(worker), Dialect: idem.SQLite, Table: table})
+		so := storeopts.SQL(linOptions(worker), idem.SQLite)
+		so.Table = table
+		s, err := idem.NewSQLStore(db, so)
 		if err != nil {
 			t.Fatalf("NewSQLStore = %v", err)
 		}

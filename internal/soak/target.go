@@ -37,7 +37,7 @@ func newRedisTarget(ctx context.Context, addr, run string) (*redisTarget, error)
 		return nil, fmt.Errorf("soak: Redis at %s: %w", addr, err)
 	}
 	var err error
-	if t.store, err = idem.NewRedisStore(t.c, idem.RedisOptions{Prefix: t.prefix, Options: idem.Options{Worker: "inspector"}}); err != nil {
+	if t.store, err = idem.NewRedisStore(t.c, idem.RedisOptions{Prefix: t.prefix, Worker: "inspector"}); err != nil {
 		_ = t.c.Close()
 		return nil, err
 	}
@@ -101,7 +101,7 @@ func newSQLTarget(ctx context.Context, dsn, run string) (*sqlTarget, error) {
 	}
 	t := &sqlTarget{dsn: dsn, table: "soak_keys_" + run, ledgerTable: "soak_ledger_" + run, db: db}
 	if t.store, err = idem.NewSQLStore(db, idem.SQLOptions{Dialect: idem.Postgres, Table: t.table,
-		Options: idem.Options{Worker: "inspector"}}); err != nil {
+		Worker: "inspector"}); err != nil {
 		_ = db.Close()
 		return nil, err
 	}

@@ -210,7 +210,7 @@ func (w *worker) settle(d *delivery, err error) {
 func (w *worker) redis() (func(context.Context, []*delivery), func(), error) {
 	c := redis.NewClient(&redis.Options{Addr: w.cfg.RedisAddr})
 	store, err := idem.NewRedisStore(c, idem.RedisOptions{Prefix: w.cfg.Prefix,
-		Options: idem.Options{Worker: w.cfg.Name, LeaseTTL: w.cfg.LeaseTTL, Retention: w.cfg.Retention}})
+		Worker: w.cfg.Name, LeaseTTL: w.cfg.LeaseTTL, Retention: w.cfg.Retention})
 	if err != nil {
 		_ = c.Close()
 		return nil, nil, err
@@ -262,7 +262,7 @@ func (w *worker) sql() (func(context.Context, []*delivery), func(), error) {
 	// other test too, and keeps at most 100.
 	db.SetMaxOpenConns(sqlConns)
 	store, err := idem.NewSQLStore(db, idem.SQLOptions{Dialect: idem.Postgres, Table: w.cfg.Table,
-		Options: idem.Options{Worker: w.cfg.Name, LeaseTTL: w.cfg.LeaseTTL, Retention: w.cfg.Retention}})
+		Worker: w.cfg.Name, LeaseTTL: w.cfg.LeaseTTL, Retention: w.cfg.Retention})
 	if err != nil {
 		_ = db.Close()
 		return nil, nil, err

@@ -64,7 +64,7 @@ var Contenders = []Contender{
 		Name: NameAutoPipeline, Group: GroupRedis, Redis: true,
 		Versus: []string{NameClaimConfirm, NameSetFloor, NameRedislock},
 		Open: func(ctx context.Context, e *Env) (*Instance, error) {
-			s, err := idem.NewRedisStore(e.Redis, idem.RedisOptions{Options: idem.Options{Retention: retention}, AutoPipeline: true})
+			s, err := idem.NewRedisStore(e.Redis, idem.RedisOptions{Retention: retention, AutoPipeline: true})
 			if err != nil {
 				return nil, err
 			}
@@ -290,7 +290,7 @@ var DefaultTargets = []Target{
 const MaxBytesPerRecord = 200
 
 func newRedisStore(c redis.UniversalClient) (*idem.RedisStore, error) {
-	return idem.NewRedisStore(c, idem.RedisOptions{Options: idem.Options{Retention: retention}})
+	return idem.NewRedisStore(c, idem.RedisOptions{Retention: retention})
 }
 
 // ClaimConfirm is the Instance of one Claim and one Confirm per message on
@@ -377,7 +377,7 @@ var (
 func newSQLStore(ctx context.Context, e *Env, tag string) (*idem.SQLStore, func() error, error) {
 	table := e.Name(tag)
 	s, err := idem.NewSQLStore(e.DB, idem.SQLOptions{Dialect: idem.Postgres, Table: table,
-		Options: idem.Options{Retention: retention}})
+		Retention: retention})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -238,7 +238,7 @@ type Memory struct {
 // what their expiry costs (measureExpiry); whatever is left is deleted.
 func measureMemory(ctx context.Context, c *redis.Client, n int, spread time.Duration) (*Memory, error) {
 	const batch = 500
-	s, err := idem.NewRedisStore(c, idem.RedisOptions{Options: idem.Options{Retention: 10 * time.Minute}})
+	s, err := idem.NewRedisStore(c, idem.RedisOptions{Retention: 10 * time.Minute})
 	if err != nil {
 		return nil, err
 	}
