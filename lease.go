@@ -2,10 +2,12 @@ package idem
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/idemgo/idem/internal/nilcheck"
+	"github.com/idemgo/idem/internal/renew"
 )
 
 // Lease is a claim held by this caller: proof that it, and no one else, is
@@ -34,7 +36,8 @@ type Lease struct {
 }
 
 // KeepAlive renews l every l.TTL/3 until the returned stop function is
-// called or ctx is done, and returns a context derived from ctx for the work.
+// called or ctx is done, and returns a context derived from ctx for the work,
+// carrying l (LeaseFrom).
 //
 // When a renewal finds the lease gone, the returned context is cancelled with
 // cause ErrLeaseLost (context.Cause): the work should stop, because another
@@ -46,9 +49,19 @@ type Lease struct {
 // stop cancels the returned context and waits for the renewing goroutine to
 // exit, so no Renew is in flight once stop returns: call it before Confirm or
 // Forget. stop may be called more than once.
+//
+// KeepAlive panics, in the caller's goroutine, when s is nil (or a typed
+// nil) or l is nil: the renewals would otherwise fail later, in a goroutine
+// of their own.
 func KeepAlive(ctx context.Context, s Store, l *Lease) (context.Context, func()) {
-	work, cancel := context.WithCancelCause(ctx)
-	if l == nil || l.TTL <= 0 {
+	if nilcheck.Nil(s) {
+		panic("idem: KeepAlive with a nil Store")
+	}
+	if l == nil {
+		panic("idem: KeepAlive with a nil *Lease")
+	}
+	work, cancel := context.WithCancelCause(ContextWithLease(ctx, l))
+	if l.TTL <= 0 {
 		cancel(fmt.Errorf("%w: KeepAlive needs a lease with a TTL", ErrLeaseLost))
 		return work, func() {}
 	}
@@ -56,7 +69,11 @@ func KeepAlive(ctx context.Context, s Store, l *Lease) (context.Context, func())
 	quit := make(chan struct{})
 	go func() {
 		defer close(done)
-		keepAlive(work, quit, s, l, cancel)
+		renew.Run(work, quit, []renew.Lease{{
+			TTL: l.TTL, Expires: l.Expires,
+			Renew: func(ctx context.Context) error { return s.Renew(ctx, l) },
+			Lost:  cancel,
+		}}, ErrLeaseLost)
 	}()
 	var once sync.Once
 	return work, func() {
@@ -68,41 +85,18 @@ func KeepAlive(ctx context.Context, s Store, l *Lease) (context.Context, func())
 	}
 }
 
-func keepAlive(ctx context.Context, quit <-chan struct{}, s Store, l *Lease, cancel context.CancelCauseFunc) {
-	interval := l.TTL / 3
-	// Retries of a failed renewal come faster, so that a short outage does
-	// not use up the lease.
-	retry := max(interval/4, time.Millisecond)
-	deadline := l.Expires
-	timer := time.NewTimer(interval)
-	defer timer.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-quit:
-			return
-		case <-timer.C:
-		}
-		sent := time.Now()
-		// A renewal must not outlive the lease it tries to save.
-		rctx, rcancel := context.WithDeadline(ctx, deadline)
-		err := s.Renew(rctx, l)
-		rcancel()
-		switch {
-		case err == nil:
-			deadline = sent.Add(l.TTL)
-			timer.Reset(interval)
-		case errors.Is(err, ErrLeaseLost):
-			cancel(err)
-			return
-		case ctx.Err() != nil:
-			return
-		case !time.Now().Before(deadline):
-			cancel(fmt.Errorf("%w: no renewal succeeded before the lease ran out: %w", ErrLeaseLost, err))
-			return
-		default:
-			timer.Reset(min(retry, time.Until(deadline)))
-		}
-	}
+type ctxLeaseKey struct{}
+
+// ContextWithLease returns a copy of ctx carrying l, for LeaseFrom. KeepAlive
+// and the wrappers put the lease there themselves.
+func ContextWithLease(ctx context.Context, l *Lease) context.Context {
+	return context.WithValue(ctx, ctxLeaseKey{}, l)
+}
+
+// LeaseFrom returns the lease that KeepAlive's context, and so the context
+// of a handler run by the middleware or the consumer wrapper, carries: its
+// Token is the fencing token to pass to a downstream write.
+func LeaseFrom(ctx context.Context) (*Lease, bool) {
+	l, ok := ctx.Value(ctxLeaseKey{}).(*Lease)
+	return l, ok
 }

@@ -115,11 +115,41 @@ func TestKeepAliveStop(t *testing.T) {
 	if after, _ := f.counts(); after != renews {
 		t.Fatalf("renewals went on after stop returned (%d then %d); want none", renews, after)
 	}
-	if _, stop := KeepAlive(t.Context(), mem, nil); stop == nil {
-		t.Fatal("KeepAlive(nil lease) returned a nil stop")
+}
+
+func TestKeepAliveMistakesPanicAtOnce(t *testing.T) {
+	mem := NewMemoryStore(Options{})
+	c, _ := mem.Claim(t.Context(), "k", nil)
+	for _, tt := range []struct {
+		name string
+		s    Store
+		l    *Lease
+		want string
+	}{
+		{"nil store", nil, c.Lease, "idem: KeepAlive with a nil Store"},
+		{"typed nil store", (*RedisStore)(nil), c.Lease, "idem: KeepAlive with a nil Store"},
+		{"nil lease", mem, nil, "idem: KeepAlive with a nil *Lease"},
+	} {
+		func() {
+			defer func() {
+				if got := recover(); got != tt.want {
+					t.Errorf("KeepAlive(%s) panicked with %v; want %q, in the caller's goroutine", tt.name, got, tt.want)
+				}
+			}()
+			KeepAlive(t.Context(), tt.s, tt.l)
+		}()
 	}
-	w, _ := KeepAlive(t.Context(), mem, nil)
-	if !errors.Is(context.Cause(w), ErrLeaseLost) {
-		t.Fatalf("KeepAlive(nil lease) context cause = %v; want ErrLeaseLost", context.Cause(w))
+}
+
+func TestLeaseFrom(t *testing.T) {
+	mem := NewMemoryStore(Options{})
+	c, _ := mem.Claim(t.Context(), "k", nil)
+	if _, ok := LeaseFrom(t.Context()); ok {
+		t.Error("LeaseFrom(a plain context) = ok; want false")
+	}
+	work, stop := KeepAlive(t.Context(), mem, c.Lease)
+	defer stop()
+	if l, ok := LeaseFrom(work); !ok || l != c.Lease {
+		t.Errorf("LeaseFrom(KeepAlive's context) = %v, %v; want the lease kept alive", l, ok)
 	}
 }

@@ -191,7 +191,7 @@ func item(s [][]byte, i int) []byte {
 func runAll[M any](n int, jobs []*job, h func(context.Context, M) error, ms []M) {
 	run := func(j *job) {
 		defer j.finished.Store(true)
-		j.panic, j.err = call(context.WithValue(j.work, leaseKey{}, j.lease), h, ms[j.i])
+		j.panic, j.err = call(idem.ContextWithLease(j.work, j.lease), h, ms[j.i])
 	}
 	n = min(n, len(jobs))
 	if n <= 1 {

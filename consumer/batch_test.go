@@ -26,7 +26,7 @@ func batchCase(t *testing.T, s idem.Store, b *spyStore) {
 	var mu sync.Mutex
 	ran := map[string]int{}
 	h := consumer.Batch(b.asStore(), msgKey, func(ctx context.Context, m msg) error {
-		if l, ok := consumer.LeaseFrom(ctx); !ok || l.Key != m.ID {
+		if l, ok := idem.LeaseFrom(ctx); !ok || l.Key != m.ID {
 			t.Errorf("LeaseFrom in batch handler = %v, %v; want the lease of %q", l, ok, m.ID)
 		}
 		mu.Lock()
@@ -242,7 +242,7 @@ func TestBatchLeaseLost(t *testing.T) {
 		if m.Body != "lose" {
 			return nil
 		}
-		l, _ := consumer.LeaseFrom(ctx)
+		l, _ := idem.LeaseFrom(ctx)
 		_ = s.Forget(context.Background(), l)
 		<-ctx.Done()
 		cause = context.Cause(ctx)

@@ -23,16 +23,6 @@ import (
 // error level.
 var ErrNotRecorded = errors.New("consumer: work done but not recorded")
 
-type leaseKey struct{}
-
-// LeaseFrom returns the lease under which the handler runs, for its fencing
-// token (pass Lease.Token to a downstream write guarded by "fence < token").
-// It reports false outside a handler run by Idempotent or Batch.
-func LeaseFrom(ctx context.Context) (*idem.Lease, bool) {
-	l, ok := ctx.Value(leaseKey{}).(*idem.Lease)
-	return l, ok
-}
-
 // Idempotent wraps h so that a message delivered more than once is handled
 // once. The key func names the work a message stands for (a message id, an
 // order id); it must return a non-empty key.
@@ -40,7 +30,7 @@ func LeaseFrom(ctx context.Context) (*idem.Lease, bool) {
 // The returned handler claims the key in store and then:
 //
 //   - Claimed: it runs h under idem.KeepAlive, with the lease in h's context
-//     (LeaseFrom). When the lease is lost, h's context is cancelled with cause
+//     (idem.LeaseFrom). When the lease is lost, h's context is cancelled with cause
 //     idem.ErrLeaseLost. If h returns nil, the work is confirmed, retried with
 //     backoff within the confirm budget on a context detached from ctx's
 //     cancellation (a consumer shutting down after the work is done must
@@ -83,7 +73,7 @@ func Idempotent[M any](store idem.Store, key func(M) string, h func(ctx context.
 		rep := report{key: k, outcome: idem.Claimed}
 		work, stop := idem.KeepAlive(ctx, store, cl.Lease)
 		defer stop() // also when h calls runtime.Goexit
-		p, err := call(context.WithValue(work, leaseKey{}, cl.Lease), h, m)
+		p, err := call(work, h, m)
 		stop() // no Renew in flight from here on
 		lost := c.lost(ctx, work, cl.Lease)
 		if err != nil || p != nil {

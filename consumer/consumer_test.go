@@ -19,7 +19,7 @@ func TestIdempotentOnceThenDuplicate(t *testing.T) {
 	var runs atomic.Int64
 	var token int64
 	h := consumer.Idempotent(s, msgKey, func(ctx context.Context, m msg) error {
-		l, ok := consumer.LeaseFrom(ctx)
+		l, ok := idem.LeaseFrom(ctx)
 		if !ok || l.Key != m.ID {
 			t.Errorf("LeaseFrom(handler ctx) = %v, %v; want the lease of %q", l, ok, m.ID)
 		} else {
@@ -48,7 +48,7 @@ func TestIdempotentOnceThenDuplicate(t *testing.T) {
 	if ev.es[0].Token != token || ev.es[0].KeyHash != idem.KeyHash("m1") {
 		t.Fatalf("duplicate event = %+v; want token %d and the key's hash", ev.es[0], token)
 	}
-	if _, ok := consumer.LeaseFrom(ctx); ok {
+	if _, ok := idem.LeaseFrom(ctx); ok {
 		t.Fatal("LeaseFrom(background) reported a lease")
 	}
 }
@@ -136,7 +136,7 @@ func TestIdempotentLeaseLost(t *testing.T) {
 	var ev events
 	var cause error
 	h := consumer.Idempotent(s, msgKey, func(ctx context.Context, m msg) error {
-		l, _ := consumer.LeaseFrom(ctx)
+		l, _ := idem.LeaseFrom(ctx)
 		_ = s.Forget(context.Background(), l) // taken away behind the handler's back
 		<-ctx.Done()
 		cause = context.Cause(ctx)

@@ -30,7 +30,7 @@
 // after the lease (Options.LeaseTTL), and the redelivery does the work again:
 // the effect happens twice exactly when a crash falls in that window. Keep
 // the window short (confirm right after the effect), make the effect itself
-// idempotent or fenced where it matters (the lease's Token, via [LeaseFrom],
+// idempotent or fenced where it matters (the lease's Token, via [idem.LeaseFrom],
 // guards a downstream write), or use the SQL store's transactional mode, in
 // which the record and the effect commit together.
 //

@@ -23,7 +23,7 @@ func ExampleIdempotent() {
 
 	charge := consumer.Idempotent(store, func(o Order) string { return "charge:" + o.ID },
 		func(ctx context.Context, o Order) error {
-			l, _ := consumer.LeaseFrom(ctx) // l.Token fences downstream writes
+			l, _ := idem.LeaseFrom(ctx) // l.Token fences downstream writes
 			fmt.Printf("charging %s %d (token %d)\n", o.ID, o.Amount, l.Token)
 			return nil
 		})

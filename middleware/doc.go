@@ -66,7 +66,7 @@
 //
 // With Options.Store, the request claims its key under a lease
 // (idem.Store.Claim), the handler runs with the lease renewed by
-// idem.KeepAlive and available from LeaseFrom (its Token is a fencing
+// idem.KeepAlive and available from idem.LeaseFrom (its Token is a fencing
 // token), and the response is confirmed. Confirm and Forget run on a
 // context detached from the request, with their own timeout and retries: a
 // client that hangs up after the work is done must not leave the key

@@ -52,17 +52,6 @@ type handler struct {
 	mux  *http.ServeMux
 }
 
-type leaseKey struct{}
-
-// LeaseFrom returns the lease under which the handler runs, in lease mode:
-// its Token is the fencing token to pass to a downstream write. It returns
-// false outside the middleware and in transactional mode, where the
-// transaction (idem.TxFromContext) plays that part.
-func LeaseFrom(ctx context.Context) (*idem.Lease, bool) {
-	l, ok := ctx.Value(leaseKey{}).(*idem.Lease)
-	return l, ok
-}
-
 // ServeHTTP handles one request: everything up to the fingerprint makes no
 // store call, so a malformed request never costs a round trip.
 func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -289,7 +278,7 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, l *idem.Lease, bod
 		}
 	}()
 	h.handlerRuns(r)
-	r2 := r.WithContext(context.WithValue(work, leaseKey{}, l))
+	r2 := r.WithContext(work) // carries l: idem.LeaseFrom
 	r2.Body = spoolBody{body.Reader()}
 	h.next.ServeHTTP(rec, r2)
 	done = true

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/idemgo/idem"
 )
 
 // eachStore runs f on a counting wrapper of every unit-test backend: the
@@ -300,7 +302,7 @@ func TestRecordDetachedAndRetried(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		h := mustNew(t, Options{Store: s}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			l, ok := LeaseFrom(r.Context())
+			l, ok := idem.LeaseFrom(r.Context())
 			if !ok || l.Token <= 0 {
 				t.Errorf("LeaseFrom = %v, %v; want the lease, with a token", l, ok)
 			}

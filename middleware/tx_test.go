@@ -144,7 +144,7 @@ func TestTxConcurrentRetries(t *testing.T) {
 			t.Errorf("orders = %d after %d handler runs; want 1 and 1", got, runs.Load())
 		}
 		wantProblem(t, do(h, req{key: "order-1", body: "gadget"}), 422, TypeFingerprintMismatch)
-		if _, ok := LeaseFrom(context.Background()); ok {
+		if _, ok := idem.LeaseFrom(context.Background()); ok {
 			t.Errorf("LeaseFrom outside the middleware = ok")
 		}
 	})

@@ -270,7 +270,7 @@ func deliver(ctx context.Context, h func(context.Context, int) error, m int) (cr
 // consumer.Idempotent: it applies message m's effect to the ledger, fenced
 // by the lease's token, and crashes where the plan says.
 func (d *demoRun) handle(ctx context.Context, m int) error {
-	l, _ := consumer.LeaseFrom(ctx)
+	l, _ := idem.LeaseFrom(ctx)
 	n := d.ledger.begin(m, l.Token)
 	k := d.plan.crashAt(m, n)
 	if k == crashBefore {

@@ -69,7 +69,7 @@ type Delivery struct {
 
 // Middleware returns a router middleware that runs each message's handler at
 // most once per key, as the package documentation's table says. While the
-// handler runs, msg.Context() carries the lease (consumer.LeaseFrom) and is
+// handler runs, msg.Context() carries the lease (idem.LeaseFrom) and is
 // cancelled with cause idem.ErrLeaseLost if the lease is lost; afterwards
 // the message's own context is restored. A duplicate produces no messages:
 // the first run's were published when it was done.

@@ -14,7 +14,6 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/consumer"
 	idemwatermill "github.com/idemgo/idem/consumer/watermill"
 	"github.com/idemgo/idem/internal/testenv"
 )
@@ -24,7 +23,7 @@ func TestMiddlewareDirect(t *testing.T) {
 	runs := 0
 	h := idemwatermill.Middleware(store, idemwatermill.Options{})(func(msg *message.Message) ([]*message.Message, error) {
 		runs++
-		if l, ok := consumer.LeaseFrom(msg.Context()); !ok || l.Key != msg.UUID {
+		if l, ok := idem.LeaseFrom(msg.Context()); !ok || l.Key != msg.UUID {
 			t.Errorf("LeaseFrom(msg.Context()) = %v, %v; want the lease of %q", l, ok, msg.UUID)
 		}
 		return []*message.Message{message.NewMessage("out-"+msg.UUID, nil)}, nil

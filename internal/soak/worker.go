@@ -223,7 +223,7 @@ func (w *worker) redis() (func(context.Context, []*delivery), func(), error) {
 	})
 	key := func(d *delivery) string { return d.id }
 	h := func(ctx context.Context, d *delivery) error {
-		l, ok := consumer.LeaseFrom(ctx)
+		l, ok := idem.LeaseFrom(ctx)
 		if !ok {
 			return errors.New("no lease in the handler's context")
 		}
