@@ -84,8 +84,33 @@ func TestRedisEvictionPolicyCluster(t *testing.T) {
 	}
 }
 
-// TestRedisEvictionPolicyUnreadable: miniredis has no CONFIG command, like
-// managed services that refuse it: the store is made, with a warning.
+// TestRedisEvictionPolicyConfigRefused: a real Redis with CONFIG renamed
+// away, as managed services do, still tells its policy in INFO memory: an
+// evicting one is refused all the same.
+func TestRedisEvictionPolicyConfigRefused(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		policy  string
+		refused bool
+	}{{"allkeys-lru", true}, {"volatile-ttl", true}, {"noeviction", false}} {
+		srv := testenv.StartRedisServer(t, "--appendonly", "no", "--maxmemory-policy", tt.policy, "--rename-command", "CONFIG", "")
+		c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+		t.Cleanup(func() { _ = c.Close() })
+		if err := c.ConfigGet(context.Background(), "maxmemory-policy").Err(); err == nil {
+			t.Fatalf("CONFIG GET answered on a server with CONFIG renamed; want it refused")
+		}
+		_, err := NewRedisStore(c, RedisOptions{Prefix: testenv.UniquePrefix()})
+		switch {
+		case tt.refused && (err == nil || !strings.Contains(err.Error(), tt.policy)):
+			t.Errorf("NewRedisStore on %s with CONFIG refused = %v; want an error naming the policy", tt.policy, err)
+		case !tt.refused && err != nil:
+			t.Errorf("NewRedisStore on %s with CONFIG refused = %v; want nil", tt.policy, err)
+		}
+	}
+}
+
+// TestRedisEvictionPolicyUnreadable: miniredis answers neither CONFIG nor
+// INFO memory with the policy: the store is made, with a warning.
 func TestRedisEvictionPolicyUnreadable(t *testing.T) {
 	t.Parallel()
 	_, c := newMiniredisClient(t)

@@ -188,9 +188,10 @@ type RedisStore struct {
 }
 
 // NewRedisStore returns a store on c. It checks Redis's maxmemory-policy (on
-// every master of a cluster) and refuses one that may evict keys unless
-// o.AllowEviction is set; where the server refuses CONFIG (managed services)
-// it logs a warning instead. An unreachable Redis is an error. Invalid
+// every master of a cluster, with CONFIG GET or, where CONFIG is refused as
+// on managed services, INFO memory) and refuses one that may evict keys
+// unless o.AllowEviction is set; only a server that answers neither is
+// accepted, with a warning to o.Logger. An unreachable Redis is an error. Invalid
 // options (negative durations, braces in the prefix) are errors.
 func NewRedisStore(c redis.UniversalClient, o RedisOptions) (*RedisStore, error) {
 	if c == nil || isNilClient(c) {
@@ -273,12 +274,14 @@ func readTimeout(c redis.UniversalClient) time.Duration {
 	return 0
 }
 
-// checkEviction refuses a Redis that may evict keys.
+// checkEviction refuses a Redis that may evict keys. The policy is read
+// with CONFIG GET and, where CONFIG is refused (renamed or forbidden, as on
+// managed services), from INFO memory; only when neither answers is the
+// store made, with a warning.
 func (s *RedisStore) checkEviction(ctx context.Context) error {
 	check := func(ctx context.Context, c redis.Cmdable) error {
-		policy, err := c.ConfigGet(ctx, "maxmemory-policy").Result()
-		var refused redis.Error
-		if errors.As(err, &refused) {
+		policy, err := evictionPolicy(ctx, c)
+		if errors.Is(err, errPolicyUnknown) {
 			if s.o.Logger != nil {
 				s.o.Logger.LogAttrs(ctx, slog.LevelWarn,
 					"idem: cannot read Redis maxmemory-policy; make sure it is noeviction, or records may be evicted and work done twice",
@@ -289,9 +292,9 @@ func (s *RedisStore) checkEviction(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("idem: checking Redis maxmemory-policy: %w", err)
 		}
-		if p, ok := policy["maxmemory-policy"]; ok && p != "noeviction" {
+		if policy != "noeviction" {
 			return fmt.Errorf("idem: Redis maxmemory-policy is %q: an evicted record is work done twice; "+
-				"set it to noeviction, or set RedisOptions.AllowEviction to accept the risk", p)
+				"set it to noeviction, or set RedisOptions.AllowEviction to accept the risk", policy)
 		}
 		return nil
 	}
@@ -299,6 +302,37 @@ func (s *RedisStore) checkEviction(ctx context.Context) error {
 		return cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return check(ctx, c) })
 	}
 	return check(ctx, s.c)
+}
+
+var errPolicyUnknown = errors.New("neither CONFIG GET nor INFO memory names the policy")
+
+// evictionPolicy reads c's maxmemory-policy: errPolicyUnknown when the
+// server answers neither CONFIG GET nor INFO memory with it, another error
+// when it cannot be asked at all.
+func evictionPolicy(ctx context.Context, c redis.Cmdable) (string, error) {
+	policy, err := c.ConfigGet(ctx, "maxmemory-policy").Result()
+	var refused redis.Error
+	switch {
+	case err == nil:
+		if p, ok := policy["maxmemory-policy"]; ok {
+			return p, nil
+		}
+	case !errors.As(err, &refused):
+		return "", err
+	}
+	info, err := c.Info(ctx, "memory").Result()
+	switch {
+	case errors.As(err, &refused):
+		return "", fmt.Errorf("%w (INFO: %v)", errPolicyUnknown, err)
+	case err != nil:
+		return "", err
+	}
+	for line := range strings.SplitSeq(info, "\r\n") {
+		if p, ok := strings.CutPrefix(line, "maxmemory_policy:"); ok {
+			return p, nil
+		}
+	}
+	return "", errPolicyUnknown
 }
 
 // redisKey returns the Redis key name holding key's record.
