@@ -16,6 +16,11 @@ import (
 const batchChunk = 128
 
 // scriptCall is one script invocation of a pipeline.
+//
+// The one-key scripts that have a batch form (claim.lua, confirm.lua) take
+// first the argument a batch passes once (the lease, the retention), then
+// the key's own; their batch forms take that first argument, then each
+// key's own in turn. batchCalls relies on it.
 type scriptCall struct {
 	script *luaScript
 	keys   []string
@@ -59,23 +64,14 @@ func (s *RedisStore) ClaimBatch(ctx context.Context, keys []string, fingerprints
 	// whole pipeline repeats the same ones.
 	attempt := string(s.appendAttempt(nil))
 	item := func(i int) []byte { return strconv.AppendInt(append([]byte(attempt), ':'), int64(i+1), 10) }
-	var calls []scriptCall
+	single := make([]scriptCall, len(keys))
+	for i, k := range keys {
+		single[i] = scriptCall{script: claimScript, keys: []string{s.redisKey(k)},
+			args: []any{s.leaseMs, claimTail(s.o.Worker, item(i), fp(i))}}
+	}
+	calls := single
 	if s.shared() {
-		for lo := 0; lo < len(keys); lo += batchChunk {
-			hi := min(lo+batchChunk, len(keys))
-			c := scriptCall{script: claimBatchScript, keys: make([]string, 0, hi-lo), args: make([]any, 1, 1+hi-lo)}
-			c.args[0] = s.leaseMs
-			for i := lo; i < hi; i++ {
-				c.keys = append(c.keys, s.redisKey(keys[i]))
-				c.args = append(c.args, claimTail(s.o.Worker, item(i), fp(i)))
-			}
-			calls = append(calls, c)
-		}
-	} else {
-		for i, k := range keys {
-			calls = append(calls, scriptCall{script: claimScript, keys: []string{s.redisKey(k)},
-				args: []any{s.leaseMs, claimTail(s.o.Worker, item(i), fp(i))}})
-		}
+		calls = batchCalls(claimBatchScript, single)
 	}
 	cs = make([]Claim, len(keys))
 	var errs []error
@@ -108,37 +104,22 @@ func (s *RedisStore) ConfirmBatch(ctx context.Context, leases []*Lease, results 
 	if len(leases) == 0 {
 		return nil
 	}
-	var calls []scriptCall
+	single := make([]scriptCall, len(leases))
+	for i, l := range leases {
+		single[i] = scriptCall{script: confirmScript, keys: []string{s.redisKey(l.Key)},
+			args: s.confirmArgs(l, at(results, i))}
+	}
+	calls := single
 	if s.shared() {
-		for lo := 0; lo < len(leases); lo += batchChunk {
-			hi := min(lo+batchChunk, len(leases))
-			c := scriptCall{script: confirmBatchScript, keys: make([]string, 0, hi-lo), args: make([]any, 1, 1+2*(hi-lo))}
-			c.args[0] = s.retentionMs
-			for i := lo; i < hi; i++ {
-				c.keys = append(c.keys, s.redisKey(leases[i].Key))
-				a := s.confirmArgs(leases[i], at(results, i))
-				c.args = append(c.args, a[0], a[2]) // all but the retention, given once
-			}
-			calls = append(calls, c)
-		}
-	} else {
-		for i, l := range leases {
-			calls = append(calls, scriptCall{script: confirmScript, keys: []string{s.redisKey(l.Key)},
-				args: s.confirmArgs(l, at(results, i))})
-		}
+		calls = batchCalls(confirmBatchScript, single)
 	}
 	var errs []error
 	cmds, waitErrs := s.pipeline(ctx, calls)
 	each(calls, cmds, waitErrs, func(i int, v any, err, waitErr error) {
 		if err == nil {
-			n, ok := v.(int64)
-			if !ok {
-				err = s.badReply("confirm", leases[i].Key, v)
-			} else {
-				var l bool
-				l, err = s.confirmed(ctx, leases[i], n)
-				late = late || l
-			}
+			var l bool
+			l, err = s.confirmed(ctx, leases[i], v)
+			late = late || l
 			if err == nil && waitErr != nil {
 				err = fmt.Errorf("idem: confirm of %s: %w", s.o.keyName(leases[i].Key), waitErr)
 			}
@@ -151,6 +132,26 @@ func (s *RedisStore) ConfirmBatch(ctx context.Context, leases []*Lease, results 
 		return &BatchError{Errs: errs}
 	}
 	return nil
+}
+
+// batchCalls turns one-key calls of claim.lua or confirm.lua into calls of
+// batch, their batch form, of at most batchChunk keys each, in order: one
+// script call for many keys costs Redis much less than one each. The
+// argument the calls share is taken from the first of each chunk.
+func batchCalls(batch *luaScript, single []scriptCall) []scriptCall {
+	calls := make([]scriptCall, 0, (len(single)+batchChunk-1)/batchChunk)
+	for lo := 0; lo < len(single); lo += batchChunk {
+		chunk := single[lo:min(lo+batchChunk, len(single))]
+		bc := scriptCall{script: batch, keys: make([]string, 0, len(chunk)),
+			args: make([]any, 1, 1+len(chunk)*(len(chunk[0].args)-1))}
+		bc.args[0] = chunk[0].args[0]
+		for _, c := range chunk {
+			bc.keys = append(bc.keys, c.keys[0])
+			bc.args = append(bc.args, c.args[1:]...)
+		}
+		calls = append(calls, bc)
+	}
+	return calls
 }
 
 // each hands every item's reply to f, in item order, with the verdict of

@@ -259,35 +259,22 @@ func (s *RedisStore) mergeCalls(live []*pipeCall) ([]scriptCall, []*pipeCall) {
 			order = append(order, c)
 		}
 	}
-	// merge groups cs into batch script calls of at most batchChunk keys;
-	// first holds the argument shared by the chunk (lease or retention),
-	// items the arguments of one call that the batch script takes.
-	merge := func(cs []*pipeCall, batch *luaScript, first func(*pipeCall) any, items func([]any, *pipeCall) []any) {
+	// A lone claim or confirm goes as it is; two or more as their batch
+	// form, each item answered in the order of its batch's keys.
+	merge := func(cs []*pipeCall, batch *luaScript) {
 		if len(cs) == 1 {
 			calls = append(calls, cs[0].scriptCall)
 			order = append(order, cs[0])
 			return
 		}
-		for lo := 0; lo < len(cs); lo += batchChunk {
-			hi := min(lo+batchChunk, len(cs))
-			bc := scriptCall{script: batch, keys: make([]string, 0, hi-lo), args: make([]any, 1, 1+2*(hi-lo))}
-			bc.args[0] = first(cs[lo])
-			for _, c := range cs[lo:hi] {
-				bc.keys = append(bc.keys, c.keys[0])
-				bc.args = items(bc.args, c)
-				order = append(order, c)
-			}
-			calls = append(calls, bc)
+		single := make([]scriptCall, len(cs))
+		for i, c := range cs {
+			single[i] = c.scriptCall
 		}
+		calls = append(calls, batchCalls(batch, single)...)
+		order = append(order, cs...)
 	}
-	// claim.lua's ARGV: lease, tail; claim_batch.lua's: lease, tails...
-	merge(claims, claimBatchScript,
-		func(c *pipeCall) any { return c.args[0] },
-		func(a []any, c *pipeCall) []any { return append(a, c.args[1]) })
-	// confirm.lua's ARGV: held prefix, retention, confirmation;
-	// confirm_batch.lua's: retention, then prefix and confirmation per key.
-	merge(confirms, confirmBatchScript,
-		func(c *pipeCall) any { return c.args[1] },
-		func(a []any, c *pipeCall) []any { return append(a, c.args[0], c.args[2]) })
+	merge(claims, claimBatchScript)
+	merge(confirms, confirmBatchScript)
 	return calls, order
 }

@@ -436,9 +436,42 @@ func (s *RedisStore) Claim(ctx context.Context, key string, fingerprint []byte) 
 	return s.parseClaim(key, fingerprint, start, v)
 }
 
+// The scripts' answers (scripts/*.lua, named there as here).
+const (
+	// replyDamaged answers any operation, or batch item, on a record the
+	// scripts cannot decode.
+	replyDamaged = "X"
+
+	// claim.lua's states, the first element of an array reply.
+	replyClaimed = "C" // a new lease after a forgotten claim
+	replyAgain   = "A" // the lease this same attempt was given before
+	replyDone    = "D" // confirmed
+	replyHeld    = "P" // held by a live claim
+
+	// confirm.lua's answers.
+	confirmHeld    = 1 // the lease was held
+	confirmLate    = 2 // the lease had been lost; recorded all the same
+	confirmRepeat  = 3 // already confirmed by this lease
+	confirmNotKept = 4 // already confirmed by another lease
+)
+
+// damaged reports the scripts' answer for a damaged record.
+func damaged(v any) bool {
+	s, ok := v.(string)
+	return ok && s == replyDamaged
+}
+
+// errDamaged is op's error on key's damaged record.
+func (s *RedisStore) errDamaged(op, key string) error {
+	return fmt.Errorf("%w: %s of %s", ErrDamaged, op, s.o.keyName(key))
+}
+
 // parseClaim turns claim.lua's reply into a Claim, and a record made with
 // another fingerprint into ErrFingerprintMismatch with the Claim.
 func (s *RedisStore) parseClaim(key string, fingerprint []byte, start time.Time, v any) (Claim, error) {
+	if damaged(v) {
+		return Claim{}, s.errDamaged("claim", key)
+	}
 	if t, ok := v.(string); ok {
 		// The common case, a new lease, is answered with its token alone.
 		tok, err := strconv.ParseInt(t, 10, 64)
@@ -451,9 +484,6 @@ func (s *RedisStore) parseClaim(key string, fingerprint []byte, start time.Time,
 	if !ok || len(a) == 0 {
 		return Claim{}, s.badReply("claim", key, v)
 	}
-	if len(a) == 1 && a[0] == "X" {
-		return Claim{}, fmt.Errorf("%w: claim of %s", ErrDamaged, s.o.keyName(key))
-	}
 	if len(a) < 2 {
 		return Claim{}, s.badReply("claim", key, v)
 	}
@@ -463,9 +493,9 @@ func (s *RedisStore) parseClaim(key string, fingerprint []byte, start time.Time,
 		return Claim{}, s.badReply("claim", key, v)
 	}
 	switch st {
-	case "C", "A":
+	case replyClaimed, replyAgain:
 		ttl := s.o.LeaseTTL
-		if st == "A" {
+		if st == replyAgain {
 			var p int64
 			if len(a) == 3 {
 				p, _ = a[2].(int64)
@@ -476,7 +506,7 @@ func (s *RedisStore) parseClaim(key string, fingerprint []byte, start time.Time,
 			ttl = time.Duration(p) * time.Millisecond
 		}
 		return s.claimed(key, tok, ttl, fingerprint, start), nil
-	case "D", "P":
+	case replyDone, replyHeld:
 		rec, err := s.parseRecord(key, start, a)
 		if err != nil {
 			return Claim{}, err
@@ -513,10 +543,10 @@ func (s *RedisStore) parseRecord(key string, start time.Time, a []any) (*Record,
 	pttl, ok2 := a[2].(int64)
 	fp, ok3 := a[3].(string)
 	last, ok4 := a[4].(string)
-	if !ok1 || !ok2 || !ok3 || !ok4 || (st != "D" && st != "P") {
+	if !ok1 || !ok2 || !ok3 || !ok4 || (st != replyDone && st != replyHeld) {
 		return nil, s.badReply("record", key, a)
 	}
-	rec := &Record{Key: key, Confirmed: st == "D", Token: tok, Fingerprint: []byte(fp)}
+	rec := &Record{Key: key, Confirmed: st == replyDone, Token: tok, Fingerprint: []byte(fp)}
 	if rec.Confirmed {
 		rec.Result = []byte(last)
 	} else {
@@ -544,13 +574,9 @@ func (s *RedisStore) badReply(op, key string, v any) error {
 	return fmt.Errorf("idem: %s of %s: unexpected reply from Redis (%T)", op, s.o.keyName(key), v)
 }
 
-// fail wraps a Redis error with the operation and key, mapping a script's
-// damaged-record answer to ErrDamaged. The operation's event logs it (see
-// Options.observe), with the key's hash in the error.
+// fail wraps a Redis error with the operation and key. The operation's
+// event logs it (see Options.observe), with the key's hash in the error.
 func (s *RedisStore) fail(op, key string, err error) error {
-	if strings.Contains(err.Error(), "idem: damaged record") {
-		return fmt.Errorf("%w: %s of %s", ErrDamaged, op, s.o.keyName(key))
-	}
 	return fmt.Errorf("idem: %s of %s: %w", op, s.o.keyName(key), err)
 }
 
@@ -564,6 +590,9 @@ func (s *RedisStore) Renew(ctx context.Context, l *Lease) (err error) {
 	v, _, err := s.run(ctx, renewScript, l.Key, heldPrefix(l), s.leaseMs)
 	if err != nil {
 		return s.fail("renew", l.Key, err)
+	}
+	if damaged(v) {
+		return s.errDamaged("renew", l.Key)
 	}
 	n, ok := v.(int64)
 	if !ok {
@@ -587,11 +616,7 @@ func (s *RedisStore) Confirm(ctx context.Context, l *Lease, result []byte) (err 
 	if err != nil {
 		return s.fail("confirm", l.Key, err)
 	}
-	n, ok := v.(int64)
-	if !ok {
-		return s.badReply("confirm", l.Key, v)
-	}
-	if late, err = s.confirmed(ctx, l, n); err != nil {
+	if late, err = s.confirmed(ctx, l, v); err != nil {
 		return err
 	}
 	if waitErr != nil {
@@ -600,7 +625,8 @@ func (s *RedisStore) Confirm(ctx context.Context, l *Lease, result []byte) (err 
 	return nil
 }
 
-// confirmArgs are confirm.lua's ARGV for l.
+// confirmArgs are confirm.lua's ARGV for l: the retention, which a batch
+// shares, then l's own (see scriptCall).
 func (s *RedisStore) confirmArgs(l *Lease, result []byte) []any {
 	// Both values in one allocation; the held prefix is capped so that
 	// nothing appended to it could overwrite the confirmation. 48 bytes
@@ -611,25 +637,27 @@ func (s *RedisStore) confirmArgs(l *Lease, result []byte) []any {
 	b = appendHeld(b, l)
 	n := len(b)
 	b = appendDone(b, l, result)
-	return []any{b[:n:n], s.retentionMs, b[n:]}
+	return []any{s.retentionMs, b[:n:n], b[n:]}
 }
 
-// confirmed interprets confirm.lua's answer n, logging a late confirm;
+// confirmed interprets confirm.lua's answer v, logging a late confirm;
 // another lease's confirmation kept is ErrAlreadyConfirmed.
-func (s *RedisStore) confirmed(ctx context.Context, l *Lease, n int64) (late bool, err error) {
+func (s *RedisStore) confirmed(ctx context.Context, l *Lease, v any) (late bool, err error) {
+	if damaged(v) {
+		return false, s.errDamaged("confirm", l.Key)
+	}
+	n, _ := v.(int64)
 	switch n {
-	case 1, 3:
+	case confirmHeld, confirmRepeat:
 		return false, nil
-	case 2:
+	case confirmLate:
 		s.o.logLate(ctx, l)
 		return true, nil
-	case 4:
+	case confirmNotKept:
 		s.o.logLate(ctx, l)
 		return true, s.o.notKept(l)
-	case 0: // from confirm_batch.lua
-		return false, fmt.Errorf("%w: confirm of %s", ErrDamaged, s.o.keyName(l.Key))
 	}
-	return false, s.badReply("confirm", l.Key, n)
+	return false, s.badReply("confirm", l.Key, v)
 }
 
 // Forget implements Store in one round trip.
@@ -642,6 +670,9 @@ func (s *RedisStore) Forget(ctx context.Context, l *Lease) (err error) {
 	v, _, err := s.run(ctx, forgetScript, l.Key, heldPrefix(l), strconv.FormatInt(l.Token, 10))
 	if err != nil {
 		return s.fail("forget", l.Key, err)
+	}
+	if damaged(v) {
+		return s.errDamaged("forget", l.Key)
 	}
 	n, ok := v.(int64)
 	if !ok {
@@ -666,6 +697,9 @@ func (s *RedisStore) Lookup(ctx context.Context, key string) (rec *Record, err e
 	}
 	if err != nil {
 		return nil, s.fail("lookup", key, err)
+	}
+	if damaged(v) {
+		return nil, s.errDamaged("lookup", key)
 	}
 	a, ok := v.([]any)
 	if !ok {

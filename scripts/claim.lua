@@ -12,7 +12,7 @@
 --          {'A', token, pttl}                        claimed before by this same attempt
 --          {'D', token, pttl, fingerprint, result}   confirmed
 --          {'P', token, pttl, fingerprint, owner}    held by a live claim
---          error 'idem: damaged record'
+--          'X'                                       the record is damaged
 -- token is a decimal string; pttl the key's remaining milliseconds.
 
 -- The common case, a new key: the clock and one write, nothing else.
@@ -22,6 +22,4 @@ if redis.call('SET', KEYS[1], '1C' .. toks .. ':' .. ARGV[2], 'NX', 'PX', ARGV[1
 
 -- #include record.lua
 
-local r = claimed(KEYS[1], ARGV[1], ARGV[2], toks)
-if r[1] == 'X' then return redis.error_reply(DAMAGED) end
-return r
+return claimed(KEYS[1], ARGV[1], ARGV[2], toks)

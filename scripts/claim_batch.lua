@@ -7,7 +7,7 @@
 -- ARGV[1+i] key i's claim value after "1C<token>:" (see claim.lua); each
 --           item has an attempt of its own, so a key twice in one batch is
 --           two attempts, and a retried batch repeats them
--- Reply:    one claim.lua reply per key, {'X'} for a damaged record
+-- Reply:    one claim.lua reply per key ('X' for a damaged record)
 
 -- One clock reading serves every key: a script runs alone, so no lease can
 -- expire between its first key and its last, and a token only has to

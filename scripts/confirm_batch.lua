@@ -3,9 +3,9 @@
 --
 -- KEYS     the records
 -- ARGV[1]  retention in milliseconds
--- ARGV[2i], ARGV[2i+1]  key i's claim prefix and confirmation, as ARGV[1]
+-- ARGV[2i], ARGV[2i+1]  key i's claim prefix and confirmation, as ARGV[2]
 --          and ARGV[3] of confirm.lua
--- Reply:   one confirm.lua answer per key, 0 for a damaged record
+-- Reply:   one confirm.lua answer per key ('X' for a damaged record)
 
 -- #include record.lua
 

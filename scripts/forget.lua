@@ -5,7 +5,7 @@
 -- ARGV[2]  the lease's token
 -- Reply:   1 forgotten; 0 nothing of this lease's to forget (never a
 --          confirmation, never another holder's claim);
---          error 'idem: damaged record'
+--          'X' the record is damaged
 
 local v = redis.call('GET', KEYS[1])
 if v and string.find(v, ARGV[1], 1, true) == 1 then

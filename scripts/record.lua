@@ -23,7 +23,12 @@
 -- Building them in Lua would cost Redis, which every client shares, what
 -- costs a client next to nothing.
 
-local DAMAGED = 'idem: damaged record'
+-- The answers the scripts share, named as redisstore.go names them. A
+-- damaged record is always answered DAMAGED, alone or as a batch's item,
+-- and left as it is for an operator to inspect.
+local DAMAGED = 'X'
+-- confirm's answers (see confirm.lua).
+local HELD, LATE, REPEAT, NOT_KEPT = 1, 2, 3, 4
 
 -- decode parses a record, or returns nil when it is not one this version
 -- can read (the caller answers DAMAGED and leaves the record alone).
@@ -91,13 +96,13 @@ end
 local function claimed(key, lease, tail, toks)
   -- The claim's owner and attempt are in its tail.
   local mine = decode('1C0:' .. tail)
-  if not mine then return {'X'} end
+  if not mine then return DAMAGED end
   local owner, attempt = mine.owner, mine.attempt
   local v = redis.call('GET', key)
   local floor = 0
   if v then
     local r = decode(v)
-    if not r then return {'X'} end
+    if not r then return DAMAGED end
     if r.st == 'C' and r.owner == owner and r.attempt == attempt then
       return {'A', r.toks, redis.call('PTTL', key)}
     end
@@ -111,19 +116,19 @@ local function claimed(key, lease, tail, toks)
 end
 
 -- confirmed answers a confirm of key whose record v is not the lease's own
--- claim. See confirm.lua for the answers; 0 is DAMAGED.
+-- claim. See confirm.lua for the answers.
 local function confirmed(key, v, held, retention, value)
   local toks = string.match(held, '^1C(%d+):')
   if v then
     local r = decode(v)
-    if not r then return 0 end
+    if not r then return DAMAGED end
     if r.st == 'D' then
-      if r.toks == toks then return 3 end
-      return 4
+      if r.toks == toks then return REPEAT end
+      return NOT_KEPT
     end
   end
   redis.call('SET', key, value, 'PX', retention)
-  return 2
+  return LATE
 end
 
 -- confirm records key as done. held is how the lease's claim begins, value
@@ -132,13 +137,13 @@ local function confirm(key, held, retention, value)
   local v = redis.call('GET', key)
   if v and string.find(v, held, 1, true) == 1 then
     redis.call('SET', key, value, 'PX', retention)
-    return 1
+    return HELD
   end
   return confirmed(key, v, held, retention, value)
 end
 
 -- lost answers for a lease whose claim key's record v is not: 0, or DAMAGED.
 local function lost(v)
-  if v and not decode(v) then return redis.error_reply(DAMAGED) end
+  if v and not decode(v) then return DAMAGED end
   return 0
 end
