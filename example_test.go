@@ -69,7 +69,7 @@ func ExampleStore_Claim_inProgress() {
 	retry, _ := store.Claim(ctx, "msg-42", []byte("body-hash"))
 	fmt.Println(retry.Outcome, retry.Lease.Token > first.Lease.Token)
 	// Output:
-	// claimed in-progress worker-1 true
+	// claimed in_progress worker-1 true
 	// claimed true
 }
 
@@ -98,7 +98,7 @@ func ExampleRedisStore_ClaimBatch() {
 	// Output:
 	// m1 claimed
 	// m2 claimed
-	// m1 in-progress
+	// m1 in_progress
 	// <nil>
 	// duplicate duplicate
 }

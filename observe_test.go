@@ -113,7 +113,7 @@ func TestEventClass(t *testing.T) {
 		}
 	}
 	if idem.ClassStore.String() != "store" || idem.OpRequest.String() != "request" || idem.OpMessage.String() != "message" ||
-		idem.InProgress.Label() != "in_progress" || idem.Outcome(0).Label() != "" {
+		idem.InProgress.String() != "in_progress" || idem.Duplicate.String() != "duplicate" {
 		t.Error("names for metric labels changed")
 	}
 }

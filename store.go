@@ -29,8 +29,9 @@ const (
 	InProgress
 )
 
-// String returns the outcome's name in lower case ("claimed", "duplicate",
-// "in-progress"), for logs and metric labels.
+// String returns the outcome's name in snake case ("claimed",
+// "duplicate", "in_progress"), as Op and ErrorClass name theirs, for logs
+// and metric labels.
 func (o Outcome) String() string {
 	switch o {
 	case Claimed:
@@ -38,22 +39,9 @@ func (o Outcome) String() string {
 	case Duplicate:
 		return "duplicate"
 	case InProgress:
-		return "in-progress"
-	}
-	return "outcome(" + strconv.Itoa(int(o)) + ")"
-}
-
-// Label returns the outcome's name in snake case ("claimed", "duplicate",
-// "in_progress"), as Op.String and ErrorClass.String name theirs, for metric
-// labels; "" for no outcome.
-func (o Outcome) Label() string {
-	switch o {
-	case Claimed, Duplicate:
-		return o.String()
-	case InProgress:
 		return "in_progress"
 	}
-	return ""
+	return "outcome(" + strconv.Itoa(int(o)) + ")"
 }
 
 // Record is what a store holds for a key: a live claim or a confirmation.

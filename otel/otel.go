@@ -90,7 +90,7 @@ func New(o Options) (*Observer, error) {
 			for class := range nClasses {
 				kvs := []attribute.KeyValue{opKV}
 				if out != 0 {
-					kvs = append(kvs, attribute.String("outcome", idem.Outcome(out).Label()))
+					kvs = append(kvs, attribute.String("outcome", idem.Outcome(out).String()))
 				}
 				if class != 0 {
 					kvs = append(kvs, attribute.String("error_class", idem.ErrorClass(class).String()))
@@ -152,7 +152,7 @@ func setAttributes(span trace.Span, e *idem.Event, class idem.ErrorClass) {
 	kvs := make([]attribute.KeyValue, 0, 7)
 	kvs = append(kvs, attribute.String("idem.op", e.Op.String()))
 	if e.Outcome != 0 {
-		kvs = append(kvs, attribute.String("idem.outcome", e.Outcome.Label()))
+		kvs = append(kvs, attribute.String("idem.outcome", e.Outcome.String()))
 	}
 	if e.KeyHash != "" {
 		kvs = append(kvs, attribute.String("idem.key_hash", e.KeyHash))

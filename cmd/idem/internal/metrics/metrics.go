@@ -94,7 +94,7 @@ func (r *Registry) sortedSeries() []series {
 func (s series) labels() string {
 	l := `op="` + s.op.String() + `"`
 	if s.outcome != 0 {
-		l += `,outcome="` + s.outcome.Label() + `"`
+		l += `,outcome="` + s.outcome.String() + `"`
 	}
 	if s.class != 0 {
 		l += `,error_class="` + s.class.String() + `"`
@@ -184,7 +184,7 @@ func (r *Registry) WriteTable(w io.Writer) {
 		return s
 	}
 	for _, s := range ss {
-		fmt.Fprintf(w, "%-14s %-12s %-11s %8d\n", s.op, dash(s.outcome.Label()), dash(s.class.String()), r.ops[s])
+		fmt.Fprintf(w, "%-14s %-12s %-11s %8d\n", s.op, dash(outcomeName(s.outcome)), dash(s.class.String()), r.ops[s])
 	}
 	for _, op := range sortedOps(r.takeovers) {
 		fmt.Fprintf(w, "take-overs (%s): %d\n", op, r.takeovers[op])
@@ -204,4 +204,12 @@ func (r *Registry) WriteTable(w io.Writer) {
 		}
 		fmt.Fprintf(w, "%-14s %10s %10s %10d\n", op, q(0.5), q(0.99), h.n)
 	}
+}
+
+// outcomeName is o's label, "" for no outcome.
+func outcomeName(o idem.Outcome) string {
+	if o == 0 {
+		return ""
+	}
+	return o.String()
 }
