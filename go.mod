@@ -9,6 +9,8 @@ require (
 	github.com/redis/go-redis/v9 v9.23.0
 )
 
+require github.com/dchest/siphash v1.2.3
+
 require (
 	github.com/alicebob/miniredis/v2 v2.40.0
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect

@@ -9,9 +9,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/bits"
 	"sync"
 	"time"
+
+	"github.com/dchest/siphash"
 )
 
 // Op names an operation in an Event.
@@ -311,58 +312,10 @@ func (h *KeyHasher) Hash(key string) string {
 		h = defaultKeyHasher
 	}
 	var sum [8]byte
-	binary.BigEndian.PutUint64(sum[:], sipHash24(h.k0, h.k1, key))
+	binary.BigEndian.PutUint64(sum[:], siphash.Hash(h.k0, h.k1, []byte(key)))
 	var out [16]byte
 	hex.Encode(out[:], sum[:])
 	return string(out[:])
-}
-
-// sipHash24 is SipHash-2-4 (Aumasson and Bernstein, 2012) of p under the
-// key (k0, k1), the key's and the message's bytes read little-endian.
-func sipHash24(k0, k1 uint64, p string) uint64 {
-	v0 := k0 ^ 0x736f6d6570736575
-	v1 := k1 ^ 0x646f72616e646f6d
-	v2 := k0 ^ 0x6c7967656e657261
-	v3 := k1 ^ 0x7465646279746573
-	round := func() {
-		v0 += v1
-		v1 = bits.RotateLeft64(v1, 13)
-		v1 ^= v0
-		v0 = bits.RotateLeft64(v0, 32)
-		v2 += v3
-		v3 = bits.RotateLeft64(v3, 16)
-		v3 ^= v2
-		v0 += v3
-		v3 = bits.RotateLeft64(v3, 21)
-		v3 ^= v0
-		v2 += v1
-		v1 = bits.RotateLeft64(v1, 17)
-		v1 ^= v2
-		v2 = bits.RotateLeft64(v2, 32)
-	}
-	n := len(p)
-	for ; len(p) >= 8; p = p[8:] {
-		m := uint64(p[0]) | uint64(p[1])<<8 | uint64(p[2])<<16 | uint64(p[3])<<24 |
-			uint64(p[4])<<32 | uint64(p[5])<<40 | uint64(p[6])<<48 | uint64(p[7])<<56
-		v3 ^= m
-		round()
-		round()
-		v0 ^= m
-	}
-	last := uint64(n) << 56
-	for i := len(p) - 1; i >= 0; i-- {
-		last |= uint64(p[i]) << (8 * uint(i))
-	}
-	v3 ^= last
-	round()
-	round()
-	v0 ^= last
-	v2 ^= 0xff
-	round()
-	round()
-	round()
-	round()
-	return v0 ^ v1 ^ v2 ^ v3
 }
 
 // KeyHash returns the hash of key with the process's default KeyHasher: it
