@@ -69,11 +69,11 @@ func KeepAlive(ctx context.Context, s Store, l *Lease) (context.Context, func())
 	quit := make(chan struct{})
 	go func() {
 		defer close(done)
-		renew.Run(work, quit, []renew.Lease{{
-			TTL: l.TTL, Expires: l.Expires,
-			Renew: func(ctx context.Context) error { return s.Renew(ctx, l) },
-			Lost:  cancel,
-		}}, ErrLeaseLost)
+		ls := [1]renew.Lease{{TTL: l.TTL, Expires: l.Expires}}
+		renew.Run(work, quit, ls[:], renew.Funcs{
+			Renew: func(ctx context.Context, _ int) error { return s.Renew(ctx, l) },
+			Lost:  func(_ int, cause error) { cancel(cause) },
+		}, ErrLeaseLost)
 	}()
 	var once sync.Once
 	return work, func() {

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/dchest/siphash"
 )
@@ -312,7 +313,10 @@ func (h *KeyHasher) Hash(key string) string {
 		h = defaultKeyHasher
 	}
 	var sum [8]byte
-	binary.BigEndian.PutUint64(sum[:], siphash.Hash(h.k0, h.k1, []byte(key)))
+	// siphash only reads p: the key's bytes are lent to it without the copy
+	// that []byte(key) would allocate for a key over 32 bytes.
+	p := unsafe.Slice(unsafe.StringData(key), len(key))
+	binary.BigEndian.PutUint64(sum[:], siphash.Hash(h.k0, h.k1, p))
 	var out [16]byte
 	hex.Encode(out[:], sum[:])
 	return string(out[:])

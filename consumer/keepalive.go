@@ -25,12 +25,7 @@ func keepAll(ctx context.Context, s idem.Store, jobs []*job) (stop func()) {
 	}
 	leases := make([]renew.Lease, len(jobs))
 	for k, j := range jobs {
-		leases[k] = renew.Lease{
-			TTL: j.lease.TTL, Expires: j.lease.Expires,
-			Renew:    func(ctx context.Context) error { return s.Renew(ctx, j.lease) },
-			Lost:     j.cancel,
-			Finished: func() bool { return j.finished.Load() || j.work.Err() != nil },
-		}
+		leases[k] = renew.Lease{TTL: j.lease.TTL, Expires: j.lease.Expires}
 		if j.lease.TTL <= 0 {
 			j.cancel(fmt.Errorf("%w: keep-alive needs a lease with a TTL", idem.ErrLeaseLost))
 		}
@@ -38,7 +33,11 @@ func keepAll(ctx context.Context, s idem.Store, jobs []*job) (stop func()) {
 	quit, done := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(done)
-		renew.Run(ctx, quit, leases, idem.ErrLeaseLost)
+		renew.Run(ctx, quit, leases, renew.Funcs{
+			Renew:    func(ctx context.Context, k int) error { return s.Renew(ctx, jobs[k].lease) },
+			Lost:     func(k int, cause error) { jobs[k].cancel(cause) },
+			Finished: func(k int) bool { return jobs[k].finished.Load() || jobs[k].work.Err() != nil },
+		}, idem.ErrLeaseLost)
 	}()
 	return func() {
 		close(quit)

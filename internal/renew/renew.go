@@ -11,55 +11,57 @@ import (
 	"time"
 )
 
-// Lease is one lease kept alive.
+// Lease is one lease kept alive; Run keeps its state in it.
 type Lease struct {
 	// TTL is what the store granted: the lease is renewed every TTL/3.
 	TTL time.Duration
 	// Expires is the local, conservative estimate of when the lease runs
 	// out unless renewed: a renewal must not outlive it.
 	Expires time.Time
-	// Renew renews the lease once.
-	Renew func(ctx context.Context) error
-	// Lost ends the lease's work with cause; Run calls it at most once.
-	Lost func(cause error)
-	// Finished reports that the work is over and needs no more renewals;
-	// nil means never (until Run returns).
-	Finished func() bool
+
+	deadline, next time.Time
+	over           bool
+}
+
+// Funcs act on lease i of Run's slice.
+type Funcs struct {
+	// Renew renews lease i once.
+	Renew func(ctx context.Context, i int) error
+	// Lost ends lease i's work with cause; Run calls it at most once per
+	// lease.
+	Lost func(i int, cause error)
+	// Finished reports that lease i's work is over and needs no more
+	// renewals; nil means never (until Run returns).
+	Finished func(i int) bool
 }
 
 // Run renews every lease every TTL/3 until ctx is done or quit is closed.
 //
 // When a renewal fails with an error matching lost (idem.ErrLeaseLost), the
-// lease is lost at once: Lost(err). Any other error is retried sooner,
+// lease is lost at once: Lost(i, err). Any other error is retried sooner,
 // within what remains of the lease; once the lease has surely run out
-// without a successful renewal, Lost gets lost wrapping the last error. A lost or finished lease is not
-// renewed again, and Run returns when no lease is left.
-func Run(ctx context.Context, quit <-chan struct{}, leases []Lease, lost error) {
-	type state struct {
-		deadline, next time.Time
-		interval       time.Duration
-		over           bool
-	}
+// without a successful renewal, Lost gets lost wrapping the last error. A
+// lost or finished lease is not renewed again, and Run returns when no
+// lease is left.
+func Run(ctx context.Context, quit <-chan struct{}, leases []Lease, f Funcs, lost error) {
 	now := time.Now()
-	st := make([]state, len(leases))
-	for i, l := range leases {
-		iv := l.TTL / 3
-		st[i] = state{deadline: l.Expires, next: now.Add(iv), interval: iv}
+	for i := range leases {
+		l := &leases[i]
+		l.deadline, l.next, l.over = l.Expires, now.Add(l.TTL/3), l.TTL <= 0
 	}
+	finished := func(i int) bool { return f.Finished != nil && f.Finished(i) }
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
 		live, wake := false, time.Time{}
-		for i := range st {
-			if st[i].over {
+		for i := range leases {
+			l := &leases[i]
+			if l.over || finished(i) {
+				l.over = true
 				continue
 			}
-			if f := leases[i].Finished; f != nil && f() {
-				st[i].over = true
-				continue
-			}
-			if !live || st[i].next.Before(wake) {
-				wake = st[i].next
+			if !live || l.next.Before(wake) {
+				wake = l.next
 			}
 			live = true
 		}
@@ -74,32 +76,32 @@ func Run(ctx context.Context, quit <-chan struct{}, leases []Lease, lost error) 
 			return
 		case <-timer.C:
 		}
-		for i, l := range leases {
-			s := &st[i]
-			if s.over || time.Now().Before(s.next) || (l.Finished != nil && l.Finished()) {
+		for i := range leases {
+			l := &leases[i]
+			if l.over || time.Now().Before(l.next) || finished(i) {
 				continue
 			}
 			sent := time.Now()
 			// A renewal must not outlive the lease it tries to save.
-			rctx, cancel := context.WithDeadline(ctx, s.deadline)
-			err := l.Renew(rctx)
+			rctx, cancel := context.WithDeadline(ctx, l.deadline)
+			err := f.Renew(rctx, i)
 			cancel()
 			switch {
 			case err == nil:
-				s.deadline = sent.Add(l.TTL)
-				s.next = time.Now().Add(s.interval)
+				l.deadline = sent.Add(l.TTL)
+				l.next = time.Now().Add(l.TTL / 3)
 			case errors.Is(err, lost):
-				s.over = true
-				l.Lost(err)
+				l.over = true
+				f.Lost(i, err)
 			case ctx.Err() != nil:
 				return
-			case !time.Now().Before(s.deadline):
-				s.over = true
-				l.Lost(fmt.Errorf("%w: no renewal succeeded before the lease ran out: %w", lost, err))
+			case !time.Now().Before(l.deadline):
+				l.over = true
+				f.Lost(i, fmt.Errorf("%w: no renewal succeeded before the lease ran out: %w", lost, err))
 			default:
 				// Retries come faster, so that a short outage does not
 				// use up the lease.
-				s.next = time.Now().Add(min(max(s.interval/4, time.Millisecond), time.Until(s.deadline)))
+				l.next = time.Now().Add(min(max(l.TTL/12, time.Millisecond), time.Until(l.deadline)))
 			}
 		}
 	}
