@@ -10,12 +10,23 @@
 // A caller Claims a key under a lease, does the work, and Confirms it:
 //
 //	c, err := store.Claim(ctx, key, fingerprint)
+//	if err != nil {
+//		return err // ErrFingerprintMismatch: another request reuses the key
+//	}
 //	switch c.Outcome {
 //	case idem.Claimed:    // do the work, then store.Confirm(ctx, c.Lease, result)
 //	                      // or, if it failed, store.Forget(ctx, c.Lease)
 //	case idem.Duplicate:  // done before: answer with c.Record.Result
 //	case idem.InProgress: // another caller is at it: retry later
 //	}
+//
+// The fingerprint (a hash of the request's content) makes the raw API safe:
+// a Claim whose fingerprint differs from the record's returns an error
+// wrapping [ErrFingerprintMismatch], with the Claim still describing the
+// record, so a Duplicate's Result is only ever replayed to the request that
+// produced it. Confirm tells its caller when another lease's confirmation
+// was kept first ([ErrAlreadyConfirmed]): the work was done twice, and the
+// first result is the one duplicates get.
 //
 // A lease binds for [Options.LeaseTTL] (default 30s) unless renewed;
 // [KeepAlive] renews it while the work runs, so the lease can be short and a
@@ -38,6 +49,35 @@
 // development. All three implement [Batcher], which claims or confirms many
 // keys in one round trip. The storetest package checks that a Store keeps
 // the contract.
+//
+// # Automatic pipelining
+//
+// With [RedisOptions].AutoPipeline, the Claim, Confirm, Renew, Forget and
+// Lookup calls of concurrent goroutines go to Redis together: while a
+// pipeline is in flight, the calls that arrive queue up and go in the next
+// one (one pipeline per connection, at most two in flight; on a cluster one
+// per master, as go-redis routes it). On a single Redis, concurrent Claims
+// and Confirms are also merged into one script call each. A call on an idle
+// store is sent at once, on its own context: there is no timer, so a lone
+// caller pays no added latency.
+//
+// Every call keeps its own reply and error: one failing key does not fail
+// the others in its pipeline. A call that waits in the queue or shares a
+// pipeline returns ctx.Err() as soon as its context ends; if it was already
+// sent it may still run with its reply lost, as after a broken connection:
+// a Claim may then hold the key until its lease expires, and a Confirm may
+// have recorded. Such a pipeline runs under the client's read and write
+// timeouts, not any one caller's context.
+//
+// # Waiting for replicas
+//
+// With [RedisOptions].WaitReplicas, WAIT follows the confirm script down the
+// same connection, in the same pipeline, so a Confirm is still one round
+// trip (with AutoPipeline, one WAIT serves every confirm of a pipeline; on a
+// cluster the confirm and its WAIT go to the master owning the key). When
+// fewer replicas acknowledge within WaitTimeout, Confirm returns an error
+// wrapping [ErrNotReplicated]; WaitTimeout must be shorter than the client's
+// ReadTimeout, which bounds reading WAIT's reply.
 //
 // # Fencing tokens
 //

@@ -73,6 +73,24 @@ func ExampleStore_Claim_inProgress() {
 	// claimed true
 }
 
+// A key reused for a different request: Claim says so, with the record it
+// found, and the first request's result is never replayed to the second.
+func ExampleStore_Claim_fingerprintMismatch() {
+	ctx := context.Background()
+	store := idem.NewMemoryStore(idem.Options{})
+
+	c, _ := store.Claim(ctx, "refund-7", []byte("amount=10"))
+	_ = store.Confirm(ctx, c.Lease, []byte("refunded 10"))
+
+	again, err := store.Claim(ctx, "refund-7", []byte("amount=10"))
+	fmt.Println(again.Outcome, string(again.Record.Result), err)
+	other, err := store.Claim(ctx, "refund-7", []byte("amount=99"))
+	fmt.Println(other.Outcome, errors.Is(err, idem.ErrFingerprintMismatch))
+	// Output:
+	// duplicate refunded 10 <nil>
+	// duplicate true
+}
+
 // Claim and confirm a whole delivery batch in two round trips.
 func ExampleRedisStore_ClaimBatch() {
 	ctx := context.Background()

@@ -136,27 +136,33 @@ func TestRedisOptionsRefused(t *testing.T) {
 	t.Parallel()
 	_, c := newMiniredisClient(t)
 	var nilClient *redis.Client
+	// Each mistake is refused with a message that names the one field at
+	// fault (and never one the user did not set).
 	for _, tt := range []struct {
 		name string
 		c    redis.UniversalClient
 		o    RedisOptions
+		want string
 	}{
-		{"nil client", nil, RedisOptions{}},
-		{"typed nil client", nilClient, RedisOptions{}},
-		{"typed nil client, AllowEviction", nilClient, RedisOptions{AllowEviction: true}},
-		{"prefix with {", c, RedisOptions{Prefix: "a{"}},
-		{"prefix with }", c, RedisOptions{Prefix: "}a:"}},
-		{"prefix with a hash tag", c, RedisOptions{Prefix: "{tenant}:"}},
-		{"negative Retention", c, RedisOptions{Retention: -time.Second}},
-		{"negative LeaseTTL", c, RedisOptions{LeaseTTL: -1}},
-		{"sub-millisecond LeaseTTL", c, RedisOptions{LeaseTTL: time.Microsecond}},
-		{"negative MaxKeyBytes", c, RedisOptions{MaxKeyBytes: -1}},
-		{"negative MaxResultBytes", c, RedisOptions{MaxResultBytes: -1}},
-		{"Worker with NUL", c, RedisOptions{Worker: "a\x00b"}},
-		{"negative WaitReplicas", c, RedisOptions{WaitReplicas: -1}},
-		{"negative WaitTimeout", c, RedisOptions{WaitReplicas: 1, WaitTimeout: -time.Second}},
-		{"sub-millisecond WaitTimeout", c, RedisOptions{WaitReplicas: 1, WaitTimeout: time.Microsecond}},
-		{"WaitTimeout not below ReadTimeout", c, RedisOptions{WaitReplicas: 1, WaitTimeout: c.Options().ReadTimeout}},
+		{"nil client", nil, RedisOptions{}, "nil client"},
+		{"typed nil client", nilClient, RedisOptions{}, "nil client"},
+		{"typed nil client, AllowEviction", nilClient, RedisOptions{AllowEviction: true}, "nil client"},
+		{"prefix with {", c, RedisOptions{Prefix: "a{"}, `Prefix "a{"`},
+		{"prefix with }", c, RedisOptions{Prefix: "}a:"}, `Prefix "}a:"`},
+		{"prefix with a hash tag", c, RedisOptions{Prefix: "{tenant}:"}, `Prefix "{tenant}:"`},
+		{"negative Retention", c, RedisOptions{Retention: -time.Second}, "negative Retention -1s"},
+		{"negative LeaseTTL", c, RedisOptions{LeaseTTL: -1}, "negative LeaseTTL -1ns"},
+		{"sub-millisecond LeaseTTL", c, RedisOptions{LeaseTTL: 500 * time.Microsecond}, "LeaseTTL 500µs is under 1ms"},
+		{"sub-millisecond Retention", c, RedisOptions{Retention: time.Microsecond}, "Retention 1µs is under 1ms"},
+		{"Retention shorter than LeaseTTL", c, RedisOptions{Retention: time.Second, LeaseTTL: time.Minute}, "Retention 1s is shorter than LeaseTTL 1m0s"},
+		{"LeaseTTL over the default Retention", c, RedisOptions{LeaseTTL: 48 * time.Hour}, "LeaseTTL 48h0m0s is longer than the default Retention"},
+		{"negative MaxKeyBytes", c, RedisOptions{MaxKeyBytes: -1}, "negative MaxKeyBytes -1"},
+		{"negative MaxResultBytes", c, RedisOptions{MaxResultBytes: -1}, "negative MaxResultBytes -1"},
+		{"Worker with NUL", c, RedisOptions{Worker: "a\x00b"}, "Worker"},
+		{"negative WaitReplicas", c, RedisOptions{WaitReplicas: -1}, "negative WaitReplicas -1"},
+		{"negative WaitTimeout", c, RedisOptions{WaitReplicas: 1, WaitTimeout: -time.Second}, "negative WaitTimeout -1s"},
+		{"sub-millisecond WaitTimeout", c, RedisOptions{WaitReplicas: 1, WaitTimeout: time.Microsecond}, "WaitTimeout 1µs must be at least 1ms"},
+		{"WaitTimeout not below ReadTimeout", c, RedisOptions{WaitReplicas: 1, WaitTimeout: c.Options().ReadTimeout}, "must be shorter than the client's ReadTimeout"},
 	} {
 		s, err := func() (s *RedisStore, err error) {
 			defer func() {
@@ -166,8 +172,8 @@ func TestRedisOptionsRefused(t *testing.T) {
 			}()
 			return NewRedisStore(tt.c, tt.o)
 		}()
-		if err == nil || strings.HasPrefix(err.Error(), "panic") {
-			t.Errorf("NewRedisStore(%s) = %v, %v; want an error", tt.name, s, err)
+		if err == nil || strings.HasPrefix(err.Error(), "panic") || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("NewRedisStore(%s) = %v, %v; want an error saying %q", tt.name, s, err, tt.want)
 		}
 	}
 	s, err := NewRedisStore(c, RedisOptions{})

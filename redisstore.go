@@ -96,45 +96,22 @@ type RedisOptions struct {
 	// debugging. Default false.
 	RevealKeys bool
 	// Prefix begins every Redis key name, so that idem's keys can share a
-	// Redis with others. It must not contain '{' or '}' (the hash tag that
-	// follows it is idem's). Default "idem:".
+	// Redis with others. No '{' or '}'. Default "idem:".
 	Prefix string
-	// AllowEviction accepts a Redis whose maxmemory-policy may evict keys.
-	// An evicted record is forgotten work, and forgotten work is a duplicate
-	// done twice, so by default NewRedisStore refuses any policy but
-	// noeviction. Default false.
+	// AllowEviction accepts a Redis whose maxmemory-policy may evict keys
+	// (an evicted record is work done twice). Default false: refused.
 	AllowEviction bool
-	// AutoPipeline sends the Claim, Confirm, Renew, Forget and Lookup calls
-	// of concurrent goroutines to Redis together: while a pipeline is in
-	// flight, the calls that arrive queue up and go in the next one (one
-	// pipeline per connection, at most two in flight; on a cluster one per
-	// master, as go-redis routes it). On a single Redis, concurrent Claims
-	// and Confirms are also merged into one script call each. A call on an
-	// idle store is sent at once: there is no timer, so a lone caller pays
-	// no added latency.
-	//
-	// Every call keeps its own reply and error: one failing key does not
-	// fail the others in its pipeline. A call that waits in the queue or
-	// shares a pipeline returns ctx.Err() as soon as its context ends; if
-	// it was already sent it may still run with its reply lost, as after a
-	// broken connection: a Claim may then hold the key until its lease
-	// expires (LeaseTTL), and a Confirm may have recorded. Such a pipeline
-	// runs under the client's read and write timeouts, not any one
-	// caller's context. A call sent alone on an idle store goes exactly as
-	// without AutoPipeline, on its own context. Default false.
+	// AutoPipeline sends the calls of concurrent goroutines to Redis
+	// together, one pipeline per connection (see the package documentation,
+	// Automatic pipelining). A lone call is sent at once. Default false.
 	AutoPipeline bool
-	// WaitReplicas makes Confirm and ConfirmBatch also wait until this many
-	// replicas have acknowledged the confirmation: WAIT follows the confirm
-	// script down the same connection, in the same pipeline, so a Confirm
-	// is still one round trip (with AutoPipeline, one WAIT serves every
-	// confirm of a pipeline; on a cluster the confirm and its WAIT go to
-	// the master owning the key). When fewer replicas acknowledge within
-	// WaitTimeout, Confirm returns an error wrapping ErrNotReplicated. It
-	// must not be negative. Default 0: no wait.
+	// WaitReplicas makes Confirm wait, in the same round trip, until this
+	// many replicas have the confirmation; fewer within WaitTimeout is
+	// ErrNotReplicated, the confirmation recorded on the master. Not
+	// negative. Default 0: no wait.
 	WaitReplicas int
-	// WaitTimeout bounds the wait for replicas. It must be shorter than the
-	// client's ReadTimeout, which bounds reading the WAIT's reply. Default
-	// 1s when WaitReplicas is set.
+	// WaitTimeout bounds the wait for replicas; shorter than the client's
+	// ReadTimeout. Default 1s when WaitReplicas is set.
 	WaitTimeout time.Duration
 }
 
@@ -205,10 +182,13 @@ func NewRedisStore(c redis.UniversalClient, o RedisOptions) (*RedisStore, error)
 		o.Prefix = DefaultPrefix
 	}
 	if strings.ContainsAny(o.Prefix, "{}") {
-		return nil, fmt.Errorf("idem: Redis key prefix %q must not contain '{' or '}'", o.Prefix)
+		return nil, fmt.Errorf("idem: Prefix %q must not contain '{' or '}' (the hash tag after it is idem's)", o.Prefix)
 	}
-	if o.WaitReplicas < 0 || o.WaitTimeout < 0 {
-		return nil, fmt.Errorf("idem: negative WaitReplicas %d or WaitTimeout %v", o.WaitReplicas, o.WaitTimeout)
+	if o.WaitReplicas < 0 {
+		return nil, fmt.Errorf("idem: negative WaitReplicas %d", o.WaitReplicas)
+	}
+	if o.WaitTimeout < 0 {
+		return nil, fmt.Errorf("idem: negative WaitTimeout %v", o.WaitTimeout)
 	}
 	if o.WaitReplicas > 0 {
 		if o.WaitTimeout == 0 {
