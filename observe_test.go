@@ -322,3 +322,30 @@ func (l *lockedWriter) Write(p []byte) (int, error) {
 	defer l.mu.Unlock()
 	return l.w.Write(p)
 }
+
+// TestRevealKeys: errors and log lines name a key by its hash unless
+// RevealKeys asks for the key itself, for debugging.
+func TestRevealKeys(t *testing.T) {
+	const key = "customer-ada@example.com"
+	for _, reveal := range []bool{false, true} {
+		var logs strings.Builder
+		logger := slog.New(slog.NewTextHandler(&logs, nil))
+		st := idem.NewMemoryStore(idem.Options{RevealKeys: reveal, Logger: logger, LeaseTTL: time.Millisecond, Retention: time.Hour})
+		_, err := st.Lookup(t.Context(), key)
+		if !errors.Is(err, idem.ErrNotFound) {
+			t.Fatalf("Lookup = %v; want ErrNotFound", err)
+		}
+		c, _ := st.Claim(t.Context(), key, nil)
+		time.Sleep(5 * time.Millisecond)
+		_ = st.Renew(t.Context(), c.Lease) // lost: logged
+		if got := strings.Contains(err.Error(), key); got != reveal {
+			t.Errorf("RevealKeys %v: error %q names the key: %v; want %v", reveal, err, got, reveal)
+		}
+		if got := strings.Contains(logs.String(), key); got != reveal {
+			t.Errorf("RevealKeys %v: log %q names the key: %v; want %v", reveal, logs.String(), got, reveal)
+		}
+		if !strings.Contains(logs.String(), "lease lost") {
+			t.Errorf("log = %q; want the lost lease logged", logs.String())
+		}
+	}
+}
