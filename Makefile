@@ -15,8 +15,8 @@ STATICCHECK = $(firstword $(subst :, ,$(shell go env GOPATH)))/bin/staticcheck
 test:
 	bash .ci/test.sh
 
-# Starts throwaway Redis, Redis Cluster and Postgres, runs `idem bench --out .` against
-# them (a few minutes: it rewrites BENCHMARKS-results.md and BENCHMARKS-throughput.svg),
+# Starts throwaway Redis, Redis Cluster and Postgres, runs `idem bench --out docs` against
+# them (a few minutes: it rewrites docs/BENCHMARKS-results.md and docs/BENCHMARKS-throughput.svg),
 # stops them. BENCH_FLAGS replaces the default arguments, e.g.
 # make bench BENCH_FLAGS='--groups redis --rounds 3'.
 bench:

@@ -1,16 +1,25 @@
 package idem
 
 import (
+	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/google/uuid"
-	"github.com/idemgo/idem/internal/testenv"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/idemgo/idem/internal/redisadmin"
+	"github.com/idemgo/idem/internal/testenv"
 )
 
 // Tests of what is specific to RedisStore: round trips, lost replies, the
@@ -146,4 +155,396 @@ var redisBackends = []struct {
 }{
 	{"miniredis", func(t *testing.T) *redis.Client { _, c := newMiniredisClient(t); return c }},
 	{"redis", func(t *testing.T) *redis.Client { return testenv.Redis(t) }},
+}
+
+// --- 9. Memory per record ---------------------------------------------------
+
+// TestRedisMemoryPerRecord measures what a confirmed record costs Redis:
+// used_memory before and after writing 100,000 of them. It runs on a Redis
+// of its own, started from the same redis-server binary as the shared one:
+// other packages' tests write to the shared Redis at the same time, and
+// their records would be counted as ours.
+func TestRedisMemoryPerRecord(t *testing.T) {
+	if testing.Short() {
+		t.Skip("writes 200,000 records; skipped with -short")
+	}
+	c := privateRedis(t)
+	ctx := context.Background()
+	const n, batch = 100_000, 500
+	measure := func(fp []byte) (perRecord, usage float64, keyLen int) {
+		t.Helper()
+		// A 6-byte prefix puts the key name (44 bytes) in the same
+		// allocator size class as the default "idem:" does (43 bytes): what
+		// a deployment pays. The keys are random UUIDs, so a prefix shared
+		// with another run could not mix records up.
+		var b [2]byte
+		_, _ = rand.Read(b[:])
+		prefix := "i" + hex.EncodeToString(b[:]) + ":"
+		s := newTestRedisStore(t, c, RedisOptions{Prefix: prefix, Retention: 10 * time.Minute})
+		keys := uuidKeys(n)
+		var fps [][]byte
+		if fp != nil {
+			fps = make([][]byte, batch)
+			for i := range fps {
+				fps[i] = fp
+			}
+		}
+		before := usedMemory(t, c)
+		for i := 0; i < n; i += batch {
+			if err := s.ConfirmBatch(ctx, claimAllOK(t, s, keys[i:i+batch], fps), nil); err != nil {
+				t.Fatalf("ConfirmBatch: %v", err)
+			}
+		}
+		after := usedMemory(t, c)
+		var sum int64
+		const sample = 200
+		for _, k := range keys[:sample] {
+			u, err := c.MemoryUsage(ctx, s.redisKey(k)).Result()
+			if err != nil {
+				t.Fatalf("MEMORY USAGE: %v", err)
+			}
+			sum += u
+		}
+		// Free the memory now rather than at cleanup: the next measure
+		// starts from the same place.
+		for i := 0; i < n; i += 1000 {
+			rks := make([]string, 0, 1000)
+			for _, k := range keys[i : i+1000] {
+				rks = append(rks, s.redisKey(k))
+			}
+			if err := c.Unlink(ctx, rks...).Err(); err != nil {
+				t.Fatalf("UNLINK: %v", err)
+			}
+		}
+		return float64(after-before) / n, float64(sum) / sample, len(s.redisKey(keys[0]))
+	}
+
+	per, usage, keyLen := measure(nil)
+	t.Logf("confirmed record, %d-byte Redis key, no fingerprint, empty result: %.1f bytes (used_memory), MEMORY USAGE %.0f",
+		keyLen, per, usage)
+	if per > 200 {
+		t.Errorf("a confirmed record costs %.1f bytes of Redis memory; want at most 200", per)
+	}
+	per, usage, keyLen = measure(bytes.Repeat([]byte{0xAB}, 32))
+	t.Logf("confirmed record, %d-byte Redis key, 32-byte fingerprint, empty result: %.1f bytes (used_memory), MEMORY USAGE %.0f",
+		keyLen, per, usage)
+}
+
+// privateRedis starts a redis-server for t alone (testenv.StartRedisServer),
+// configured as `make test` configures the shared one, and returns a
+// client of it.
+func privateRedis(t *testing.T) *redis.Client {
+	t.Helper()
+	srv := testenv.StartRedisServer(t, "--appendonly", "no")
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+func usedMemory(t *testing.T, c *redis.Client) int64 {
+	t.Helper()
+	v, ok := redisadmin.InfoField(context.Background(), c, "memory", "used_memory")
+	if !ok {
+		t.Fatalf("INFO memory: no used_memory")
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		t.Fatalf("INFO memory: used_memory %q: %v", v, err)
+	}
+	return n
+}
+
+// --- 1. Round trips ---------------------------------------------------------
+
+func TestRedisRoundTrips(t *testing.T) {
+	for _, backend := range redisBackends {
+		t.Run(backend.name, func(t *testing.T) {
+			t.Parallel()
+			c := backend.client(t)
+			s := newTestRedisStore(t, c, RedisOptions{})
+			ctx := context.Background()
+			h := &tripCounter{}
+			c.AddHook(h)
+
+			// Warm up: load every script and open the connections.
+			for _, k := range uuidKeys(2) {
+				cl, err := s.Claim(ctx, k, nil)
+				if err != nil {
+					t.Fatalf("Claim(%q): %v", k, err)
+				}
+				if err := s.Confirm(ctx, cl.Lease, nil); err != nil {
+					t.Fatalf("Confirm(%q): %v", k, err)
+				}
+			}
+			if err := s.ConfirmBatch(ctx, claimAllOK(t, s, uuidKeys(100), nil), nil); err != nil {
+				t.Fatalf("ConfirmBatch: %v", err)
+			}
+			h.take()
+
+			const n = 20
+			for _, k := range uuidKeys(n) {
+				cl, err := s.Claim(ctx, k, []byte("fp"))
+				if err != nil || cl.Outcome != Claimed {
+					t.Fatalf("Claim(%q) = %v, %v; want claimed", k, cl.Outcome, err)
+				}
+				if err := s.Confirm(ctx, cl.Lease, []byte("ok")); err != nil {
+					t.Fatalf("Confirm(%q): %v", k, err)
+				}
+			}
+			if got, sent := h.take(); got != 2*n {
+				t.Errorf("%d Claim+Confirm cost %d round trips (%v); want %d", n, got, sent, 2*n)
+			}
+
+			keys := uuidKeys(100)
+			leases := claimAllOK(t, s, keys, nil)
+			if got, sent := h.take(); got != 1 {
+				t.Errorf("ClaimBatch of %d cost %d round trips (%v); want 1", len(keys), got, sent)
+			}
+			if err := s.ConfirmBatch(ctx, leases, nil); err != nil {
+				t.Fatalf("ConfirmBatch: %v", err)
+			}
+			if got, sent := h.take(); got != 1 {
+				t.Errorf("ConfirmBatch of %d cost %d round trips (%v); want 1", len(keys), got, sent)
+			}
+			checkAllDuplicate(t, s, keys)
+		})
+	}
+}
+
+// nodeTrips counts the round trips that carry a script, per cluster node.
+type nodeTrips struct {
+	mu     sync.Mutex
+	byNode map[string]int
+}
+
+type nodeHook struct {
+	addr string
+	n    *nodeTrips
+}
+
+func (h nodeHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h nodeHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.count([]redis.Cmder{cmd})
+		return next(ctx, cmd)
+	}
+}
+
+func (h nodeHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.count(cmds)
+		return next(ctx, cmds)
+	}
+}
+
+// count counts one round trip to the node if it runs a script: the cluster
+// client also talks to nodes on its own (CLUSTER SLOTS), which is not ours.
+func (h nodeHook) count(cmds []redis.Cmder) {
+	for _, c := range cmds {
+		if n := c.Name(); n == "evalsha" || n == "eval" {
+			h.n.mu.Lock()
+			h.n.byNode[h.addr]++
+			h.n.mu.Unlock()
+			return
+		}
+	}
+}
+
+func (n *nodeTrips) take() map[string]int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	m := n.byNode
+	n.byNode = map[string]int{}
+	return m
+}
+
+// hookMasters counts script round trips on each master of c. A
+// ClusterClient pipeline is split by node and each part runs through that
+// node client's pipeline hook, so the node clients' hooks see what reaches
+// each master.
+func hookMasters(t *testing.T, c *redis.ClusterClient) (*nodeTrips, int) {
+	t.Helper()
+	n := &nodeTrips{byNode: map[string]int{}}
+	var masters atomic.Int32
+	err := c.ForEachMaster(context.Background(), func(ctx context.Context, m *redis.Client) error {
+		m.AddHook(nodeHook{addr: m.Options().Addr, n: n})
+		masters.Add(1)
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("ForEachMaster: %v", err)
+	}
+	return n, int(masters.Load())
+}
+
+func TestRedisRoundTripsCluster(t *testing.T) {
+	t.Parallel()
+	c := testenv.Cluster(t)
+	s := newTestRedisStore(t, c, RedisOptions{})
+	ctx := context.Background()
+	trips, masters := hookMasters(t, c)
+	if masters < 2 {
+		t.Fatalf("the cluster has %d masters; want several to spread a batch over", masters)
+	}
+
+	// Warm up: load the scripts on every master.
+	if err := s.ConfirmBatch(ctx, claimAllOK(t, s, uuidKeys(100), nil), nil); err != nil {
+		t.Fatalf("ConfirmBatch: %v", err)
+	}
+	trips.take()
+
+	check := func(call string, got map[string]int) {
+		t.Helper()
+		if len(got) != masters {
+			t.Errorf("%s of 100 keys reached %d masters (%v); want all %d", call, len(got), got, masters)
+		}
+		for node, n := range got {
+			if n != 1 {
+				t.Errorf("%s of 100 keys cost %d round trips to %s (%v); want 1 per master", call, n, node, got)
+			}
+		}
+	}
+	keys := uuidKeys(100)
+	leases := claimAllOK(t, s, keys, nil)
+	check("ClaimBatch", trips.take())
+	if err := s.ConfirmBatch(ctx, leases, nil); err != nil {
+		t.Fatalf("ConfirmBatch: %v", err)
+	}
+	check("ConfirmBatch", trips.take())
+	checkAllDuplicate(t, s, keys)
+}
+
+// --- 9. Waiting for replicas (RedisOptions.WaitReplicas) -------------------
+
+// eventLog is an Observer that keeps every Event.
+type eventLog struct {
+	mu     sync.Mutex
+	events []Event
+}
+
+func (l *eventLog) Observe(_ context.Context, e Event) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.events = append(l.events, e)
+}
+
+// last returns the last event of op.
+func (l *eventLog) last(op Op) (Event, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for i := len(l.events) - 1; i >= 0; i-- {
+		if l.events[i].Op == op {
+			return l.events[i], true
+		}
+	}
+	return Event{}, false
+}
+
+// TestRedisWaitReplicas runs on the Sentinel set's master, which has one
+// replica: waiting for it succeeds; waiting for two cannot, and says so with
+// ErrNotReplicated while the confirmation stays written. Either way a
+// Confirm is one round trip, and a ConfirmBatch too.
+func TestRedisWaitReplicas(t *testing.T) {
+	c := testenv.Sentinel(t)
+	ctx := context.Background()
+	for _, auto := range []bool{false, true} {
+		for _, tt := range []struct {
+			replicas int
+			timeout  time.Duration
+			want     error
+		}{
+			{1, time.Second, nil},
+			{2, 50 * time.Millisecond, ErrNotReplicated},
+		} {
+			name := map[bool]string{false: "alone", true: "autopipeline"}[auto]
+			t.Run(fmt.Sprintf("%s/replicas=%d", name, tt.replicas), func(t *testing.T) {
+				events := &eventLog{}
+				s := newTestRedisStore(t, c, RedisOptions{
+					Observer:     events,
+					WaitReplicas: tt.replicas, WaitTimeout: tt.timeout, AutoPipeline: auto,
+				})
+				h := &tripCounter{}
+				c.AddHook(h)
+				loadScripts(t, c)
+
+				keys := uuidKeys(11)
+				leases := claimAllOK(t, s, keys, nil)
+				h.take()
+				err := s.Confirm(ctx, leases[0], []byte("r"))
+				if !errors.Is(err, tt.want) || (tt.want == nil) != (err == nil) {
+					t.Errorf("Confirm(%q) with WaitReplicas %d = %v; want %v", keys[0], tt.replicas, err, tt.want)
+				}
+				if trips, sent := h.take(); trips != 1 {
+					t.Errorf("Confirm with WaitReplicas cost %d round trips (%v); want 1", trips, sent)
+				} else if sent[0] != "pipeline of 2 evalsha,wait" && sent[0] != "pipeline of 2 wait,evalsha" {
+					t.Errorf("Confirm with WaitReplicas sent %q; want the script and WAIT in one pipeline", sent[0])
+				}
+				if e, ok := events.last(OpConfirm); !ok || !errors.Is(e.Err, tt.want) || (tt.want == nil) != (e.Err == nil) {
+					t.Errorf("Observer saw Confirm event %+v; want Err %v", e, tt.want)
+				}
+
+				err = s.ConfirmBatch(ctx, leases[1:], nil)
+				if tt.want == nil && err != nil {
+					t.Errorf("ConfirmBatch with WaitReplicas %d = %v; want nil", tt.replicas, err)
+				}
+				if tt.want != nil {
+					var be *BatchError
+					if !errors.As(err, &be) || len(be.Errs) != len(leases)-1 {
+						t.Fatalf("ConfirmBatch with WaitReplicas %d = %v; want a BatchError of %d items", tt.replicas, err, len(leases)-1)
+					}
+					for i, e := range be.Errs {
+						if !errors.Is(e, tt.want) {
+							t.Errorf("ConfirmBatch item %d = %v; want %v", i, e, tt.want)
+						}
+					}
+				}
+				if trips, sent := h.take(); trips != 1 {
+					t.Errorf("ConfirmBatch with WaitReplicas cost %d round trips (%v); want 1", trips, sent)
+				}
+				// Replicated or not, the confirmation is on the master.
+				checkAllDuplicate(t, s, keys)
+			})
+		}
+	}
+}
+
+// TestRedisWaitReplicasCluster: the test cluster's masters have no
+// replicas, so a wait for one times out with ErrNotReplicated — after the
+// confirm and its WAIT went to the master owning each key, one pipeline per
+// master.
+func TestRedisWaitReplicasCluster(t *testing.T) {
+	c := testenv.Cluster(t)
+	ctx := context.Background()
+	for _, auto := range []bool{false, true} {
+		s := newTestRedisStore(t, c, RedisOptions{WaitReplicas: 1, WaitTimeout: 20 * time.Millisecond, AutoPipeline: auto})
+		loadScripts(t, c)
+		keys := uuidKeys(30)
+		leases := claimAllOK(t, s, keys, nil)
+		trips, masters := hookMasters(t, c)
+		var wg sync.WaitGroup
+		for _, l := range leases[:10] {
+			wg.Go(func() {
+				if err := s.Confirm(ctx, l, nil); !errors.Is(err, ErrNotReplicated) {
+					t.Errorf("Confirm(%q) on a master without replicas = %v; want %v", l.Key, err, ErrNotReplicated)
+				}
+			})
+		}
+		wg.Wait()
+		trips.take()
+		err := s.ConfirmBatch(ctx, leases[10:], nil)
+		if !errors.Is(err, ErrNotReplicated) {
+			t.Errorf("ConfirmBatch on masters without replicas = %v; want %v", err, ErrNotReplicated)
+		}
+		got := trips.take()
+		if len(got) != masters {
+			t.Errorf("ConfirmBatch of 20 keys reached %d masters (%v); want all %d", len(got), got, masters)
+		}
+		for node, n := range got {
+			if n != 1 {
+				t.Errorf("ConfirmBatch of 20 keys cost %d round trips to %s (%v); want 1 per master", n, node, got)
+			}
+		}
+		checkAllDuplicate(t, s, keys)
+	}
 }

@@ -2,8 +2,8 @@
 # What `make bench` runs: install missing servers, start throwaway Redis, a 3-master
 # Redis Cluster and Postgres (with the rest of .ci/services.sh's set) on loopback, run
 # `idem bench` against them, and stop them on every exit path. Arguments are passed to
-# `idem bench` (default: --out . , which rewrites BENCHMARKS-results.md and
-# BENCHMARKS-throughput.svg at the repository root).
+# `idem bench` (default: --out docs , which rewrites docs/BENCHMARKS-results.md and
+# docs/BENCHMARKS-throughput.svg).
 set -euo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
@@ -26,6 +26,6 @@ cd "$root"
 # Built first, so that compiling does not share the machine with the measurement.
 go build -o "$dir/idem" ./cmd/idem
 if (($# == 0)); then
-	set -- --out .
+	set -- --out docs
 fi
 "$dir/idem" bench "$@"

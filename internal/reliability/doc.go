@@ -20,5 +20,5 @@
 //	go test -run TestLinearizable -idem.histories 3000 ./internal/reliability/
 //	bash .ci/failover.sh --kills 20
 //
-// See RELIABILITY.md for what the runs showed.
+// See docs/RELIABILITY.md for what the runs showed.
 package reliability

@@ -278,7 +278,7 @@ VALUES ($1, 'C', $2, $3, $4, NULL, now(), now() + interval '30 seconds') ON CONF
 	},
 }
 
-// DefaultTargets are the figures idem aims at (see BENCHMARKS.md).
+// DefaultTargets are the figures idem aims at (see docs/BENCHMARKS.md).
 var DefaultTargets = []Target{
 	{What: "idem Claim+Confirm ≥ 1.0× redislock Obtain+Release", Contender: NameClaimConfirm, Versus: NameRedislock, Goroutines: 64, Min: 1.0},
 	{What: "idem Claim+Confirm ≥ 0.8× SET NX + SET XX", Contender: NameClaimConfirm, Versus: NameSetFloor, Goroutines: 64, Min: 0.8},
