@@ -74,7 +74,7 @@ func batchCase(t *testing.T, s idem.Store, b *spyStore) {
 		t.Errorf("failed message's claim: Lookup = %v; want ErrNotFound (forgotten)", err)
 	}
 	if !ev.has(consumer.DuplicateSkipped) || !ev.has(consumer.InProgress) {
-		t.Errorf("hook saw %v; want duplicate-skipped and in-progress", ev.kinds())
+		t.Errorf("hook saw %v; want duplicate_skipped and in_progress", ev.kinds())
 	}
 	if _, isB := b.asStore().(idem.Batcher); isB {
 		if c, f := b.count("claim_batch"), b.count("confirm_batch"); c != 1 || f != 1 || b.count("claim") != 0 {
@@ -253,7 +253,7 @@ func TestBatchLeaseLost(t *testing.T) {
 		t.Fatalf("cause %v, results %v; want ErrLeaseLost as the cause, the handler's error, and nil", cause, errs)
 	}
 	if !ev.has(consumer.LeaseLost) {
-		t.Fatalf("hook saw %v; want lease-lost", ev.kinds())
+		t.Fatalf("hook saw %v; want lease_lost", ev.kinds())
 	}
 }
 

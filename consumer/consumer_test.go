@@ -43,7 +43,7 @@ func TestIdempotentOnceThenDuplicate(t *testing.T) {
 		t.Fatal("m1 not confirmed after a successful delivery")
 	}
 	if got := ev.kinds(); !slices.Equal(got, []consumer.Kind{consumer.DuplicateSkipped}) {
-		t.Fatalf("hook saw %v; want [duplicate-skipped]", got)
+		t.Fatalf("hook saw %v; want [duplicate_skipped]", got)
 	}
 	if ev.es[0].Token != token || ev.es[0].KeyHash != idem.KeyHash("m1") {
 		t.Fatalf("duplicate event = %+v; want token %d and the key's hash", ev.es[0], token)
@@ -108,7 +108,7 @@ func TestIdempotentInProgress(t *testing.T) {
 		t.Fatalf("delivery of a held key: err %v, ran %v; want ErrInProgress without running", err, ran)
 	}
 	if !ev.has(consumer.InProgress) || ev.es[0].Token != held.Lease.Token {
-		t.Fatalf("hook saw %+v; want in-progress with the holder's token %d", ev.es, held.Lease.Token)
+		t.Fatalf("hook saw %+v; want in_progress with the holder's token %d", ev.es, held.Lease.Token)
 	}
 }
 
@@ -149,7 +149,7 @@ func TestIdempotentLeaseLost(t *testing.T) {
 		t.Fatalf("handler ctx cause = %v; want ErrLeaseLost", cause)
 	}
 	if got := ev.kinds(); !slices.Equal(got, []consumer.Kind{consumer.LeaseLost, consumer.LateConfirm}) {
-		t.Fatalf("hook saw %v; want [lease-lost late-confirm]", got)
+		t.Fatalf("hook saw %v; want [lease_lost late_confirm]", got)
 	}
 	if !confirmed(t, s, "lost") {
 		t.Fatal("a late success was not confirmed; the work happened and must be recorded")
@@ -190,7 +190,7 @@ func TestIdempotentConfirmFails(t *testing.T) {
 		t.Fatalf("gave up after %v; want within the 80ms budget", took)
 	}
 	if n := s.count("confirm"); n < 2 || !ev.has(consumer.ConfirmFailed) {
-		t.Fatalf("Confirm tried %d times, hook %v; want retries and confirm-failed", n, ev.kinds())
+		t.Fatalf("Confirm tried %d times, hook %v; want retries and confirm_failed", n, ev.kinds())
 	}
 }
 
@@ -230,4 +230,23 @@ func TestIdempotentFingerprint(t *testing.T) {
 	}()
 	consumer.Idempotent(s, msgKey, func(context.Context, msg) error { return nil },
 		consumer.WithFingerprint(func(s string) []byte { return nil }))
+}
+
+// Kind names are metric labels: snake case, as idem.Op and
+// idem.ErrorClass name theirs.
+func TestKindString(t *testing.T) {
+	for k, want := range map[consumer.Kind]string{
+		consumer.DuplicateSkipped: "duplicate_skipped",
+		consumer.InProgress:       "in_progress",
+		consumer.LeaseLost:        "lease_lost",
+		consumer.LateConfirm:      "late_confirm",
+		consumer.ConfirmFailed:    "confirm_failed",
+		consumer.ForgetFailed:     "forget_failed",
+		0:                         "kind(0)",
+		99:                        "kind(99)",
+	} {
+		if got := k.String(); got != want {
+			t.Errorf("Kind(%d).String() = %q; want %q", uint8(k), got, want)
+		}
+	}
 }

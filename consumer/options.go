@@ -36,9 +36,11 @@ const (
 	ForgetFailed
 )
 
-var kindNames = [...]string{"", "duplicate-skipped", "in-progress", "lease-lost", "late-confirm", "confirm-failed", "forget-failed"}
+var kindNames = [...]string{"", "duplicate_skipped", "in_progress", "lease_lost", "late_confirm", "confirm_failed", "forget_failed"}
 
-// String returns the kind's name in kebab case, for logs and metric labels.
+// String returns the kind's name in snake case ("duplicate_skipped",
+// "lease_lost"), as idem.Op.String and idem.ErrorClass.String name theirs,
+// for logs and metric labels.
 func (k Kind) String() string {
 	if k != 0 && int(k) < len(kindNames) {
 		return kindNames[k]

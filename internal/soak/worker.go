@@ -195,7 +195,7 @@ func (w *worker) settle(d *delivery, err error) {
 		w.emit("A %s", d.tag)
 	case errors.Is(err, consumer.ErrNotRecorded):
 		// Done but not recorded: ack, and say so; a later duplicate may do it again.
-		w.emit("K not-recorded %s %d", idem.KeyHash(d.id), d.token)
+		w.emit("K not_recorded %s %d", idem.KeyHash(d.id), d.token)
 		w.emit("A %s", d.tag)
 	case errors.Is(err, idem.ErrInProgress):
 		w.emit("N %s busy", d.tag)
