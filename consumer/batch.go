@@ -24,16 +24,17 @@ import (
 // call; otherwise each message is claimed and confirmed on its own. A key
 // that appears twice in one batch is claimed by the first and InProgress for
 // the second. Claimed messages run under idem.KeepAlive from the moment they
-// are claimed, at most WithConcurrency at a time, each with its lease in its
+// are claimed, at most Options.Concurrency at a time, each with its lease in its
 // context. Failed handlers' claims are forgotten. If a handler panics, the
 // rest of the batch is still settled (successes confirmed, failures
 // forgotten), and then the first panic is re-raised on the caller's
 // goroutine.
 //
+// opts holds at most one Options, as for Idempotent.
+//
 // The returned func is safe for concurrent use if h and key are.
-func Batch[M any](store idem.Store, key func(M) string, h func(ctx context.Context, m M) error, opts ...Option) func(ctx context.Context, ms []M) []error {
-	c := newConfig(opts)
-	fp := fingerprintFunc[M](c)
+func Batch[M any](store idem.Store, key func(M) string, h func(ctx context.Context, m M) error, opts ...Options[M]) func(ctx context.Context, ms []M) []error {
+	c, fp := setup("consumer.Batch", opts)
 	batcher, _ := store.(idem.Batcher)
 	return func(ctx context.Context, ms []M) []error {
 		var ob *batchObs

@@ -36,7 +36,7 @@ func batchCase(t *testing.T, s idem.Store, b *spyStore) {
 			return errHandler
 		}
 		return nil
-	}, consumer.WithHook(ev.hook), consumer.WithConcurrency(4))
+	}, consumer.Options[msg]{Hook: ev.hook, Concurrency: 4})
 
 	k := func(s string) string { return uniq(t, s) }
 	pre := consumer.Idempotent(s, msgKey, func(context.Context, msg) error { return nil })
@@ -133,7 +133,7 @@ func TestBatchConcurrencyBound(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 		now.Add(-1)
 		return nil
-	}, consumer.WithConcurrency(3))
+	}, consumer.Options[msg]{Concurrency: 3})
 	ms := make([]msg, 30)
 	for i := range ms {
 		ms[i] = msg{ID: uniq(t, string(rune('a'+i)))}
@@ -194,7 +194,7 @@ func TestBatchConfirmRetriesOnlyFailed(t *testing.T) {
 
 	sp.setFail("confirm_batch", func(int) error { return errDown })
 	h = consumer.Batch(sp.asStore(), msgKey, func(context.Context, msg) error { return nil },
-		consumer.WithConfirmBudget(50*time.Millisecond))
+		consumer.Options[msg]{ConfirmBudget: 50 * time.Millisecond})
 	errs = h(ctx, []msg{{ID: "c"}})
 	if !errors.Is(errs[0], consumer.ErrNotRecorded) {
 		t.Fatalf("ConfirmBatch never succeeding: %v; want ErrNotRecorded", errs[0])
@@ -219,7 +219,7 @@ func TestBatchKeepsWaitingLeasesAlive(t *testing.T) {
 	h := consumer.Batch(s, msgKey, func(context.Context, msg) error {
 		time.Sleep(30 * time.Millisecond)
 		return nil
-	}, consumer.WithConcurrency(1), consumer.WithHook(ev.hook))
+	}, consumer.Options[msg]{Concurrency: 1, Hook: ev.hook})
 	// Run one at a time, the last message waits 150ms for its turn: more
 	// than its 60ms lease, which must be renewed meanwhile.
 	ms := []msg{{ID: "a"}, {ID: "b"}, {ID: "c"}, {ID: "d"}, {ID: "e"}, {ID: "f"}}
@@ -247,7 +247,7 @@ func TestBatchLeaseLost(t *testing.T) {
 		<-ctx.Done()
 		cause = context.Cause(ctx)
 		return errHandler
-	}, consumer.WithHook(ev.hook))
+	}, consumer.Options[msg]{Hook: ev.hook})
 	errs := h(ctx, []msg{{ID: "x", Body: "lose"}, {ID: "y"}})
 	if !errors.Is(cause, idem.ErrLeaseLost) || !errors.Is(errs[0], errHandler) || errs[1] != nil {
 		t.Fatalf("cause %v, results %v; want ErrLeaseLost as the cause, the handler's error, and nil", cause, errs)

@@ -46,10 +46,11 @@ var ErrNotRecorded = errors.New("consumer: work done but not recorded")
 //     refused before any store call). The broker should redeliver, except for
 //     an invalid key, which no redelivery fixes.
 //
+// opts holds at most one Options (see its fields for the defaults).
+//
 // The returned handler is safe for concurrent use if h and key are.
-func Idempotent[M any](store idem.Store, key func(M) string, h func(ctx context.Context, m M) error, opts ...Option) func(ctx context.Context, m M) error {
-	c := newConfig(opts)
-	fp := fingerprintFunc[M](c)
+func Idempotent[M any](store idem.Store, key func(M) string, h func(ctx context.Context, m M) error, opts ...Options[M]) func(ctx context.Context, m M) error {
+	c, fp := setup("consumer.Idempotent", opts)
 	// handle returns a handler's panic instead of raising it, so that the
 	// message's event is observed first.
 	handle := func(ctx context.Context, m M) (report, *panicValue, error) {

@@ -34,6 +34,48 @@
 // guards a downstream write), or use the SQL store's transactional mode, in
 // which the record and the effect commit together.
 //
+// # Options
+//
+// Both wrappers take at most one [Options], a flat literal typed by the
+// message, so that a fingerprint func for another message type does not
+// compile:
+//
+//	charge := consumer.Idempotent(store, orderKey, chargeOrder, consumer.Options[Order]{
+//		Fingerprint: func(o Order) []byte { return orderHash(o) },
+//		Hook:        alertOnLeaseTrouble,
+//		Observer:    obs,
+//	})
+//
+// Options.ConfirmBudget defaults to two thirds of the lease's TTL: that is
+// what a lease kept alive by [idem.KeepAlive] surely has left when the
+// handler returns, and retrying past the lease would let another delivery
+// claim the key and do the work again while this one still tries to record
+// it. A delivery refused for a fingerprint mismatch never succeeds on
+// redelivery: dead-letter it.
+//
+// # Observing
+//
+// With Options.Observer, each message is one [idem.Event] with Op
+// idem.OpMessage, reported once it is settled: Outcome is its claim's
+// outcome (zero when the claim failed), Took the whole message, handler
+// included, and KeyHash the keyed hash of its key (Options.KeyHasher). Err
+// is the idempotency layer's answer, not the handler's: nil when it did its
+// part, even if the handler failed or panicked (the claim was then
+// forgotten); an error matching idem.ErrInProgress or
+// idem.ErrFingerprintMismatch (Class conflict); [ErrNotRecorded] joined
+// with the store's error; the Claim's error; idem.ErrInvalidKey for an
+// empty key.
+//
+// When the Observer is an [idem.Starter], it is started for each message
+// before its claim, and its context is the one the handler, the message's
+// own store calls and its event get, so that spans nest ([Batch]'s
+// ClaimBatch and ConfirmBatch serve many messages and run on the batch's
+// context). Give the store the same Observer to see its operations too.
+// With no Observer nothing is measured and nothing is allocated for it.
+//
+// The [Hook] hears of the notable outcomes between success and failure
+// (see [Kind]): a duplicate skipped, a lost lease, a late confirmation.
+//
 // # Batches
 //
 // [Batch] does the same for a whole delivery batch with two store round trips

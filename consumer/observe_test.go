@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
@@ -40,7 +41,7 @@ func TestObserverMessageEvents(t *testing.T) {
 	}
 	store := idem.NewMemoryStore(idem.Options{})
 	obs := &obstest.Log{}
-	h := consumer.Idempotent(store, msgKey, failing, consumer.WithObserver(obs), consumer.WithKeyHasher(hasher))
+	h := consumer.Idempotent(store, msgKey, failing, consumer.Options[msg]{Observer: obs, KeyHasher: hasher})
 	ctx := context.Background()
 	held, err := store.Claim(ctx, "held", nil)
 	if err != nil || held.Outcome != idem.Claimed {
@@ -79,7 +80,7 @@ func TestObserverBatchEvents(t *testing.T) {
 		mu.Unlock()
 		return failing(ctx, m)
 	}
-	b := consumer.Batch(store, msgKey, h, consumer.WithObserver(obs))
+	b := consumer.Batch(store, msgKey, h, consumer.Options[msg]{Observer: obs})
 	errs := b(ctx, []msg{{ID: "x"}, {ID: "done"}, {ID: "y", Body: "fail"}, {ID: "x"}})
 	if errs[0] != nil || errs[1] != nil || !errors.Is(errs[2], errFailing) || !errors.Is(errs[3], idem.ErrInProgress) {
 		t.Fatalf("errs = %v", errs)
@@ -115,7 +116,7 @@ func TestObserverNotRecorded(t *testing.T) {
 	obs := &obstest.Starter{}
 	s := spy(idem.NewMemoryStore(idem.Options{Observer: obs}))
 	s.setFail("confirm", func(int) error { return errDown })
-	h := consumer.Idempotent(s, msgKey, failing, consumer.WithObserver(obs), consumer.WithConfirmBudget(20e6))
+	h := consumer.Idempotent(s, msgKey, failing, consumer.Options[msg]{Observer: obs, ConfirmBudget: 20 * time.Millisecond})
 	if err := h(context.Background(), msg{ID: "k"}); !errors.Is(err, consumer.ErrNotRecorded) {
 		t.Fatalf("err = %v; want ErrNotRecorded", err)
 	}

@@ -64,36 +64,45 @@ type Settlement struct {
 	SettleErr error
 }
 
-// Options configure Handler. The zero value is valid.
+// Options configure Handler: one flat literal, passed by value. The zero
+// value is valid; a zero field means its default.
 type Options struct {
 	// Key names the work a delivery stands for. Default: its MessageId.
 	// An empty key is rejected without requeue.
 	Key func(d *amqp091.Delivery) string
+	// Fingerprint returns a fingerprint of a delivery's content, as
+	// consumer.Options.Fingerprint; a mismatch is rejected without requeue.
+	// Default: none.
+	Fingerprint func(d *amqp091.Delivery) []byte
 	// MinDelay is the wait before the first requeue of a key; each further
-	// requeue of the same key doubles it, up to MaxDelay. The delay keeps a
-	// busy key (InProgress) or a failing handler from spinning through the
-	// broker. The delivery stays unacknowledged meanwhile, so it counts
-	// against the channel's prefetch. Default 50ms.
+	// requeue of the same key doubles it, up to MaxDelay, so that a busy
+	// key or a failing handler does not spin through the broker. The
+	// delivery stays unacknowledged meanwhile, counting against the
+	// channel's prefetch. Default 50ms.
 	MinDelay time.Duration
 	// MaxDelay bounds the requeue delay. Default 5s.
 	MaxDelay time.Duration
 	// Logger receives rejections and unrecorded work. Keys are logged as
 	// their KeyHasher hash, never raw. Default: slog.Default().
 	Logger *slog.Logger
-	// KeyHasher hashes keys and message ids for the Logger, and for the
-	// wrapped handler's hook, observer and errors (consumer.WithKeyHasher,
-	// which an option in Consumer overrides). Give it the store's
-	// (idem.Options.KeyHasher) so that they correlate. Default: the
-	// process's (idem.KeyHash).
+	// Hook is told of the wrapped handler's notable outcomes, as
+	// consumer.Options.Hook. Default: none.
+	Hook consumer.Hook
+	// Observer receives one idem.Event per delivery with a key, as
+	// consumer.Options.Observer. Default: none.
+	Observer idem.Observer
+	// KeyHasher hashes keys and message ids for the Logger, the Hook, the
+	// Observer and errors. Give it the store's (idem.Options.KeyHasher) so
+	// that they correlate. Default: the process's (idem.KeyHash).
 	KeyHasher *idem.KeyHasher
+	// ConfirmBudget bounds how long Confirm is retried after the handler
+	// succeeded, as consumer.Options.ConfirmBudget. Default: two thirds of
+	// the lease's TTL.
+	ConfirmBudget time.Duration
 	// OnSettle, when set, is called after each settlement, on the goroutine
 	// that settles (for a Nack, a timer's). It must be quick and safe for
 	// concurrent use. Default: none.
 	OnSettle func(d *amqp091.Delivery, s Settlement)
-	// Consumer options for the wrapped handler: hooks, observer
-	// (consumer.WithObserver), fingerprint
-	// (consumer.WithFingerprint[amqp091.Delivery]), confirm budget.
-	Consumer []consumer.Option
 }
 
 // Defaults of Options.
@@ -132,8 +141,12 @@ func Handler(store idem.Store, h func(ctx context.Context, d amqp091.Delivery) e
 		key = func(d *amqp091.Delivery) string { return d.MessageId }
 	}
 	a := &adapter{o: o, key: key, retries: map[string]int{}}
-	copts := append([]consumer.Option{consumer.WithKeyHasher(o.KeyHasher)}, o.Consumer...)
-	wrapped := consumer.Idempotent(store, func(d amqp091.Delivery) string { return key(&d) }, h, copts...)
+	co := consumer.Options[amqp091.Delivery]{Hook: o.Hook, Observer: o.Observer,
+		KeyHasher: o.KeyHasher, ConfirmBudget: o.ConfirmBudget}
+	if fp := o.Fingerprint; fp != nil {
+		co.Fingerprint = func(d amqp091.Delivery) []byte { return fp(&d) }
+	}
+	wrapped := consumer.Idempotent(store, func(d amqp091.Delivery) string { return key(&d) }, h, co)
 	return func(ctx context.Context, d amqp091.Delivery) {
 		k := key(&d)
 		if k == "" {

@@ -150,8 +150,7 @@ func TestHandlerNotRecordedIsAcked(t *testing.T) {
 	store := unconfirmable{idem.NewMemoryStore(idem.Options{})}
 	st := newSettlements()
 	h := idemamqp.Handler(store, func(context.Context, amqp091.Delivery) error { return nil },
-		idemamqp.Options{OnSettle: st.on, Logger: slog.New(slog.DiscardHandler),
-			Consumer: []consumer.Option{consumer.WithConfirmBudget(20 * time.Millisecond)}})
+		idemamqp.Options{OnSettle: st.on, Logger: slog.New(slog.DiscardHandler), ConfirmBudget: 20 * time.Millisecond})
 	a := &acker{}
 	h(context.Background(), delivery(a, "m"))
 	if s := st.next(t); s.Action != idemamqp.Ack || !errors.Is(s.Err, consumer.ErrNotRecorded) {
@@ -220,7 +219,7 @@ func TestHandlerKeyHasher(t *testing.T) {
 				}
 				return d.MessageId
 			},
-			Consumer: []consumer.Option{consumer.WithHook(func(_ context.Context, e consumer.Event) { hooked = append(hooked, e.KeyHash) })}})
+			Hook: func(_ context.Context, e consumer.Event) { hooked = append(hooked, e.KeyHash) }})
 	a := &acker{}
 	ctx := context.Background()
 	h(ctx, delivery(a, "too-long"))
@@ -238,5 +237,30 @@ func TestHandlerKeyHasher(t *testing.T) {
 	st.next(t)
 	if len(hooked) != 1 || hooked[0] != hasher.Hash("m") {
 		t.Errorf("hook saw key hashes %v; want [%s]", hooked, hasher.Hash("m"))
+	}
+}
+
+// Options.Fingerprint reaches the store: a second delivery of a key with
+// other content is rejected without requeue, never acked as a duplicate.
+func TestHandlerFingerprintMismatchRejected(t *testing.T) {
+	st := newSettlements()
+	runs := 0
+	h := idemamqp.Handler(idem.NewMemoryStore(idem.Options{}), func(context.Context, amqp091.Delivery) error { runs++; return nil },
+		idemamqp.Options{OnSettle: st.on, Logger: slog.New(slog.DiscardHandler),
+			Fingerprint: func(d *amqp091.Delivery) []byte { return d.Body }})
+	a := &acker{}
+	for _, body := range []string{"a", "a", "b"} {
+		d := delivery(a, "m")
+		d.Body = []byte(body)
+		h(context.Background(), d)
+	}
+	if s := st.next(t); s.Action != idemamqp.Ack {
+		t.Fatalf("first delivery: %v; want ack", s.Action)
+	}
+	if s := st.next(t); s.Action != idemamqp.Ack || runs != 1 {
+		t.Fatalf("same key, same body: %v after %d runs; want ack without running again", s.Action, runs)
+	}
+	if s := st.next(t); s.Action != idemamqp.Reject || !errors.Is(s.Err, idem.ErrFingerprintMismatch) || runs != 1 {
+		t.Fatalf("same key, other body: %+v after %d runs; want reject with ErrFingerprintMismatch", s, runs)
 	}
 }

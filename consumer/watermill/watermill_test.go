@@ -215,3 +215,22 @@ func TestRouterInProgressNacked(t *testing.T) {
 		t.Fatalf("%d nacks, handler ran %v; want nacks while held, then an ack without running", nacks.Load(), ran.Load())
 	}
 }
+
+// Options.Fingerprint reaches the store: a message reusing a key with
+// other content is refused with ErrFingerprintMismatch (for a poison
+// queue), never acked as a duplicate.
+func TestMiddlewareFingerprint(t *testing.T) {
+	runs := 0
+	h := idemwatermill.Middleware(idem.NewMemoryStore(idem.Options{}), idemwatermill.Options{
+		Fingerprint: func(msg *message.Message) []byte { return msg.Payload },
+	})(func(*message.Message) ([]*message.Message, error) { runs++; return nil, nil })
+	if _, err := h(message.NewMessage("k", []byte("a"))); err != nil {
+		t.Fatalf("first delivery: %v; want nil", err)
+	}
+	if _, err := h(message.NewMessage("k", []byte("a"))); err != nil || runs != 1 {
+		t.Fatalf("same key, same payload: %v after %d runs; want nil (a duplicate)", err, runs)
+	}
+	if _, err := h(message.NewMessage("k", []byte("b"))); !errors.Is(err, idem.ErrFingerprintMismatch) || runs != 1 {
+		t.Fatalf("same key, other payload: %v after %d runs; want ErrFingerprintMismatch without running", err, runs)
+	}
+}
