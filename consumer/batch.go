@@ -30,11 +30,12 @@ import (
 // forgotten), and then the first panic is re-raised on the caller's
 // goroutine.
 //
-// opts holds at most one Options, as for Idempotent.
+// opts holds at most one Options; Batch panics on the mistakes Idempotent
+// panics on.
 //
 // The returned func is safe for concurrent use if h and key are.
 func Batch[M any](store idem.Store, key func(M) string, h func(ctx context.Context, m M) error, opts ...Options[M]) func(ctx context.Context, ms []M) []error {
-	c, fp := setup("consumer.Batch", opts)
+	c, fp := setup("consumer.Batch", store, key, h, opts)
 	batcher, _ := store.(idem.Batcher)
 	return func(ctx context.Context, ms []M) []error {
 		var ob *batchObs

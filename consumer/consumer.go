@@ -47,10 +47,13 @@ var ErrNotRecorded = errors.New("consumer: work done but not recorded")
 //     an invalid key, which no redelivery fixes.
 //
 // opts holds at most one Options (see its fields for the defaults).
+// Idempotent panics, in the caller's goroutine, when store (or the value
+// in it) is nil, key or h is nil, or opts is more than one or holds a
+// negative field.
 //
 // The returned handler is safe for concurrent use if h and key are.
 func Idempotent[M any](store idem.Store, key func(M) string, h func(ctx context.Context, m M) error, opts ...Options[M]) func(ctx context.Context, m M) error {
-	c, fp := setup("consumer.Idempotent", opts)
+	c, fp := setup("consumer.Idempotent", store, key, h, opts)
 	// handle returns a handler's panic instead of raising it, so that the
 	// message's event is observed first.
 	handle := func(ctx context.Context, m M) (report, *panicValue, error) {

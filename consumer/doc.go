@@ -46,6 +46,12 @@
 //		Observer:    obs,
 //	})
 //
+// A mistake in building a wrapper (a nil store, a typed nil included, a
+// nil key func or handler, more than one Options, a negative field) panics
+// at once, in the caller's goroutine, naming the argument or field; the
+// adapters' constructors do the same. Found on the first message instead,
+// it would surface far from where it was made.
+//
 // Options.ConfirmBudget defaults to two thirds of the lease's TTL: that is
 // what a lease kept alive by [idem.KeepAlive] surely has left when the
 // handler returns, and retrying past the lease would let another delivery

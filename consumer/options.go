@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/nilcheck"
 )
 
 // Kind names a notable outcome reported to a Hook.
@@ -110,12 +111,20 @@ type config struct {
 	concurrency   int
 }
 
-// setup checks the options of the wrapper fn (Idempotent, Batch) and
+// setup checks the arguments of the wrapper fn (Idempotent, Batch) and
 // returns its config and fingerprint func. Mistakes panic here, in the
-// caller's goroutine, naming the field: found on the first message, they
-// would surface far from where they were made.
-func setup[M any](fn string, opts []Options[M]) (*config, func(M) []byte) {
-	if len(opts) > 1 {
+// caller's goroutine, naming the argument or field: found on the first
+// message, they would surface far from where they were made (a nil store
+// in a goroutine of KeepAlive's, a nil handler after the claim).
+func setup[M any](fn string, store idem.Store, key func(M) string, h func(context.Context, M) error, opts []Options[M]) (*config, func(M) []byte) {
+	switch {
+	case nilcheck.Nil(store):
+		panic(fn + ": nil store")
+	case key == nil:
+		panic(fn + ": nil key func")
+	case h == nil:
+		panic(fn + ": nil handler")
+	case len(opts) > 1:
 		panic(fmt.Sprintf("%s: %d Options; want at most one", fn, len(opts)))
 	}
 	var o Options[M]

@@ -21,6 +21,7 @@ package amqp
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strconv"
 	"sync"
@@ -28,6 +29,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
+	"github.com/idemgo/idem/internal/nilcheck"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 )
 
@@ -78,9 +80,9 @@ type Options struct {
 	// requeue of the same key doubles it, up to MaxDelay, so that a busy
 	// key or a failing handler does not spin through the broker. The
 	// delivery stays unacknowledged meanwhile, counting against the
-	// channel's prefetch. Default 50ms.
+	// channel's prefetch. Negative panics. Default 50ms.
 	MinDelay time.Duration
-	// MaxDelay bounds the requeue delay. Default 5s.
+	// MaxDelay bounds the requeue delay. Negative panics. Default 5s.
 	MaxDelay time.Duration
 	// Logger receives rejections and unrecorded work. Keys are logged as
 	// their KeyHasher hash, never raw. Default: slog.Default().
@@ -96,8 +98,8 @@ type Options struct {
 	// that they correlate. Default: the process's (idem.KeyHash).
 	KeyHasher *idem.KeyHasher
 	// ConfirmBudget bounds how long Confirm is retried after the handler
-	// succeeded, as consumer.Options.ConfirmBudget. Default: two thirds of
-	// the lease's TTL.
+	// succeeded, as consumer.Options.ConfirmBudget. Negative panics.
+	// Default: two thirds of the lease's TTL.
 	ConfirmBudget time.Duration
 	// OnSettle, when set, is called after each settlement, on the goroutine
 	// that settles (for a Nack, a timer's). It must be quick and safe for
@@ -125,11 +127,27 @@ const maxTracked = 1 << 16
 //
 // If h panics, the delivery is nacked with requeue at once and the panic
 // re-raised. The returned func is safe for concurrent use if h is.
+//
+// Handler panics, in the caller's goroutine, when store (or the value in
+// it) or h is nil, or a duration in o is negative: a mistake found on the
+// first delivery would surface far from where it was made.
 func Handler(store idem.Store, h func(ctx context.Context, d amqp091.Delivery) error, o Options) func(ctx context.Context, d amqp091.Delivery) {
-	if o.MinDelay <= 0 {
+	switch {
+	case nilcheck.Nil(store):
+		panic("amqp.Handler: nil store")
+	case h == nil:
+		panic("amqp.Handler: nil handler")
+	case o.MinDelay < 0:
+		panic(fmt.Sprintf("amqp.Handler: negative Options.MinDelay %v", o.MinDelay))
+	case o.MaxDelay < 0:
+		panic(fmt.Sprintf("amqp.Handler: negative Options.MaxDelay %v", o.MaxDelay))
+	case o.ConfirmBudget < 0:
+		panic(fmt.Sprintf("amqp.Handler: negative Options.ConfirmBudget %v", o.ConfirmBudget))
+	}
+	if o.MinDelay == 0 {
 		o.MinDelay = DefaultMinDelay
 	}
-	if o.MaxDelay <= 0 {
+	if o.MaxDelay == 0 {
 		o.MaxDelay = DefaultMaxDelay
 	}
 	o.MaxDelay = max(o.MaxDelay, o.MinDelay)

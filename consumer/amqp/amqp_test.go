@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -262,5 +263,42 @@ func TestHandlerFingerprintMismatchRejected(t *testing.T) {
 	}
 	if s := st.next(t); s.Action != idemamqp.Reject || !errors.Is(s.Err, idem.ErrFingerprintMismatch) || runs != 1 {
 		t.Fatalf("same key, other body: %+v after %d runs; want reject with ErrFingerprintMismatch", s, runs)
+	}
+}
+
+// A mistake in building the handler panics at once, in the caller's
+// goroutine, naming what is wrong, rather than on the first delivery.
+func TestHandlerMistakesPanic(t *testing.T) {
+	store := idem.NewMemoryStore(idem.Options{})
+	nop := func(context.Context, amqp091.Delivery) error { return nil }
+	for _, tc := range []struct {
+		name  string
+		store idem.Store
+		h     func(context.Context, amqp091.Delivery) error
+		o     idemamqp.Options
+		want  string
+	}{
+		{"valid", store, nop, idemamqp.Options{}, ""},
+		{"nil store", nil, nop, idemamqp.Options{}, "amqp.Handler: nil store"},
+		{"typed nil store", (*idem.RedisStore)(nil), nop, idemamqp.Options{}, "amqp.Handler: nil store"},
+		{"nil handler", store, nil, idemamqp.Options{}, "amqp.Handler: nil handler"},
+		{"negative MinDelay", store, nop, idemamqp.Options{MinDelay: -time.Second}, "amqp.Handler: negative Options.MinDelay -1s"},
+		{"negative MaxDelay", store, nop, idemamqp.Options{MaxDelay: -time.Second}, "amqp.Handler: negative Options.MaxDelay -1s"},
+		{"negative ConfirmBudget", store, nop, idemamqp.Options{ConfirmBudget: -time.Second}, "amqp.Handler: negative Options.ConfirmBudget -1s"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := func() (msg string) {
+				defer func() {
+					if v := recover(); v != nil {
+						msg = fmt.Sprint(v)
+					}
+				}()
+				idemamqp.Handler(tc.store, tc.h, tc.o)
+				return ""
+			}()
+			if got != tc.want {
+				t.Errorf("Handler with %s: panic %q; want %q", tc.name, got, tc.want)
+			}
+		})
 	}
 }

@@ -28,12 +28,14 @@ package watermill
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
+	"github.com/idemgo/idem/internal/nilcheck"
 )
 
 // Options configure Middleware: one flat literal, passed by value. The zero
@@ -63,8 +65,8 @@ type Options struct {
 	// correlate. Default: the process's (idem.KeyHash).
 	KeyHasher *idem.KeyHasher
 	// ConfirmBudget bounds how long Confirm is retried after the handler
-	// succeeded, as consumer.Options.ConfirmBudget. Default: two thirds of
-	// the lease's TTL.
+	// succeeded, as consumer.Options.ConfirmBudget. Negative panics.
+	// Default: two thirds of the lease's TTL.
 	ConfirmBudget time.Duration
 }
 
@@ -82,7 +84,18 @@ type delivery struct {
 // cancelled with cause idem.ErrLeaseLost if the lease is lost; afterwards
 // the message's own context is restored. A duplicate produces no messages:
 // the first run's were published when it was done.
+//
+// Middleware panics, in the caller's goroutine, when store (or the value in
+// it) is nil or o.ConfirmBudget is negative, and the middleware it returns
+// panics when given a nil handler: a mistake found on the first message
+// would surface far from where it was made.
 func Middleware(store idem.Store, o Options) message.HandlerMiddleware {
+	switch {
+	case nilcheck.Nil(store):
+		panic("watermill.Middleware: nil store")
+	case o.ConfirmBudget < 0:
+		panic(fmt.Sprintf("watermill.Middleware: negative Options.ConfirmBudget %v", o.ConfirmBudget))
+	}
 	key := o.Key
 	switch {
 	case key != nil:
@@ -111,6 +124,9 @@ func Middleware(store idem.Store, o Options) message.HandlerMiddleware {
 			return err
 		}, co)
 	return func(h message.HandlerFunc) message.HandlerFunc {
+		if h == nil {
+			panic("watermill.Middleware: nil handler")
+		}
 		return func(msg *message.Message) ([]*message.Message, error) {
 			d := &delivery{msg: msg, h: h}
 			err := wrapped(msg.Context(), d)

@@ -234,3 +234,39 @@ func TestMiddlewareFingerprint(t *testing.T) {
 		t.Fatalf("same key, other payload: %v after %d runs; want ErrFingerprintMismatch without running", err, runs)
 	}
 }
+
+// A mistake in building the middleware panics at once, in the caller's
+// goroutine, naming what is wrong, rather than on the first message.
+func TestMiddlewareMistakesPanic(t *testing.T) {
+	store := idem.NewMemoryStore(idem.Options{})
+	nop := func(*message.Message) ([]*message.Message, error) { return nil, nil }
+	for _, tc := range []struct {
+		name  string
+		store idem.Store
+		o     idemwatermill.Options
+		h     message.HandlerFunc
+		want  string
+	}{
+		{"valid", store, idemwatermill.Options{}, nop, ""},
+		{"nil store", nil, idemwatermill.Options{}, nop, "watermill.Middleware: nil store"},
+		{"typed nil store", (*idem.RedisStore)(nil), idemwatermill.Options{}, nop, "watermill.Middleware: nil store"},
+		{"negative ConfirmBudget", store, idemwatermill.Options{ConfirmBudget: -time.Second}, nop,
+			"watermill.Middleware: negative Options.ConfirmBudget -1s"},
+		{"nil handler", store, idemwatermill.Options{}, nil, "watermill.Middleware: nil handler"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := func() (msg string) {
+				defer func() {
+					if v := recover(); v != nil {
+						msg = fmt.Sprint(v)
+					}
+				}()
+				idemwatermill.Middleware(tc.store, tc.o)(tc.h)
+				return ""
+			}()
+			if got != tc.want {
+				t.Errorf("Middleware with %s: panic %q; want %q", tc.name, got, tc.want)
+			}
+		})
+	}
+}
