@@ -66,10 +66,11 @@ func Batch[M any](store idem.Store, key func(M) string, h func(ctx context.Conte
 			i := at[j]
 			switch {
 			case cerrs != nil && cerrs[j] != nil:
+				// A fingerprint mismatch comes with its claim's outcome.
 				errs[i] = cerrs[j]
-				ob.set(i, keys[j], 0, errs[i])
+				ob.set(i, keys[j], cl.Outcome, errs[i])
 			case cl.Outcome != idem.Claimed:
-				errs[i] = c.notClaimed(ob.ctx(ctx, i), keys[j], item(fps, j), fp != nil, cl)
+				errs[i] = c.notClaimed(ob.ctx(ctx, i), keys[j], cl)
 				ob.set(i, keys[j], cl.Outcome, errs[i])
 			default:
 				ob.set(i, keys[j], idem.Claimed, nil)

@@ -1,7 +1,6 @@
 package consumer
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -68,10 +67,11 @@ func Idempotent[M any](store idem.Store, key func(M) string, h func(ctx context.
 		}
 		cl, err := store.Claim(ctx, k, f)
 		if err != nil {
-			return report{key: k, err: err}, nil, err
+			// A fingerprint mismatch comes with its claim's outcome.
+			return report{key: k, outcome: cl.Outcome, err: err}, nil, err
 		}
 		if cl.Outcome != idem.Claimed {
-			err := c.notClaimed(ctx, k, f, fp != nil, cl)
+			err := c.notClaimed(ctx, k, cl)
 			return report{key: k, outcome: cl.Outcome, err: err}, nil, err
 		}
 		rep := report{key: k, outcome: idem.Claimed}
@@ -128,16 +128,12 @@ func (c *config) observe(ctx context.Context, rep report, start time.Time) {
 	c.observer.Observe(ctx, e)
 }
 
-// notClaimed answers a claim that found a confirmation or a live holder.
-func (c *config) notClaimed(ctx context.Context, key string, fp []byte, checkFP bool, cl idem.Claim) error {
+// notClaimed answers a claim that found a confirmation or a live holder
+// (with the same fingerprint: Claim reports a mismatch as an error).
+func (c *config) notClaimed(ctx context.Context, key string, cl idem.Claim) error {
 	var token int64
-	var recFP []byte
 	if cl.Record != nil {
-		token, recFP = cl.Record.Token, cl.Record.Fingerprint
-	}
-	if checkFP && !bytes.Equal(fp, recFP) {
-		return fmt.Errorf("%w: key %s was %s with another fingerprint",
-			idem.ErrFingerprintMismatch, c.keyHasher.Hash(key), cl.Outcome)
+		token = cl.Record.Token
 	}
 	switch cl.Outcome {
 	case idem.Duplicate:

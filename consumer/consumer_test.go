@@ -8,8 +8,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
+	"github.com/idemgo/idem/internal/obstest"
+	"github.com/redis/go-redis/v9"
 )
 
 func TestIdempotentOnceThenDuplicate(t *testing.T) {
@@ -222,6 +225,73 @@ func TestIdempotentFingerprint(t *testing.T) {
 	}
 	if err := h(ctx, msg{ID: "k", Body: "b"}); !errors.Is(err, idem.ErrFingerprintMismatch) {
 		t.Fatalf("same key, other body: %v; want ErrFingerprintMismatch", err)
+	}
+	// Claim decides, by the store's rule: a record made without a
+	// fingerprint is not compared, so the key held without one is in
+	// progress, not a mismatch.
+	if _, err := s.Claim(ctx, "bare", nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := h(ctx, msg{ID: "bare", Body: "a"}); !errors.Is(err, idem.ErrInProgress) || errors.Is(err, idem.ErrFingerprintMismatch) {
+		t.Fatalf("key held without a fingerprint: %v; want ErrInProgress only", err)
+	}
+}
+
+// A fingerprint mismatch is reported with the outcome of the claim that
+// found it (done, or in flight), as a conflict, and runs nothing: for Batch
+// per item, whether the store claims the batch in one call or not.
+func TestFingerprintMismatchObserved(t *testing.T) {
+	for name, open := range map[string]func(t *testing.T) idem.Store{
+		"memory": func(*testing.T) idem.Store { return idem.NewMemoryStore(idem.Options{}) },
+		"plain":  func(*testing.T) idem.Store { return struct{ idem.Store }{idem.NewMemoryStore(idem.Options{})} },
+		"miniredis": func(t *testing.T) idem.Store {
+			s, err := idem.NewRedisStore(redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()}), idem.RedisOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s
+		},
+	} {
+		t.Run(name, func(t *testing.T) { fingerprintMismatchObserved(t, open(t)) })
+	}
+}
+
+func fingerprintMismatchObserved(t *testing.T, s idem.Store) {
+	ctx := context.Background()
+	obs := &obstest.Log{}
+	ran := 0
+	o := consumer.Options[msg]{Observer: obs, Fingerprint: func(m msg) []byte { return []byte(m.Body) }}
+	h := consumer.Idempotent(s, msgKey, func(context.Context, msg) error { ran++; return nil }, o)
+	b := consumer.Batch(s, msgKey, func(context.Context, msg) error { ran++; return nil }, o)
+	if err := h(ctx, msg{ID: "done", Body: "a"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Claim(ctx, "held", []byte("a")); err != nil {
+		t.Fatal(err)
+	}
+	obs.Reset()
+	for _, m := range []msg{{ID: "done", Body: "b"}, {ID: "held", Body: "b"}} {
+		if err := h(ctx, m); !errors.Is(err, idem.ErrFingerprintMismatch) {
+			t.Errorf("Idempotent(%q, other body) = %v; want ErrFingerprintMismatch", m.ID, err)
+		}
+	}
+	for i, err := range b(ctx, []msg{{ID: "done", Body: "b"}, {ID: "held", Body: "b"}, {ID: "new", Body: "b"}}) {
+		if want := i < 2; errors.Is(err, idem.ErrFingerprintMismatch) != want {
+			t.Errorf("Batch item %d = %v; want a mismatch %v", i, err, want)
+		}
+	}
+	got := obs.Of(idem.OpMessage)
+	if len(got) != 5 || ran != 2 {
+		t.Fatalf("%d message events, %d runs; want 5 events and only the first and the new key run", len(got), ran)
+	}
+	for i, want := range []idem.Outcome{idem.Duplicate, idem.InProgress, idem.Duplicate, idem.InProgress, idem.Claimed} {
+		class := idem.ClassConflict
+		if want == idem.Claimed {
+			class = idem.ClassNone
+		}
+		if got[i].Outcome != want || got[i].Class() != class {
+			t.Errorf("event %d: %v class %q; want %v class %q", i, got[i].Outcome, got[i].Class(), want, class)
+		}
 	}
 }
 

@@ -63,7 +63,8 @@
 //
 // With Options.Observer, each message is one [idem.Event] with Op
 // idem.OpMessage, reported once it is settled: Outcome is its claim's
-// outcome (zero when the claim failed), Took the whole message, handler
+// outcome (zero when the claim failed; for a fingerprint mismatch, the
+// Duplicate or InProgress that Claim found), Took the whole message, handler
 // included, and KeyHash the keyed hash of its key (Options.KeyHasher). Err
 // is the idempotency layer's answer, not the handler's: nil when it did its
 // part, even if the handler failed or panicked (the claim was then

@@ -73,8 +73,8 @@ type Hook func(ctx context.Context, e Event)
 type Options[M any] struct {
 	// Fingerprint returns a fingerprint of a message's content (a hash, at
 	// most idem.MaxFingerprintBytes), stored with its claim. A delivery
-	// whose key was claimed or confirmed with another fingerprint is not
-	// handled: the wrapper returns an error matching
+	// whose key was claimed or confirmed with another non-empty fingerprint
+	// is not handled: the wrapper returns Claim's error matching
 	// idem.ErrFingerprintMismatch, which no redelivery fixes. Default: none.
 	Fingerprint func(M) []byte
 	// Hook is told of each notable outcome (see Kind), synchronously.
