@@ -107,13 +107,8 @@ func Batch[M any](store idem.Store, key func(M) string, h func(ctx context.Conte
 		}
 		for n, err := range c.confirmAll(ctx, store, batcher, done) {
 			j := doneJobs[n]
-			switch {
-			case err != nil:
-				c.emit(ob.ctx(ctx, j.i), ConfirmFailed, j.lease.Key, j.lease.Token, err)
-				errs[j.i] = fmt.Errorf("%w: key %s token %d: %w", ErrNotRecorded, c.keyHasher.Hash(j.lease.Key), j.lease.Token, err)
+			if errs[j.i] = c.recorded(ob.ctx(ctx, j.i), j.lease, j.late, err); errs[j.i] != nil {
 				ob.set(j.i, j.lease.Key, idem.Claimed, errs[j.i])
-			case j.late:
-				c.emit(ob.ctx(ctx, j.i), LateConfirm, j.lease.Key, j.lease.Token, nil)
 			}
 		}
 		if ob != nil {

@@ -265,3 +265,36 @@ func TestBatchOversizedKeyFailsAlone(t *testing.T) {
 		t.Fatalf("results %v; want only the oversized key to fail (ErrInvalidKey), not the whole batch", errs)
 	}
 }
+
+// In a batch too, a message whose Confirm finds another delivery's
+// confirmation kept is done (nil), reported to the hook, and the rest of
+// the batch is unaffected; on a Batcher (per item of ConfirmBatch) and on a
+// plain store.
+func TestBatchAlreadyConfirmed(t *testing.T) {
+	for name, s := range map[string]idem.Store{
+		"batcher": idem.NewMemoryStore(idem.Options{LeaseTTL: 60 * time.Millisecond}),
+		"plain":   struct{ idem.Store }{idem.NewMemoryStore(idem.Options{LeaseTTL: 60 * time.Millisecond})},
+	} {
+		t.Run(name, func(t *testing.T) {
+			var ev events
+			h := consumer.Batch(s, msgKey, func(ctx context.Context, m msg) error {
+				if m.Body == "twice" {
+					takeOver(t, ctx, s)
+				}
+				return nil
+			}, consumer.Options[msg]{Hook: ev.hook})
+			errs := h(context.Background(), []msg{{ID: "a"}, {ID: "b", Body: "twice"}, {ID: "c"}})
+			if errs[0] != nil || errs[1] != nil || errs[2] != nil {
+				t.Fatalf("results %v; want all nil (done)", errs)
+			}
+			if !ev.has(consumer.AlreadyConfirmed) || ev.has(consumer.ConfirmFailed) || ev.has(consumer.LateConfirm) {
+				t.Fatalf("hook saw %v; want already_confirmed, not confirm_failed or late_confirm", ev.kinds())
+			}
+			for _, id := range []string{"a", "b", "c"} {
+				if !confirmed(t, s, id) {
+					t.Errorf("%q not confirmed", id)
+				}
+			}
+		})
+	}
+}

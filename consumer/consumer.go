@@ -28,15 +28,17 @@ var ErrNotRecorded = errors.New("consumer: work done but not recorded")
 //
 // The returned handler claims the key in store and then:
 //
-//   - Claimed: it runs h under idem.KeepAlive, with the lease in h's context
-//     (idem.LeaseFrom). When the lease is lost, h's context is cancelled with cause
-//     idem.ErrLeaseLost. If h returns nil, the work is confirmed, retried with
-//     backoff within the confirm budget on a context detached from ctx's
-//     cancellation (a consumer shutting down after the work is done must
-//     still record it), and nil is returned; if no Confirm succeeds, the
-//     error matches ErrNotRecorded. If h returns an error or panics, the
-//     claim is forgotten, so a redelivery does the work, and the error is
-//     returned or the panic re-raised.
+//   - Claimed: it runs h under idem.KeepAlive, with the lease in h's
+//     context (idem.LeaseFrom). When the lease is lost, h's context is
+//     cancelled with cause idem.ErrLeaseLost. If h returns nil, the work is
+//     confirmed, retried with backoff within the confirm budget on a context
+//     detached from ctx's cancellation (a consumer shutting down after the
+//     work is done must still record it), and nil is returned, also when
+//     Confirm finds another delivery's confirmation kept (the hook hears
+//     AlreadyConfirmed); if no Confirm succeeds, the error matches
+//     ErrNotRecorded. If h returns an error or panics, the claim is
+//     forgotten, so a redelivery does the work, and the error is returned
+//     or the panic re-raised.
 //   - Duplicate: h does not run; nil is returned. The broker should ack.
 //   - InProgress: h does not run; an error matching idem.ErrInProgress is
 //     returned. The broker should redeliver later, after a delay.
@@ -196,11 +198,21 @@ func (c *config) confirm(ctx context.Context, s idem.Store, l *idem.Lease, lost 
 	cctx, cancel := detached(ctx, c.budget(l))
 	defer cancel()
 	err := retry.Do(cctx, func(ctx context.Context) error { return s.Confirm(ctx, l, nil) })
-	if err != nil {
+	return c.recorded(ctx, l, lost, err)
+}
+
+// recorded turns the last Confirm error of a successful delivery (nil once
+// confirmed) into the wrapper's answer, and tells the hook what it means.
+func (c *config) recorded(ctx context.Context, l *idem.Lease, lost bool, err error) error {
+	switch {
+	case errors.Is(err, idem.ErrAlreadyConfirmed):
+		// Another delivery's confirmation was kept: the work is recorded as
+		// done, so the message is done (ack), though it was done twice.
+		c.emit(ctx, AlreadyConfirmed, l.Key, l.Token, err)
+	case err != nil:
 		c.emit(ctx, ConfirmFailed, l.Key, l.Token, err)
 		return fmt.Errorf("%w: key %s token %d: %w", ErrNotRecorded, c.keyHasher.Hash(l.Key), l.Token, err)
-	}
-	if lost {
+	case lost:
 		c.emit(ctx, LateConfirm, l.Key, l.Token, nil)
 	}
 	return nil

@@ -305,11 +305,64 @@ func TestKindString(t *testing.T) {
 		consumer.LateConfirm:      "late_confirm",
 		consumer.ConfirmFailed:    "confirm_failed",
 		consumer.ForgetFailed:     "forget_failed",
+		consumer.AlreadyConfirmed: "already_confirmed",
 		0:                         "kind(0)",
 		99:                        "kind(99)",
 	} {
 		if got := k.String(); got != want {
 			t.Errorf("Kind(%d).String() = %q; want %q", uint8(k), got, want)
 		}
+	}
+}
+
+// takeOver, called in a handler, makes another delivery take the key over
+// and confirm it, as one would after this lease ran out: the handler's own
+// Confirm then finds the other's confirmation kept. It returns the other's
+// token once the handler's context is cancelled for the lost lease. It may
+// run on a handler's goroutine: it reports with t.Errorf.
+func takeOver(t *testing.T, ctx context.Context, s idem.Store) int64 {
+	t.Helper()
+	bg := context.Background()
+	l, _ := idem.LeaseFrom(ctx)
+	if err := s.Forget(bg, l); err != nil {
+		t.Errorf("Forget(%q) = %v", l.Key, err)
+	}
+	other, err := s.Claim(bg, l.Key, nil)
+	if err != nil || other.Outcome != idem.Claimed {
+		t.Errorf("Claim(%q) by another delivery = %v, %v; want claimed", l.Key, other.Outcome, err)
+		return 0
+	}
+	if err := s.Confirm(bg, other.Lease, nil); err != nil {
+		t.Errorf("Confirm(%q) by another delivery = %v", l.Key, err)
+	}
+	<-ctx.Done() // the renewal finds the lease gone
+	return other.Lease.Token
+}
+
+// A handler that succeeded after another delivery's confirmation was kept
+// is done, not failed: the wrapper returns nil (ack), tells the hook the
+// work was done twice, and leaves the first confirmation in place.
+func TestIdempotentAlreadyConfirmed(t *testing.T) {
+	ctx := context.Background()
+	s := idem.NewMemoryStore(idem.Options{LeaseTTL: 60 * time.Millisecond})
+	var ev events
+	var mine, kept int64
+	h := consumer.Idempotent(s, msgKey, func(ctx context.Context, m msg) error {
+		l, _ := idem.LeaseFrom(ctx)
+		mine = l.Token
+		kept = takeOver(t, ctx, s)
+		return nil
+	}, consumer.Options[msg]{Hook: ev.hook})
+	if err := h(ctx, msg{ID: "twice"}); err != nil {
+		t.Fatalf("success after another's confirmation: %v; want nil (done: ack)", err)
+	}
+	if got := ev.kinds(); !slices.Equal(got, []consumer.Kind{consumer.LeaseLost, consumer.AlreadyConfirmed}) {
+		t.Fatalf("hook saw %v; want [lease_lost already_confirmed]", got)
+	}
+	if e := ev.es[1]; e.Token != mine || !errors.Is(e.Err, idem.ErrAlreadyConfirmed) {
+		t.Fatalf("already_confirmed event = %+v; want this delivery's token %d and ErrAlreadyConfirmed", e, mine)
+	}
+	if r, err := s.Lookup(ctx, "twice"); err != nil || !r.Confirmed || r.Token != kept {
+		t.Fatalf("Lookup = %+v, %v; want the other delivery's confirmation (token %d) kept", r, err, kept)
 	}
 }

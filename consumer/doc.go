@@ -21,7 +21,9 @@
 // Confirm is retried with backoff within the lease on a context detached from
 // the caller's cancellation; if it never succeeds the wrapper returns
 // [ErrNotRecorded], never success (see its documentation for what the broker
-// should do then).
+// should do then). A Confirm that finds another delivery's confirmation kept
+// (idem.ErrAlreadyConfirmed: this lease ran out and another delivery did the
+// work too) is success: the key is recorded as done, and the message is.
 //
 // # What "once" means
 //
@@ -68,7 +70,8 @@
 // included, and KeyHash the keyed hash of its key (Options.KeyHasher). Err
 // is the idempotency layer's answer, not the handler's: nil when it did its
 // part, even if the handler failed or panicked (the claim was then
-// forgotten); an error matching idem.ErrInProgress or
+// forgotten) or another delivery's confirmation was kept first (the work is
+// recorded; the Hook hears of it as AlreadyConfirmed); an error matching idem.ErrInProgress or
 // idem.ErrFingerprintMismatch (Class conflict); [ErrNotRecorded] joined
 // with the store's error; the Claim's error; idem.ErrInvalidKey for an
 // empty key.
@@ -81,7 +84,8 @@
 // With no Observer nothing is measured and nothing is allocated for it.
 //
 // The [Hook] hears of the notable outcomes between success and failure
-// (see [Kind]): a duplicate skipped, a lost lease, a late confirmation.
+// (see [Kind]): a duplicate skipped, a lost lease, a late confirmation, work
+// done twice because another delivery confirmed the key first.
 //
 // # Batches
 //

@@ -3,6 +3,7 @@ package consumer_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -130,5 +131,27 @@ func TestObserverNotRecorded(t *testing.T) {
 		if !inside[i] {
 			t.Errorf("event %v outside the started message", e.Op)
 		}
+	}
+}
+
+// Work whose confirmation lost to another delivery's is not a failure of
+// the message: its event is Claimed without error, and Confirm is not
+// retried (the answer is final).
+func TestObserverAlreadyConfirmed(t *testing.T) {
+	obs := &obstest.Log{}
+	s := spy(idem.NewMemoryStore(idem.Options{}))
+	s.setFail("confirm", func(int) error { return fmt.Errorf("%w: confirm of k", idem.ErrAlreadyConfirmed) })
+	var ev events
+	h := consumer.Idempotent(s, msgKey, failing, consumer.Options[msg]{Observer: obs, Hook: ev.hook})
+	if err := h(context.Background(), msg{ID: "k"}); err != nil {
+		t.Fatalf("err = %v; want nil (done)", err)
+	}
+	got := obs.Of(idem.OpMessage)
+	if len(got) != 1 {
+		t.Fatalf("%d message events; want 1", len(got))
+	}
+	wantMessage(t, "already confirmed", got[0], idem.Claimed, idem.ClassNone, idem.KeyHash("k"))
+	if n := s.count("confirm"); n != 1 || !ev.has(consumer.AlreadyConfirmed) {
+		t.Fatalf("Confirm called %d times, hook saw %v; want 1 call and already_confirmed", n, ev.kinds())
 	}
 }

@@ -35,9 +35,15 @@ const (
 	// so the key stays claimed until the lease runs out. Event.Err is the
 	// Forget error.
 	ForgetFailed
+	// AlreadyConfirmed: the handler succeeded, but another delivery's
+	// confirmation of the key was kept first: the work was done twice (this
+	// lease was lost or ran out, and another took the key over). The
+	// wrapper returns nil, as the message is done. Event.Err is Confirm's
+	// error, matching idem.ErrAlreadyConfirmed.
+	AlreadyConfirmed
 )
 
-var kindNames = [...]string{"", "duplicate_skipped", "in_progress", "lease_lost", "late_confirm", "confirm_failed", "forget_failed"}
+var kindNames = [...]string{"", "duplicate_skipped", "in_progress", "lease_lost", "late_confirm", "confirm_failed", "forget_failed", "already_confirmed"}
 
 // String returns the kind's name in snake case ("duplicate_skipped",
 // "lease_lost"), as idem.Op.String and idem.ErrorClass.String name theirs,
@@ -56,8 +62,9 @@ type Event struct {
 	// KeyHash is the keyed hash of the message's key (Options.KeyHasher).
 	KeyHash string
 	// Token is the fencing token of this delivery's lease (LeaseLost,
-	// LateConfirm, ConfirmFailed, ForgetFailed), or of the record found
-	// (DuplicateSkipped: the confirmation; InProgress: the holder).
+	// LateConfirm, ConfirmFailed, ForgetFailed, AlreadyConfirmed), or of
+	// the record found (DuplicateSkipped: the confirmation; InProgress: the
+	// holder).
 	Token int64
 	// Err is the error behind the event, where there is one.
 	Err error

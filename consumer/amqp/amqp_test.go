@@ -159,6 +159,32 @@ func TestHandlerNotRecordedIsAcked(t *testing.T) {
 	}
 }
 
+// Work whose confirmation lost to another delivery's is done: acked, and
+// the hook hears it was done twice.
+func TestHandlerAlreadyConfirmedIsAcked(t *testing.T) {
+	store := confirmedElsewhere{idem.NewMemoryStore(idem.Options{})}
+	st := newSettlements()
+	var kinds []consumer.Kind
+	h := idemamqp.Handler(store, func(context.Context, amqp091.Delivery) error { return nil },
+		idemamqp.Options{OnSettle: st.on, Hook: func(_ context.Context, e consumer.Event) { kinds = append(kinds, e.Kind) }})
+	a := &acker{}
+	h(context.Background(), delivery(a, "m"))
+	if s := st.next(t); s.Action != idemamqp.Ack || s.Err != nil || a.last() != "ack" {
+		t.Fatalf("confirmed by another delivery first: %+v, broker saw %q; want a plain ack", s, a.last())
+	}
+	if len(kinds) != 1 || kinds[0] != consumer.AlreadyConfirmed {
+		t.Fatalf("hook saw %v; want [already_confirmed]", kinds)
+	}
+}
+
+// confirmedElsewhere is a store in which another lease always confirmed
+// the key first.
+type confirmedElsewhere struct{ idem.Store }
+
+func (confirmedElsewhere) Confirm(_ context.Context, l *idem.Lease, _ []byte) error {
+	return fmt.Errorf("%w: confirm of %s", idem.ErrAlreadyConfirmed, l.Key)
+}
+
 type unconfirmable struct{ idem.Store }
 
 func (unconfirmable) Confirm(context.Context, *idem.Lease, []byte) error {

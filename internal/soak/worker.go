@@ -217,7 +217,7 @@ func (w *worker) redis() (func(context.Context, []*delivery), func(), error) {
 	}
 	opts := consumer.Options[*delivery]{Hook: func(_ context.Context, e consumer.Event) {
 		switch e.Kind {
-		case consumer.LeaseLost, consumer.LateConfirm, consumer.ConfirmFailed:
+		case consumer.LeaseLost, consumer.LateConfirm, consumer.ConfirmFailed, consumer.AlreadyConfirmed:
 			w.emit("K %s %s %d", e.Kind, e.KeyHash, e.Token)
 		}
 	}}
