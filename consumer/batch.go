@@ -36,88 +36,137 @@ import (
 // The returned func is safe for concurrent use if h and key are.
 func Batch[M any](store idem.Store, key func(M) string, h func(ctx context.Context, m M) error, opts ...Options[M]) func(ctx context.Context, ms []M) []error {
 	c, fp := setup("consumer.Batch", store, key, h, opts)
-	batcher, _ := store.(idem.Batcher)
-	return func(ctx context.Context, ms []M) []error {
-		var ob *batchObs
-		if c.observer != nil {
-			ob = c.startBatch(ctx, len(ms))
-		}
-		errs := make([]error, len(ms))
-		keys := make([]string, 0, len(ms))
-		at := make([]int, 0, len(ms)) // at[j]: the message of keys[j]
-		var fps [][]byte
-		for i, m := range ms {
-			k := key(m)
-			if k == "" {
-				errs[i] = fmt.Errorf("%w: the message's key is empty", idem.ErrInvalidKey)
-				ob.set(i, "", 0, errs[i])
-				continue
-			}
-			keys = append(keys, k)
-			at = append(at, i)
-			if fp != nil {
-				fps = append(fps, fp(m))
-			}
-		}
-		claims, cerrs := claimAll(ctx, store, batcher, keys, fps)
+	b := &batch[M]{config: c, store: store, key: key, fingerprint: fp, h: h}
+	b.batcher, _ = store.(idem.Batcher)
+	return b.handle
+}
 
-		var jobs []*job
-		for j, cl := range claims {
-			i := at[j]
-			switch {
-			case cerrs != nil && cerrs[j] != nil:
-				// A fingerprint mismatch comes with its claim's outcome.
-				errs[i] = cerrs[j]
-				ob.set(i, keys[j], cl.Outcome, errs[i])
-			case cl.Outcome != idem.Claimed:
-				errs[i] = c.notClaimed(ob.ctx(ctx, i), keys[j], cl)
-				ob.set(i, keys[j], cl.Outcome, errs[i])
-			default:
-				ob.set(i, keys[j], idem.Claimed, nil)
-				work, cancel := context.WithCancelCause(ob.ctx(ctx, i))
-				jobs = append(jobs, &job{i: i, lease: cl.Lease, work: work, cancel: cancel})
-			}
-		}
-		// Renewed from the claim on, not from the handler's start: a message
-		// waiting for a free slot must not lose its lease.
-		stop := keepAll(ctx, store, jobs)
-		runAll(c.concurrency, jobs, h, ms)
-		stop()
-		for _, j := range jobs {
-			j.cancel(context.Canceled) // releases the context; a lost lease's cause stays
-		}
+// batch is what a Batch wrapper handles each batch with.
+type batch[M any] struct {
+	*config
+	store       idem.Store
+	batcher     idem.Batcher // the store as a Batcher; nil when it is not one
+	key         func(M) string
+	fingerprint func(M) []byte // nil: none
+	h           func(context.Context, M) error
+}
 
-		var done []*idem.Lease
-		var doneJobs []*job
-		var first *panicValue
-		for _, j := range jobs {
-			mctx := ob.ctx(ctx, j.i)
-			lost := c.lost(mctx, j.work, j.lease)
-			if j.err != nil || j.panic != nil {
-				c.forget(mctx, store, j.lease, lost)
-				errs[j.i] = j.err
-				if first == nil && j.panic != nil {
-					first = j.panic
-				}
-				continue
+// handle handles one batch in four steps: claim every message, run the
+// claimed ones, settle them (forget or confirm), and report every message
+// to the Observer. A handler's panic is re-raised only after all that.
+func (b *batch[M]) handle(ctx context.Context, ms []M) []error {
+	var ob *batchObs
+	if b.observer != nil {
+		ob = b.startBatch(ctx, len(ms))
+	}
+	errs := make([]error, len(ms))
+	jobs := b.claim(ctx, ms, errs, ob)
+	b.run(ctx, jobs, ms)
+	first := b.settle(ctx, jobs, errs, ob)
+	if ob != nil {
+		b.endBatch(ob)
+	}
+	if first != nil {
+		panic(first.v)
+	}
+	return errs
+}
+
+// claim claims the messages' keys and returns a job for each message
+// claimed; the others' results go to errs.
+func (b *batch[M]) claim(ctx context.Context, ms []M, errs []error, ob *batchObs) []*job {
+	keys, at, fps := b.keys(ms, errs, ob)
+	claims, cerrs := claimAll(ctx, b.store, b.batcher, keys, fps)
+	var jobs []*job
+	for j, cl := range claims {
+		i := at[j]
+		switch {
+		case cerrs != nil && cerrs[j] != nil:
+			// A fingerprint mismatch comes with its claim's outcome.
+			errs[i] = cerrs[j]
+			ob.set(i, keys[j], cl.Outcome, errs[i])
+		case cl.Outcome != idem.Claimed:
+			errs[i] = b.notClaimed(ob.ctx(ctx, i), keys[j], cl)
+			ob.set(i, keys[j], cl.Outcome, errs[i])
+		default:
+			ob.set(i, keys[j], idem.Claimed, nil)
+			work, cancel := context.WithCancelCause(ob.ctx(ctx, i))
+			jobs = append(jobs, &job{i: i, lease: cl.Lease, work: work, cancel: cancel})
+		}
+	}
+	return jobs
+}
+
+// keys returns the keys of the messages that have one, with at[j] the
+// index in ms of keys[j], and their fingerprints (nil: none). An empty
+// key's result goes to errs: it is refused before any store call.
+func (b *batch[M]) keys(ms []M, errs []error, ob *batchObs) (keys []string, at []int, fps [][]byte) {
+	keys = make([]string, 0, len(ms))
+	at = make([]int, 0, len(ms))
+	for i, m := range ms {
+		k := b.key(m)
+		if k == "" {
+			errs[i] = fmt.Errorf("%w: the message's key is empty", idem.ErrInvalidKey)
+			ob.set(i, "", 0, errs[i])
+			continue
+		}
+		keys = append(keys, k)
+		at = append(at, i)
+		if b.fingerprint != nil {
+			fps = append(fps, b.fingerprint(m))
+		}
+	}
+	return keys, at, fps
+}
+
+// run runs the jobs' handlers, at most Concurrency at a time, and returns
+// once they have all returned and no Renew is in flight.
+func (b *batch[M]) run(ctx context.Context, jobs []*job, ms []M) {
+	// Renewed from the claim on, not from the handler's start: a message
+	// waiting for a free slot must not lose its lease.
+	stop := keepAll(ctx, b.store, jobs)
+	runAll(b.concurrency, jobs, b.h, ms)
+	stop()
+	for _, j := range jobs {
+		j.cancel(context.Canceled) // releases the context; a lost lease's cause stays
+	}
+}
+
+// settle forgets the claims of the jobs that failed or panicked and
+// confirms the others, and returns the first panic.
+func (b *batch[M]) settle(ctx context.Context, jobs []*job, errs []error, ob *batchObs) *panicValue {
+	var done []*job
+	var first *panicValue
+	for _, j := range jobs {
+		mctx := ob.ctx(ctx, j.i)
+		lost := b.lost(mctx, j.work, j.lease)
+		if j.err != nil || j.panic != nil {
+			b.forget(mctx, b.store, j.lease, lost)
+			errs[j.i] = j.err
+			if first == nil && j.panic != nil {
+				first = j.panic
 			}
-			j.late = lost
-			done = append(done, j.lease)
-			doneJobs = append(doneJobs, j)
+			continue
 		}
-		for n, err := range c.confirmAll(ctx, store, batcher, done) {
-			j := doneJobs[n]
-			if errs[j.i] = c.recorded(ob.ctx(ctx, j.i), j.lease, j.late, err); errs[j.i] != nil {
-				ob.set(j.i, j.lease.Key, idem.Claimed, errs[j.i])
-			}
+		j.late = lost
+		done = append(done, j)
+	}
+	b.confirm(ctx, done, errs, ob)
+	return first
+}
+
+// confirm confirms the jobs whose handlers succeeded, in one call per
+// attempt when the store is a Batcher, and sets their results.
+func (b *batch[M]) confirm(ctx context.Context, done []*job, errs []error, ob *batchObs) {
+	leases := make([]*idem.Lease, len(done))
+	for n, j := range done {
+		leases[n] = j.lease
+	}
+	for n, err := range b.confirmAll(ctx, b.store, b.batcher, leases) {
+		j := done[n]
+		if errs[j.i] = b.recorded(ob.ctx(ctx, j.i), j.lease, j.late, err); errs[j.i] != nil {
+			ob.set(j.i, j.lease.Key, idem.Claimed, errs[j.i])
 		}
-		if ob != nil {
-			c.endBatch(ob)
-		}
-		if first != nil {
-			panic(first.v)
-		}
-		return errs
 	}
 }
 
