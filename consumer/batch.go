@@ -319,40 +319,24 @@ func (c *config) confirmAll(ctx context.Context, s idem.Store, b idem.Batcher, l
 		}
 		return errs
 	}
-	pending := make([]int, len(leases))
+	pending := make([]int, len(leases)) // pending[k]: the lease sent as item k
 	for i := range pending {
 		pending[i] = i
 	}
 	batch := leases
 	_ = retry.Do(cctx, func(ctx context.Context) error {
 		err := b.ConfirmBatch(ctx, batch, nil)
-		var be *idem.BatchError
-		if err != nil && errors.As(err, &be) && len(be.Errs) == len(batch) {
-			// Only the items that failed are sent again.
-			var still []int
-			for k, e := range be.Errs {
-				errs[pending[k]] = e
-				if e != nil && !retry.Permanent(e) {
-					still = append(still, pending[k])
-				}
-			}
-			pending = still
-		} else {
-			for _, i := range pending {
-				errs[i] = err
-			}
-			if err == nil || retry.Permanent(err) {
-				pending = nil
-			}
-		}
-		if len(pending) == 0 {
+		if pending = again(err, pending, errs); len(pending) == 0 {
 			return nil
 		}
 		batch = make([]*idem.Lease, len(pending))
 		for k, i := range pending {
 			batch[k] = leases[i]
 		}
-		return err
+		// Not err: a *BatchError matches every item's error, and one item
+		// confirmed by another lease would make it Permanent and end the
+		// retries of the items that may still succeed.
+		return errs[pending[0]]
 	})
 	if cctx.Err() != nil {
 		for _, i := range pending {
@@ -360,4 +344,28 @@ func (c *config) confirmAll(ctx context.Context, s idem.Store, b idem.Batcher, l
 		}
 	}
 	return errs
+}
+
+// again records in errs the answer err of a ConfirmBatch of the leases
+// pending, and returns those to send again: the items that failed for a
+// reason another attempt may mend (only those when err is a *BatchError).
+func again(err error, pending []int, errs []error) []int {
+	var be *idem.BatchError
+	if err != nil && errors.As(err, &be) && len(be.Errs) == len(pending) {
+		var still []int
+		for k, e := range be.Errs {
+			errs[pending[k]] = e
+			if e != nil && !retry.Permanent(e) {
+				still = append(still, pending[k])
+			}
+		}
+		return still
+	}
+	for _, i := range pending {
+		errs[i] = err
+	}
+	if err == nil || retry.Permanent(err) {
+		return nil
+	}
+	return pending
 }

@@ -3,6 +3,8 @@ package consumer_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -296,5 +298,48 @@ func TestBatchAlreadyConfirmed(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// lostReplies is a Batcher whose first ConfirmBatch records every lease
+// but answers item 0 as confirmed by another lease first (for good) and
+// the others as failed (their replies lost, worth another attempt).
+type lostReplies struct {
+	*idem.MemoryStore
+	calls atomic.Int64
+}
+
+func (s *lostReplies) ConfirmBatch(ctx context.Context, ls []*idem.Lease, rs [][]byte) error {
+	err := s.MemoryStore.ConfirmBatch(ctx, ls, rs)
+	if s.calls.Add(1) > 1 || err != nil {
+		return err
+	}
+	be := &idem.BatchError{Errs: make([]error, len(ls))}
+	be.Errs[0] = fmt.Errorf("%w: test", idem.ErrAlreadyConfirmed)
+	for i := 1; i < len(ls); i++ {
+		be.Errs[i] = errDown
+	}
+	return be
+}
+
+// One item's final answer does not end the retries of the others: the
+// items whose confirmation failed for a reason another attempt may mend
+// are sent again.
+func TestBatchConfirmRetriesPastAFinalItem(t *testing.T) {
+	s := &lostReplies{MemoryStore: idem.NewMemoryStore(idem.Options{})}
+	var ev events
+	h := consumer.Batch(s, msgKey, func(context.Context, msg) error { return nil },
+		consumer.Options[msg]{Hook: ev.hook, ConfirmBudget: time.Second})
+	errs := h(context.Background(), []msg{{ID: "a"}, {ID: "b"}, {ID: "c"}})
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("result %d = %v; want nil (a: already confirmed; b, c: confirmed on the retry)", i, err)
+		}
+	}
+	if n := s.calls.Load(); n != 2 {
+		t.Errorf("ConfirmBatch called %d times; want 2 (the retry of b and c)", n)
+	}
+	if got := ev.kinds(); !slices.Equal(got, []consumer.Kind{consumer.AlreadyConfirmed}) {
+		t.Errorf("hook saw %v; want [already_confirmed]", got)
 	}
 }
