@@ -3,7 +3,6 @@ package consumer
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -36,35 +35,26 @@ import (
 // The returned func is safe for concurrent use if h and key are.
 func Batch[M any](store idem.Store, key func(M) string, h func(ctx context.Context, m M) error, opts ...Options[M]) func(ctx context.Context, ms []M) []error {
 	c, fp := setup("consumer.Batch", store, key, h, opts)
-	b := &batch[M]{config: c, store: store, key: key, fingerprint: fp, h: h}
-	b.batcher, _ = store.(idem.Batcher)
-	return b.handle
+	w := &wrapper[M]{config: c, store: store, key: key, fingerprint: fp, h: h}
+	w.batcher, _ = store.(idem.Batcher)
+	return w.batch
 }
 
-// batch is what a Batch wrapper handles each batch with.
-type batch[M any] struct {
-	*config
-	store       idem.Store
-	batcher     idem.Batcher // the store as a Batcher; nil when it is not one
-	key         func(M) string
-	fingerprint func(M) []byte // nil: none
-	h           func(context.Context, M) error
-}
-
-// handle handles one batch in four steps: claim every message, run the
-// claimed ones, settle them (forget or confirm), and report every message
-// to the Observer. A handler's panic is re-raised only after all that.
-func (b *batch[M]) handle(ctx context.Context, ms []M) []error {
+// batch is Batch's handler. It handles ms in four steps: claim every
+// message, run the claimed ones, settle them (forget or confirm), and
+// report every message to the Observer. A handler's panic is re-raised
+// only after all that.
+func (w *wrapper[M]) batch(ctx context.Context, ms []M) []error {
 	var ob *batchObs
-	if b.observer != nil {
-		ob = b.startBatch(ctx, len(ms))
+	if w.observer != nil {
+		ob = w.startBatch(ctx, len(ms))
 	}
 	errs := make([]error, len(ms))
-	jobs := b.claim(ctx, ms, errs, ob)
-	b.run(ctx, jobs, ms)
-	first := b.settle(ctx, jobs, errs, ob)
+	jobs := w.claim(ctx, ms, errs, ob)
+	w.run(ctx, jobs, ms)
+	first := w.settle(ctx, jobs, errs, ob)
 	if ob != nil {
-		b.endBatch(ob)
+		w.endBatch(ob)
 	}
 	if first != nil {
 		panic(first.v)
@@ -74,9 +64,9 @@ func (b *batch[M]) handle(ctx context.Context, ms []M) []error {
 
 // claim claims the messages' keys and returns a job for each message
 // claimed; the others' results go to errs.
-func (b *batch[M]) claim(ctx context.Context, ms []M, errs []error, ob *batchObs) []*job {
-	keys, at, fps := b.keys(ms, errs, ob)
-	claims, cerrs := claimAll(ctx, b.store, b.batcher, keys, fps)
+func (w *wrapper[M]) claim(ctx context.Context, ms []M, errs []error, ob *batchObs) []*job {
+	keys, at, fps := w.keys(ms, errs, ob)
+	claims, cerrs := claimAll(ctx, w.store, w.batcher, keys, fps)
 	var jobs []*job
 	for j, cl := range claims {
 		i := at[j]
@@ -86,7 +76,7 @@ func (b *batch[M]) claim(ctx context.Context, ms []M, errs []error, ob *batchObs
 			errs[i] = cerrs[j]
 			ob.set(i, keys[j], cl.Outcome, errs[i])
 		case cl.Outcome != idem.Claimed:
-			errs[i] = b.notClaimed(ob.ctx(ctx, i), keys[j], cl)
+			errs[i] = w.notClaimed(ob.ctx(ctx, i), keys[j], cl)
 			ob.set(i, keys[j], cl.Outcome, errs[i])
 		default:
 			ob.set(i, keys[j], idem.Claimed, nil)
@@ -100,20 +90,20 @@ func (b *batch[M]) claim(ctx context.Context, ms []M, errs []error, ob *batchObs
 // keys returns the keys of the messages that have one, with at[j] the
 // index in ms of keys[j], and their fingerprints (nil: none). An empty
 // key's result goes to errs: it is refused before any store call.
-func (b *batch[M]) keys(ms []M, errs []error, ob *batchObs) (keys []string, at []int, fps [][]byte) {
+func (w *wrapper[M]) keys(ms []M, errs []error, ob *batchObs) (keys []string, at []int, fps [][]byte) {
 	keys = make([]string, 0, len(ms))
 	at = make([]int, 0, len(ms))
 	for i, m := range ms {
-		k := b.key(m)
+		k := w.key(m)
 		if k == "" {
-			errs[i] = fmt.Errorf("%w: the message's key is empty", idem.ErrInvalidKey)
+			errs[i] = errEmptyKey
 			ob.set(i, "", 0, errs[i])
 			continue
 		}
 		keys = append(keys, k)
 		at = append(at, i)
-		if b.fingerprint != nil {
-			fps = append(fps, b.fingerprint(m))
+		if w.fingerprint != nil {
+			fps = append(fps, w.fingerprint(m))
 		}
 	}
 	return keys, at, fps
@@ -121,11 +111,11 @@ func (b *batch[M]) keys(ms []M, errs []error, ob *batchObs) (keys []string, at [
 
 // run runs the jobs' handlers, at most Concurrency at a time, and returns
 // once they have all returned and no Renew is in flight.
-func (b *batch[M]) run(ctx context.Context, jobs []*job, ms []M) {
+func (w *wrapper[M]) run(ctx context.Context, jobs []*job, ms []M) {
 	// Renewed from the claim on, not from the handler's start: a message
 	// waiting for a free slot must not lose its lease.
-	stop := keepAll(ctx, b.store, jobs)
-	runAll(b.concurrency, jobs, b.h, ms)
+	stop := keepAll(ctx, w.store, jobs)
+	runAll(w.concurrency, jobs, w.h, ms)
 	stop()
 	for _, j := range jobs {
 		j.cancel(context.Canceled) // releases the context; a lost lease's cause stays
@@ -134,14 +124,14 @@ func (b *batch[M]) run(ctx context.Context, jobs []*job, ms []M) {
 
 // settle forgets the claims of the jobs that failed or panicked and
 // confirms the others, and returns the first panic.
-func (b *batch[M]) settle(ctx context.Context, jobs []*job, errs []error, ob *batchObs) *panicValue {
+func (w *wrapper[M]) settle(ctx context.Context, jobs []*job, errs []error, ob *batchObs) *panicValue {
 	var done []*job
 	var first *panicValue
 	for _, j := range jobs {
 		mctx := ob.ctx(ctx, j.i)
-		lost := b.lost(mctx, j.work, j.lease)
+		lost := w.lost(mctx, j.work, j.lease)
 		if j.err != nil || j.panic != nil {
-			b.forget(mctx, b.store, j.lease, lost)
+			w.forget(mctx, w.store, j.lease, lost)
 			errs[j.i] = j.err
 			if first == nil && j.panic != nil {
 				first = j.panic
@@ -151,20 +141,20 @@ func (b *batch[M]) settle(ctx context.Context, jobs []*job, errs []error, ob *ba
 		j.late = lost
 		done = append(done, j)
 	}
-	b.confirm(ctx, done, errs, ob)
+	w.confirmJobs(ctx, done, errs, ob)
 	return first
 }
 
-// confirm confirms the jobs whose handlers succeeded, in one call per
+// confirmJobs confirms the jobs whose handlers succeeded, in one call per
 // attempt when the store is a Batcher, and sets their results.
-func (b *batch[M]) confirm(ctx context.Context, done []*job, errs []error, ob *batchObs) {
+func (w *wrapper[M]) confirmJobs(ctx context.Context, done []*job, errs []error, ob *batchObs) {
 	leases := make([]*idem.Lease, len(done))
 	for n, j := range done {
 		leases[n] = j.lease
 	}
-	for n, err := range b.confirmAll(ctx, b.store, b.batcher, leases) {
+	for n, err := range w.confirmAll(ctx, w.store, w.batcher, leases) {
 		j := done[n]
-		if errs[j.i] = b.recorded(ob.ctx(ctx, j.i), j.lease, j.late, err); errs[j.i] != nil {
+		if errs[j.i] = w.recorded(ob.ctx(ctx, j.i), j.lease, j.late, err); errs[j.i] != nil {
 			ob.set(j.i, j.lease.Key, idem.Claimed, errs[j.i])
 		}
 	}

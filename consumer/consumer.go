@@ -55,61 +55,80 @@ var ErrNotRecorded = errors.New("consumer: work done but not recorded")
 // The returned handler is safe for concurrent use if h and key are.
 func Idempotent[M any](store idem.Store, key func(M) string, h func(ctx context.Context, m M) error, opts ...Options[M]) func(ctx context.Context, m M) error {
 	c, fp := setup("consumer.Idempotent", store, key, h, opts)
-	// handle returns a handler's panic instead of raising it, so that the
-	// message's event is observed first.
-	handle := func(ctx context.Context, m M) (report, *panicValue, error) {
-		k := key(m)
-		if k == "" {
-			err := fmt.Errorf("%w: the message's key is empty", idem.ErrInvalidKey)
-			return report{err: err}, nil, err
+	w := &wrapper[M]{config: c, store: store, key: key, fingerprint: fp, h: h}
+	return w.one
+}
+
+// wrapper is what an Idempotent or a Batch wrapper handles messages with.
+type wrapper[M any] struct {
+	*config
+	store       idem.Store
+	batcher     idem.Batcher // Batch: the store as a Batcher; nil when it is not one
+	key         func(M) string
+	fingerprint func(M) []byte // nil: none
+	h           func(context.Context, M) error
+}
+
+// errEmptyKey answers a message whose key func returned "".
+var errEmptyKey = fmt.Errorf("%w: the message's key is empty", idem.ErrInvalidKey)
+
+// one is Idempotent's handler: it handles m and reports it to the
+// Observer, then re-raises the handler's panic, if any.
+func (w *wrapper[M]) one(ctx context.Context, m M) error {
+	var rep report
+	var p *panicValue
+	var err error
+	if w.observer == nil {
+		_, p, err = w.handle(ctx, m)
+	} else {
+		start := time.Now()
+		if s, ok := w.observer.(idem.Starter); ok {
+			ctx = s.Start(ctx, idem.OpMessage)
 		}
-		var f []byte
-		if fp != nil {
-			f = fp(m)
-		}
-		cl, err := store.Claim(ctx, k, f)
-		if err != nil {
-			// A fingerprint mismatch comes with its claim's outcome.
-			return report{key: k, outcome: cl.Outcome, err: err}, nil, err
-		}
-		if cl.Outcome != idem.Claimed {
-			err := c.notClaimed(ctx, k, cl)
-			return report{key: k, outcome: cl.Outcome, err: err}, nil, err
-		}
-		rep := report{key: k, outcome: idem.Claimed}
-		work, stop := idem.KeepAlive(ctx, store, cl.Lease)
-		defer stop() // also when h calls runtime.Goexit
-		p, err := call(work, h, m)
-		stop() // no Renew in flight from here on
-		lost := c.lost(ctx, work, cl.Lease)
-		if err != nil || p != nil {
-			c.forget(ctx, store, cl.Lease, lost)
-			// The handler's own failure, error or panic, is not the
-			// idempotency layer's: the report's err stays nil.
-			return rep, p, err
-		}
-		rep.err = c.confirm(ctx, store, cl.Lease, lost)
-		return rep, nil, rep.err
+		rep, p, err = w.handle(ctx, m)
+		w.observe(ctx, rep, start)
 	}
-	return func(ctx context.Context, m M) error {
-		var rep report
-		var p *panicValue
-		var err error
-		if c.observer == nil {
-			_, p, err = handle(ctx, m)
-		} else {
-			start := time.Now()
-			if s, ok := c.observer.(idem.Starter); ok {
-				ctx = s.Start(ctx, idem.OpMessage)
-			}
-			rep, p, err = handle(ctx, m)
-			c.observe(ctx, rep, start)
-		}
-		if p != nil {
-			panic(p.v)
-		}
-		return err
+	if p != nil {
+		panic(p.v)
 	}
+	return err
+}
+
+// handle claims m's key and runs, confirms or forgets as Idempotent says.
+// It returns the handler's panic instead of raising it, so that the
+// message's event is observed first.
+func (w *wrapper[M]) handle(ctx context.Context, m M) (report, *panicValue, error) {
+	k := w.key(m)
+	if k == "" {
+		return report{err: errEmptyKey}, nil, errEmptyKey
+	}
+	var f []byte
+	if w.fingerprint != nil {
+		f = w.fingerprint(m)
+	}
+	cl, err := w.store.Claim(ctx, k, f)
+	if err != nil {
+		// A fingerprint mismatch comes with its claim's outcome.
+		return report{key: k, outcome: cl.Outcome, err: err}, nil, err
+	}
+	if cl.Outcome != idem.Claimed {
+		err := w.notClaimed(ctx, k, cl)
+		return report{key: k, outcome: cl.Outcome, err: err}, nil, err
+	}
+	rep := report{key: k, outcome: idem.Claimed}
+	work, stop := idem.KeepAlive(ctx, w.store, cl.Lease)
+	defer stop() // also when h calls runtime.Goexit
+	p, err := call(work, w.h, m)
+	stop() // no Renew in flight from here on
+	lost := w.lost(ctx, work, cl.Lease)
+	if err != nil || p != nil {
+		w.forget(ctx, w.store, cl.Lease, lost)
+		// The handler's own failure, error or panic, is not the
+		// idempotency layer's: the report's err stays nil.
+		return rep, p, err
+	}
+	rep.err = w.confirm(ctx, w.store, cl.Lease, lost)
+	return rep, nil, rep.err
 }
 
 // report is what the Observer is told of a message: its key, its claim's

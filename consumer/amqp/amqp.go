@@ -137,6 +137,17 @@ func Handler(store idem.Store, h func(ctx context.Context, d amqp091.Delivery) e
 		panic("amqp.Handler: nil store")
 	case h == nil:
 		panic("amqp.Handler: nil handler")
+	}
+	a := &adapter{o: o.withDefaults(), retries: map[string]int{}}
+	key := a.o.Key
+	a.wrapped = consumer.Idempotent(store, func(d amqp091.Delivery) string { return key(&d) }, h, a.o.consumer())
+	return a.handle
+}
+
+// withDefaults returns o checked, with its defaults filled in. A negative
+// duration panics, naming the field.
+func (o Options) withDefaults() Options {
+	switch {
 	case o.MinDelay < 0:
 		panic(fmt.Sprintf("amqp.Handler: negative Options.MinDelay %v", o.MinDelay))
 	case o.MaxDelay < 0:
@@ -154,54 +165,59 @@ func Handler(store idem.Store, h func(ctx context.Context, d amqp091.Delivery) e
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	key := o.Key
-	if key == nil {
-		key = func(d *amqp091.Delivery) string { return d.MessageId }
+	if o.Key == nil {
+		o.Key = func(d *amqp091.Delivery) string { return d.MessageId }
 	}
-	a := &adapter{o: o, key: key, retries: map[string]int{}}
+	return o
+}
+
+// consumer returns the options of the wrapped handler.
+func (o Options) consumer() consumer.Options[amqp091.Delivery] {
 	co := consumer.Options[amqp091.Delivery]{Hook: o.Hook, Observer: o.Observer,
 		KeyHasher: o.KeyHasher, ConfirmBudget: o.ConfirmBudget}
 	if fp := o.Fingerprint; fp != nil {
 		co.Fingerprint = func(d amqp091.Delivery) []byte { return fp(&d) }
 	}
-	wrapped := consumer.Idempotent(store, func(d amqp091.Delivery) string { return key(&d) }, h, co)
-	return func(ctx context.Context, d amqp091.Delivery) {
-		k := key(&d)
-		if k == "" {
-			// Checked here too, to say why: without an id the delivery cannot be
-			// told from its duplicates, and acking it as one would drop it.
-			a.reject(ctx, &d, errors.New("idem/amqp: delivery without a key (MessageId) cannot be deduplicated"))
-			return
-		}
-		settled := false
-		defer func() {
-			if !settled {
-				a.settle(&d, Nack, 0, errors.New("idem/amqp: handler panicked"), d.Nack(false, true))
-			}
-		}()
-		err := wrapped(ctx, d)
-		settled = true
-		switch {
-		case err == nil:
-			a.ack(&d, k, nil)
-		case errors.Is(err, consumer.ErrNotRecorded):
-			o.Logger.LogAttrs(ctx, slog.LevelError, "idem/amqp: work done but not recorded; acked so it is not done again now",
-				slog.String("key_hash", o.KeyHasher.Hash(k)), slog.Any("err", err))
-			a.ack(&d, k, err)
-		case errors.Is(err, idem.ErrInvalidKey), errors.Is(err, idem.ErrFingerprintMismatch):
-			a.reject(ctx, &d, err)
-		default:
-			a.nackLater(&d, k, err)
-		}
-	}
+	return co
 }
 
 type adapter struct {
-	o   Options
-	key func(*amqp091.Delivery) string
+	o       Options // withDefaults
+	wrapped func(context.Context, amqp091.Delivery) error
 
 	mu      sync.Mutex
 	retries map[string]int // requeues per key since its last ack
+}
+
+// handle runs d through the wrapped handler and settles it.
+func (a *adapter) handle(ctx context.Context, d amqp091.Delivery) {
+	k := a.o.Key(&d)
+	if k == "" {
+		// Checked here too, to say why: without an id the delivery cannot be
+		// told from its duplicates, and acking it as one would drop it.
+		a.reject(ctx, &d, errors.New("idem/amqp: delivery without a key (MessageId) cannot be deduplicated"))
+		return
+	}
+	settled := false
+	defer func() {
+		if !settled {
+			a.settle(&d, Nack, 0, errors.New("idem/amqp: handler panicked"), d.Nack(false, true))
+		}
+	}()
+	err := a.wrapped(ctx, d)
+	settled = true
+	switch {
+	case err == nil:
+		a.ack(&d, k, nil)
+	case errors.Is(err, consumer.ErrNotRecorded):
+		a.o.Logger.LogAttrs(ctx, slog.LevelError, "idem/amqp: work done but not recorded; acked so it is not done again now",
+			slog.String("key_hash", a.o.KeyHasher.Hash(k)), slog.Any("err", err))
+		a.ack(&d, k, err)
+	case errors.Is(err, idem.ErrInvalidKey), errors.Is(err, idem.ErrFingerprintMismatch):
+		a.reject(ctx, &d, err)
+	default:
+		a.nackLater(&d, k, err)
+	}
 }
 
 func (a *adapter) settle(d *amqp091.Delivery, act Action, delay time.Duration, err, settleErr error) {
@@ -222,10 +238,10 @@ func (a *adapter) ack(d *amqp091.Delivery, key string, err error) {
 
 func (a *adapter) reject(ctx context.Context, d *amqp091.Delivery, err error) {
 	a.mu.Lock()
-	delete(a.retries, a.key(d))
+	delete(a.retries, a.o.Key(d))
 	a.mu.Unlock()
 	a.o.Logger.LogAttrs(ctx, slog.LevelError, "idem/amqp: delivery rejected without requeue",
-		slog.String("key_hash", a.o.KeyHasher.Hash(a.key(d))), slog.String("message_id_hash", a.o.KeyHasher.Hash(d.MessageId)),
+		slog.String("key_hash", a.o.KeyHasher.Hash(a.o.Key(d))), slog.String("message_id_hash", a.o.KeyHasher.Hash(d.MessageId)),
 		slog.Uint64("delivery_tag", d.DeliveryTag), slog.Any("err", err))
 	a.settle(d, Reject, 0, err, d.Reject(false))
 }

@@ -96,23 +96,10 @@ func Middleware(store idem.Store, o Options) message.HandlerMiddleware {
 	case o.ConfirmBudget < 0:
 		panic(fmt.Sprintf("watermill.Middleware: negative Options.ConfirmBudget %v", o.ConfirmBudget))
 	}
-	key := o.Key
-	switch {
-	case key != nil:
-	case o.MetadataKey != "":
-		name := o.MetadataKey
-		key = func(msg *message.Message) string { return msg.Metadata.Get(name) }
-	default:
-		key = func(msg *message.Message) string { return msg.UUID }
-	}
+	key := o.keyFunc()
 	logger := o.Logger
 	if logger == nil {
 		logger = slog.Default()
-	}
-	co := consumer.Options[*delivery]{Hook: o.Hook, Observer: o.Observer,
-		KeyHasher: o.KeyHasher, ConfirmBudget: o.ConfirmBudget}
-	if fp := o.Fingerprint; fp != nil {
-		co.Fingerprint = func(d *delivery) []byte { return fp(d.msg) }
 	}
 	wrapped := consumer.Idempotent(store, func(d *delivery) string { return key(d.msg) },
 		func(ctx context.Context, d *delivery) error {
@@ -122,7 +109,7 @@ func Middleware(store idem.Store, o Options) message.HandlerMiddleware {
 			out, err := d.h(d.msg)
 			d.out = out
 			return err
-		}, co)
+		}, o.consumer())
 	return func(h message.HandlerFunc) message.HandlerFunc {
 		if h == nil {
 			panic("watermill.Middleware: nil handler")
@@ -143,4 +130,27 @@ func Middleware(store idem.Store, o Options) message.HandlerMiddleware {
 			return nil, err
 		}
 	}
+}
+
+// keyFunc returns the func that keys a message: Key, else MetadataKey's
+// field, else the UUID.
+func (o Options) keyFunc() func(*message.Message) string {
+	switch {
+	case o.Key != nil:
+		return o.Key
+	case o.MetadataKey != "":
+		name := o.MetadataKey
+		return func(msg *message.Message) string { return msg.Metadata.Get(name) }
+	}
+	return func(msg *message.Message) string { return msg.UUID }
+}
+
+// consumer returns the options of the wrapped handler.
+func (o Options) consumer() consumer.Options[*delivery] {
+	co := consumer.Options[*delivery]{Hook: o.Hook, Observer: o.Observer,
+		KeyHasher: o.KeyHasher, ConfirmBudget: o.ConfirmBudget}
+	if fp := o.Fingerprint; fp != nil {
+		co.Fingerprint = func(d *delivery) []byte { return fp(d.msg) }
+	}
+	return co
 }
