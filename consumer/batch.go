@@ -22,12 +22,13 @@ import (
 // (one round trip on a single Redis) and the successes are confirmed in one
 // call; otherwise each message is claimed and confirmed on its own. A key
 // that appears twice in one batch is claimed by the first and InProgress for
-// the second. Claimed messages run under idem.KeepAlive from the moment they
-// are claimed, at most Options.Concurrency at a time, each with its lease in its
-// context. Failed handlers' claims are forgotten. If a handler panics, the
-// rest of the batch is still settled (successes confirmed, failures
-// forgotten), and then the first panic is re-raised on the caller's
-// goroutine.
+// the second. Claimed messages run under idem.KeepAlive from the moment
+// they are claimed, at most Options.Concurrency at a time, each with its
+// lease in its context. Failed handlers' claims are forgotten. A success
+// whose Confirm finds another delivery's confirmation kept is done (nil),
+// as with Idempotent. If a handler panics, the rest of the batch is still
+// settled (successes confirmed, failures forgotten), and then the first
+// panic is re-raised on the caller's goroutine.
 //
 // opts holds at most one Options; Batch panics on the mistakes Idempotent
 // panics on.

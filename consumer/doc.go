@@ -70,11 +70,11 @@
 // included, and KeyHash the keyed hash of its key (Options.KeyHasher). Err
 // is the idempotency layer's answer, not the handler's: nil when it did its
 // part, even if the handler failed or panicked (the claim was then
-// forgotten) or another delivery's confirmation was kept first (the work is
-// recorded; the Hook hears of it as AlreadyConfirmed); an error matching idem.ErrInProgress or
-// idem.ErrFingerprintMismatch (Class conflict); [ErrNotRecorded] joined
-// with the store's error; the Claim's error; idem.ErrInvalidKey for an
-// empty key.
+// forgotten) or another delivery's confirmation was kept first (the work
+// is recorded; the Hook hears of it as AlreadyConfirmed); an error
+// matching idem.ErrInProgress or idem.ErrFingerprintMismatch (Class
+// conflict); [ErrNotRecorded] joined with the store's error; the Claim's
+// error; idem.ErrInvalidKey for an empty key.
 //
 // When the Observer is an [idem.Starter], it is started for each message
 // before its claim, and its context is the one the handler, the message's
