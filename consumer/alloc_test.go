@@ -33,9 +33,9 @@ func TestObserverAllocations(t *testing.T) {
 	ctx := context.Background()
 	nop := func(context.Context, string) error { return nil }
 	id := func(s string) string { return s }
-	measure := func(opts ...consumer.Option) (one, dup, batch float64) {
-		h := consumer.Idempotent(idem.NewMemoryStore(idem.Options{}), id, nop, opts...)
-		b := consumer.Batch(idem.NewMemoryStore(idem.Options{}), id, nop, opts...)
+	measure := func(opts consumer.Options[string]) (one, dup, batch float64) {
+		h := consumer.Idempotent(idem.NewMemoryStore(idem.Options{}), id, nop, opts)
+		b := consumer.Batch(idem.NewMemoryStore(idem.Options{}), id, nop, opts)
 		i := 0
 		_ = h(ctx, "m1")
 		one = testing.AllocsPerRun(200, func() { i++; _ = h(ctx, "m"+strconv.Itoa(i)) })
@@ -50,13 +50,13 @@ func TestObserverAllocations(t *testing.T) {
 		})
 		return one, dup, batch
 	}
-	one, dup, batch := measure()
+	one, dup, batch := measure(consumer.Options[string]{})
 	t.Logf("no Observer: message %.0f, duplicate %.0f, batch of 10 %.0f allocs", one, dup, batch)
 	if one > baseMessageAllocs || dup > baseDuplicateAllocs || batch > baseBatchAllocs {
 		t.Errorf("no Observer: %.0f, %.0f, %.0f allocs; want at most %d, %d, %d, as before events existed",
 			one, dup, batch, baseMessageAllocs, baseDuplicateAllocs, baseBatchAllocs)
 	}
-	oneOn, dupOn, batchOn := measure(consumer.WithObserver(nopObserver{}))
+	oneOn, dupOn, batchOn := measure(consumer.Options[string]{Observer: nopObserver{}})
 	t.Logf("no-op Observer: message %.0f, duplicate %.0f, batch of 10 %.0f allocs", oneOn, dupOn, batchOn)
 	// The key's hash per message, and the batch's per-message records.
 	if oneOn > one+2 || dupOn > dup+2 || batchOn > batch+10*2+4 {

@@ -3,7 +3,6 @@ package consumer
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,103 +22,142 @@ import (
 // (one round trip on a single Redis) and the successes are confirmed in one
 // call; otherwise each message is claimed and confirmed on its own. A key
 // that appears twice in one batch is claimed by the first and InProgress for
-// the second. Claimed messages run under idem.KeepAlive from the moment they
-// are claimed, at most WithConcurrency at a time, each with its lease in its
-// context. Failed handlers' claims are forgotten. If a handler panics, the
-// rest of the batch is still settled (successes confirmed, failures
-// forgotten), and then the first panic is re-raised on the caller's
-// goroutine.
+// the second. Claimed messages run under idem.KeepAlive from the moment
+// they are claimed, at most Options.Concurrency at a time, each with its
+// lease in its context. Failed handlers' claims are forgotten. A success
+// whose Confirm finds another delivery's confirmation kept is done (nil),
+// as with Idempotent. If a handler panics, the rest of the batch is still
+// settled (successes confirmed, failures forgotten), and then the first
+// panic is re-raised on the caller's goroutine.
+//
+// opts holds at most one Options; Batch panics on the mistakes Idempotent
+// panics on.
 //
 // The returned func is safe for concurrent use if h and key are.
-func Batch[M any](store idem.Store, key func(M) string, h func(ctx context.Context, m M) error, opts ...Option) func(ctx context.Context, ms []M) []error {
-	c := newConfig(opts)
-	fp := fingerprintFunc[M](c)
-	batcher, _ := store.(idem.Batcher)
-	return func(ctx context.Context, ms []M) []error {
-		var ob *batchObs
-		if c.observer != nil {
-			ob = c.startBatch(ctx, len(ms))
-		}
-		errs := make([]error, len(ms))
-		keys := make([]string, 0, len(ms))
-		at := make([]int, 0, len(ms)) // at[j]: the message of keys[j]
-		var fps [][]byte
-		for i, m := range ms {
-			k := key(m)
-			if k == "" {
-				errs[i] = fmt.Errorf("%w: the message's key is empty", idem.ErrInvalidKey)
-				ob.set(i, "", 0, errs[i])
-				continue
-			}
-			keys = append(keys, k)
-			at = append(at, i)
-			if fp != nil {
-				fps = append(fps, fp(m))
-			}
-		}
-		claims, cerrs := claimAll(ctx, store, batcher, keys, fps)
+func Batch[M any](store idem.Store, key func(M) string, h func(ctx context.Context, m M) error, opts ...Options[M]) func(ctx context.Context, ms []M) []error {
+	c, fp := setup("consumer.Batch", store, key, h, opts)
+	w := &wrapper[M]{config: c, store: store, key: key, fingerprint: fp, h: h}
+	w.batcher, _ = store.(idem.Batcher)
+	return w.batch
+}
 
-		var jobs []*job
-		for j, cl := range claims {
-			i := at[j]
-			switch {
-			case cerrs != nil && cerrs[j] != nil:
-				errs[i] = cerrs[j]
-				ob.set(i, keys[j], 0, errs[i])
-			case cl.Outcome != idem.Claimed:
-				errs[i] = c.notClaimed(ob.ctx(ctx, i), keys[j], item(fps, j), fp != nil, cl)
-				ob.set(i, keys[j], cl.Outcome, errs[i])
-			default:
-				ob.set(i, keys[j], idem.Claimed, nil)
-				work, cancel := context.WithCancelCause(ob.ctx(ctx, i))
-				jobs = append(jobs, &job{i: i, lease: cl.Lease, work: work, cancel: cancel})
-			}
-		}
-		// Renewed from the claim on, not from the handler's start: a message
-		// waiting for a free slot must not lose its lease.
-		stop := keepAll(ctx, store, jobs)
-		runAll(c.concurrency, jobs, h, ms)
-		stop()
-		for _, j := range jobs {
-			j.cancel(context.Canceled) // releases the context; a lost lease's cause stays
-		}
+// batch is Batch's handler. It handles ms in four steps: claim every
+// message, run the claimed ones, settle them (forget or confirm), and
+// report every message to the Observer. A handler's panic is re-raised
+// only after all that.
+func (w *wrapper[M]) batch(ctx context.Context, ms []M) []error {
+	var ob *batchObs
+	if w.observer != nil {
+		ob = w.startBatch(ctx, len(ms))
+	}
+	errs := make([]error, len(ms))
+	jobs := w.claim(ctx, ms, errs, ob)
+	w.run(ctx, jobs, ms)
+	first := w.settle(ctx, jobs, errs, ob)
+	if ob != nil {
+		w.endBatch(ob)
+	}
+	if first != nil {
+		panic(first.v)
+	}
+	return errs
+}
 
-		var done []*idem.Lease
-		var doneJobs []*job
-		var first *panicValue
-		for _, j := range jobs {
-			mctx := ob.ctx(ctx, j.i)
-			lost := c.lost(mctx, j.work, j.lease)
-			if j.err != nil || j.panic != nil {
-				c.forget(mctx, store, j.lease, lost)
-				errs[j.i] = j.err
-				if first == nil && j.panic != nil {
-					first = j.panic
-				}
-				continue
+// claim claims the messages' keys and returns a job for each message
+// claimed; the others' results go to errs.
+func (w *wrapper[M]) claim(ctx context.Context, ms []M, errs []error, ob *batchObs) []*job {
+	keys, at, fps := w.keys(ms, errs, ob)
+	claims, cerrs := claimAll(ctx, w.store, w.batcher, keys, fps)
+	var jobs []*job
+	for j, cl := range claims {
+		i := at[j]
+		switch {
+		case cerrs != nil && cerrs[j] != nil:
+			// A fingerprint mismatch comes with its claim's outcome.
+			errs[i] = cerrs[j]
+			ob.set(i, keys[j], cl.Outcome, errs[i])
+		case cl.Outcome != idem.Claimed:
+			errs[i] = w.notClaimed(ob.ctx(ctx, i), keys[j], cl)
+			ob.set(i, keys[j], cl.Outcome, errs[i])
+		default:
+			ob.set(i, keys[j], idem.Claimed, nil)
+			work, cancel := context.WithCancelCause(ob.ctx(ctx, i))
+			jobs = append(jobs, &job{i: i, lease: cl.Lease, work: work, cancel: cancel})
+		}
+	}
+	return jobs
+}
+
+// keys returns the keys of the messages that have one, with at[j] the
+// index in ms of keys[j], and their fingerprints (nil: none). An empty
+// key's result goes to errs: it is refused before any store call.
+func (w *wrapper[M]) keys(ms []M, errs []error, ob *batchObs) (keys []string, at []int, fps [][]byte) {
+	keys = make([]string, 0, len(ms))
+	at = make([]int, 0, len(ms))
+	for i, m := range ms {
+		k := w.key(m)
+		if k == "" {
+			errs[i] = errEmptyKey
+			ob.set(i, "", 0, errs[i])
+			continue
+		}
+		keys = append(keys, k)
+		at = append(at, i)
+		if w.fingerprint != nil {
+			fps = append(fps, w.fingerprint(m))
+		}
+	}
+	return keys, at, fps
+}
+
+// run runs the jobs' handlers, at most Concurrency at a time, and returns
+// once they have all returned and no Renew is in flight.
+func (w *wrapper[M]) run(ctx context.Context, jobs []*job, ms []M) {
+	// Renewed from the claim on, not from the handler's start: a message
+	// waiting for a free slot must not lose its lease.
+	stop := keepAll(ctx, w.store, jobs)
+	runAll(w.concurrency, jobs, w.h, ms)
+	stop()
+	for _, j := range jobs {
+		j.cancel(context.Canceled) // releases the context; a lost lease's cause stays
+	}
+}
+
+// settle forgets the claims of the jobs that failed or panicked and
+// confirms the others, and returns the first panic.
+func (w *wrapper[M]) settle(ctx context.Context, jobs []*job, errs []error, ob *batchObs) *panicValue {
+	var done []*job
+	var first *panicValue
+	for _, j := range jobs {
+		mctx := ob.ctx(ctx, j.i)
+		lost := w.lost(mctx, j.work, j.lease)
+		if j.err != nil || j.panic != nil {
+			w.forget(mctx, w.store, j.lease, lost)
+			errs[j.i] = j.err
+			if first == nil && j.panic != nil {
+				first = j.panic
 			}
-			j.late = lost
-			done = append(done, j.lease)
-			doneJobs = append(doneJobs, j)
+			continue
 		}
-		for n, err := range c.confirmAll(ctx, store, batcher, done) {
-			j := doneJobs[n]
-			switch {
-			case err != nil:
-				c.emit(ob.ctx(ctx, j.i), ConfirmFailed, j.lease.Key, j.lease.Token, err)
-				errs[j.i] = fmt.Errorf("%w: key %s token %d: %w", ErrNotRecorded, c.keyHasher.Hash(j.lease.Key), j.lease.Token, err)
-				ob.set(j.i, j.lease.Key, idem.Claimed, errs[j.i])
-			case j.late:
-				c.emit(ob.ctx(ctx, j.i), LateConfirm, j.lease.Key, j.lease.Token, nil)
-			}
+		j.late = lost
+		done = append(done, j)
+	}
+	w.confirmJobs(ctx, done, errs, ob)
+	return first
+}
+
+// confirmJobs confirms the jobs whose handlers succeeded, in one call per
+// attempt when the store is a Batcher, and sets their results.
+func (w *wrapper[M]) confirmJobs(ctx context.Context, done []*job, errs []error, ob *batchObs) {
+	leases := make([]*idem.Lease, len(done))
+	for n, j := range done {
+		leases[n] = j.lease
+	}
+	for n, err := range w.confirmAll(ctx, w.store, w.batcher, leases) {
+		j := done[n]
+		if errs[j.i] = w.recorded(ob.ctx(ctx, j.i), j.lease, j.late, err); errs[j.i] != nil {
+			ob.set(j.i, j.lease.Key, idem.Claimed, errs[j.i])
 		}
-		if ob != nil {
-			c.endBatch(ob)
-		}
-		if first != nil {
-			panic(first.v)
-		}
-		return errs
 	}
 }
 
@@ -272,40 +310,24 @@ func (c *config) confirmAll(ctx context.Context, s idem.Store, b idem.Batcher, l
 		}
 		return errs
 	}
-	pending := make([]int, len(leases))
+	pending := make([]int, len(leases)) // pending[k]: the lease sent as item k
 	for i := range pending {
 		pending[i] = i
 	}
 	batch := leases
 	_ = retry.Do(cctx, func(ctx context.Context) error {
 		err := b.ConfirmBatch(ctx, batch, nil)
-		var be *idem.BatchError
-		if err != nil && errors.As(err, &be) && len(be.Errs) == len(batch) {
-			// Only the items that failed are sent again.
-			var still []int
-			for k, e := range be.Errs {
-				errs[pending[k]] = e
-				if e != nil && !retry.Permanent(e) {
-					still = append(still, pending[k])
-				}
-			}
-			pending = still
-		} else {
-			for _, i := range pending {
-				errs[i] = err
-			}
-			if err == nil || retry.Permanent(err) {
-				pending = nil
-			}
-		}
-		if len(pending) == 0 {
+		if pending = again(err, pending, errs); len(pending) == 0 {
 			return nil
 		}
 		batch = make([]*idem.Lease, len(pending))
 		for k, i := range pending {
 			batch[k] = leases[i]
 		}
-		return err
+		// Not err: a *BatchError matches every item's error, and one item
+		// confirmed by another lease would make it Permanent and end the
+		// retries of the items that may still succeed.
+		return errs[pending[0]]
 	})
 	if cctx.Err() != nil {
 		for _, i := range pending {
@@ -313,4 +335,28 @@ func (c *config) confirmAll(ctx context.Context, s idem.Store, b idem.Batcher, l
 		}
 	}
 	return errs
+}
+
+// again records in errs the answer err of a ConfirmBatch of the leases
+// pending, and returns those to send again: the items that failed for a
+// reason another attempt may mend (only those when err is a *BatchError).
+func again(err error, pending []int, errs []error) []int {
+	var be *idem.BatchError
+	if err != nil && errors.As(err, &be) && len(be.Errs) == len(pending) {
+		var still []int
+		for k, e := range be.Errs {
+			errs[pending[k]] = e
+			if e != nil && !retry.Permanent(e) {
+				still = append(still, pending[k])
+			}
+		}
+		return still
+	}
+	for _, i := range pending {
+		errs[i] = err
+	}
+	if err == nil || retry.Permanent(err) {
+		return nil
+	}
+	return pending
 }

@@ -3,6 +3,8 @@ package consumer_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -36,7 +38,7 @@ func batchCase(t *testing.T, s idem.Store, b *spyStore) {
 			return errHandler
 		}
 		return nil
-	}, consumer.WithHook(ev.hook), consumer.WithConcurrency(4))
+	}, consumer.Options[msg]{Hook: ev.hook, Concurrency: 4})
 
 	k := func(s string) string { return uniq(t, s) }
 	pre := consumer.Idempotent(s, msgKey, func(context.Context, msg) error { return nil })
@@ -74,7 +76,7 @@ func batchCase(t *testing.T, s idem.Store, b *spyStore) {
 		t.Errorf("failed message's claim: Lookup = %v; want ErrNotFound (forgotten)", err)
 	}
 	if !ev.has(consumer.DuplicateSkipped) || !ev.has(consumer.InProgress) {
-		t.Errorf("hook saw %v; want duplicate-skipped and in-progress", ev.kinds())
+		t.Errorf("hook saw %v; want duplicate_skipped and in_progress", ev.kinds())
 	}
 	if _, isB := b.asStore().(idem.Batcher); isB {
 		if c, f := b.count("claim_batch"), b.count("confirm_batch"); c != 1 || f != 1 || b.count("claim") != 0 {
@@ -133,7 +135,7 @@ func TestBatchConcurrencyBound(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 		now.Add(-1)
 		return nil
-	}, consumer.WithConcurrency(3))
+	}, consumer.Options[msg]{Concurrency: 3})
 	ms := make([]msg, 30)
 	for i := range ms {
 		ms[i] = msg{ID: uniq(t, string(rune('a'+i)))}
@@ -194,7 +196,7 @@ func TestBatchConfirmRetriesOnlyFailed(t *testing.T) {
 
 	sp.setFail("confirm_batch", func(int) error { return errDown })
 	h = consumer.Batch(sp.asStore(), msgKey, func(context.Context, msg) error { return nil },
-		consumer.WithConfirmBudget(50*time.Millisecond))
+		consumer.Options[msg]{ConfirmBudget: 50 * time.Millisecond})
 	errs = h(ctx, []msg{{ID: "c"}})
 	if !errors.Is(errs[0], consumer.ErrNotRecorded) {
 		t.Fatalf("ConfirmBatch never succeeding: %v; want ErrNotRecorded", errs[0])
@@ -219,7 +221,7 @@ func TestBatchKeepsWaitingLeasesAlive(t *testing.T) {
 	h := consumer.Batch(s, msgKey, func(context.Context, msg) error {
 		time.Sleep(30 * time.Millisecond)
 		return nil
-	}, consumer.WithConcurrency(1), consumer.WithHook(ev.hook))
+	}, consumer.Options[msg]{Concurrency: 1, Hook: ev.hook})
 	// Run one at a time, the last message waits 150ms for its turn: more
 	// than its 60ms lease, which must be renewed meanwhile.
 	ms := []msg{{ID: "a"}, {ID: "b"}, {ID: "c"}, {ID: "d"}, {ID: "e"}, {ID: "f"}}
@@ -247,13 +249,13 @@ func TestBatchLeaseLost(t *testing.T) {
 		<-ctx.Done()
 		cause = context.Cause(ctx)
 		return errHandler
-	}, consumer.WithHook(ev.hook))
+	}, consumer.Options[msg]{Hook: ev.hook})
 	errs := h(ctx, []msg{{ID: "x", Body: "lose"}, {ID: "y"}})
 	if !errors.Is(cause, idem.ErrLeaseLost) || !errors.Is(errs[0], errHandler) || errs[1] != nil {
 		t.Fatalf("cause %v, results %v; want ErrLeaseLost as the cause, the handler's error, and nil", cause, errs)
 	}
 	if !ev.has(consumer.LeaseLost) {
-		t.Fatalf("hook saw %v; want lease-lost", ev.kinds())
+		t.Fatalf("hook saw %v; want lease_lost", ev.kinds())
 	}
 }
 
@@ -263,5 +265,81 @@ func TestBatchOversizedKeyFailsAlone(t *testing.T) {
 	errs := h(context.Background(), []msg{{ID: "ok-1"}, {ID: strings.Repeat("x", 17)}, {ID: "ok-2"}})
 	if errs[0] != nil || !errors.Is(errs[1], idem.ErrInvalidKey) || errs[2] != nil {
 		t.Fatalf("results %v; want only the oversized key to fail (ErrInvalidKey), not the whole batch", errs)
+	}
+}
+
+// In a batch too, a message whose Confirm finds another delivery's
+// confirmation kept is done (nil), reported to the hook, and the rest of
+// the batch is unaffected; on a Batcher (per item of ConfirmBatch) and on a
+// plain store.
+func TestBatchAlreadyConfirmed(t *testing.T) {
+	for name, s := range map[string]idem.Store{
+		"batcher": idem.NewMemoryStore(idem.Options{LeaseTTL: 60 * time.Millisecond}),
+		"plain":   struct{ idem.Store }{idem.NewMemoryStore(idem.Options{LeaseTTL: 60 * time.Millisecond})},
+	} {
+		t.Run(name, func(t *testing.T) {
+			var ev events
+			h := consumer.Batch(s, msgKey, func(ctx context.Context, m msg) error {
+				if m.Body == "twice" {
+					takeOver(t, ctx, s)
+				}
+				return nil
+			}, consumer.Options[msg]{Hook: ev.hook})
+			errs := h(context.Background(), []msg{{ID: "a"}, {ID: "b", Body: "twice"}, {ID: "c"}})
+			if errs[0] != nil || errs[1] != nil || errs[2] != nil {
+				t.Fatalf("results %v; want all nil (done)", errs)
+			}
+			if !ev.has(consumer.AlreadyConfirmed) || ev.has(consumer.ConfirmFailed) || ev.has(consumer.LateConfirm) {
+				t.Fatalf("hook saw %v; want already_confirmed, not confirm_failed or late_confirm", ev.kinds())
+			}
+			for _, id := range []string{"a", "b", "c"} {
+				if !confirmed(t, s, id) {
+					t.Errorf("%q not confirmed", id)
+				}
+			}
+		})
+	}
+}
+
+// lostReplies is a Batcher whose first ConfirmBatch records every lease
+// but answers item 0 as confirmed by another lease first (for good) and
+// the others as failed (their replies lost, worth another attempt).
+type lostReplies struct {
+	*idem.MemoryStore
+	calls atomic.Int64
+}
+
+func (s *lostReplies) ConfirmBatch(ctx context.Context, ls []*idem.Lease, rs [][]byte) error {
+	err := s.MemoryStore.ConfirmBatch(ctx, ls, rs)
+	if s.calls.Add(1) > 1 || err != nil {
+		return err
+	}
+	be := &idem.BatchError{Errs: make([]error, len(ls))}
+	be.Errs[0] = fmt.Errorf("%w: test", idem.ErrAlreadyConfirmed)
+	for i := 1; i < len(ls); i++ {
+		be.Errs[i] = errDown
+	}
+	return be
+}
+
+// One item's final answer does not end the retries of the others: the
+// items whose confirmation failed for a reason another attempt may mend
+// are sent again.
+func TestBatchConfirmRetriesPastAFinalItem(t *testing.T) {
+	s := &lostReplies{MemoryStore: idem.NewMemoryStore(idem.Options{})}
+	var ev events
+	h := consumer.Batch(s, msgKey, func(context.Context, msg) error { return nil },
+		consumer.Options[msg]{Hook: ev.hook, ConfirmBudget: time.Second})
+	errs := h(context.Background(), []msg{{ID: "a"}, {ID: "b"}, {ID: "c"}})
+	for i, err := range errs {
+		if err != nil {
+			t.Errorf("result %d = %v; want nil (a: already confirmed; b, c: confirmed on the retry)", i, err)
+		}
+	}
+	if n := s.calls.Load(); n != 2 {
+		t.Errorf("ConfirmBatch called %d times; want 2 (the retry of b and c)", n)
+	}
+	if got := ev.kinds(); !slices.Equal(got, []consumer.Kind{consumer.AlreadyConfirmed}) {
+		t.Errorf("hook saw %v; want [already_confirmed]", got)
 	}
 }

@@ -1,7 +1,6 @@
 package consumer
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -29,15 +28,17 @@ var ErrNotRecorded = errors.New("consumer: work done but not recorded")
 //
 // The returned handler claims the key in store and then:
 //
-//   - Claimed: it runs h under idem.KeepAlive, with the lease in h's context
-//     (idem.LeaseFrom). When the lease is lost, h's context is cancelled with cause
-//     idem.ErrLeaseLost. If h returns nil, the work is confirmed, retried with
-//     backoff within the confirm budget on a context detached from ctx's
-//     cancellation (a consumer shutting down after the work is done must
-//     still record it), and nil is returned; if no Confirm succeeds, the
-//     error matches ErrNotRecorded. If h returns an error or panics, the
-//     claim is forgotten, so a redelivery does the work, and the error is
-//     returned or the panic re-raised.
+//   - Claimed: it runs h under idem.KeepAlive, with the lease in h's
+//     context (idem.LeaseFrom). When the lease is lost, h's context is
+//     cancelled with cause idem.ErrLeaseLost. If h returns nil, the work is
+//     confirmed, retried with backoff within the confirm budget on a context
+//     detached from ctx's cancellation (a consumer shutting down after the
+//     work is done must still record it), and nil is returned, also when
+//     Confirm finds another delivery's confirmation kept (the hook hears
+//     AlreadyConfirmed); if no Confirm succeeds, the error matches
+//     ErrNotRecorded. If h returns an error or panics, the claim is
+//     forgotten, so a redelivery does the work, and the error is returned
+//     or the panic re-raised.
 //   - Duplicate: h does not run; nil is returned. The broker should ack.
 //   - InProgress: h does not run; an error matching idem.ErrInProgress is
 //     returned. The broker should redeliver later, after a delay.
@@ -46,64 +47,88 @@ var ErrNotRecorded = errors.New("consumer: work done but not recorded")
 //     refused before any store call). The broker should redeliver, except for
 //     an invalid key, which no redelivery fixes.
 //
+// opts holds at most one Options (see its fields for the defaults).
+// Idempotent panics, in the caller's goroutine, when store (or the value
+// in it) is nil, key or h is nil, or opts is more than one or holds a
+// negative field.
+//
 // The returned handler is safe for concurrent use if h and key are.
-func Idempotent[M any](store idem.Store, key func(M) string, h func(ctx context.Context, m M) error, opts ...Option) func(ctx context.Context, m M) error {
-	c := newConfig(opts)
-	fp := fingerprintFunc[M](c)
-	// handle returns a handler's panic instead of raising it, so that the
-	// message's event is observed first.
-	handle := func(ctx context.Context, m M) (report, *panicValue, error) {
-		k := key(m)
-		if k == "" {
-			err := fmt.Errorf("%w: the message's key is empty", idem.ErrInvalidKey)
-			return report{err: err}, nil, err
+func Idempotent[M any](store idem.Store, key func(M) string, h func(ctx context.Context, m M) error, opts ...Options[M]) func(ctx context.Context, m M) error {
+	c, fp := setup("consumer.Idempotent", store, key, h, opts)
+	w := &wrapper[M]{config: c, store: store, key: key, fingerprint: fp, h: h}
+	return w.one
+}
+
+// wrapper is what an Idempotent or a Batch wrapper handles messages with.
+type wrapper[M any] struct {
+	*config
+	store       idem.Store
+	batcher     idem.Batcher // Batch: the store as a Batcher; nil when it is not one
+	key         func(M) string
+	fingerprint func(M) []byte // nil: none
+	h           func(context.Context, M) error
+}
+
+// errEmptyKey answers a message whose key func returned "".
+var errEmptyKey = fmt.Errorf("%w: the message's key is empty", idem.ErrInvalidKey)
+
+// one is Idempotent's handler: it handles m and reports it to the
+// Observer, then re-raises the handler's panic, if any.
+func (w *wrapper[M]) one(ctx context.Context, m M) error {
+	var rep report
+	var p *panicValue
+	var err error
+	if w.observer == nil {
+		_, p, err = w.handle(ctx, m)
+	} else {
+		start := time.Now()
+		if s, ok := w.observer.(idem.Starter); ok {
+			ctx = s.Start(ctx, idem.OpMessage)
 		}
-		var f []byte
-		if fp != nil {
-			f = fp(m)
-		}
-		cl, err := store.Claim(ctx, k, f)
-		if err != nil {
-			return report{key: k, err: err}, nil, err
-		}
-		if cl.Outcome != idem.Claimed {
-			err := c.notClaimed(ctx, k, f, fp != nil, cl)
-			return report{key: k, outcome: cl.Outcome, err: err}, nil, err
-		}
-		rep := report{key: k, outcome: idem.Claimed}
-		work, stop := idem.KeepAlive(ctx, store, cl.Lease)
-		defer stop() // also when h calls runtime.Goexit
-		p, err := call(work, h, m)
-		stop() // no Renew in flight from here on
-		lost := c.lost(ctx, work, cl.Lease)
-		if err != nil || p != nil {
-			c.forget(ctx, store, cl.Lease, lost)
-			// The handler's own failure, error or panic, is not the
-			// idempotency layer's: the report's err stays nil.
-			return rep, p, err
-		}
-		rep.err = c.confirm(ctx, store, cl.Lease, lost)
-		return rep, nil, rep.err
+		rep, p, err = w.handle(ctx, m)
+		w.observe(ctx, rep, start)
 	}
-	return func(ctx context.Context, m M) error {
-		var rep report
-		var p *panicValue
-		var err error
-		if c.observer == nil {
-			_, p, err = handle(ctx, m)
-		} else {
-			start := time.Now()
-			if s, ok := c.observer.(idem.Starter); ok {
-				ctx = s.Start(ctx, idem.OpMessage)
-			}
-			rep, p, err = handle(ctx, m)
-			c.observe(ctx, rep, start)
-		}
-		if p != nil {
-			panic(p.v)
-		}
-		return err
+	if p != nil {
+		panic(p.v)
 	}
+	return err
+}
+
+// handle claims m's key and runs, confirms or forgets as Idempotent says.
+// It returns the handler's panic instead of raising it, so that the
+// message's event is observed first.
+func (w *wrapper[M]) handle(ctx context.Context, m M) (report, *panicValue, error) {
+	k := w.key(m)
+	if k == "" {
+		return report{err: errEmptyKey}, nil, errEmptyKey
+	}
+	var f []byte
+	if w.fingerprint != nil {
+		f = w.fingerprint(m)
+	}
+	cl, err := w.store.Claim(ctx, k, f)
+	if err != nil {
+		// A fingerprint mismatch comes with its claim's outcome.
+		return report{key: k, outcome: cl.Outcome, err: err}, nil, err
+	}
+	if cl.Outcome != idem.Claimed {
+		err := w.notClaimed(ctx, k, cl)
+		return report{key: k, outcome: cl.Outcome, err: err}, nil, err
+	}
+	rep := report{key: k, outcome: idem.Claimed}
+	work, stop := idem.KeepAlive(ctx, w.store, cl.Lease)
+	defer stop() // also when h calls runtime.Goexit
+	p, err := call(work, w.h, m)
+	stop() // no Renew in flight from here on
+	lost := w.lost(ctx, work, cl.Lease)
+	if err != nil || p != nil {
+		w.forget(ctx, w.store, cl.Lease, lost)
+		// The handler's own failure, error or panic, is not the
+		// idempotency layer's: the report's err stays nil.
+		return rep, p, err
+	}
+	rep.err = w.confirm(ctx, w.store, cl.Lease, lost)
+	return rep, nil, rep.err
 }
 
 // report is what the Observer is told of a message: its key, its claim's
@@ -124,16 +149,12 @@ func (c *config) observe(ctx context.Context, rep report, start time.Time) {
 	c.observer.Observe(ctx, e)
 }
 
-// notClaimed answers a claim that found a confirmation or a live holder.
-func (c *config) notClaimed(ctx context.Context, key string, fp []byte, checkFP bool, cl idem.Claim) error {
+// notClaimed answers a claim that found a confirmation or a live holder
+// (with the same fingerprint: Claim reports a mismatch as an error).
+func (c *config) notClaimed(ctx context.Context, key string, cl idem.Claim) error {
 	var token int64
-	var recFP []byte
 	if cl.Record != nil {
-		token, recFP = cl.Record.Token, cl.Record.Fingerprint
-	}
-	if checkFP && !bytes.Equal(fp, recFP) {
-		return fmt.Errorf("%w: key %s was %s with another fingerprint",
-			idem.ErrFingerprintMismatch, c.keyHasher.Hash(key), cl.Outcome)
+		token = cl.Record.Token
 	}
 	switch cl.Outcome {
 	case idem.Duplicate:
@@ -196,11 +217,21 @@ func (c *config) confirm(ctx context.Context, s idem.Store, l *idem.Lease, lost 
 	cctx, cancel := detached(ctx, c.budget(l))
 	defer cancel()
 	err := retry.Do(cctx, func(ctx context.Context) error { return s.Confirm(ctx, l, nil) })
-	if err != nil {
+	return c.recorded(ctx, l, lost, err)
+}
+
+// recorded turns the last Confirm error of a successful delivery (nil once
+// confirmed) into the wrapper's answer, and tells the hook what it means.
+func (c *config) recorded(ctx context.Context, l *idem.Lease, lost bool, err error) error {
+	switch {
+	case errors.Is(err, idem.ErrAlreadyConfirmed):
+		// Another delivery's confirmation was kept: the work is recorded as
+		// done, so the message is done (ack), though it was done twice.
+		c.emit(ctx, AlreadyConfirmed, l.Key, l.Token, err)
+	case err != nil:
 		c.emit(ctx, ConfirmFailed, l.Key, l.Token, err)
 		return fmt.Errorf("%w: key %s token %d: %w", ErrNotRecorded, c.keyHasher.Hash(l.Key), l.Token, err)
-	}
-	if lost {
+	case lost:
 		c.emit(ctx, LateConfirm, l.Key, l.Token, nil)
 	}
 	return nil

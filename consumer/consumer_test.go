@@ -8,8 +8,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
+	"github.com/idemgo/idem/internal/obstest"
+	"github.com/redis/go-redis/v9"
 )
 
 func TestIdempotentOnceThenDuplicate(t *testing.T) {
@@ -27,7 +30,7 @@ func TestIdempotentOnceThenDuplicate(t *testing.T) {
 		}
 		runs.Add(1)
 		return nil
-	}, consumer.WithHook(ev.hook))
+	}, consumer.Options[msg]{Hook: ev.hook})
 
 	m := msg{ID: "m1"}
 	if err := h(ctx, m); err != nil {
@@ -43,7 +46,7 @@ func TestIdempotentOnceThenDuplicate(t *testing.T) {
 		t.Fatal("m1 not confirmed after a successful delivery")
 	}
 	if got := ev.kinds(); !slices.Equal(got, []consumer.Kind{consumer.DuplicateSkipped}) {
-		t.Fatalf("hook saw %v; want [duplicate-skipped]", got)
+		t.Fatalf("hook saw %v; want [duplicate_skipped]", got)
 	}
 	if ev.es[0].Token != token || ev.es[0].KeyHash != idem.KeyHash("m1") {
 		t.Fatalf("duplicate event = %+v; want token %d and the key's hash", ev.es[0], token)
@@ -102,13 +105,13 @@ func TestIdempotentInProgress(t *testing.T) {
 	var ev events
 	held, _ := s.Claim(ctx, "busy", nil)
 	ran := false
-	h := consumer.Idempotent(s, msgKey, func(context.Context, msg) error { ran = true; return nil }, consumer.WithHook(ev.hook))
+	h := consumer.Idempotent(s, msgKey, func(context.Context, msg) error { ran = true; return nil }, consumer.Options[msg]{Hook: ev.hook})
 	err := h(ctx, msg{ID: "busy"})
 	if !errors.Is(err, idem.ErrInProgress) || ran {
 		t.Fatalf("delivery of a held key: err %v, ran %v; want ErrInProgress without running", err, ran)
 	}
 	if !ev.has(consumer.InProgress) || ev.es[0].Token != held.Lease.Token {
-		t.Fatalf("hook saw %+v; want in-progress with the holder's token %d", ev.es, held.Lease.Token)
+		t.Fatalf("hook saw %+v; want in_progress with the holder's token %d", ev.es, held.Lease.Token)
 	}
 }
 
@@ -141,7 +144,7 @@ func TestIdempotentLeaseLost(t *testing.T) {
 		<-ctx.Done()
 		cause = context.Cause(ctx)
 		return nil // the work was done anyway
-	}, consumer.WithHook(ev.hook))
+	}, consumer.Options[msg]{Hook: ev.hook})
 	if err := h(ctx, msg{ID: "lost"}); err != nil {
 		t.Fatalf("late success: %v; want nil (the work is confirmed late)", err)
 	}
@@ -149,7 +152,7 @@ func TestIdempotentLeaseLost(t *testing.T) {
 		t.Fatalf("handler ctx cause = %v; want ErrLeaseLost", cause)
 	}
 	if got := ev.kinds(); !slices.Equal(got, []consumer.Kind{consumer.LeaseLost, consumer.LateConfirm}) {
-		t.Fatalf("hook saw %v; want [lease-lost late-confirm]", got)
+		t.Fatalf("hook saw %v; want [lease_lost late_confirm]", got)
 	}
 	if !confirmed(t, s, "lost") {
 		t.Fatal("a late success was not confirmed; the work happened and must be recorded")
@@ -180,7 +183,7 @@ func TestIdempotentConfirmFails(t *testing.T) {
 	s.setFail("confirm", func(int) error { return errDown })
 	var ev events
 	h := consumer.Idempotent(s, msgKey, func(context.Context, msg) error { return nil },
-		consumer.WithHook(ev.hook), consumer.WithConfirmBudget(80*time.Millisecond))
+		consumer.Options[msg]{Hook: ev.hook, ConfirmBudget: 80 * time.Millisecond})
 	start := time.Now()
 	err := h(ctx, msg{ID: "f"})
 	if !errors.Is(err, consumer.ErrNotRecorded) || !errors.Is(err, errDown) {
@@ -190,7 +193,7 @@ func TestIdempotentConfirmFails(t *testing.T) {
 		t.Fatalf("gave up after %v; want within the 80ms budget", took)
 	}
 	if n := s.count("confirm"); n < 2 || !ev.has(consumer.ConfirmFailed) {
-		t.Fatalf("Confirm tried %d times, hook %v; want retries and confirm-failed", n, ev.kinds())
+		t.Fatalf("Confirm tried %d times, hook %v; want retries and confirm_failed", n, ev.kinds())
 	}
 }
 
@@ -213,7 +216,7 @@ func TestIdempotentFingerprint(t *testing.T) {
 	ctx := context.Background()
 	s := idem.NewMemoryStore(idem.Options{})
 	h := consumer.Idempotent(s, msgKey, func(context.Context, msg) error { return nil },
-		consumer.WithFingerprint(func(m msg) []byte { return []byte(m.Body) }))
+		consumer.Options[msg]{Fingerprint: func(m msg) []byte { return []byte(m.Body) }})
 	if err := h(ctx, msg{ID: "k", Body: "a"}); err != nil {
 		t.Fatal(err)
 	}
@@ -223,11 +226,143 @@ func TestIdempotentFingerprint(t *testing.T) {
 	if err := h(ctx, msg{ID: "k", Body: "b"}); !errors.Is(err, idem.ErrFingerprintMismatch) {
 		t.Fatalf("same key, other body: %v; want ErrFingerprintMismatch", err)
 	}
-	defer func() {
-		if recover() == nil {
-			t.Fatal("WithFingerprint of the wrong message type: want a panic when the wrapper is built")
+	// Claim decides, by the store's rule: a record made without a
+	// fingerprint is not compared, so the key held without one is in
+	// progress, not a mismatch.
+	if _, err := s.Claim(ctx, "bare", nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := h(ctx, msg{ID: "bare", Body: "a"}); !errors.Is(err, idem.ErrInProgress) || errors.Is(err, idem.ErrFingerprintMismatch) {
+		t.Fatalf("key held without a fingerprint: %v; want ErrInProgress only", err)
+	}
+}
+
+// A fingerprint mismatch is reported with the outcome of the claim that
+// found it (done, or in flight), as a conflict, and runs nothing: for Batch
+// per item, whether the store claims the batch in one call or not.
+func TestFingerprintMismatchObserved(t *testing.T) {
+	for name, open := range map[string]func(t *testing.T) idem.Store{
+		"memory": func(*testing.T) idem.Store { return idem.NewMemoryStore(idem.Options{}) },
+		"plain":  func(*testing.T) idem.Store { return struct{ idem.Store }{idem.NewMemoryStore(idem.Options{})} },
+		"miniredis": func(t *testing.T) idem.Store {
+			s, err := idem.NewRedisStore(redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()}), idem.RedisOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s
+		},
+	} {
+		t.Run(name, func(t *testing.T) { fingerprintMismatchObserved(t, open(t)) })
+	}
+}
+
+func fingerprintMismatchObserved(t *testing.T, s idem.Store) {
+	ctx := context.Background()
+	obs := &obstest.Log{}
+	ran := 0
+	o := consumer.Options[msg]{Observer: obs, Fingerprint: func(m msg) []byte { return []byte(m.Body) }}
+	h := consumer.Idempotent(s, msgKey, func(context.Context, msg) error { ran++; return nil }, o)
+	b := consumer.Batch(s, msgKey, func(context.Context, msg) error { ran++; return nil }, o)
+	if err := h(ctx, msg{ID: "done", Body: "a"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Claim(ctx, "held", []byte("a")); err != nil {
+		t.Fatal(err)
+	}
+	obs.Reset()
+	for _, m := range []msg{{ID: "done", Body: "b"}, {ID: "held", Body: "b"}} {
+		if err := h(ctx, m); !errors.Is(err, idem.ErrFingerprintMismatch) {
+			t.Errorf("Idempotent(%q, other body) = %v; want ErrFingerprintMismatch", m.ID, err)
 		}
-	}()
-	consumer.Idempotent(s, msgKey, func(context.Context, msg) error { return nil },
-		consumer.WithFingerprint(func(s string) []byte { return nil }))
+	}
+	for i, err := range b(ctx, []msg{{ID: "done", Body: "b"}, {ID: "held", Body: "b"}, {ID: "new", Body: "b"}}) {
+		if want := i < 2; errors.Is(err, idem.ErrFingerprintMismatch) != want {
+			t.Errorf("Batch item %d = %v; want a mismatch %v", i, err, want)
+		}
+	}
+	got := obs.Of(idem.OpMessage)
+	if len(got) != 5 || ran != 2 {
+		t.Fatalf("%d message events, %d runs; want 5 events and only the first and the new key run", len(got), ran)
+	}
+	for i, want := range []idem.Outcome{idem.Duplicate, idem.InProgress, idem.Duplicate, idem.InProgress, idem.Claimed} {
+		class := idem.ClassConflict
+		if want == idem.Claimed {
+			class = idem.ClassNone
+		}
+		if got[i].Outcome != want || got[i].Class() != class {
+			t.Errorf("event %d: %v class %q; want %v class %q", i, got[i].Outcome, got[i].Class(), want, class)
+		}
+	}
+}
+
+// Kind names are metric labels: snake case, as idem.Op and
+// idem.ErrorClass name theirs.
+func TestKindString(t *testing.T) {
+	for k, want := range map[consumer.Kind]string{
+		consumer.DuplicateSkipped: "duplicate_skipped",
+		consumer.InProgress:       "in_progress",
+		consumer.LeaseLost:        "lease_lost",
+		consumer.LateConfirm:      "late_confirm",
+		consumer.ConfirmFailed:    "confirm_failed",
+		consumer.ForgetFailed:     "forget_failed",
+		consumer.AlreadyConfirmed: "already_confirmed",
+		0:                         "kind(0)",
+		99:                        "kind(99)",
+	} {
+		if got := k.String(); got != want {
+			t.Errorf("Kind(%d).String() = %q; want %q", uint8(k), got, want)
+		}
+	}
+}
+
+// takeOver, called in a handler, makes another delivery take the key over
+// and confirm it, as one would after this lease ran out: the handler's own
+// Confirm then finds the other's confirmation kept. It returns the other's
+// token once the handler's context is cancelled for the lost lease. It may
+// run on a handler's goroutine: it reports with t.Errorf.
+func takeOver(t *testing.T, ctx context.Context, s idem.Store) int64 {
+	t.Helper()
+	bg := context.Background()
+	l, _ := idem.LeaseFrom(ctx)
+	if err := s.Forget(bg, l); err != nil {
+		t.Errorf("Forget(%q) = %v", l.Key, err)
+	}
+	other, err := s.Claim(bg, l.Key, nil)
+	if err != nil || other.Outcome != idem.Claimed {
+		t.Errorf("Claim(%q) by another delivery = %v, %v; want claimed", l.Key, other.Outcome, err)
+		return 0
+	}
+	if err := s.Confirm(bg, other.Lease, nil); err != nil {
+		t.Errorf("Confirm(%q) by another delivery = %v", l.Key, err)
+	}
+	<-ctx.Done() // the renewal finds the lease gone
+	return other.Lease.Token
+}
+
+// A handler that succeeded after another delivery's confirmation was kept
+// is done, not failed: the wrapper returns nil (ack), tells the hook the
+// work was done twice, and leaves the first confirmation in place.
+func TestIdempotentAlreadyConfirmed(t *testing.T) {
+	ctx := context.Background()
+	s := idem.NewMemoryStore(idem.Options{LeaseTTL: 60 * time.Millisecond})
+	var ev events
+	var mine, kept int64
+	h := consumer.Idempotent(s, msgKey, func(ctx context.Context, m msg) error {
+		l, _ := idem.LeaseFrom(ctx)
+		mine = l.Token
+		kept = takeOver(t, ctx, s)
+		return nil
+	}, consumer.Options[msg]{Hook: ev.hook})
+	if err := h(ctx, msg{ID: "twice"}); err != nil {
+		t.Fatalf("success after another's confirmation: %v; want nil (done: ack)", err)
+	}
+	if got := ev.kinds(); !slices.Equal(got, []consumer.Kind{consumer.LeaseLost, consumer.AlreadyConfirmed}) {
+		t.Fatalf("hook saw %v; want [lease_lost already_confirmed]", got)
+	}
+	if e := ev.es[1]; e.Token != mine || !errors.Is(e.Err, idem.ErrAlreadyConfirmed) {
+		t.Fatalf("already_confirmed event = %+v; want this delivery's token %d and ErrAlreadyConfirmed", e, mine)
+	}
+	if r, err := s.Lookup(ctx, "twice"); err != nil || !r.Confirmed || r.Token != kept {
+		t.Fatalf("Lookup = %+v, %v; want the other delivery's confirmation (token %d) kept", r, err, kept)
+	}
 }

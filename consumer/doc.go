@@ -21,7 +21,9 @@
 // Confirm is retried with backoff within the lease on a context detached from
 // the caller's cancellation; if it never succeeds the wrapper returns
 // [ErrNotRecorded], never success (see its documentation for what the broker
-// should do then).
+// should do then). A Confirm that finds another delivery's confirmation kept
+// (idem.ErrAlreadyConfirmed: this lease ran out and another delivery did the
+// work too) is success: the key is recorded as done, and the message is.
 //
 // # What "once" means
 //
@@ -33,6 +35,57 @@
 // idempotent or fenced where it matters (the lease's Token, via [idem.LeaseFrom],
 // guards a downstream write), or use the SQL store's transactional mode, in
 // which the record and the effect commit together.
+//
+// # Options
+//
+// Both wrappers take at most one [Options], a flat literal typed by the
+// message, so that a fingerprint func for another message type does not
+// compile:
+//
+//	charge := consumer.Idempotent(store, orderKey, chargeOrder, consumer.Options[Order]{
+//		Fingerprint: func(o Order) []byte { return orderHash(o) },
+//		Hook:        alertOnLeaseTrouble,
+//		Observer:    obs,
+//	})
+//
+// A mistake in building a wrapper (a nil store, a typed nil included, a
+// nil key func or handler, more than one Options, a negative field) panics
+// at once, in the caller's goroutine, naming the argument or field; the
+// adapters' constructors do the same. Found on the first message instead,
+// it would surface far from where it was made.
+//
+// Options.ConfirmBudget defaults to two thirds of the lease's TTL: that is
+// what a lease kept alive by [idem.KeepAlive] surely has left when the
+// handler returns, and retrying past the lease would let another delivery
+// claim the key and do the work again while this one still tries to record
+// it. A delivery refused for a fingerprint mismatch never succeeds on
+// redelivery: dead-letter it.
+//
+// # Observing
+//
+// With Options.Observer, each message is one [idem.Event] with Op
+// idem.OpMessage, reported once it is settled: Outcome is its claim's
+// outcome (zero when the claim failed; for a fingerprint mismatch, the
+// Duplicate or InProgress that Claim found), Took the whole message, handler
+// included, and KeyHash the keyed hash of its key (Options.KeyHasher). Err
+// is the idempotency layer's answer, not the handler's: nil when it did its
+// part, even if the handler failed or panicked (the claim was then
+// forgotten) or another delivery's confirmation was kept first (the work
+// is recorded; the Hook hears of it as AlreadyConfirmed); an error
+// matching idem.ErrInProgress or idem.ErrFingerprintMismatch (Class
+// conflict); [ErrNotRecorded] joined with the store's error; the Claim's
+// error; idem.ErrInvalidKey for an empty key.
+//
+// When the Observer is an [idem.Starter], it is started for each message
+// before its claim, and its context is the one the handler, the message's
+// own store calls and its event get, so that spans nest ([Batch]'s
+// ClaimBatch and ConfirmBatch serve many messages and run on the batch's
+// context). Give the store the same Observer to see its operations too.
+// With no Observer nothing is measured and nothing is allocated for it.
+//
+// The [Hook] hears of the notable outcomes between success and failure
+// (see [Kind]): a duplicate skipped, a lost lease, a late confirmation, work
+// done twice because another delivery confirmed the key first.
 //
 // # Batches
 //

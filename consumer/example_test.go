@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
@@ -39,6 +40,37 @@ func ExampleIdempotent() {
 	// <nil>
 	// <nil>
 	// true claimed
+}
+
+// Options in one literal, typed by the message: a fingerprint of the
+// order's content, so that a different order reusing a key is refused
+// rather than skipped as its duplicate, and a hook that hears of the
+// skipped duplicates.
+func ExampleIdempotent_options() {
+	ctx := context.Background()
+	store := idem.NewMemoryStore(idem.Options{})
+	charge := consumer.Idempotent(store, func(o Order) string { return "charge:" + o.ID },
+		func(ctx context.Context, o Order) error {
+			fmt.Printf("charging %s %d\n", o.ID, o.Amount)
+			return nil
+		},
+		consumer.Options[Order]{
+			Fingerprint: func(o Order) []byte { return []byte(strconv.Itoa(o.Amount)) },
+			Hook: func(_ context.Context, e consumer.Event) {
+				fmt.Println("hook:", e.Kind)
+			},
+		})
+
+	fmt.Println(charge(ctx, Order{"o-1", 42}))
+	fmt.Println(charge(ctx, Order{"o-1", 42})) // the same order again: skipped
+	err := charge(ctx, Order{"o-1", 7})        // another order under o-1's key
+	fmt.Println(errors.Is(err, idem.ErrFingerprintMismatch))
+	// Output:
+	// charging o-1 42
+	// <nil>
+	// hook: duplicate_skipped
+	// <nil>
+	// true
 }
 
 // A delivery batch: claimed in one call, run in parallel, confirmed in one

@@ -158,7 +158,7 @@ func runFleet(t *testing.T, newStore func(worker string) idem.Store, inspect ide
 					store.crash()
 				}
 				return nil
-			}, consumer.WithConfirmBudget(20*time.Millisecond))
+			}, consumer.Options[string]{ConfirmBudget: 20 * time.Millisecond})
 		inProgress := 0
 		for {
 			var id string

@@ -3,8 +3,10 @@ package consumer_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
@@ -40,7 +42,7 @@ func TestObserverMessageEvents(t *testing.T) {
 	}
 	store := idem.NewMemoryStore(idem.Options{})
 	obs := &obstest.Log{}
-	h := consumer.Idempotent(store, msgKey, failing, consumer.WithObserver(obs), consumer.WithKeyHasher(hasher))
+	h := consumer.Idempotent(store, msgKey, failing, consumer.Options[msg]{Observer: obs, KeyHasher: hasher})
 	ctx := context.Background()
 	held, err := store.Claim(ctx, "held", nil)
 	if err != nil || held.Outcome != idem.Claimed {
@@ -79,7 +81,7 @@ func TestObserverBatchEvents(t *testing.T) {
 		mu.Unlock()
 		return failing(ctx, m)
 	}
-	b := consumer.Batch(store, msgKey, h, consumer.WithObserver(obs))
+	b := consumer.Batch(store, msgKey, h, consumer.Options[msg]{Observer: obs})
 	errs := b(ctx, []msg{{ID: "x"}, {ID: "done"}, {ID: "y", Body: "fail"}, {ID: "x"}})
 	if errs[0] != nil || errs[1] != nil || !errors.Is(errs[2], errFailing) || !errors.Is(errs[3], idem.ErrInProgress) {
 		t.Fatalf("errs = %v", errs)
@@ -115,7 +117,7 @@ func TestObserverNotRecorded(t *testing.T) {
 	obs := &obstest.Starter{}
 	s := spy(idem.NewMemoryStore(idem.Options{Observer: obs}))
 	s.setFail("confirm", func(int) error { return errDown })
-	h := consumer.Idempotent(s, msgKey, failing, consumer.WithObserver(obs), consumer.WithConfirmBudget(20e6))
+	h := consumer.Idempotent(s, msgKey, failing, consumer.Options[msg]{Observer: obs, ConfirmBudget: 20 * time.Millisecond})
 	if err := h(context.Background(), msg{ID: "k"}); !errors.Is(err, consumer.ErrNotRecorded) {
 		t.Fatalf("err = %v; want ErrNotRecorded", err)
 	}
@@ -129,5 +131,27 @@ func TestObserverNotRecorded(t *testing.T) {
 		if !inside[i] {
 			t.Errorf("event %v outside the started message", e.Op)
 		}
+	}
+}
+
+// Work whose confirmation lost to another delivery's is not a failure of
+// the message: its event is Claimed without error, and Confirm is not
+// retried (the answer is final).
+func TestObserverAlreadyConfirmed(t *testing.T) {
+	obs := &obstest.Log{}
+	s := spy(idem.NewMemoryStore(idem.Options{}))
+	s.setFail("confirm", func(int) error { return fmt.Errorf("%w: confirm of k", idem.ErrAlreadyConfirmed) })
+	var ev events
+	h := consumer.Idempotent(s, msgKey, failing, consumer.Options[msg]{Observer: obs, Hook: ev.hook})
+	if err := h(context.Background(), msg{ID: "k"}); err != nil {
+		t.Fatalf("err = %v; want nil (done)", err)
+	}
+	got := obs.Of(idem.OpMessage)
+	if len(got) != 1 {
+		t.Fatalf("%d message events; want 1", len(got))
+	}
+	wantMessage(t, "already confirmed", got[0], idem.Claimed, idem.ClassNone, idem.KeyHash("k"))
+	if n := s.count("confirm"); n != 1 || !ev.has(consumer.AlreadyConfirmed) {
+		t.Fatalf("Confirm called %d times, hook saw %v; want 1 call and already_confirmed", n, ev.kinds())
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/nilcheck"
 )
 
 // Kind names a notable outcome reported to a Hook.
@@ -34,11 +35,19 @@ const (
 	// so the key stays claimed until the lease runs out. Event.Err is the
 	// Forget error.
 	ForgetFailed
+	// AlreadyConfirmed: the handler succeeded, but another delivery's
+	// confirmation of the key was kept first: the work was done twice (this
+	// lease was lost or ran out, and another took the key over). The
+	// wrapper returns nil, as the message is done. Event.Err is Confirm's
+	// error, matching idem.ErrAlreadyConfirmed.
+	AlreadyConfirmed
 )
 
-var kindNames = [...]string{"", "duplicate-skipped", "in-progress", "lease-lost", "late-confirm", "confirm-failed", "forget-failed"}
+var kindNames = [...]string{"", "duplicate_skipped", "in_progress", "lease_lost", "late_confirm", "confirm_failed", "forget_failed", "already_confirmed"}
 
-// String returns the kind's name in kebab case, for logs and metric labels.
+// String returns the kind's name in snake case ("duplicate_skipped",
+// "lease_lost"), as idem.Op.String and idem.ErrorClass.String name theirs,
+// for logs and metric labels.
 func (k Kind) String() string {
 	if k != 0 && int(k) < len(kindNames) {
 		return kindNames[k]
@@ -50,11 +59,12 @@ func (k Kind) String() string {
 // the key itself: keys may hold personal data.
 type Event struct {
 	Kind Kind
-	// KeyHash is the keyed hash of the message's key (WithKeyHasher).
+	// KeyHash is the keyed hash of the message's key (Options.KeyHasher).
 	KeyHash string
 	// Token is the fencing token of this delivery's lease (LeaseLost,
-	// LateConfirm, ConfirmFailed, ForgetFailed), or of the record found
-	// (DuplicateSkipped: the confirmation; InProgress: the holder).
+	// LateConfirm, ConfirmFailed, ForgetFailed, AlreadyConfirmed), or of
+	// the record found (DuplicateSkipped: the confirmation; InProgress: the
+	// holder).
 	Token int64
 	// Err is the error behind the event, where there is one.
 	Err error
@@ -64,103 +74,82 @@ type Event struct {
 // once per notable outcome. It must be quick and safe for concurrent use.
 type Hook func(ctx context.Context, e Event)
 
-// Option configures Idempotent and Batch.
-type Option func(*config)
-
-// WithHook reports notable outcomes to h. Default: none.
-func WithHook(h Hook) Option {
-	return func(c *config) { c.hook = h }
-}
-
-// WithFingerprint gives the store a fingerprint of each message's content
-// (a hash, at most idem.MaxFingerprintBytes). A delivery whose key was
-// claimed or confirmed with another fingerprint is not handled: the wrapper
-// returns an error matching idem.ErrFingerprintMismatch, which will never
-// succeed on redelivery (dead-letter it). M must be the message type of the
-// wrapper the option is given to; Idempotent and Batch panic otherwise.
-// Default: no fingerprint.
-func WithFingerprint[M any](f func(M) []byte) Option {
-	return func(c *config) { c.fingerprint = f }
-}
-
-// WithConfirmBudget bounds how long a failing Confirm is retried, with
-// backoff, after the handler succeeded. Default: two thirds of the lease's
-// TTL, which is what a lease kept alive by idem.KeepAlive surely has left
-// when the handler returns; retrying past the lease would let another
-// delivery claim the key and do the work again while this one still tries to
-// record it.
-func WithConfirmBudget(d time.Duration) Option {
-	return func(c *config) { c.confirmBudget = d }
-}
-
-// WithConcurrency bounds how many handlers of one batch run at once (Batch
-// only; n < 1 means the default). Default 16.
-func WithConcurrency(n int) Option {
-	return func(c *config) { c.concurrency = n }
+// Options configure Idempotent and Batch: one flat literal, passed by value
+// (consumer.Options[Order]{Hook: h, Observer: obs}). The zero value is
+// valid; a zero field means its default.
+type Options[M any] struct {
+	// Fingerprint returns a fingerprint of a message's content (a hash, at
+	// most idem.MaxFingerprintBytes), stored with its claim. A delivery
+	// whose key was claimed or confirmed with another non-empty fingerprint
+	// is not handled: the wrapper returns Claim's error matching
+	// idem.ErrFingerprintMismatch, which no redelivery fixes. Default: none.
+	Fingerprint func(M) []byte
+	// Hook is told of each notable outcome (see Kind), synchronously.
+	// Default: none.
+	Hook Hook
+	// Observer receives one idem.Event with Op idem.OpMessage per message
+	// (Batch: per message of the batch) once it is settled; its Err is the
+	// idempotency layer's answer, not the handler's (see Observing in the
+	// package documentation). Default: none.
+	Observer idem.Observer
+	// KeyHasher hashes keys for the Hook, the Observer and error messages.
+	// Give it the store's (idem.Options.KeyHasher) so that they correlate.
+	// Default: the process's (idem.KeyHash).
+	KeyHasher *idem.KeyHasher
+	// ConfirmBudget bounds how long Confirm is retried, with backoff, after
+	// the handler succeeded, and how long Forget may take after it failed.
+	// Negative panics. Default: two thirds of the lease's TTL.
+	ConfirmBudget time.Duration
+	// Concurrency bounds how many handlers of one batch run at once (Batch
+	// only). Negative panics. Default DefaultConcurrency.
+	Concurrency int
 }
 
 // DefaultConcurrency is Batch's default bound on concurrent handlers.
 const DefaultConcurrency = 16
 
-// WithObserver reports each message to o as one idem.Event with Op
-// idem.OpMessage (Batch: one per message of the batch), after it is
-// settled: Outcome is its claim's outcome (zero when the claim failed),
-// Took the whole message, handler included, KeyHash the keyed hash of its
-// key (WithKeyHasher). Err is the idempotency layer's answer, not the
-// handler's: nil when it did its part, even if the handler failed or
-// panicked (the claim was then forgotten); an error matching idem.ErrInProgress or
-// idem.ErrFingerprintMismatch (Class conflict); ErrNotRecorded joined with
-// the store's error; the Claim's error; idem.ErrInvalidKey for an empty
-// key. When o is an idem.Starter, it is started for each message before
-// its claim, and its context is the one the handler, the message's own
-// store calls and its event get, so that spans nest (Batch's ClaimBatch and
-// ConfirmBatch serve many messages and run on the batch's context). Give
-// the store the same Observer to see its operations too. With no Observer
-// nothing is measured and nothing is allocated for it. Default: none.
-func WithObserver(o idem.Observer) Option {
-	return func(c *config) { c.observer = o }
-}
-
-// WithKeyHasher hashes keys for the Hook, the Observer and error messages.
-// Give it the store's (idem.Options.KeyHasher) so that they correlate with
-// the store's events and log lines. Default: the process's (idem.KeyHash).
-func WithKeyHasher(h *idem.KeyHasher) Option {
-	return func(c *config) { c.keyHasher = h }
-}
-
+// config is Options without the message type, checked, with defaults
+// filled in.
 type config struct {
 	observer      idem.Observer
 	keyHasher     *idem.KeyHasher
 	hook          Hook
-	fingerprint   any
 	confirmBudget time.Duration
 	concurrency   int
 }
 
-func newConfig(opts []Option) *config {
-	c := &config{}
-	for _, o := range opts {
-		o(c)
+// setup checks the arguments of the wrapper fn (Idempotent, Batch) and
+// returns its config and fingerprint func. Mistakes panic here, in the
+// caller's goroutine, naming the argument or field: found on the first
+// message, they would surface far from where they were made (a nil store
+// in a goroutine of KeepAlive's, a nil handler after the claim).
+func setup[M any](fn string, store idem.Store, key func(M) string, h func(context.Context, M) error, opts []Options[M]) (*config, func(M) []byte) {
+	switch {
+	case nilcheck.Nil(store):
+		panic(fn + ": nil store")
+	case key == nil:
+		panic(fn + ": nil key func")
+	case h == nil:
+		panic(fn + ": nil handler")
+	case len(opts) > 1:
+		panic(fmt.Sprintf("%s: %d Options; want at most one", fn, len(opts)))
 	}
-	if c.concurrency < 1 {
+	var o Options[M]
+	if len(opts) == 1 {
+		o = opts[0]
+	}
+	switch {
+	case o.ConfirmBudget < 0:
+		panic(fmt.Sprintf("%s: negative Options.ConfirmBudget %v", fn, o.ConfirmBudget))
+	case o.Concurrency < 0:
+		panic(fmt.Sprintf("%s: negative Options.Concurrency %d", fn, o.Concurrency))
+	}
+	c := &config{observer: o.Observer, keyHasher: o.KeyHasher, hook: o.Hook,
+		confirmBudget: o.ConfirmBudget, concurrency: o.Concurrency}
+	if c.concurrency == 0 {
 		c.concurrency = DefaultConcurrency
 	}
-	return c
-}
-
-// fingerprintFunc returns the configured fingerprint func for messages of
-// type M, nil when there is none. A func for another type is a programming
-// error, reported when the wrapper is built rather than on the first message.
-func fingerprintFunc[M any](c *config) func(M) []byte {
-	if c.fingerprint == nil {
-		return nil
-	}
-	f, ok := c.fingerprint.(func(M) []byte)
-	if !ok {
-		var m M
-		panic(fmt.Sprintf("consumer: WithFingerprint given a %T, want func(%T) []byte", c.fingerprint, m))
-	}
-	return f
+	return c, o.Fingerprint
 }
 
 func (c *config) emit(ctx context.Context, k Kind, key string, token int64, err error) {

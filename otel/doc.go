@@ -4,11 +4,12 @@
 // [New] returns an [Observer], which is an idem.Observer and an
 // idem.Starter. Give the same one to the store (idem.Options.Observer), to
 // the HTTP middleware (middleware.Options.Observer) and to the consumer
-// wrapper (consumer.WithObserver):
+// wrapper (consumer.Options.Observer):
 //
 //	obs, err := idemotel.New(idemotel.Options{})
 //	store, err := idem.NewRedisStore(client, idem.RedisOptions{Observer: obs})
 //	mw, err := middleware.New(middleware.Options{Store: store, Observer: obs})
+//	handle := consumer.Idempotent(store, key, h, consumer.Options[Order]{Observer: obs})
 //
 // # Metrics
 //

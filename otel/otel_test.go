@@ -234,7 +234,7 @@ func TestConsumerOnRedis(t *testing.T) {
 	}
 
 	h := consumer.Idempotent(store, func(k string) string { return k },
-		func(context.Context, string) error { return nil }, consumer.WithObserver(s.obs))
+		func(context.Context, string) error { return nil }, consumer.Options[string]{Observer: s.obs})
 	for _, k := range []string{"crashed", "fresh", "fresh"} {
 		if err := h(ctx, k); err != nil {
 			t.Fatalf("message %s: %v", k, err)
@@ -278,7 +278,7 @@ func TestStoreFailureOnRedis(t *testing.T) {
 	store := redisStore(t, c, idem.Options{Observer: s.obs})
 	ctx, cancel := context.WithCancel(context.Background())
 	h := consumer.Idempotent(store, func(k string) string { return k },
-		func(context.Context, string) error { return nil }, consumer.WithObserver(s.obs))
+		func(context.Context, string) error { return nil }, consumer.Options[string]{Observer: s.obs})
 	cancel()
 	if err := h(ctx, "k"); err == nil {
 		t.Fatal("a message on a cancelled context succeeded")
@@ -310,7 +310,7 @@ func TestTakeOverOnMemoryStore(t *testing.T) {
 	}
 	time.Sleep(40 * time.Millisecond)
 	h := consumer.Idempotent(store, func(k string) string { return k },
-		func(context.Context, string) error { return nil }, consumer.WithObserver(s.obs))
+		func(context.Context, string) error { return nil }, consumer.Options[string]{Observer: s.obs})
 	if err := h(ctx, "crashed"); err != nil {
 		t.Fatal(err)
 	}

@@ -169,18 +169,19 @@ func (d *demoRun) run(ctx context.Context, w io.Writer) int {
 	d.retryDelay = d.lease / 6
 
 	handlers := make([]func(context.Context, int) error, d.workers)
-	hook := consumer.WithHook(func(_ context.Context, e consumer.Event) {
-		switch e.Kind {
-		case consumer.DuplicateSkipped:
-			d.ledger.count(func(c *counts) { c.duplicates++ })
-		case consumer.LeaseLost:
-			d.ledger.count(func(c *counts) { c.leaseLost++ })
-		}
-	})
-	opts := []consumer.Option{hook}
-	opts = append(opts, consumer.WithObserver(d.metrics))
+	opts := consumer.Options[int]{
+		Hook: func(_ context.Context, e consumer.Event) {
+			switch e.Kind {
+			case consumer.DuplicateSkipped:
+				d.ledger.count(func(c *counts) { c.duplicates++ })
+			case consumer.LeaseLost:
+				d.ledger.count(func(c *counts) { c.leaseLost++ })
+			}
+		},
+		Observer: d.metrics,
+	}
 	for i := range handlers {
-		handlers[i] = consumer.Idempotent(d.stores[i+1], d.key, d.handle, opts...)
+		handlers[i] = consumer.Idempotent(d.stores[i+1], d.key, d.handle, opts)
 	}
 	fmt.Fprintf(w, "idem demo: %d messages (%d deliveries planned), %d workers, dup-rate %.2f, crash-rate %.2f, seed %d, lease %v\nstore: %s\n",
 		d.messages, len(d.plan.order), d.workers, d.dupRate, d.crashRate, d.seed, d.lease, d.store)

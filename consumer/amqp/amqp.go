@@ -21,6 +21,7 @@ package amqp
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strconv"
 	"sync"
@@ -28,6 +29,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
+	"github.com/idemgo/idem/internal/nilcheck"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 )
 
@@ -64,36 +66,45 @@ type Settlement struct {
 	SettleErr error
 }
 
-// Options configure Handler. The zero value is valid.
+// Options configure Handler: one flat literal, passed by value. The zero
+// value is valid; a zero field means its default.
 type Options struct {
 	// Key names the work a delivery stands for. Default: its MessageId.
 	// An empty key is rejected without requeue.
 	Key func(d *amqp091.Delivery) string
+	// Fingerprint returns a fingerprint of a delivery's content, as
+	// consumer.Options.Fingerprint; a mismatch is rejected without requeue.
+	// Default: none.
+	Fingerprint func(d *amqp091.Delivery) []byte
 	// MinDelay is the wait before the first requeue of a key; each further
-	// requeue of the same key doubles it, up to MaxDelay. The delay keeps a
-	// busy key (InProgress) or a failing handler from spinning through the
-	// broker. The delivery stays unacknowledged meanwhile, so it counts
-	// against the channel's prefetch. Default 50ms.
+	// requeue of the same key doubles it, up to MaxDelay, so that a busy
+	// key or a failing handler does not spin through the broker. The
+	// delivery stays unacknowledged meanwhile, counting against the
+	// channel's prefetch. Negative panics. Default 50ms.
 	MinDelay time.Duration
-	// MaxDelay bounds the requeue delay. Default 5s.
+	// MaxDelay bounds the requeue delay. Negative panics. Default 5s.
 	MaxDelay time.Duration
 	// Logger receives rejections and unrecorded work. Keys are logged as
 	// their KeyHasher hash, never raw. Default: slog.Default().
 	Logger *slog.Logger
-	// KeyHasher hashes keys and message ids for the Logger, and for the
-	// wrapped handler's hook, observer and errors (consumer.WithKeyHasher,
-	// which an option in Consumer overrides). Give it the store's
-	// (idem.Options.KeyHasher) so that they correlate. Default: the
-	// process's (idem.KeyHash).
+	// Hook is told of the wrapped handler's notable outcomes, as
+	// consumer.Options.Hook. Default: none.
+	Hook consumer.Hook
+	// Observer receives one idem.Event per delivery with a key, as
+	// consumer.Options.Observer. Default: none.
+	Observer idem.Observer
+	// KeyHasher hashes keys and message ids for the Logger, the Hook, the
+	// Observer and errors. Give it the store's (idem.Options.KeyHasher) so
+	// that they correlate. Default: the process's (idem.KeyHash).
 	KeyHasher *idem.KeyHasher
+	// ConfirmBudget bounds how long Confirm is retried after the handler
+	// succeeded, as consumer.Options.ConfirmBudget. Negative panics.
+	// Default: two thirds of the lease's TTL.
+	ConfirmBudget time.Duration
 	// OnSettle, when set, is called after each settlement, on the goroutine
 	// that settles (for a Nack, a timer's). It must be quick and safe for
 	// concurrent use. Default: none.
 	OnSettle func(d *amqp091.Delivery, s Settlement)
-	// Consumer options for the wrapped handler: hooks, observer
-	// (consumer.WithObserver), fingerprint
-	// (consumer.WithFingerprint[amqp091.Delivery]), confirm budget.
-	Consumer []consumer.Option
 }
 
 // Defaults of Options.
@@ -116,61 +127,97 @@ const maxTracked = 1 << 16
 //
 // If h panics, the delivery is nacked with requeue at once and the panic
 // re-raised. The returned func is safe for concurrent use if h is.
+//
+// Handler panics, in the caller's goroutine, when store (or the value in
+// it) or h is nil, or a duration in o is negative: a mistake found on the
+// first delivery would surface far from where it was made.
 func Handler(store idem.Store, h func(ctx context.Context, d amqp091.Delivery) error, o Options) func(ctx context.Context, d amqp091.Delivery) {
-	if o.MinDelay <= 0 {
+	switch {
+	case nilcheck.Nil(store):
+		panic("amqp.Handler: nil store")
+	case h == nil:
+		panic("amqp.Handler: nil handler")
+	}
+	a := &adapter{o: o.withDefaults(), retries: map[string]int{}}
+	key := a.o.Key
+	a.wrapped = consumer.Idempotent(store, func(d amqp091.Delivery) string { return key(&d) }, h, a.o.consumer())
+	return a.handle
+}
+
+// withDefaults returns o checked, with its defaults filled in. A negative
+// duration panics, naming the field.
+func (o Options) withDefaults() Options {
+	switch {
+	case o.MinDelay < 0:
+		panic(fmt.Sprintf("amqp.Handler: negative Options.MinDelay %v", o.MinDelay))
+	case o.MaxDelay < 0:
+		panic(fmt.Sprintf("amqp.Handler: negative Options.MaxDelay %v", o.MaxDelay))
+	case o.ConfirmBudget < 0:
+		panic(fmt.Sprintf("amqp.Handler: negative Options.ConfirmBudget %v", o.ConfirmBudget))
+	}
+	if o.MinDelay == 0 {
 		o.MinDelay = DefaultMinDelay
 	}
-	if o.MaxDelay <= 0 {
+	if o.MaxDelay == 0 {
 		o.MaxDelay = DefaultMaxDelay
 	}
 	o.MaxDelay = max(o.MaxDelay, o.MinDelay)
 	if o.Logger == nil {
 		o.Logger = slog.Default()
 	}
-	key := o.Key
-	if key == nil {
-		key = func(d *amqp091.Delivery) string { return d.MessageId }
+	if o.Key == nil {
+		o.Key = func(d *amqp091.Delivery) string { return d.MessageId }
 	}
-	a := &adapter{o: o, key: key, retries: map[string]int{}}
-	copts := append([]consumer.Option{consumer.WithKeyHasher(o.KeyHasher)}, o.Consumer...)
-	wrapped := consumer.Idempotent(store, func(d amqp091.Delivery) string { return key(&d) }, h, copts...)
-	return func(ctx context.Context, d amqp091.Delivery) {
-		k := key(&d)
-		if k == "" {
-			// Checked here too, to say why: without an id the delivery cannot be
-			// told from its duplicates, and acking it as one would drop it.
-			a.reject(ctx, &d, errors.New("idem/amqp: delivery without a key (MessageId) cannot be deduplicated"))
-			return
-		}
-		settled := false
-		defer func() {
-			if !settled {
-				a.settle(&d, Nack, 0, errors.New("idem/amqp: handler panicked"), d.Nack(false, true))
-			}
-		}()
-		err := wrapped(ctx, d)
-		settled = true
-		switch {
-		case err == nil:
-			a.ack(&d, k, nil)
-		case errors.Is(err, consumer.ErrNotRecorded):
-			o.Logger.LogAttrs(ctx, slog.LevelError, "idem/amqp: work done but not recorded; acked so it is not done again now",
-				slog.String("key_hash", o.KeyHasher.Hash(k)), slog.Any("err", err))
-			a.ack(&d, k, err)
-		case errors.Is(err, idem.ErrInvalidKey), errors.Is(err, idem.ErrFingerprintMismatch):
-			a.reject(ctx, &d, err)
-		default:
-			a.nackLater(&d, k, err)
-		}
+	return o
+}
+
+// consumer returns the options of the wrapped handler.
+func (o Options) consumer() consumer.Options[amqp091.Delivery] {
+	co := consumer.Options[amqp091.Delivery]{Hook: o.Hook, Observer: o.Observer,
+		KeyHasher: o.KeyHasher, ConfirmBudget: o.ConfirmBudget}
+	if fp := o.Fingerprint; fp != nil {
+		co.Fingerprint = func(d amqp091.Delivery) []byte { return fp(&d) }
 	}
+	return co
 }
 
 type adapter struct {
-	o   Options
-	key func(*amqp091.Delivery) string
+	o       Options // withDefaults
+	wrapped func(context.Context, amqp091.Delivery) error
 
 	mu      sync.Mutex
 	retries map[string]int // requeues per key since its last ack
+}
+
+// handle runs d through the wrapped handler and settles it.
+func (a *adapter) handle(ctx context.Context, d amqp091.Delivery) {
+	k := a.o.Key(&d)
+	if k == "" {
+		// Checked here too, to say why: without an id the delivery cannot be
+		// told from its duplicates, and acking it as one would drop it.
+		a.reject(ctx, &d, errors.New("idem/amqp: delivery without a key (MessageId) cannot be deduplicated"))
+		return
+	}
+	settled := false
+	defer func() {
+		if !settled {
+			a.settle(&d, Nack, 0, errors.New("idem/amqp: handler panicked"), d.Nack(false, true))
+		}
+	}()
+	err := a.wrapped(ctx, d)
+	settled = true
+	switch {
+	case err == nil:
+		a.ack(&d, k, nil)
+	case errors.Is(err, consumer.ErrNotRecorded):
+		a.o.Logger.LogAttrs(ctx, slog.LevelError, "idem/amqp: work done but not recorded; acked so it is not done again now",
+			slog.String("key_hash", a.o.KeyHasher.Hash(k)), slog.Any("err", err))
+		a.ack(&d, k, err)
+	case errors.Is(err, idem.ErrInvalidKey), errors.Is(err, idem.ErrFingerprintMismatch):
+		a.reject(ctx, &d, err)
+	default:
+		a.nackLater(&d, k, err)
+	}
 }
 
 func (a *adapter) settle(d *amqp091.Delivery, act Action, delay time.Duration, err, settleErr error) {
@@ -191,10 +238,10 @@ func (a *adapter) ack(d *amqp091.Delivery, key string, err error) {
 
 func (a *adapter) reject(ctx context.Context, d *amqp091.Delivery, err error) {
 	a.mu.Lock()
-	delete(a.retries, a.key(d))
+	delete(a.retries, a.o.Key(d))
 	a.mu.Unlock()
 	a.o.Logger.LogAttrs(ctx, slog.LevelError, "idem/amqp: delivery rejected without requeue",
-		slog.String("key_hash", a.o.KeyHasher.Hash(a.key(d))), slog.String("message_id_hash", a.o.KeyHasher.Hash(d.MessageId)),
+		slog.String("key_hash", a.o.KeyHasher.Hash(a.o.Key(d))), slog.String("message_id_hash", a.o.KeyHasher.Hash(d.MessageId)),
 		slog.Uint64("delivery_tag", d.DeliveryTag), slog.Any("err", err))
 	a.settle(d, Reject, 0, err, d.Reject(false))
 }

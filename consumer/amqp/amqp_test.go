@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -150,13 +151,38 @@ func TestHandlerNotRecordedIsAcked(t *testing.T) {
 	store := unconfirmable{idem.NewMemoryStore(idem.Options{})}
 	st := newSettlements()
 	h := idemamqp.Handler(store, func(context.Context, amqp091.Delivery) error { return nil },
-		idemamqp.Options{OnSettle: st.on, Logger: slog.New(slog.DiscardHandler),
-			Consumer: []consumer.Option{consumer.WithConfirmBudget(20 * time.Millisecond)}})
+		idemamqp.Options{OnSettle: st.on, Logger: slog.New(slog.DiscardHandler), ConfirmBudget: 20 * time.Millisecond})
 	a := &acker{}
 	h(context.Background(), delivery(a, "m"))
 	if s := st.next(t); s.Action != idemamqp.Ack || !errors.Is(s.Err, consumer.ErrNotRecorded) {
 		t.Fatalf("unrecorded work: %+v; want ack (redelivery would surely redo it) with ErrNotRecorded", s)
 	}
+}
+
+// Work whose confirmation lost to another delivery's is done: acked, and
+// the hook hears it was done twice.
+func TestHandlerAlreadyConfirmedIsAcked(t *testing.T) {
+	store := confirmedElsewhere{idem.NewMemoryStore(idem.Options{})}
+	st := newSettlements()
+	var kinds []consumer.Kind
+	h := idemamqp.Handler(store, func(context.Context, amqp091.Delivery) error { return nil },
+		idemamqp.Options{OnSettle: st.on, Hook: func(_ context.Context, e consumer.Event) { kinds = append(kinds, e.Kind) }})
+	a := &acker{}
+	h(context.Background(), delivery(a, "m"))
+	if s := st.next(t); s.Action != idemamqp.Ack || s.Err != nil || a.last() != "ack" {
+		t.Fatalf("confirmed by another delivery first: %+v, broker saw %q; want a plain ack", s, a.last())
+	}
+	if len(kinds) != 1 || kinds[0] != consumer.AlreadyConfirmed {
+		t.Fatalf("hook saw %v; want [already_confirmed]", kinds)
+	}
+}
+
+// confirmedElsewhere is a store in which another lease always confirmed
+// the key first.
+type confirmedElsewhere struct{ idem.Store }
+
+func (confirmedElsewhere) Confirm(_ context.Context, l *idem.Lease, _ []byte) error {
+	return fmt.Errorf("%w: confirm of %s", idem.ErrAlreadyConfirmed, l.Key)
 }
 
 type unconfirmable struct{ idem.Store }
@@ -220,7 +246,7 @@ func TestHandlerKeyHasher(t *testing.T) {
 				}
 				return d.MessageId
 			},
-			Consumer: []consumer.Option{consumer.WithHook(func(_ context.Context, e consumer.Event) { hooked = append(hooked, e.KeyHash) })}})
+			Hook: func(_ context.Context, e consumer.Event) { hooked = append(hooked, e.KeyHash) }})
 	a := &acker{}
 	ctx := context.Background()
 	h(ctx, delivery(a, "too-long"))
@@ -238,5 +264,67 @@ func TestHandlerKeyHasher(t *testing.T) {
 	st.next(t)
 	if len(hooked) != 1 || hooked[0] != hasher.Hash("m") {
 		t.Errorf("hook saw key hashes %v; want [%s]", hooked, hasher.Hash("m"))
+	}
+}
+
+// Options.Fingerprint reaches the store: a second delivery of a key with
+// other content is rejected without requeue, never acked as a duplicate.
+func TestHandlerFingerprintMismatchRejected(t *testing.T) {
+	st := newSettlements()
+	runs := 0
+	h := idemamqp.Handler(idem.NewMemoryStore(idem.Options{}), func(context.Context, amqp091.Delivery) error { runs++; return nil },
+		idemamqp.Options{OnSettle: st.on, Logger: slog.New(slog.DiscardHandler),
+			Fingerprint: func(d *amqp091.Delivery) []byte { return d.Body }})
+	a := &acker{}
+	for _, body := range []string{"a", "a", "b"} {
+		d := delivery(a, "m")
+		d.Body = []byte(body)
+		h(context.Background(), d)
+	}
+	if s := st.next(t); s.Action != idemamqp.Ack {
+		t.Fatalf("first delivery: %v; want ack", s.Action)
+	}
+	if s := st.next(t); s.Action != idemamqp.Ack || runs != 1 {
+		t.Fatalf("same key, same body: %v after %d runs; want ack without running again", s.Action, runs)
+	}
+	if s := st.next(t); s.Action != idemamqp.Reject || !errors.Is(s.Err, idem.ErrFingerprintMismatch) || runs != 1 {
+		t.Fatalf("same key, other body: %+v after %d runs; want reject with ErrFingerprintMismatch", s, runs)
+	}
+}
+
+// A mistake in building the handler panics at once, in the caller's
+// goroutine, naming what is wrong, rather than on the first delivery.
+func TestHandlerMistakesPanic(t *testing.T) {
+	store := idem.NewMemoryStore(idem.Options{})
+	nop := func(context.Context, amqp091.Delivery) error { return nil }
+	for _, tc := range []struct {
+		name  string
+		store idem.Store
+		h     func(context.Context, amqp091.Delivery) error
+		o     idemamqp.Options
+		want  string
+	}{
+		{"valid", store, nop, idemamqp.Options{}, ""},
+		{"nil store", nil, nop, idemamqp.Options{}, "amqp.Handler: nil store"},
+		{"typed nil store", (*idem.RedisStore)(nil), nop, idemamqp.Options{}, "amqp.Handler: nil store"},
+		{"nil handler", store, nil, idemamqp.Options{}, "amqp.Handler: nil handler"},
+		{"negative MinDelay", store, nop, idemamqp.Options{MinDelay: -time.Second}, "amqp.Handler: negative Options.MinDelay -1s"},
+		{"negative MaxDelay", store, nop, idemamqp.Options{MaxDelay: -time.Second}, "amqp.Handler: negative Options.MaxDelay -1s"},
+		{"negative ConfirmBudget", store, nop, idemamqp.Options{ConfirmBudget: -time.Second}, "amqp.Handler: negative Options.ConfirmBudget -1s"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := func() (msg string) {
+				defer func() {
+					if v := recover(); v != nil {
+						msg = fmt.Sprint(v)
+					}
+				}()
+				idemamqp.Handler(tc.store, tc.h, tc.o)
+				return ""
+			}()
+			if got != tc.want {
+				t.Errorf("Handler with %s: panic %q; want %q", tc.name, got, tc.want)
+			}
+		})
 	}
 }

@@ -28,15 +28,18 @@ package watermill
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
+	"github.com/idemgo/idem/internal/nilcheck"
 )
 
-// Options configure Middleware. The zero value is valid: messages are keyed
-// by their UUID.
+// Options configure Middleware: one flat literal, passed by value. The zero
+// value is valid: messages are keyed by their UUID.
 type Options struct {
 	// MetadataKey, when set, keys each message by this metadata field (an
 	// event id set by the producer) instead of its UUID. Default: none.
@@ -44,25 +47,33 @@ type Options struct {
 	// Key, when set, keys each message by what it returns; it overrides
 	// MetadataKey. Default: none.
 	Key func(msg *message.Message) string
+	// Fingerprint returns a fingerprint of a message's content, as
+	// consumer.Options.Fingerprint; a mismatch is an error matching
+	// idem.ErrFingerprintMismatch (nack). Default: none.
+	Fingerprint func(msg *message.Message) []byte
 	// Logger receives unrecorded work (consumer.ErrNotRecorded), keys as
 	// their KeyHasher hash. Default: slog.Default().
 	Logger *slog.Logger
-	// KeyHasher hashes keys for the Logger, and for the wrapped handler's
-	// hook, observer and errors (consumer.WithKeyHasher, which an option
-	// in Consumer overrides). Give it the store's (idem.Options.KeyHasher)
-	// so that they correlate. Default: the process's (idem.KeyHash).
+	// Hook is told of the wrapped handler's notable outcomes, as
+	// consumer.Options.Hook. Default: none.
+	Hook consumer.Hook
+	// Observer receives one idem.Event per message, as
+	// consumer.Options.Observer. Default: none.
+	Observer idem.Observer
+	// KeyHasher hashes keys for the Logger, the Hook, the Observer and
+	// errors. Give it the store's (idem.Options.KeyHasher) so that they
+	// correlate. Default: the process's (idem.KeyHash).
 	KeyHasher *idem.KeyHasher
-	// Consumer options for the wrapped handler: hooks, observer
-	// (consumer.WithObserver), fingerprint
-	// (consumer.WithFingerprint[*watermill.Delivery]), confirm budget.
-	Consumer []consumer.Option
+	// ConfirmBudget bounds how long Confirm is retried after the handler
+	// succeeded, as consumer.Options.ConfirmBudget. Negative panics.
+	// Default: two thirds of the lease's TTL.
+	ConfirmBudget time.Duration
 }
 
-// Delivery is what the wrapped handler sees as its message type: the
-// Watermill message and the handler's output. It is exported only so that
-// consumer.WithFingerprint can name it.
-type Delivery struct {
-	Msg *message.Message
+// delivery is what the wrapped handler sees as its message type: the
+// Watermill message and the handler's output.
+type delivery struct {
+	msg *message.Message
 	h   message.HandlerFunc
 	out []*message.Message
 }
@@ -73,32 +84,38 @@ type Delivery struct {
 // cancelled with cause idem.ErrLeaseLost if the lease is lost; afterwards
 // the message's own context is restored. A duplicate produces no messages:
 // the first run's were published when it was done.
+//
+// Middleware panics, in the caller's goroutine, when store (or the value in
+// it) is nil or o.ConfirmBudget is negative, and the middleware it returns
+// panics when given a nil handler: a mistake found on the first message
+// would surface far from where it was made.
 func Middleware(store idem.Store, o Options) message.HandlerMiddleware {
-	key := o.Key
 	switch {
-	case key != nil:
-	case o.MetadataKey != "":
-		name := o.MetadataKey
-		key = func(msg *message.Message) string { return msg.Metadata.Get(name) }
-	default:
-		key = func(msg *message.Message) string { return msg.UUID }
+	case nilcheck.Nil(store):
+		panic("watermill.Middleware: nil store")
+	case o.ConfirmBudget < 0:
+		panic(fmt.Sprintf("watermill.Middleware: negative Options.ConfirmBudget %v", o.ConfirmBudget))
 	}
+	key := o.keyFunc()
 	logger := o.Logger
 	if logger == nil {
 		logger = slog.Default()
 	}
-	wrapped := consumer.Idempotent(store, func(d *Delivery) string { return key(d.Msg) },
-		func(ctx context.Context, d *Delivery) error {
-			orig := d.Msg.Context()
-			d.Msg.SetContext(ctx)
-			defer d.Msg.SetContext(orig)
-			out, err := d.h(d.Msg)
+	wrapped := consumer.Idempotent(store, func(d *delivery) string { return key(d.msg) },
+		func(ctx context.Context, d *delivery) error {
+			orig := d.msg.Context()
+			d.msg.SetContext(ctx)
+			defer d.msg.SetContext(orig)
+			out, err := d.h(d.msg)
 			d.out = out
 			return err
-		}, append([]consumer.Option{consumer.WithKeyHasher(o.KeyHasher)}, o.Consumer...)...)
+		}, o.consumer())
 	return func(h message.HandlerFunc) message.HandlerFunc {
+		if h == nil {
+			panic("watermill.Middleware: nil handler")
+		}
 		return func(msg *message.Message) ([]*message.Message, error) {
-			d := &Delivery{Msg: msg, h: h}
+			d := &delivery{msg: msg, h: h}
 			err := wrapped(msg.Context(), d)
 			switch {
 			case err == nil:
@@ -113,4 +130,27 @@ func Middleware(store idem.Store, o Options) message.HandlerMiddleware {
 			return nil, err
 		}
 	}
+}
+
+// keyFunc returns the func that keys a message: Key, else MetadataKey's
+// field, else the UUID.
+func (o Options) keyFunc() func(*message.Message) string {
+	switch {
+	case o.Key != nil:
+		return o.Key
+	case o.MetadataKey != "":
+		name := o.MetadataKey
+		return func(msg *message.Message) string { return msg.Metadata.Get(name) }
+	}
+	return func(msg *message.Message) string { return msg.UUID }
+}
+
+// consumer returns the options of the wrapped handler.
+func (o Options) consumer() consumer.Options[*delivery] {
+	co := consumer.Options[*delivery]{Hook: o.Hook, Observer: o.Observer,
+		KeyHasher: o.KeyHasher, ConfirmBudget: o.ConfirmBudget}
+	if fp := o.Fingerprint; fp != nil {
+		co.Fingerprint = func(d *delivery) []byte { return fp(d.msg) }
+	}
+	return co
 }

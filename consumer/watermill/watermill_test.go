@@ -215,3 +215,58 @@ func TestRouterInProgressNacked(t *testing.T) {
 		t.Fatalf("%d nacks, handler ran %v; want nacks while held, then an ack without running", nacks.Load(), ran.Load())
 	}
 }
+
+// Options.Fingerprint reaches the store: a message reusing a key with
+// other content is refused with ErrFingerprintMismatch (for a poison
+// queue), never acked as a duplicate.
+func TestMiddlewareFingerprint(t *testing.T) {
+	runs := 0
+	h := idemwatermill.Middleware(idem.NewMemoryStore(idem.Options{}), idemwatermill.Options{
+		Fingerprint: func(msg *message.Message) []byte { return msg.Payload },
+	})(func(*message.Message) ([]*message.Message, error) { runs++; return nil, nil })
+	if _, err := h(message.NewMessage("k", []byte("a"))); err != nil {
+		t.Fatalf("first delivery: %v; want nil", err)
+	}
+	if _, err := h(message.NewMessage("k", []byte("a"))); err != nil || runs != 1 {
+		t.Fatalf("same key, same payload: %v after %d runs; want nil (a duplicate)", err, runs)
+	}
+	if _, err := h(message.NewMessage("k", []byte("b"))); !errors.Is(err, idem.ErrFingerprintMismatch) || runs != 1 {
+		t.Fatalf("same key, other payload: %v after %d runs; want ErrFingerprintMismatch without running", err, runs)
+	}
+}
+
+// A mistake in building the middleware panics at once, in the caller's
+// goroutine, naming what is wrong, rather than on the first message.
+func TestMiddlewareMistakesPanic(t *testing.T) {
+	store := idem.NewMemoryStore(idem.Options{})
+	nop := func(*message.Message) ([]*message.Message, error) { return nil, nil }
+	for _, tc := range []struct {
+		name  string
+		store idem.Store
+		o     idemwatermill.Options
+		h     message.HandlerFunc
+		want  string
+	}{
+		{"valid", store, idemwatermill.Options{}, nop, ""},
+		{"nil store", nil, idemwatermill.Options{}, nop, "watermill.Middleware: nil store"},
+		{"typed nil store", (*idem.RedisStore)(nil), idemwatermill.Options{}, nop, "watermill.Middleware: nil store"},
+		{"negative ConfirmBudget", store, idemwatermill.Options{ConfirmBudget: -time.Second}, nop,
+			"watermill.Middleware: negative Options.ConfirmBudget -1s"},
+		{"nil handler", store, idemwatermill.Options{}, nil, "watermill.Middleware: nil handler"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := func() (msg string) {
+				defer func() {
+					if v := recover(); v != nil {
+						msg = fmt.Sprint(v)
+					}
+				}()
+				idemwatermill.Middleware(tc.store, tc.o)(tc.h)
+				return ""
+			}()
+			if got != tc.want {
+				t.Errorf("Middleware with %s: panic %q; want %q", tc.name, got, tc.want)
+			}
+		})
+	}
+}

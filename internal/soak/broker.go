@@ -331,7 +331,7 @@ func (b *broker) handle(e event) error {
 			return bad()
 		}
 		b.ev.LeaseTrouble[f[2]] = true
-		if f[1] == "not-recorded" {
+		if f[1] == "not_recorded" {
 			b.ev.Unrecorded[f[2]] = true
 		}
 		b.rep.LeaseEvents[f[1]]++

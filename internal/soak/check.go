@@ -36,9 +36,10 @@ type Evidence struct {
 	// recording the work.
 	Confirmed map[Attempt]bool
 	// LeaseTrouble holds the idem.KeyHash of every key for which a worker
-	// reported a lost lease, a late confirmation, a failed confirmation or
-	// ErrNotRecorded: the documented ways, other than a crash, in which lease
-	// mode may do a message's work twice.
+	// reported a lost lease, a late confirmation, a failed confirmation, a
+	// confirmation that lost to another's, or ErrNotRecorded: the documented
+	// ways, other than a crash, in which lease mode may do a message's work
+	// twice.
 	LeaseTrouble map[string]bool
 	// Unrecorded holds the idem.KeyHash of every key for which a wrapper
 	// returned consumer.ErrNotRecorded: the work was done and acked, but no

@@ -195,7 +195,7 @@ func (w *worker) settle(d *delivery, err error) {
 		w.emit("A %s", d.tag)
 	case errors.Is(err, consumer.ErrNotRecorded):
 		// Done but not recorded: ack, and say so; a later duplicate may do it again.
-		w.emit("K not-recorded %s %d", idem.KeyHash(d.id), d.token)
+		w.emit("K not_recorded %s %d", idem.KeyHash(d.id), d.token)
 		w.emit("A %s", d.tag)
 	case errors.Is(err, idem.ErrInProgress):
 		w.emit("N %s busy", d.tag)
@@ -215,12 +215,12 @@ func (w *worker) redis() (func(context.Context, []*delivery), func(), error) {
 		_ = c.Close()
 		return nil, nil, err
 	}
-	hook := consumer.WithHook(func(_ context.Context, e consumer.Event) {
+	opts := consumer.Options[*delivery]{Hook: func(_ context.Context, e consumer.Event) {
 		switch e.Kind {
-		case consumer.LeaseLost, consumer.LateConfirm, consumer.ConfirmFailed:
+		case consumer.LeaseLost, consumer.LateConfirm, consumer.ConfirmFailed, consumer.AlreadyConfirmed:
 			w.emit("K %s %s %d", e.Kind, e.KeyHash, e.Token)
 		}
-	})
+	}}
 	key := func(d *delivery) string { return d.id }
 	h := func(ctx context.Context, d *delivery) error {
 		l, ok := idem.LeaseFrom(ctx)
@@ -235,8 +235,8 @@ func (w *worker) redis() (func(context.Context, []*delivery), func(), error) {
 		w.tail()
 		return nil
 	}
-	one := consumer.Idempotent(store, key, h, hook)
-	batch := consumer.Batch(store, key, h, hook)
+	one := consumer.Idempotent(store, key, h, opts)
+	batch := consumer.Batch(store, key, h, opts)
 	handle := func(ctx context.Context, ds []*delivery) {
 		if w.cfg.Batch {
 			for i, err := range batch(ctx, ds) {

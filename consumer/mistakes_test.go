@@ -1,0 +1,68 @@
+package consumer_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/consumer"
+)
+
+// panicked returns what f panicked with, as text; "" if it returned.
+func panicked(f func()) (msg string) {
+	defer func() {
+		if v := recover(); v != nil {
+			msg = fmt.Sprint(v)
+		}
+	}()
+	f()
+	return ""
+}
+
+// A mistake in building a wrapper panics at once, in the caller's
+// goroutine, naming what is wrong: found on the first message instead, it
+// would surface far from where it was made (a nil store in KeepAlive's
+// goroutine, a nil handler after its message was claimed).
+func TestWrapperMistakesPanic(t *testing.T) {
+	store := idem.NewMemoryStore(idem.Options{})
+	nop := func(context.Context, msg) error { return nil }
+	o := consumer.Options[msg]{}
+	type args struct {
+		store idem.Store
+		key   func(msg) string
+		h     func(context.Context, msg) error
+		opts  []consumer.Options[msg]
+	}
+	for _, tc := range []struct {
+		name string
+		args args
+		want string // after "consumer.Idempotent: " or "consumer.Batch: "; "" for no panic
+	}{
+		{"valid", args{store, msgKey, nop, nil}, ""},
+		{"zero Options", args{store, msgKey, nop, []consumer.Options[msg]{o}}, ""},
+		{"nil store", args{nil, msgKey, nop, nil}, "nil store"},
+		{"typed nil store", args{(*idem.MemoryStore)(nil), msgKey, nop, nil}, "nil store"},
+		{"nil key func", args{store, nil, nop, nil}, "nil key func"},
+		{"nil handler", args{store, msgKey, nil, nil}, "nil handler"},
+		{"two Options", args{store, msgKey, nop, []consumer.Options[msg]{o, o}}, "2 Options; want at most one"},
+		{"negative ConfirmBudget", args{store, msgKey, nop, []consumer.Options[msg]{{ConfirmBudget: -1}}}, "negative Options.ConfirmBudget -1ns"},
+		{"negative Concurrency", args{store, msgKey, nop, []consumer.Options[msg]{{Concurrency: -2}}}, "negative Options.Concurrency -2"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := tc.args
+			for fn, build := range map[string]func(){
+				"consumer.Idempotent": func() { consumer.Idempotent(a.store, a.key, a.h, a.opts...) },
+				"consumer.Batch":      func() { consumer.Batch(a.store, a.key, a.h, a.opts...) },
+			} {
+				want := ""
+				if tc.want != "" {
+					want = fn + ": " + tc.want
+				}
+				if got := panicked(build); got != want {
+					t.Errorf("%s with %s: panic %q; want %q", fn, tc.name, got, want)
+				}
+			}
+		})
+	}
+}
