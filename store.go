@@ -325,8 +325,12 @@ func (o *Options) checkFingerprint(c Claim, key string, fingerprint []byte) erro
 		bytes.Equal(fingerprint, c.Record.Fingerprint) {
 		return nil
 	}
+	found := "confirmed"
+	if c.Outcome == InProgress {
+		found = "claimed"
+	}
 	return fmt.Errorf("%w: claim of %s found it %s with another fingerprint",
-		ErrFingerprintMismatch, o.keyName(key), c.Outcome)
+		ErrFingerprintMismatch, o.keyName(key), found)
 }
 
 // notKept is Confirm's answer when another lease's confirmation was kept.
