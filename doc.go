@@ -42,13 +42,14 @@
 //
 // [RedisStore] keeps one Redis string per key and runs each operation as one
 // Lua script: one round trip, atomic on a single Redis, on Sentinel and on
-// Redis Cluster. [SQLStore] keeps them in a table of Postgres or SQLite, and
-// adds a transactional mode, [SQLStore.Run], in which the record commits in
-// the same transaction as the work: the record and the effect are one fact.
-// [MemoryStore] keeps records in one process, for tests and local
-// development. All three implement [Batcher], which claims or confirms many
-// keys in one round trip. The storetest package checks that a Store keeps
-// the contract.
+// Redis Cluster. [MemoryStore] keeps records in one process, for tests and
+// local development. Both implement [Batcher], which claims or confirms many
+// keys in one round trip. The SQL store, package
+// [github.com/idemgo/idem/sqlstore], keeps them in a table of Postgres or
+// SQLite behind the same Store interface, and adds a transactional mode in
+// which the record commits in the same transaction as the work: the record
+// and the effect are one fact. The storetest package checks that a Store
+// keeps the contract; [Core] is what a Store of your own can be built on.
 //
 // # Automatic pipelining
 //
@@ -87,8 +88,9 @@
 // write ("... WHERE fence < $token") so that a worker that stalled past its
 // lease cannot overwrite its successor's work.
 //
-// RedisStore and SQLStore derive tokens from the server's clock in
-// microseconds (SQLStore also takes the old token + 1 when that is greater).
+// RedisStore and the SQL store derive tokens from the server's clock in
+// microseconds (the SQL store also takes the old token + 1 when that is
+// greater).
 // The guarantee ends where that clock or that memory does: a server clock
 // stepped backwards by more than a lease; a failover to a replica whose clock
 // is behind, or that never received the earlier claim; a record evicted or

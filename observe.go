@@ -29,8 +29,8 @@ const (
 	OpLookup
 	OpClaimBatch
 	OpConfirmBatch
-	// OpRun is SQLStore.Run: Outcome Claimed when the write ran, Duplicate
-	// when a committed result was replayed.
+	// OpRun is Run of the SQL store (package sqlstore): Outcome Claimed
+	// when the write ran, Duplicate when a committed result was replayed.
 	OpRun
 	// OpRequest is one HTTP request through the idempotency middleware.
 	OpRequest

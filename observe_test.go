@@ -3,7 +3,6 @@ package idem_test
 import (
 	"bytes"
 	"context"
-	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -17,6 +16,7 @@ import (
 	"github.com/idemgo/idem/internal/sqltest"
 	"github.com/idemgo/idem/internal/storeopts"
 	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/sqlstore"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -143,9 +143,9 @@ func observedStores(t *testing.T, o idem.Options) map[string]idem.Store {
 		t.Fatal(err)
 	}
 	db, _ := sqltest.SQLite(t)
-	so := storeopts.SQL(o, idem.SQLite)
-	so.Table = uniqueTable()
-	ss := newSQLStore(t, db, so)
+	so := storeopts.SQL(o, sqlstore.SQLite)
+	so.Table = sqltest.UniqueTable()
+	ss := sqltest.NewStore(t, db, so)
 	return map[string]idem.Store{"memory": idem.NewMemoryStore(o), "redis": rs, "sqlite": ss}
 }
 
@@ -254,15 +254,6 @@ func TestClaimTakeOverMemory(t *testing.T) {
 	rec := &recorder{}
 	st := idem.NewMemoryStoreClock(idem.Options{LeaseTTL: time.Second, Observer: rec}, clock.Now)
 	takeOverSequence(t, st, rec, func() { clock.Advance(2 * time.Second) })
-}
-
-func TestClaimTakeOverSQL(t *testing.T) {
-	dialects(t, func(t *testing.T, db *sql.DB, d idem.Dialect) {
-		rec := &recorder{}
-		lease := 200 * time.Millisecond
-		st := newSQLStore(t, db, idem.SQLOptions{LeaseTTL: lease, Observer: rec, Dialect: d, Table: uniqueTable()})
-		takeOverSequence(t, st, rec, func() { time.Sleep(lease + 50*time.Millisecond) })
-	})
 }
 
 // The Logger gets the events that need a human, with keyed hashes for keys,

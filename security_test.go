@@ -3,7 +3,6 @@ package idem_test
 import (
 	"context"
 	"database/sql"
-	"database/sql/driver"
 	"errors"
 	"path/filepath"
 	"strings"
@@ -12,55 +11,25 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/sqltest"
 	"github.com/idemgo/idem/internal/storeopts"
 	"github.com/idemgo/idem/internal/testenv"
-	_ "github.com/jackc/pgx/v5/stdlib"
+	"github.com/idemgo/idem/sqlstore"
 	"github.com/redis/go-redis/v9"
-	_ "modernc.org/sqlite"
 )
 
-// countingConnector opens a connection of a database/sql driver, counting
-// each. Used with SetMaxIdleConns(0), every statement opens a connection,
-// so the count is the number of statements sent.
-type countingConnector struct {
-	d   driver.Driver
-	dsn string
-	n   atomic.Int64
-}
-
-func (c *countingConnector) Connect(context.Context) (driver.Conn, error) {
-	c.n.Add(1)
-	return c.d.Open(c.dsn)
-}
-
-func (c *countingConnector) Driver() driver.Driver { return c.d }
-
-// countingDB opens dsn with driverName through a countingConnector.
-func countingDB(t *testing.T, driverName, dsn string) (*sql.DB, *countingConnector) {
-	t.Helper()
-	probe, err := sql.Open(driverName, dsn)
-	if err != nil {
-		t.Fatalf("sql.Open(%s) = %v", driverName, err)
-	}
-	c := &countingConnector{d: probe.Driver(), dsn: dsn}
-	_ = probe.Close()
-	db := sql.OpenDB(c)
-	db.SetMaxIdleConns(0)
-	t.Cleanup(func() { _ = db.Close() })
-	return db, c
-}
-
-// sqlBackends returns a countingDB of each SQL backend with its dialect.
-func sqlBackends(t *testing.T) map[string]func(t *testing.T) (*sql.DB, *countingConnector, idem.Dialect) {
-	return map[string]func(t *testing.T) (*sql.DB, *countingConnector, idem.Dialect){
-		"sqlite": func(t *testing.T) (*sql.DB, *countingConnector, idem.Dialect) {
+// sqlBackends opens each SQL backend with its connections counted
+// (sqltest.CountingDB), and says its dialect.
+func sqlBackends(t *testing.T) map[string]func(t *testing.T) (*sql.DB, *atomic.Int64, sqlstore.Dialect) {
+	return map[string]func(t *testing.T) (*sql.DB, *atomic.Int64, sqlstore.Dialect){
+		"sqlite": func(t *testing.T) (*sql.DB, *atomic.Int64, sqlstore.Dialect) {
 			path := filepath.Join(t.TempDir(), "idem.db")
-			db, c := countingDB(t, "sqlite", "file:"+path+"?_pragma=journal_mode(WAL)")
-			return db, c, idem.SQLite
+			db, c := sqltest.CountingDB(t, "sqlite", "file:"+path+"?_pragma=journal_mode(WAL)")
+			return db, c, sqlstore.SQLite
 		},
-		"postgres": func(t *testing.T) (*sql.DB, *countingConnector, idem.Dialect) {
-			db, c := countingDB(t, "pgx", testenv.PostgresDSN(t))
-			return db, c, idem.Postgres
+		"postgres": func(t *testing.T) (*sql.DB, *atomic.Int64, sqlstore.Dialect) {
+			db, c := sqltest.CountingDB(t, "pgx", testenv.PostgresDSN(t))
+			return db, c, sqlstore.Postgres
 		},
 	}
 }
@@ -117,7 +86,7 @@ func checkRefusedBeforeIO(t *testing.T, s idem.Store, io func() int64) {
 			}, idem.ErrTooLarge, "batch item 1"},
 		)
 	}
-	if sq, ok := s.(*idem.SQLStore); ok {
+	if sq, ok := s.(*sqlstore.Store); ok {
 		write := func(context.Context, *sql.Tx) ([]byte, error) {
 			t.Errorf("Run called write for a refused input")
 			return nil, nil
@@ -173,8 +142,8 @@ func TestSecurityOversizedInputsBeforeIO(t *testing.T) {
 	for name, open := range sqlBackends(t) {
 		t.Run(name, func(t *testing.T) {
 			db, conns, d := open(t)
-			table := uniqueTable()
-			ddl, err := idem.SchemaDDL(d, table)
+			table := sqltest.UniqueTable()
+			ddl, err := sqlstore.SchemaDDL(d, table)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -186,69 +155,17 @@ func TestSecurityOversizedInputsBeforeIO(t *testing.T) {
 			t.Cleanup(func() { _, _ = db.Exec(`DROP TABLE "` + table + `"`) })
 			so := storeopts.SQL(o, d)
 			so.Table = table
-			s, err := idem.NewSQLStore(db, so)
+			s, err := sqlstore.New(db, so)
 			if err != nil {
-				t.Fatalf("NewSQLStore = %v", err)
+				t.Fatalf("sqlstore.New = %v", err)
 			}
 			if _, err := s.Lookup(context.Background(), "sec-probe"); !errors.Is(err, idem.ErrNotFound) {
 				t.Fatalf("Lookup = %v; want ErrNotFound", err)
 			}
-			if conns.n.Load() == 0 {
+			if conns.Load() == 0 {
 				t.Fatalf("no connection counted for the schema and a Lookup; want the connector to count them")
 			}
-			checkRefusedBeforeIO(t, s, conns.n.Load)
-		})
-	}
-}
-
-// Table names are the only text an SQLStore puts into SQL: anything but a
-// plain, optionally schema-qualified identifier is refused at construction
-// (and by SchemaDDL) before the database is touched.
-func TestSecuritySQLIdentifiers(t *testing.T) {
-	attempts := []string{
-		`keys"; DROP TABLE idem_keys; --`,
-		`idem_keys; DELETE FROM idem_keys`,
-		`idem_keys--`,
-		`idem_keys/*`,
-		`"idem_keys"`,
-		`idem_keys"`,
-		`public."idem_keys"`,
-		`idem keys`,
-		"idem_keys\x00",
-		"idem_keys\n",
-		`idem_keys'`,
-		`idem_keys)`,
-		`pg_catalog.pg_class WHERE 1=1`,
-		`a.b.c`,
-		`.idem_keys`,
-		`idem_keys.`,
-		`1keys`,
-		`idem-keys`,
-		`idem$keys`,
-		"idem_kéys",
-		"idem_keys\u200b", // a zero-width space
-		strings.Repeat("t", 64),
-		strings.Repeat("s", 64) + ".keys",
-	}
-	for name, open := range sqlBackends(t) {
-		t.Run(name, func(t *testing.T) {
-			db, conns, d := open(t)
-			for _, table := range attempts {
-				before := conns.n.Load()
-				if _, err := idem.NewSQLStore(db, idem.SQLOptions{Dialect: d, Table: table}); err == nil || !strings.Contains(err.Error(), "table name") {
-					t.Errorf("NewSQLStore(Table %q) = %v; want an error naming the table name", table, err)
-				}
-				if ddl, err := idem.SchemaDDL(d, table); err == nil {
-					t.Errorf("SchemaDDL(%q) = %q; want an error", table, ddl)
-				}
-				if n := conns.n.Load(); n != before {
-					t.Errorf("NewSQLStore(Table %q) opened %d connections before refusing it; want none", table, n-before)
-				}
-			}
-			// The check is not a refusal of everything: a plain name passes.
-			if _, err := idem.NewSQLStore(db, idem.SQLOptions{Dialect: d, Table: "public_keys"}); err != nil {
-				t.Errorf("NewSQLStore(Table %q) = %v; want a store", "public_keys", err)
-			}
+			checkRefusedBeforeIO(t, s, conns.Load)
 		})
 	}
 }
@@ -271,9 +188,9 @@ func TestSecurityStoreDownIsError(t *testing.T) {
 	for name, open := range sqlBackends(t) {
 		stores[name] = func(t *testing.T) idem.Store {
 			db, _, d := open(t)
-			s, err := idem.NewSQLStore(db, idem.SQLOptions{Dialect: d, Table: uniqueTable()})
+			s, err := sqlstore.New(db, sqlstore.Options{Dialect: d, Table: sqltest.UniqueTable()})
 			if err != nil {
-				t.Fatalf("NewSQLStore = %v", err)
+				t.Fatalf("sqlstore.New = %v", err)
 			}
 			_ = db.Close() // the database is gone from here on
 			return s

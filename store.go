@@ -62,8 +62,9 @@ type Claim struct {
 	Record  *Record // set when Duplicate (the confirmation) or InProgress (the holder)
 	// TakeOver is set when Claimed replaced a claim whose lease had run out
 	// unconfirmed: an earlier attempt crashed or stalled and may have done
-	// part of the work. MemoryStore and SQLStore report it; on RedisStore an
-	// expired claim vanishes with its TTL, so TakeOver is always false there.
+	// part of the work. MemoryStore and the SQL store (package sqlstore)
+	// report it; on RedisStore an expired claim vanishes with its TTL, so
+	// TakeOver is always false there.
 	TakeOver bool
 }
 

@@ -12,7 +12,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
 svc="$root/.ci/services.sh"
 
 # The crash soak (internal/soak): 100k messages through the consumer wrapper on Redis
-# and through SQLStore.Run on Postgres, with redeliveries, duplicates and SIGKILLed
+# and through sqlstore.Store.Run on Postgres, with redeliveries, duplicates and SIGKILLed
 # worker processes. Without the race detector: it is a test of crashes, at volume.
 step_crash() {
 	IDEM_SOAK=1 go test -count=1 -timeout 60m -v -run '^TestSoak(Redis|SQL)$' ./internal/soak/

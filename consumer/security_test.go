@@ -15,6 +15,7 @@ import (
 	idemamqp "github.com/idemgo/idem/consumer/amqp"
 	"github.com/idemgo/idem/internal/sqltest"
 	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/sqlstore"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 	"github.com/redis/go-redis/v9"
 )
@@ -93,7 +94,7 @@ func TestSecurityConsumerFailClosed(t *testing.T) {
 		"redis down": deadRedisStore,
 		"postgres closed": func(t *testing.T) idem.Store {
 			db := sqltest.Postgres(t)
-			st, err := idem.NewSQLStore(db, idem.SQLOptions{Dialect: idem.Postgres, Table: "idemsec_consumer"})
+			st, err := sqlstore.New(db, sqlstore.Options{Dialect: sqlstore.Postgres, Table: "idemsec_consumer"})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -75,11 +75,11 @@
 //
 // # Transactional mode
 //
-// With Options.Tx, the request runs in idem.SQLStore.Run: the claim, the
-// handler's own SQL (through idem.TxFromContext(r.Context())) and the
+// With Options.Tx, the request runs in sqlstore.Store.Run: the claim, the
+// handler's own SQL (through sqlstore.TxFromContext(r.Context())) and the
 // record commit in one transaction, and the response is sent after the
 // commit. A 5xx or a panic rolls back both. A request that meets another of
-// its key in flight waits for it in the database (for the SQLStore's
+// its key in flight waits for it in the database (for the store's
 // LockTimeout per attempt, retried up to Options.LockTimeout) and then
 // replays it. The in-flight request's fingerprint is not visible before
 // its commit, so there a different request waits as a retry would before

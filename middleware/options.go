@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/sqlstore"
 )
 
 // Options configure the middleware. The zero value of every field means its
@@ -21,10 +22,10 @@ type Options struct {
 	// confirmed afterwards. Set Store or Tx, not both. Default: none.
 	Store idem.Store
 	// Tx holds the records in transactional mode: the handler runs inside
-	// SQLStore.Run, its own SQL joins the record's transaction through
-	// idem.TxFromContext(r.Context()), and the response is sent only after
-	// the commit. Set Store or Tx, not both. Default: none.
-	Tx *idem.SQLStore
+	// sqlstore.Store.Run, its own SQL joins the record's transaction
+	// through sqlstore.TxFromContext(r.Context()), and the response is sent
+	// only after the commit. Set Store or Tx, not both. Default: none.
+	Tx *sqlstore.Store
 	// Header names the request header that carries the client's key. It
 	// must be a valid header field name. Default "Idempotency-Key".
 	Header string

@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/sqlstore"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -40,11 +41,11 @@ func secBackends() map[string]func(t *testing.T) secBackend {
 			return secBackend{Options{Store: s}, s}
 		},
 		"postgres": func(t *testing.T) secBackend {
-			s := newTxEnv(t, idem.Postgres).store
+			s := newTxEnv(t, sqlstore.Postgres).store
 			return secBackend{Options{Store: s}, s}
 		},
 		"postgres-tx": func(t *testing.T) secBackend {
-			s := newTxEnv(t, idem.Postgres).store
+			s := newTxEnv(t, sqlstore.Postgres).store
 			return secBackend{Options{Tx: s}, s}
 		},
 	}
@@ -325,13 +326,13 @@ func deadRedisStore(t *testing.T) idem.Store {
 }
 
 // closedSQLStore is a Postgres SQLStore whose database handle is closed.
-func closedSQLStore(t *testing.T) *idem.SQLStore {
+func closedSQLStore(t *testing.T) *sqlstore.Store {
 	t.Helper()
 	db, err := sql.Open("pgx", testenv.PostgresDSN(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := idem.NewSQLStore(db, idem.SQLOptions{Dialect: idem.Postgres, Table: uniqueName("idemsec_")})
+	st, err := sqlstore.New(db, sqlstore.Options{Dialect: sqlstore.Postgres, Table: uniqueName("idemsec_")})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,13 +16,14 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/sqltest"
+	"github.com/idemgo/idem/sqlstore"
 )
 
 // txEnv is a transactional-mode store and an orders table the handler
 // inserts into.
 type txEnv struct {
 	db     *sql.DB
-	store  *idem.SQLStore
+	store  *sqlstore.Store
 	orders string
 	insert string
 }
@@ -33,36 +34,36 @@ func uniqueName(prefix string) string {
 	return prefix + hex.EncodeToString(b[:])
 }
 
-func newTxEnv(t *testing.T, d idem.Dialect) *txEnv {
+func newTxEnv(t *testing.T, d sqlstore.Dialect) *txEnv {
 	return newTxEnvLock(t, d, 0)
 }
 
 // newTxEnvLock is newTxEnv with the store's LockTimeout.
-func newTxEnvLock(t *testing.T, d idem.Dialect, lock time.Duration) *txEnv {
+func newTxEnvLock(t *testing.T, d sqlstore.Dialect, lock time.Duration) *txEnv {
 	t.Helper()
 	var db *sql.DB
 	e := &txEnv{orders: uniqueName("orders_")}
 	switch d {
-	case idem.SQLite:
+	case sqlstore.SQLite:
 		db, _ = sqltest.SQLite(t)
 		e.insert = "INSERT INTO " + e.orders + " (note) VALUES (?) RETURNING id"
-	case idem.Postgres:
+	case sqlstore.Postgres:
 		db = sqltest.Postgres(t)
 		e.insert = "INSERT INTO " + e.orders + " (note) VALUES ($1) RETURNING id"
 	}
 	e.db = db
 	table := uniqueName("idemtest_")
 	var err error
-	e.store, err = idem.NewSQLStore(db, idem.SQLOptions{Dialect: d, Table: table, LockTimeout: lock})
+	e.store, err = sqlstore.New(db, sqlstore.Options{Dialect: d, Table: table, LockTimeout: lock})
 	if err != nil {
-		t.Fatalf("NewSQLStore = %v", err)
+		t.Fatalf("sqlstore.New = %v", err)
 	}
 	ctx := context.Background()
 	if err := e.store.CreateSchema(ctx); err != nil {
 		t.Fatalf("CreateSchema = %v", err)
 	}
 	ddl := "CREATE TABLE " + e.orders + " (id INTEGER PRIMARY KEY AUTOINCREMENT, note TEXT)"
-	if d == idem.Postgres {
+	if d == sqlstore.Postgres {
 		ddl = "CREATE TABLE " + e.orders + " (id BIGSERIAL PRIMARY KEY, note TEXT)"
 		t.Cleanup(func() {
 			_, _ = db.Exec("DROP TABLE IF EXISTS " + e.orders)
@@ -90,7 +91,7 @@ func (e *txEnv) rows(t *testing.T) int {
 func (e *txEnv) orderHandler(runs *atomic.Int64) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runs.Add(1)
-		tx, ok := idem.TxFromContext(r.Context())
+		tx, ok := sqlstore.TxFromContext(r.Context())
 		if !ok {
 			http.Error(w, "no transaction", 500)
 			return
@@ -115,8 +116,8 @@ func (e *txEnv) orderHandler(runs *atomic.Int64) http.Handler {
 }
 
 func eachDialect(t *testing.T, f func(t *testing.T, e *txEnv)) {
-	t.Run("sqlite", func(t *testing.T) { f(t, newTxEnv(t, idem.SQLite)) })
-	t.Run("postgres", func(t *testing.T) { f(t, newTxEnv(t, idem.Postgres)) })
+	t.Run("sqlite", func(t *testing.T) { f(t, newTxEnv(t, sqlstore.SQLite)) })
+	t.Run("postgres", func(t *testing.T) { f(t, newTxEnv(t, sqlstore.Postgres)) })
 }
 
 // N concurrent retries: the row exists once and every client gets the same
@@ -186,7 +187,7 @@ func TestTxRollback(t *testing.T) {
 // store's LockTimeout, retried up to Options.LockTimeout), then answers 409
 // with Retry-After; once the first commits, a retry replays it.
 func TestTxInFlight(t *testing.T) {
-	for _, d := range []idem.Dialect{idem.SQLite, idem.Postgres} {
+	for _, d := range []sqlstore.Dialect{sqlstore.SQLite, sqlstore.Postgres} {
 		t.Run(d.String(), func(t *testing.T) {
 			e := newTxEnvLock(t, d, 100*time.Millisecond)
 			var runs atomic.Int64
@@ -223,8 +224,8 @@ func TestTxInFlight(t *testing.T) {
 // In transactional mode a record over the store's MaxResultBytes rolls the
 // work back and answers 500: the work is undone, so a retry may run it.
 func TestTxResultTooLarge(t *testing.T) {
-	e := newTxEnv(t, idem.SQLite)
-	small, err := idem.NewSQLStore(e.db, idem.SQLOptions{Dialect: idem.SQLite, Table: uniqueName("idemtest_"), MaxResultBytes: 64})
+	e := newTxEnv(t, sqlstore.SQLite)
+	small, err := sqlstore.New(e.db, sqlstore.Options{Dialect: sqlstore.SQLite, Table: uniqueName("idemtest_"), MaxResultBytes: 64})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -41,7 +41,7 @@ const benchPostgresConns = 64
 const benchAbout = `Measures idem beside what a user would weigh it against, side by side in one
 run, on real servers: RedisStore Claim+Confirm and batches of 100, plain SET NX
 PX + SET XX PX, redislock Obtain+Release, a non-atomic GET then SET, the same
-on a Redis Cluster; SQLStore lease mode and Run beside plain INSERT ON CONFLICT
+on a Redis Cluster; sqlstore lease mode and Run beside plain INSERT ON CONFLICT
 + UPDATE on Postgres; the HTTP middleware's first write and replay beside a
 bare handler (ServeHTTP in process, no network). Contenders alternate within
 each round; the table gives median messages per second, medians of per-round

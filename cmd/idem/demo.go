@@ -18,6 +18,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/cmd/idem/internal/metrics"
 	"github.com/idemgo/idem/consumer"
+	"github.com/idemgo/idem/sqlstore"
 )
 
 const demoAbout = `Runs a fleet of workers on an in-process at-least-once queue that duplicates
@@ -104,7 +105,7 @@ func (c *cli) demo(args []string) int {
 		// confirms) behind one lock: a confirm that cannot get the lock
 		// within the lease is work done but not recorded.
 		d.lease = 300 * time.Millisecond
-		if b.dialect == idem.SQLite {
+		if b.dialect == sqlstore.SQLite {
 			d.lease = time.Second
 		}
 	}

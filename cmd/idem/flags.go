@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/storeopts"
+	"github.com/idemgo/idem/sqlstore"
 
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
 	_ "modernc.org/sqlite"             // database/sql driver "sqlite"
@@ -53,7 +54,7 @@ func (f *storeFlags) register(fs *flag.FlagSet, getenv func(string) string, sql 
 	if sql {
 		fs.StringVar(&f.postgres, "postgres", getenv(envPostgresDSN), "a Postgres `DSN`, postgres://user@host:port/db (env "+envPostgresDSN+")")
 		fs.StringVar(&f.sqlite, "sqlite", getenv(envSQLiteFile), "a SQLite database `FILE` (env "+envSQLiteFile+")")
-		fs.StringVar(&f.table, "table", or(getenv(envTable), idem.DefaultTable), "the SQL `table` of the store (env "+envTable+")")
+		fs.StringVar(&f.table, "table", or(getenv(envTable), sqlstore.DefaultTable), "the SQL `table` of the store (env "+envTable+")")
 	}
 }
 
@@ -69,7 +70,7 @@ type backend struct {
 	desc    string // for reports: "embedded Redis (miniredis)", "Redis at host:port", ...
 	redis   redis.UniversalClient
 	db      *sql.DB
-	dialect idem.Dialect
+	dialect sqlstore.Dialect
 	table   string
 	prefix  string
 	// allowEviction lets a command that only reads (inspect) work on a
@@ -100,10 +101,10 @@ func (b *backend) store(o idem.Options) (idem.Store, error) {
 	return idem.NewRedisStore(b.redis, ro)
 }
 
-func (b *backend) sqlStore(o idem.Options) (*idem.SQLStore, error) {
+func (b *backend) sqlStore(o idem.Options) (*sqlstore.Store, error) {
 	so := storeopts.SQL(o, b.dialect)
 	so.Table = b.table
-	return idem.NewSQLStore(b.db, so)
+	return sqlstore.New(b.db, so)
 }
 
 // errNoStore is returned by open when no store was named and the command has
@@ -145,7 +146,7 @@ func (f *storeFlags) open(ctx context.Context, embedded, sqliteMustExist bool) (
 		if err != nil {
 			return nil, fmt.Errorf("--postgres: %w", err)
 		}
-		b.db, b.dialect, b.desc = db, idem.Postgres, "Postgres"
+		b.db, b.dialect, b.desc = db, sqlstore.Postgres, "Postgres"
 		b.closers = append(b.closers, func() { _ = db.Close() })
 	case f.sqlite != "":
 		if sqliteMustExist {
@@ -153,12 +154,12 @@ func (f *storeFlags) open(ctx context.Context, embedded, sqliteMustExist bool) (
 				return nil, fmt.Errorf("--sqlite: %w", err)
 			}
 		}
-		// WAL is what SQLStore requires; it persists in the file.
+		// WAL is what sqlstore.Store requires; it persists in the file.
 		db, err := sql.Open("sqlite", "file:"+f.sqlite+"?_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)")
 		if err != nil {
 			return nil, fmt.Errorf("--sqlite: %w", err)
 		}
-		b.db, b.dialect, b.desc = db, idem.SQLite, "SQLite file "+f.sqlite
+		b.db, b.dialect, b.desc = db, sqlstore.SQLite, "SQLite file "+f.sqlite
 		b.closers = append(b.closers, func() { _ = db.Close() })
 	case embedded:
 		c, stop, err := startEmbedded()

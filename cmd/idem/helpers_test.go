@@ -9,6 +9,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/sqltest"
 	"github.com/idemgo/idem/internal/storeopts"
+	"github.com/idemgo/idem/sqlstore"
 )
 
 // result is what one run of the command left behind.
@@ -43,12 +44,12 @@ func (r result) wantOneLine(t *testing.T, args []string) {
 
 // sqliteFile returns the path of a new SQLite database holding the store's
 // table, and a store on it with options o.
-func sqliteFile(t *testing.T, o idem.Options) (string, *idem.SQLStore) {
+func sqliteFile(t *testing.T, o idem.Options) (string, *sqlstore.Store) {
 	t.Helper()
 	db, path := sqltest.SQLite(t)
-	s, err := idem.NewSQLStore(db, storeopts.SQL(o, idem.SQLite))
+	s, err := sqlstore.New(db, storeopts.SQL(o, sqlstore.SQLite))
 	if err != nil {
-		t.Fatalf("NewSQLStore = %v", err)
+		t.Fatalf("sqlstore.New = %v", err)
 	}
 	if err := s.CreateSchema(context.Background()); err != nil {
 		t.Fatalf("CreateSchema = %v", err)

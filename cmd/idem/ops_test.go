@@ -16,16 +16,17 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/sqltest"
 	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/sqlstore"
 )
 
 func TestSchema(t *testing.T) {
 	t.Parallel()
 	for _, d := range []struct {
 		flag    string
-		dialect idem.Dialect
-	}{{"postgres", idem.Postgres}, {"sqlite", idem.SQLite}} {
+		dialect sqlstore.Dialect
+	}{{"postgres", sqlstore.Postgres}, {"sqlite", sqlstore.SQLite}} {
 		r := runCLI(t, nil, "schema", "--dialect", d.flag, "--table", "app.idem_keys")
-		ddl, err := idem.SchemaDDL(d.dialect, "app.idem_keys")
+		ddl, err := sqlstore.SchemaDDL(d.dialect, "app.idem_keys")
 		if err != nil {
 			t.Fatalf("SchemaDDL = %v", err)
 		}
@@ -130,9 +131,9 @@ func checkPruned(t *testing.T, r result, s idem.Store) {
 func TestPruneSQLite(t *testing.T) {
 	t.Parallel()
 	path, long := sqliteFile(t, idem.Options{})
-	short, err := idem.NewSQLStore(sqltest.OpenSQLite(t, path), idem.SQLOptions{Retention: 10 * time.Millisecond, LeaseTTL: 10 * time.Millisecond, Dialect: idem.SQLite})
+	short, err := sqlstore.New(sqltest.OpenSQLite(t, path), sqlstore.Options{Retention: 10 * time.Millisecond, LeaseTTL: 10 * time.Millisecond, Dialect: sqlstore.SQLite})
 	if err != nil {
-		t.Fatalf("NewSQLStore = %v", err)
+		t.Fatalf("sqlstore.New = %v", err)
 	}
 	fillForPrune(t, short, long)
 	checkPruned(t, runCLI(t, nil, "prune", "--sqlite", path), long)
@@ -149,10 +150,10 @@ func TestPrunePostgres(t *testing.T) {
 	_, _ = rand.Read(b[:])
 	table := "idem_prune_" + hex.EncodeToString(b[:])
 	t.Cleanup(func() { _, _ = db.Exec(`DROP TABLE IF EXISTS "` + table + `"`) })
-	newStore := func(retention time.Duration) *idem.SQLStore {
-		s, err := idem.NewSQLStore(db, idem.SQLOptions{Retention: retention, LeaseTTL: retention, Dialect: idem.Postgres, Table: table})
+	newStore := func(retention time.Duration) *sqlstore.Store {
+		s, err := sqlstore.New(db, sqlstore.Options{Retention: retention, LeaseTTL: retention, Dialect: sqlstore.Postgres, Table: table})
 		if err != nil {
-			t.Fatalf("NewSQLStore = %v", err)
+			t.Fatalf("sqlstore.New = %v", err)
 		}
 		return s
 	}

@@ -13,7 +13,7 @@ import (
 )
 
 const pruneAbout = `Deletes the rows of a SQL store whose lease or retention ran out, judged by
-the database's clock (idem.SQLStore.PurgeExpired: statements of at most 1000
+the database's clock (sqlstore.Store.PurgeExpired: statements of at most 1000
 rows, each its own transaction), and prints how many it deleted. Nothing on
 idem's hot path deletes rows: run this on a schedule, e.g. hourly from cron
 or a Kubernetes CronJob. An interrupt (Ctrl-C) or --timeout stops it between

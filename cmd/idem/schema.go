@@ -4,17 +4,17 @@ import (
 	"flag"
 	"fmt"
 
-	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/sqlstore"
 )
 
 const schemaAbout = `Prints the statements that create a SQL store's table and its index on
-expires_at (idem.SchemaDDL), each ending with a semicolon, for a migration
+expires_at (sqlstore.SchemaDDL), each ending with a semicolon, for a migration
 tool. They are idempotent (IF NOT EXISTS). Connects to nothing.`
 
 func (c *cli) schema(args []string) int {
 	fs := flag.NewFlagSet("schema", flag.ContinueOnError)
 	dialect := fs.String("dialect", "postgres", "the SQL `dialect`: postgres or sqlite")
-	table := fs.String("table", or(c.getenv(envTable), idem.DefaultTable), "the `table` name, optionally schema-qualified (env "+envTable+")")
+	table := fs.String("table", or(c.getenv(envTable), sqlstore.DefaultTable), "the `table` name, optionally schema-qualified (env "+envTable+")")
 	pos, done, st := c.parse(fs, args, "[--dialect postgres|sqlite] [--table NAME]", schemaAbout)
 	if done {
 		return st
@@ -26,7 +26,7 @@ func (c *cli) schema(args []string) int {
 	if err != nil {
 		return c.usageError("schema", err)
 	}
-	ddl, err := idem.SchemaDDL(d, *table)
+	ddl, err := sqlstore.SchemaDDL(d, *table)
 	if err != nil {
 		return c.usageError("schema", err)
 	}
@@ -39,12 +39,12 @@ func (c *cli) schema(args []string) int {
 	return exitOK
 }
 
-func parseDialect(s string) (idem.Dialect, error) {
+func parseDialect(s string) (sqlstore.Dialect, error) {
 	switch s {
 	case "postgres", "postgresql":
-		return idem.Postgres, nil
+		return sqlstore.Postgres, nil
 	case "sqlite", "sqlite3":
-		return idem.SQLite, nil
+		return sqlstore.SQLite, nil
 	}
 	return 0, fmt.Errorf("unknown --dialect %q: want postgres or sqlite", s)
 }

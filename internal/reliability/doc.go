@@ -8,7 +8,7 @@
 //   - linearizability_test.go: porcupine histories of every store, checked
 //     by internal/lincheck (longer with -idem.histories N, -idem.ops N,
 //     -idem.cut F, -idem.seed S);
-//   - sqltx_crash_test.go: SQLStore.Run whose connection or process dies
+//   - sqltx_crash_test.go: sqlstore.Store.Run whose connection or process dies
 //     mid-transaction;
 //   - failover_soak_test.go (build tag failover): the Sentinel failover
 //     durability experiment, run by .ci/failover.sh.

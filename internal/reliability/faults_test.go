@@ -18,6 +18,7 @@ import (
 	"github.com/idemgo/idem/internal/sqltest"
 	"github.com/idemgo/idem/internal/storeopts"
 	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/sqlstore"
 )
 
 // Fault tests: the workload of faults_ledger_test.go on real Redis and
@@ -257,7 +258,7 @@ func TestFaultsPostgres(t *testing.T) {
 		t.Run(f.name, func(t *testing.T) {
 			p := startFaultProxy(t, upstream)
 			table := uniqueTable()
-			ds := newSQLStore(t, db, idem.SQLOptions{Dialect: idem.Postgres, Table: table})
+			ds := newSQLStore(t, db, sqlstore.Options{Dialect: sqlstore.Postgres, Table: table})
 			pc := cfg.Copy()
 			pc.Host, pc.Port = "127.0.0.1", portOf(t, p.Addr())
 			pc.ConnectTimeout = time.Second
@@ -268,11 +269,11 @@ func TestFaultsPostgres(t *testing.T) {
 			pdb.SetMaxIdleConns(8)
 			t.Cleanup(func() { _ = pdb.Close() })
 			open := func(i int, o idem.Options) idem.Store {
-				so := storeopts.SQL(o, idem.Postgres)
+				so := storeopts.SQL(o, sqlstore.Postgres)
 				so.Table = table
-				s, err := idem.NewSQLStore(pdb, so)
+				s, err := sqlstore.New(pdb, so)
 				if err != nil {
-					t.Fatalf("NewSQLStore through the proxy: %v", err)
+					t.Fatalf("sqlstore.New through the proxy: %v", err)
 				}
 				return s
 			}

@@ -17,6 +17,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/sqltest"
 	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/sqlstore"
 )
 
 // postgresDB opens the test Postgres (IDEM_POSTGRES_DSN), closed when t
@@ -59,16 +60,16 @@ func uniqueTable() string {
 
 // newSQLStore opens a store on table, creating the table (and dropping it
 // when t ends).
-func newSQLStore(t testing.TB, db *sql.DB, o idem.SQLOptions) *idem.SQLStore {
+func newSQLStore(t testing.TB, db *sql.DB, o sqlstore.Options) *sqlstore.Store {
 	t.Helper()
-	st, err := idem.NewSQLStore(db, o)
+	st, err := sqlstore.New(db, o)
 	if err != nil {
-		t.Fatalf("NewSQLStore(%+v) = %v; want a store", o, err)
+		t.Fatalf("sqlstore.New(%+v) = %v; want a store", o, err)
 	}
 	if err := st.CreateSchema(context.Background()); err != nil {
 		t.Fatalf("CreateSchema = %v", err)
 	}
-	if o.Dialect == idem.Postgres {
+	if o.Dialect == sqlstore.Postgres {
 		quoted := `"` + strings.ReplaceAll(o.Table, ".", `"."`) + `"`
 		t.Cleanup(func() { _, _ = db.Exec(`DROP TABLE IF EXISTS ` + quoted) })
 	}
@@ -81,11 +82,11 @@ func newSQLStore(t testing.TB, db *sql.DB, o idem.SQLOptions) *idem.SQLStore {
 type runEnv struct {
 	t       *testing.T
 	db      *sql.DB
-	d       idem.Dialect
+	d       sqlstore.Dialect
 	dsn     string // how another process opens the database
 	table   string
 	effects string
-	st      *idem.SQLStore
+	st      *sqlstore.Store
 	calls   atomic.Int64 // write functions called
 }
 
@@ -94,34 +95,34 @@ func eachDialect(t *testing.T, f func(e *runEnv)) {
 	t.Run("sqlite", func(t *testing.T) {
 		t.Parallel()
 		db, path := sqltest.SQLite(t)
-		f(newRunEnv(t, db, idem.SQLite, "file:"+path+"?_pragma=journal_mode(WAL)"))
+		f(newRunEnv(t, db, sqlstore.SQLite, "file:"+path+"?_pragma=journal_mode(WAL)"))
 	})
 	t.Run("postgres", func(t *testing.T) {
 		t.Parallel()
 		db := postgresDB(t, testConns)
-		f(newRunEnv(t, db, idem.Postgres, testenv.PostgresDSN(t)))
+		f(newRunEnv(t, db, sqlstore.Postgres, testenv.PostgresDSN(t)))
 	})
 }
 
-func newRunEnv(t *testing.T, db *sql.DB, d idem.Dialect, dsn string) *runEnv {
+func newRunEnv(t *testing.T, db *sql.DB, d sqlstore.Dialect, dsn string) *runEnv {
 	e := &runEnv{t: t, db: db, d: d, dsn: dsn, table: uniqueTable(), effects: uniqueTable()}
-	e.st = newSQLStore(t, db, idem.SQLOptions{Dialect: d, Table: e.table})
+	e.st = newSQLStore(t, db, sqlstore.Options{Dialect: d, Table: e.table})
 	if _, err := db.Exec(`CREATE TABLE "` + e.effects + `" (key BYTEA NOT NULL, note TEXT NOT NULL)`); err != nil {
 		t.Fatalf("creating the effects table: %v", err)
 	}
-	if d == idem.Postgres {
+	if d == sqlstore.Postgres {
 		t.Cleanup(func() { _, _ = db.Exec(`DROP TABLE "` + e.effects + `"`) })
 	}
 	return e
 }
 
 // store opens another store on e's table with other options.
-func (e *runEnv) store(o idem.SQLOptions) *idem.SQLStore {
+func (e *runEnv) store(o sqlstore.Options) *sqlstore.Store {
 	e.t.Helper()
 	o.Dialect, o.Table = e.d, e.table
-	st, err := idem.NewSQLStore(e.db, o)
+	st, err := sqlstore.New(e.db, o)
 	if err != nil {
-		e.t.Fatalf("NewSQLStore = %v", err)
+		e.t.Fatalf("sqlstore.New = %v", err)
 	}
 	return st
 }
@@ -131,7 +132,7 @@ func (e *runEnv) store(o idem.SQLOptions) *idem.SQLStore {
 // returns result.
 func (e *runEnv) write(key, result string, hook func(ctx context.Context, tx *sql.Tx) error) func(context.Context, *sql.Tx) ([]byte, error) {
 	q := `INSERT INTO "` + e.effects + `" (key, note) VALUES ($1, $2)`
-	if e.d == idem.SQLite {
+	if e.d == sqlstore.SQLite {
 		q = strings.ReplaceAll(q, "$", "?")
 	}
 	return func(ctx context.Context, tx *sql.Tx) ([]byte, error) {
@@ -153,7 +154,7 @@ func (e *runEnv) write(key, result string, hook func(ctx context.Context, tx *sq
 func (e *runEnv) fact(key string, done bool) {
 	e.t.Helper()
 	q := `SELECT count(*) FROM "` + e.effects + `" WHERE key = $1`
-	if e.d == idem.SQLite {
+	if e.d == sqlstore.SQLite {
 		q = strings.ReplaceAll(q, "$", "?")
 	}
 	var n int

@@ -12,6 +12,7 @@ import (
 	"github.com/idemgo/idem/internal/sqltest"
 	"github.com/idemgo/idem/internal/storeopts"
 	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/sqlstore"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -136,13 +137,13 @@ func TestLinearizableRedisStoreCluster(t *testing.T) {
 func TestLinearizableSQLStorePostgres(t *testing.T) {
 	db := postgresDB(t, 2*linPostgres.clients)
 	table := uniqueTable()
-	newSQLStore(t, db, idem.SQLOptions{Dialect: idem.Postgres, Table: table})
+	newSQLStore(t, db, sqlstore.Options{Dialect: sqlstore.Postgres, Table: table})
 	checkLinearizable(t, linPostgres, func(worker string) idem.Store {
-		so := storeopts.SQL(linOptions(worker), idem.Postgres)
+		so := storeopts.SQL(linOptions(worker), sqlstore.Postgres)
 		so.Table = table
-		s, err := idem.NewSQLStore(db, so)
+		s, err := sqlstore.New(db, so)
 		if err != nil {
-			t.Fatalf("NewSQLStore = %v", err)
+			t.Fatalf("sqlstore.New = %v", err)
 		}
 		return s
 	})
@@ -151,13 +152,13 @@ func TestLinearizableSQLStorePostgres(t *testing.T) {
 func TestLinearizableSQLStoreSQLite(t *testing.T) {
 	db, _ := sqltest.SQLite(t)
 	table := uniqueTable()
-	newSQLStore(t, db, idem.SQLOptions{Dialect: idem.SQLite, Table: table})
+	newSQLStore(t, db, sqlstore.Options{Dialect: sqlstore.SQLite, Table: table})
 	checkLinearizable(t, linSQLite, func(worker string) idem.Store {
-		so := storeopts.SQL(linOptions(worker), idem.SQLite)
+		so := storeopts.SQL(linOptions(worker), sqlstore.SQLite)
 		so.Table = table
-		s, err := idem.NewSQLStore(db, so)
+		s, err := sqlstore.New(db, so)
 		if err != nil {
-			t.Fatalf("NewSQLStore = %v", err)
+			t.Fatalf("sqlstore.New = %v", err)
 		}
 		return s
 	})

@@ -8,8 +8,8 @@ import (
 	"os/exec"
 	"testing"
 
-	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/sqlstore"
 )
 
 // Run's work dies half done: the connection, or the whole process. The
@@ -17,7 +17,7 @@ import (
 // and the next Run does the work.
 
 func TestRunConnectionKilled(t *testing.T) {
-	e := newRunEnv(t, postgresDB(t, testConns), idem.Postgres, testenv.PostgresDSN(t))
+	e := newRunEnv(t, postgresDB(t, testConns), sqlstore.Postgres, testenv.PostgresDSN(t))
 	kill := func(ctx context.Context, tx *sql.Tx) error {
 		var pid int
 		if err := tx.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
@@ -59,16 +59,16 @@ func TestRunProcessDies(t *testing.T) {
 // TestRunHelperProcess is TestRunProcessDies's other process; it does
 // nothing in a normal test run.
 func TestRunHelperProcess(t *testing.T) {
-	d := map[string]idem.Dialect{"postgres": idem.Postgres, "sqlite": idem.SQLite}[os.Getenv("IDEM_RUN_HELPER")]
+	d := map[string]sqlstore.Dialect{"postgres": sqlstore.Postgres, "sqlite": sqlstore.SQLite}[os.Getenv("IDEM_RUN_HELPER")]
 	if d == 0 {
 		return
 	}
-	db, err := sql.Open(map[idem.Dialect]string{idem.Postgres: "pgx", idem.SQLite: "sqlite"}[d], os.Getenv("IDEM_RUN_DSN"))
+	db, err := sql.Open(map[sqlstore.Dialect]string{sqlstore.Postgres: "pgx", sqlstore.SQLite: "sqlite"}[d], os.Getenv("IDEM_RUN_DSN"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	e := &runEnv{t: t, db: db, d: d, table: os.Getenv("IDEM_RUN_TABLE"), effects: os.Getenv("IDEM_RUN_EFFECTS")}
-	st := e.store(idem.SQLOptions{})
+	st := e.store(sqlstore.Options{})
 	die := func(context.Context, *sql.Tx) error { os.Exit(3); return nil }
 	_, _, err = st.Run(context.Background(), "k", nil, e.write("k", "x", die))
 	t.Fatalf("Run returned %v; the process should have died inside it", err)

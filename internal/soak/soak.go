@@ -14,8 +14,8 @@
 // effect is an RPUSH done by a consumer.Idempotent or consumer.Batch
 // handler, before the wrapper confirms; in transactional mode (Postgres) it
 // is an INSERT into a table without a unique constraint, in the same
-// SQLStore.Run transaction as the record. Check then asserts that the ledger
-// holds every input id and nothing else, that transactional mode did every
+// sqlstore.Store.Run transaction as the record. Check then asserts that the
+// ledger holds every input id and nothing else, that transactional mode did every
 // message's work exactly once, and that every duplicate in lease mode is one
 // that a kill between the effect and the confirmation (or reported lease
 // trouble) explains.
@@ -38,8 +38,8 @@ const (
 	// Redis is lease mode: the consumer wrapper over a RedisStore; the effect
 	// is done before Confirm.
 	Redis Mode = "redis"
-	// SQL is transactional mode: SQLStore.Run on Postgres; the effect commits
-	// with the record.
+	// SQL is transactional mode: sqlstore.Store.Run on Postgres; the effect
+	// commits with the record.
 	SQL Mode = "sql"
 )
 

@@ -10,6 +10,7 @@ import (
 	"sync"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/sqlstore"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -91,7 +92,7 @@ func (t *redisTarget) close() {
 type sqlTarget struct {
 	dsn, table, ledgerTable string
 	db                      *sql.DB
-	store                   *idem.SQLStore
+	store                   *sqlstore.Store
 }
 
 func newSQLTarget(ctx context.Context, dsn, run string) (*sqlTarget, error) {
@@ -100,7 +101,7 @@ func newSQLTarget(ctx context.Context, dsn, run string) (*sqlTarget, error) {
 		return nil, err
 	}
 	t := &sqlTarget{dsn: dsn, table: "soak_keys_" + run, ledgerTable: "soak_ledger_" + run, db: db}
-	if t.store, err = idem.NewSQLStore(db, idem.SQLOptions{Dialect: idem.Postgres, Table: t.table,
+	if t.store, err = sqlstore.New(db, sqlstore.Options{Dialect: sqlstore.Postgres, Table: t.table,
 		Worker: "inspector"}); err != nil {
 		_ = db.Close()
 		return nil, err

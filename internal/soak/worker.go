@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
+	"github.com/idemgo/idem/sqlstore"
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
 	"github.com/redis/go-redis/v9"
 )
@@ -42,7 +43,7 @@ type workerConfig struct {
 	Prefix      string // RedisStore prefix
 	LedgerKey   string // Redis list the effects are appended to
 	PostgresDSN string
-	Table       string // SQLStore table
+	Table       string // sqlstore.Store table
 	LedgerTable string
 	LeaseTTL    time.Duration
 	Retention   time.Duration
@@ -251,7 +252,7 @@ func (w *worker) redis() (func(context.Context, []*delivery), func(), error) {
 	return handle, func() { _ = c.Close() }, nil
 }
 
-// sql is transactional mode: SQLStore.Run, the effect an INSERT in the
+// sql is transactional mode: sqlstore.Store.Run, the effect an INSERT in the
 // same transaction as the record.
 func (w *worker) sql() (func(context.Context, []*delivery), func(), error) {
 	db, err := sql.Open("pgx", w.cfg.PostgresDSN)
@@ -261,7 +262,7 @@ func (w *worker) sql() (func(context.Context, []*delivery), func(), error) {
 	// A few connections per worker: the Postgres of `make test` serves every
 	// other test too, and keeps at most 100.
 	db.SetMaxOpenConns(sqlConns)
-	store, err := idem.NewSQLStore(db, idem.SQLOptions{Dialect: idem.Postgres, Table: w.cfg.Table,
+	store, err := sqlstore.New(db, sqlstore.Options{Dialect: sqlstore.Postgres, Table: w.cfg.Table,
 		Worker: w.cfg.Name, LeaseTTL: w.cfg.LeaseTTL, Retention: w.cfg.Retention})
 	if err != nil {
 		_ = db.Close()

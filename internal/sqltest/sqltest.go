@@ -1,21 +1,31 @@
 // Package sqltest opens the databases that SQL tests run on: a fresh
 // SQLite file, or the Postgres that `make test` starts (through
 // internal/testenv, so it skips, or fails under CI=true, when missing).
-// Each database is closed when its test ends.
+// Each database is closed when its test ends. It also opens a
+// sqlstore.Store on a table of its own, and counts the connections a
+// database opens.
 package sqltest
 
 import (
+	"context"
+	"crypto/rand"
 	"database/sql"
+	"database/sql/driver"
+	"encoding/hex"
 	"path/filepath"
+	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/sqlstore"
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
 	_ "modernc.org/sqlite"             // database/sql driver "sqlite"
 )
 
-// OpenSQLite opens the SQLite file at path in WAL mode, which SQLStore
-// requires. It sets no busy_timeout: the store copes with SQLITE_BUSY itself.
+// OpenSQLite opens the SQLite file at path in WAL mode, which
+// sqlstore.Store requires. It sets no busy_timeout: the store copes with
+// SQLITE_BUSY itself.
 func OpenSQLite(t testing.TB, path string) *sql.DB {
 	t.Helper()
 	db, err := sql.Open("sqlite", "file:"+path+"?_pragma=journal_mode(WAL)&_pragma=synchronous(NORMAL)")
@@ -44,3 +54,62 @@ func Postgres(t testing.TB) *sql.DB {
 	t.Cleanup(func() { _ = db.Close() })
 	return db
 }
+
+// UniqueTable names a table no other test uses.
+func UniqueTable() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return "idemtest_" + hex.EncodeToString(b[:])
+}
+
+// NewStore opens a store on db with o, creates its table (o.Table, which a
+// test on Postgres names with UniqueTable), and on Postgres drops the table
+// when t ends.
+func NewStore(t testing.TB, db *sql.DB, o sqlstore.Options) *sqlstore.Store {
+	t.Helper()
+	st, err := sqlstore.New(db, o)
+	if err != nil {
+		t.Fatalf("sqlstore.New(%+v) = %v; want a store", o, err)
+	}
+	if err := st.CreateSchema(context.Background()); err != nil {
+		t.Fatalf("CreateSchema = %v", err)
+	}
+	if o.Dialect == sqlstore.Postgres {
+		quoted := `"` + strings.ReplaceAll(o.Table, ".", `"."`) + `"`
+		t.Cleanup(func() { _, _ = db.Exec(`DROP TABLE IF EXISTS ` + quoted) })
+	}
+	return st
+}
+
+// CountingDB opens dsn with driverName through a connector that counts the
+// connections it opens, closed when t ends. The pool keeps no idle
+// connection, so every statement opens one: the count is the number of
+// statements sent.
+func CountingDB(t testing.TB, driverName, dsn string) (*sql.DB, *atomic.Int64) {
+	t.Helper()
+	probe, err := sql.Open(driverName, dsn)
+	if err != nil {
+		t.Fatalf("sql.Open(%s) = %v", driverName, err)
+	}
+	c := &countingConnector{d: probe.Driver(), dsn: dsn}
+	_ = probe.Close()
+	db := sql.OpenDB(c)
+	db.SetMaxIdleConns(0)
+	t.Cleanup(func() { _ = db.Close() })
+	return db, &c.n
+}
+
+// countingConnector opens connections of a database/sql driver, counting
+// each.
+type countingConnector struct {
+	d   driver.Driver
+	dsn string
+	n   atomic.Int64
+}
+
+func (c *countingConnector) Connect(context.Context) (driver.Conn, error) {
+	c.n.Add(1)
+	return c.d.Open(c.dsn)
+}
+
+func (c *countingConnector) Driver() driver.Driver { return c.d }

@@ -3,7 +3,10 @@
 // storetest Backend's Open, the command's flags.
 package storeopts
 
-import "github.com/idemgo/idem"
+import (
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/sqlstore"
+)
 
 // Redis returns RedisOptions with o's shared fields; the Redis-only fields
 // are left zero for the caller to set.
@@ -13,9 +16,10 @@ func Redis(o idem.Options) idem.RedisOptions {
 		Observer: o.Observer, KeyHasher: o.KeyHasher, RevealKeys: o.RevealKeys}
 }
 
-// SQL returns SQLOptions with o's shared fields and dialect d.
-func SQL(o idem.Options, d idem.Dialect) idem.SQLOptions {
-	return idem.SQLOptions{Retention: o.Retention, LeaseTTL: o.LeaseTTL, Worker: o.Worker,
+// SQL returns sqlstore.Options with o's shared fields and dialect d; Table
+// and LockTimeout are left zero for the caller to set.
+func SQL(o idem.Options, d sqlstore.Dialect) sqlstore.Options {
+	return sqlstore.Options{Retention: o.Retention, LeaseTTL: o.LeaseTTL, Worker: o.Worker,
 		MaxKeyBytes: o.MaxKeyBytes, MaxResultBytes: o.MaxResultBytes, Logger: o.Logger,
 		Observer: o.Observer, KeyHasher: o.KeyHasher, RevealKeys: o.RevealKeys, Dialect: d}
 }

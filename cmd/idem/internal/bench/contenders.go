@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/middleware"
+	"github.com/idemgo/idem/sqlstore"
 )
 
 // Names of the contenders that others are compared with.
@@ -28,8 +29,8 @@ const (
 	NameCheckThenSet        = "GET, SET PX + SET PX (not atomic)"
 	NameClusterClaimConfirm = "idem Claim+Confirm (cluster)"
 	NameClusterSetFloor     = "SET NX PX + SET XX PX (cluster)"
-	NameSQLLease            = "idem SQLStore Claim+Confirm"
-	NameSQLRun              = "idem SQLStore.Run"
+	NameSQLLease            = "idem sqlstore Claim+Confirm"
+	NameSQLRun              = "idem sqlstore Run"
 	NameSQLFloor            = "INSERT ON CONFLICT DO NOTHING + UPDATE"
 	NameBare                = "bare handler"
 	NameFirstWrite          = "middleware first write"
@@ -374,9 +375,9 @@ var (
 
 // newSQLStore returns a Postgres store on a table of this run, created now;
 // drop deletes the table.
-func newSQLStore(ctx context.Context, e *Env, tag string) (*idem.SQLStore, func() error, error) {
+func newSQLStore(ctx context.Context, e *Env, tag string) (*sqlstore.Store, func() error, error) {
 	table := e.Name(tag)
-	s, err := idem.NewSQLStore(e.DB, idem.SQLOptions{Dialect: idem.Postgres, Table: table,
+	s, err := sqlstore.New(e.DB, sqlstore.Options{Dialect: sqlstore.Postgres, Table: table,
 		Retention: retention})
 	if err != nil {
 		return nil, nil, err

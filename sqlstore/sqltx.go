@@ -1,4 +1,4 @@
-package idem
+package sqlstore
 
 import (
 	"context"
@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/idemgo/idem"
 )
 
 // txKey is the context key under which Run hands the transaction to write.
@@ -30,18 +32,18 @@ func TxFromContext(ctx context.Context) (*sql.Tx, bool) {
 //     through tx and must not commit or roll it back.
 //   - A Run of a key whose work is recorded (by Run or by a lease-mode
 //     Confirm, within retention) does not call write: it returns the
-//     recorded result with replayed true, or ErrFingerprintMismatch when
+//     recorded result with replayed true, or idem.ErrFingerprintMismatch when
 //     fingerprint differs from the recorded one.
 //   - A Run that meets another Run of key in progress waits for it, for at
 //     most LockTimeout, then replays what the first committed or, if the
 //     first rolled back, runs write itself. Past LockTimeout it returns
-//     ErrInProgress.
-//   - A key claimed by a live lease (Claim) is ErrInProgress at once, or
-//     ErrFingerprintMismatch when the holder's fingerprint differs: a
+//     idem.ErrInProgress.
+//   - A key claimed by a live lease (Claim) is idem.ErrInProgress at once, or
+//     idem.ErrFingerprintMismatch when the holder's fingerprint differs: a
 //     lease can run for a long time, and its holder may still Confirm. Run
 //     takes over a claim whose lease ran out, as Claim would.
 //   - When write returns an error or panics, or the result exceeds
-//     MaxResultBytes (ErrTooLarge), or the commit fails, the transaction
+//     MaxResultBytes (idem.ErrTooLarge), or the commit fails, the transaction
 //     rolls back: no record, no effect, and the next Run does the work. A
 //     commit whose outcome is unknown (the connection died) is safe to
 //     retry: the retry replays or runs, never both.
@@ -54,27 +56,27 @@ func TxFromContext(ctx context.Context) (*sql.Tx, bool) {
 // On SQLite there is one writer per database: a Run holds the database's
 // write lock from its claim to its commit, so Runs of different keys, and
 // every other write, wait for it too. A Run that cannot get the write lock
-// within LockTimeout returns ErrInProgress, whatever key holds it. Keep
+// within LockTimeout returns idem.ErrInProgress, whatever key holds it. Keep
 // write short there.
-func (s *SQLStore) Run(ctx context.Context, key string, fingerprint []byte,
+func (s *Store) Run(ctx context.Context, key string, fingerprint []byte,
 	write func(ctx context.Context, tx *sql.Tx) ([]byte, error)) (result []byte, replayed bool, err error) {
 	start := time.Now()
 	defer func() {
 		// A replay is a duplicate answered from the record; a run did the work.
-		var o Outcome
+		var o idem.Outcome
 		if err == nil {
-			o = Claimed
+			o = idem.Claimed
 			if replayed {
-				o = Duplicate
+				o = idem.Duplicate
 			}
 		}
-		s.o.observe(ctx, Event{Op: OpRun, Outcome: o, Err: err}, key, start)
+		s.core.Observe(ctx, idem.Event{Op: idem.OpRun, Outcome: o, Err: err}, key, start)
 	}()
-	if err := s.o.checkClaim(key, fingerprint); err != nil {
+	if err := s.core.CheckClaim(key, fingerprint); err != nil {
 		return nil, false, err
 	}
 	if write == nil {
-		return nil, false, errors.New("idem: Run with a nil write function")
+		return nil, false, errors.New("sqlstore: Run with a nil write function")
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, false, err
@@ -97,7 +99,7 @@ func (s *SQLStore) Run(ctx context.Context, key string, fingerprint []byte,
 // run is one attempt of Run. claimErr is an error met before write ran
 // (which exclusive may start over on SQLite); err is write's error or one
 // met after it.
-func (s *SQLStore) run(ctx context.Context, key string, fp []byte,
+func (s *Store) run(ctx context.Context, key string, fp []byte,
 	write func(ctx context.Context, tx *sql.Tx) ([]byte, error)) (result []byte, replayed bool, claimErr, err error) {
 	start := time.Now()
 	tx, err := s.db.BeginTx(ctx, s.txOptions())
@@ -119,19 +121,19 @@ func (s *SQLStore) run(ctx context.Context, key string, fp []byte,
 	c, err := s.claimIn(ctx, tx, key, fp, start)
 	if isLockTimeout(err) {
 		return nil, false, fmt.Errorf("%w: run of %s: another Run held it for LockTimeout %v",
-			ErrInProgress, s.o.keyName(key), s.lockTimeout), nil
+			idem.ErrInProgress, s.core.KeyName(key), s.lockTimeout), nil
 	}
 	if err != nil {
 		return nil, false, s.fail("run", key, err), nil
 	}
 	switch c.Outcome {
-	case Duplicate, InProgress:
-		if err := s.o.checkFingerprint(c, key, fp); err != nil {
+	case idem.Duplicate, idem.InProgress:
+		if err := s.core.Mismatch(c, key, fp); err != nil {
 			return nil, false, err, nil
 		}
-		if c.Outcome == InProgress {
+		if c.Outcome == idem.InProgress {
 			return nil, false, fmt.Errorf("%w: run of %s: a lease is held by %q until about %v",
-				ErrInProgress, s.o.keyName(key), c.Record.Owner, c.Record.Expires.Format(time.RFC3339Nano)), nil
+				idem.ErrInProgress, s.core.KeyName(key), c.Record.Owner, c.Record.Expires.Format(time.RFC3339Nano)), nil
 		}
 		return c.Record.Result, true, nil, nil
 	}
@@ -141,7 +143,7 @@ func (s *SQLStore) run(ctx context.Context, key string, fp []byte,
 	}
 	if len(result) > s.o.MaxResultBytes {
 		return nil, false, nil, fmt.Errorf("%w: result of %d bytes for %s exceeds MaxResultBytes %d; the transaction was rolled back",
-			ErrTooLarge, len(result), s.o.keyName(key), s.o.MaxResultBytes)
+			idem.ErrTooLarge, len(result), s.core.KeyName(key), s.o.MaxResultBytes)
 	}
 	ok, err := s.exec(ctx, tx, s.q.record, []byte(key), c.Lease.Token, nonNil(result), s.retentionMs)
 	if err == nil && !ok {

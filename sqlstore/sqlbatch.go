@@ -1,4 +1,4 @@
-package idem
+package sqlstore
 
 import (
 	"cmp"
@@ -8,30 +8,32 @@ import (
 	"fmt"
 	"slices"
 	"time"
+
+	"github.com/idemgo/idem"
 )
 
-// ClaimBatch implements Batcher: the whole batch is one transaction, so it
+// ClaimBatch implements idem.Batcher: the whole batch is one transaction, so it
 // commits at once (one commit, and on SQLite one write lock, for the lot).
 // Keys are claimed in byte order, so two batches sharing keys cannot
 // deadlock; a key given twice is claimed once and the second item is
 // InProgress with the first as holder. A database error rolls back the whole
 // batch and is returned as a plain error: nothing was claimed. An item whose
 // row kept changing under it fails alone, in a *BatchError.
-func (s *SQLStore) ClaimBatch(ctx context.Context, keys []string, fingerprints [][]byte) (cs []Claim, err error) {
+func (s *Store) ClaimBatch(ctx context.Context, keys []string, fingerprints [][]byte) (cs []idem.Claim, err error) {
 	start := time.Now()
-	defer func() { s.o.observe(ctx, Event{Op: OpClaimBatch, Items: len(keys), Err: err}, "", start) }()
-	if err := s.o.checkClaimBatch(keys, fingerprints); err != nil {
+	defer func() { s.core.Observe(ctx, idem.Event{Op: idem.OpClaimBatch, Items: len(keys), Err: err}, "", start) }()
+	if err := s.core.CheckClaimBatch(keys, fingerprints); err != nil {
 		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
 	if len(keys) == 0 {
-		return []Claim{}, nil
+		return []idem.Claim{}, nil
 	}
 	var errs []error
 	err = s.inTx(ctx, func(tx *sql.Tx) error {
-		cs, errs = make([]Claim, len(keys)), nil
+		cs, errs = make([]idem.Claim, len(keys)), nil
 		for _, i := range byteOrder(len(keys), func(i int) string { return keys[i] }) {
 			c, err := s.claimIn(ctx, tx, keys[i], at(fingerprints, i), start)
 			if err != nil {
@@ -42,7 +44,7 @@ func (s *SQLStore) ClaimBatch(ctx context.Context, keys []string, fingerprints [
 				continue
 			}
 			cs[i] = c
-			errs = collect(errs, len(keys), i, s.o.checkFingerprint(c, keys[i], at(fingerprints, i)))
+			errs = collect(errs, len(keys), i, s.core.Mismatch(c, keys[i], at(fingerprints, i)))
 		}
 		return nil
 	})
@@ -50,21 +52,21 @@ func (s *SQLStore) ClaimBatch(ctx context.Context, keys []string, fingerprints [
 		return nil, err
 	}
 	if errs != nil {
-		return cs, &BatchError{Errs: errs}
+		return cs, &idem.BatchError{Errs: errs}
 	}
 	return cs, nil
 }
 
-// ConfirmBatch implements Batcher in one transaction, leases in key order
+// ConfirmBatch implements idem.Batcher in one transaction, leases in key order
 // (see ClaimBatch). A database error rolls back the whole batch and is
 // returned as a plain error: nothing was confirmed.
-func (s *SQLStore) ConfirmBatch(ctx context.Context, leases []*Lease, results [][]byte) (err error) {
+func (s *Store) ConfirmBatch(ctx context.Context, leases []*idem.Lease, results [][]byte) (err error) {
 	start := time.Now()
 	late := false
 	defer func() {
-		s.o.observe(ctx, Event{Op: OpConfirmBatch, Items: len(leases), Late: late, Err: err}, "", start)
+		s.core.Observe(ctx, idem.Event{Op: idem.OpConfirmBatch, Items: len(leases), Late: late, Err: err}, "", start)
 	}()
-	if err := s.o.checkConfirmBatch(leases, results); err != nil {
+	if err := s.core.CheckConfirmBatch(leases, results); err != nil {
 		return err
 	}
 	if err := ctx.Err(); err != nil {
@@ -73,13 +75,13 @@ func (s *SQLStore) ConfirmBatch(ctx context.Context, leases []*Lease, results []
 	if len(leases) == 0 {
 		return nil
 	}
-	var lates []*Lease
+	var lates []*idem.Lease
 	var errs []error
 	err = s.inTx(ctx, func(tx *sql.Tx) error {
 		lates, errs = nil, nil
 		for _, i := range byteOrder(len(leases), func(i int) string { return leases[i].Key }) {
 			l, err := s.confirmIn(ctx, tx, leases[i], at(results, i), start)
-			if err != nil && !errors.Is(err, ErrAlreadyConfirmed) {
+			if err != nil && !errors.Is(err, idem.ErrAlreadyConfirmed) {
 				return s.fail("confirm", leases[i].Key, err)
 			}
 			errs = collect(errs, len(leases), i, err)
@@ -94,10 +96,10 @@ func (s *SQLStore) ConfirmBatch(ctx context.Context, leases []*Lease, results []
 	}
 	late = len(lates) > 0
 	for _, l := range lates {
-		s.o.logLate(ctx, l)
+		s.core.LogLate(ctx, l)
 	}
 	if errs != nil {
-		return &BatchError{Errs: errs}
+		return &idem.BatchError{Errs: errs}
 	}
 	return nil
 }
@@ -118,7 +120,7 @@ func byteOrder(n int, key func(int) string) []int {
 // rely on READ COMMITTED on Postgres: after waiting for another transaction's
 // row, the next statement must see what that one committed. SQLite's
 // transactions are serializable, and its drivers refuse other levels.
-func (s *SQLStore) txOptions() *sql.TxOptions {
+func (s *Store) txOptions() *sql.TxOptions {
 	if s.dialect == Postgres {
 		return &sql.TxOptions{Isolation: sql.LevelReadCommitted}
 	}
@@ -137,8 +139,8 @@ const purgeBatch = 1000
 // gets. Run it on a schedule (`idem prune`); the hot path never deletes.
 //
 // Deleting an expired row is what ends its key's record; a later claim of the
-// key gets a clock-derived token again (see SQLStore).
-func (s *SQLStore) PurgeExpired(ctx context.Context) (int64, error) {
+// key gets a clock-derived token again (see Store).
+func (s *Store) PurgeExpired(ctx context.Context) (int64, error) {
 	var total int64
 	for {
 		if err := ctx.Err(); err != nil {
@@ -153,11 +155,32 @@ func (s *SQLStore) PurgeExpired(ctx context.Context) (int64, error) {
 			return err
 		})
 		if err != nil {
-			return total, fmt.Errorf("idem: purging table %s: %w", s.table, err)
+			return total, fmt.Errorf("sqlstore: purging table %s: %w", s.table, err)
 		}
 		total += n
 		if n < purgeBatch {
 			return total, nil
 		}
 	}
+}
+
+// at returns s[i], or nil when s is nil (the batch calls allow nil for "none").
+func at(s [][]byte, i int) []byte {
+	if s == nil {
+		return nil
+	}
+	return s[i]
+}
+
+// collect records item i's error in errs, allocating errs (n long) on the
+// first error, so that a batch without failures allocates nothing for them.
+func collect(errs []error, n, i int, err error) []error {
+	if err == nil {
+		return errs
+	}
+	if errs == nil {
+		errs = make([]error, n)
+	}
+	errs[i] = err
+	return errs
 }

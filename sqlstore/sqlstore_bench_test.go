@@ -1,4 +1,4 @@
-package idem_test
+package sqlstore_test
 
 import (
 	"context"
@@ -10,29 +10,31 @@ import (
 	"testing"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/sqltest"
+	"github.com/idemgo/idem/sqlstore"
 )
 
-// BenchmarkSQLStorePostgres measures one message's cost on Postgres at 8
-// and 64 goroutines: lease mode (Claim + Confirm), transactional mode (Run
+// BenchmarkPostgres measures one message's cost on Postgres at 8 and 64
+// goroutines: lease mode (Claim + Confirm), transactional mode (Run
 // with a write that does nothing, so only idem's cost shows), and as the
 // yardstick a plain INSERT ... ON CONFLICT DO NOTHING + UPDATE on a table of
 // the same shape. They are sub-benchmarks of one benchmark, so one run
 // measures all three back to back; -count repeats each sub-benchmark in a
 // row, so for alternating rounds repeat the whole run:
 //
-//	for i in 1 2 3 4 5 6 7; do go test -run '^$' -bench SQLStorePostgres .; done | benchstat -
-func BenchmarkSQLStorePostgres(b *testing.B) {
+//	for i in 1 2 3 4 5 6 7; do go test -run '^$' -bench Postgres ./sqlstore/; done | benchstat -
+func BenchmarkPostgres(b *testing.B) {
 	db := postgresDB(b, 64) // a connection per goroutine
 	ctx := context.Background()
-	st := newSQLStore(b, db, idem.SQLOptions{Dialect: idem.Postgres, Table: uniqueTable()})
-	base := uniqueTable()
-	newSQLStore(b, db, idem.SQLOptions{Dialect: idem.Postgres, Table: base})
+	st := sqltest.NewStore(b, db, sqlstore.Options{Dialect: sqlstore.Postgres, Table: sqltest.UniqueTable()})
+	base := sqltest.UniqueTable()
+	sqltest.NewStore(b, db, sqlstore.Options{Dialect: sqlstore.Postgres, Table: base})
 	insert := `INSERT INTO "` + base + `" (key, state, owner, token, fingerprint, result, recorded_at, expires_at)
 VALUES ($1, 'C', $2, $3, $4, NULL, now(), now() + interval '30 seconds') ON CONFLICT (key) DO NOTHING`
 	update := `UPDATE "` + base + `" SET state = 'D', owner = '', result = $2, expires_at = now() + interval '24 hours' WHERE key = $1`
 
 	fp, result := []byte("0123456789abcdef0123456789abcdef"), []byte("202 Accepted ok.")
-	prefix := uniqueTable() // fresh keys for every run of the benchmark
+	prefix := sqltest.UniqueTable() // fresh keys for every run of the benchmark
 	modes := []struct {
 		name string
 		op   func(key string) error

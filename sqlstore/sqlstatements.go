@@ -1,10 +1,10 @@
-package idem
+package sqlstore
 
-// The SQL text of SQLStore, written once for both dialects in the markers
+// The SQL text of Store, written once for both dialects in the markers
 // of sqlText (sqldialect.go). The table name is the only text interpolated;
 // every value is a bind parameter.
 
-// sqlStatements are an SQLStore's statements, built once for its dialect
+// sqlStatements are a Store's statements, built once for its dialect
 // and table.
 type sqlStatements struct {
 	claim, readAny, read, renew, confirm, confirmLate, forget, record, purge string

@@ -1,4 +1,4 @@
-package idem
+package sqlstore
 
 import (
 	"bytes"
@@ -8,14 +8,18 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+
+	"github.com/idemgo/idem"
 )
 
-// DefaultLockTimeout is how long an SQLStore waits for a lock by default.
+// DefaultLockTimeout is how long a Store waits for a lock by default.
 const DefaultLockTimeout = 5 * time.Second
 
-// SQLOptions configure an SQLStore in one flat literal. The fields up to
-// RevealKeys are those of Options, with the same meaning and defaults.
-type SQLOptions struct {
+// Options configure a Store in one flat literal. The fields up to
+// RevealKeys are those of idem.Options, with the same meaning and defaults.
+// The zero value of each field means its documented default; only Dialect
+// must be set.
+type Options struct {
 	// Retention is how long a confirmed key is remembered. At least
 	// LeaseTTL. Default 24h.
 	Retention time.Duration
@@ -23,21 +27,24 @@ type SQLOptions struct {
 	// Default 30s.
 	LeaseTTL time.Duration
 	// Worker names this store's leases (Lease.Owner); no two stores may
-	// share one. Default: a random UUID.
+	// share one. At most 255 bytes, no NUL. Default: a random UUID.
 	Worker string
 	// MaxKeyBytes bounds keys. Default 1024.
 	MaxKeyBytes int
 	// MaxResultBytes bounds Confirm's result. Default 1 MiB.
 	MaxResultBytes int
-	// Logger receives what an operator must see. Default: none.
+	// Logger receives what an operator must see (a late confirm, a lost
+	// lease, a store failure at most once a second, a damaged record).
+	// Default: none.
 	Logger *slog.Logger
 	// Observer is called once per operation. Default: none.
-	Observer Observer
+	Observer idem.Observer
 	// KeyHasher hashes keys for errors, the Logger and the Observer.
 	// Default: a random secret per process.
-	KeyHasher *KeyHasher
-	// RevealKeys names keys as they are in errors and log lines, for
-	// debugging. Default false.
+	KeyHasher *idem.KeyHasher
+	// RevealKeys makes errors and log lines name keys as they are (quoted)
+	// instead of by their hash, for debugging. Keys may carry personal
+	// data: leave it off in production. Default false.
 	RevealKeys bool
 	// Dialect is the database: Postgres or SQLite. Required.
 	Dialect Dialect
@@ -47,21 +54,21 @@ type SQLOptions struct {
 	Table string
 	// LockTimeout bounds how long an operation waits for a lock: on
 	// Postgres, a Run waiting for another Run of the same key (then
-	// ErrInProgress); on SQLite, any operation waiting for the database's
-	// single write lock. Default 5s.
+	// idem.ErrInProgress); on SQLite, any operation waiting for the
+	// database's single write lock. Default 5s.
 	LockTimeout time.Duration
 }
 
-// options returns the settings o shares with every store.
-func (o SQLOptions) options() Options {
-	return Options{Retention: o.Retention, LeaseTTL: o.LeaseTTL, Worker: o.Worker,
+// shared returns the settings o shares with every store.
+func (o Options) shared() idem.Options {
+	return idem.Options{Retention: o.Retention, LeaseTTL: o.LeaseTTL, Worker: o.Worker,
 		MaxKeyBytes: o.MaxKeyBytes, MaxResultBytes: o.MaxResultBytes, Logger: o.Logger,
 		Observer: o.Observer, KeyHasher: o.KeyHasher, RevealKeys: o.RevealKeys}
 }
 
-// SQLStore is a Store and Batcher on a SQL table (Postgres or SQLite), with
-// a transactional mode, Run, in which the record commits in the same
-// transaction as the work.
+// Store is an idem.Store and idem.Batcher on a SQL table (Postgres or
+// SQLite), with a transactional mode, Run, in which the record commits in
+// the same transaction as the work.
 //
 // One row per key (see SchemaDDL). Claim is an INSERT ... ON CONFLICT DO
 // NOTHING; taking over an expired claim is one UPDATE whose WHERE clause
@@ -87,11 +94,12 @@ func (o SQLOptions) options() Options {
 // up to LockTimeout, whether or not the connection has a busy_timeout.
 //
 // The table name is the only text interpolated into SQL; keys, results and
-// fingerprints are always bind parameters. An SQLStore is safe for
+// fingerprints are always bind parameters. A Store is safe for
 // concurrent use by many goroutines and processes.
-type SQLStore struct {
+type Store struct {
 	db          *sql.DB
-	o           Options
+	core        *idem.Core
+	o           idem.Options // core.Options(), read on every call
 	dialect     Dialect
 	table       sqlTable
 	lockTimeout time.Duration
@@ -101,17 +109,18 @@ type SQLStore struct {
 	gate        chan struct{} // SQLite only: see sqlitelock.go
 }
 
-// NewSQLStore returns a store on db, whose table must exist (CreateSchema,
-// or SchemaDDL in a migration). It errors on invalid options: an unknown
-// dialect, a negative duration, a table name that is not a plain
-// identifier. On SQLite it checks that the database is in WAL mode: in
-// rollback-journal mode a commit can fail for a mere reader, and a
-// connection pool of an in-memory database is several databases.
-func NewSQLStore(db *sql.DB, o SQLOptions) (*SQLStore, error) {
+// New returns a store on db, whose table must exist (CreateSchema,
+// or SchemaDDL in a migration). It errors on invalid options, naming the
+// field at fault: an unknown dialect, a negative duration, a table name
+// that is not a plain identifier. On SQLite it checks that the database is
+// in WAL mode: in rollback-journal mode a commit can fail for a mere
+// reader, and a connection pool of an in-memory database is several
+// databases.
+func New(db *sql.DB, o Options) (*Store, error) {
 	if db == nil {
-		return nil, errors.New("idem: NewSQLStore with a nil *sql.DB")
+		return nil, errors.New("sqlstore: New with a nil *sql.DB")
 	}
-	opts, err := o.options().withDefaults()
+	core, err := idem.NewCore(o.shared())
 	if err != nil {
 		return nil, err
 	}
@@ -126,13 +135,14 @@ func NewSQLStore(db *sql.DB, o SQLOptions) (*SQLStore, error) {
 		return nil, err
 	}
 	if o.LockTimeout < 0 {
-		return nil, fmt.Errorf("idem: negative LockTimeout %v", o.LockTimeout)
+		return nil, fmt.Errorf("sqlstore: negative LockTimeout %v", o.LockTimeout)
 	}
 	if o.LockTimeout == 0 {
 		o.LockTimeout = DefaultLockTimeout
 	}
-	s := &SQLStore{
-		db: db, o: opts, dialect: o.Dialect, table: t, lockTimeout: o.LockTimeout,
+	opts := core.Options()
+	s := &Store{
+		db: db, core: core, o: opts, dialect: o.Dialect, table: t, lockTimeout: o.LockTimeout,
 		leaseMs: ms(opts.LeaseTTL), retentionMs: ms(opts.Retention),
 	}
 	text := func(q string) string { return sqlText(o.Dialect, t, q) }
@@ -149,10 +159,10 @@ func NewSQLStore(db *sql.DB, o SQLOptions) (*SQLStore, error) {
 		defer cancel()
 		var mode string
 		if err := db.QueryRowContext(ctx, "PRAGMA journal_mode").Scan(&mode); err != nil {
-			return nil, fmt.Errorf("idem: reading SQLite journal_mode: %w", err)
+			return nil, fmt.Errorf("sqlstore: reading SQLite journal_mode: %w", err)
 		}
 		if mode != "wal" {
-			return nil, fmt.Errorf("idem: SQLite journal_mode is %q; SQLStore needs a file database in WAL mode "+
+			return nil, fmt.Errorf("sqlstore: SQLite journal_mode is %q; the store needs a file database in WAL mode "+
 				"(run PRAGMA journal_mode=WAL once, or open it with _pragma=journal_mode(WAL))", mode)
 		}
 	}
@@ -170,31 +180,31 @@ type sqlQuerier interface {
 const claimAttempts = 8
 
 var (
-	errNoRecord = errors.New("idem: no live record")
+	errNoRecord = errors.New("sqlstore: no live record")
 	// errChanged: the row kept changing between a claim's statements.
 	errChanged = fmt.Errorf("the record changed under each of %d attempts", claimAttempts)
 )
 
-// Claim implements Store: one upsert that inserts a new key or takes over an
-// expired or forgotten claim (the expiry check in its WHERE clause), and
-// when the key is live, a SELECT of it. One round trip for a new key, two
+// Claim implements idem.Store: one upsert that inserts a new key or takes
+// over an expired or forgotten claim (the expiry check in its WHERE
+// clause), and when the key is live, a SELECT of it. One round trip for a new key, two
 // for a duplicate; never a read followed by a write that depends on it.
-func (s *SQLStore) Claim(ctx context.Context, key string, fingerprint []byte) (c Claim, err error) {
+func (s *Store) Claim(ctx context.Context, key string, fingerprint []byte) (c idem.Claim, err error) {
 	start := time.Now()
 	defer func() {
-		s.o.observe(ctx, Event{Op: OpClaim, Outcome: c.Outcome, TakeOver: c.TakeOver, Err: err}, key, start)
+		s.core.Observe(ctx, idem.Event{Op: idem.OpClaim, Outcome: c.Outcome, TakeOver: c.TakeOver, Err: err}, key, start)
 	}()
-	if err := s.o.checkClaim(key, fingerprint); err != nil {
-		return Claim{}, err
+	if err := s.core.CheckClaim(key, fingerprint); err != nil {
+		return idem.Claim{}, err
 	}
 	if err := ctx.Err(); err != nil {
-		return Claim{}, err
+		return idem.Claim{}, err
 	}
 	c, err = s.claimIn(ctx, s.db, key, fingerprint, start)
 	if err != nil {
-		return Claim{}, s.fail("claim", key, err)
+		return idem.Claim{}, s.fail("claim", key, err)
 	}
-	return c, s.o.checkFingerprint(c, key, fingerprint)
+	return c, s.core.Mismatch(c, key, fingerprint)
 }
 
 // claimIn claims key with q's statements: the database, or a transaction
@@ -210,12 +220,12 @@ func (s *SQLStore) Claim(ctx context.Context, key string, fingerprint []byte) (c
 // check in its WHERE clause, which holds against other processes too. On
 // Postgres the upsert alone answers a new or expired key, and returns the
 // prior state.
-func (s *SQLStore) claimIn(ctx context.Context, q sqlQuerier, key string, fingerprint []byte, start time.Time) (Claim, error) {
+func (s *Store) claimIn(ctx context.Context, q sqlQuerier, key string, fingerprint []byte, start time.Time) (idem.Claim, error) {
 	k, fp := []byte(key), nonNil(fingerprint)
 	readFirst := s.dialect == SQLite
 	for range claimAttempts {
 		var (
-			c        Claim
+			c        idem.Claim
 			answered bool
 			tok      int64
 			prev     string
@@ -236,7 +246,7 @@ func (s *SQLStore) claimIn(ctx context.Context, q sqlQuerier, key string, finger
 		case err == nil:
 			return s.claimed(key, fp, tok, prev, start), nil
 		case !errors.Is(err, sql.ErrNoRows):
-			return Claim{}, err
+			return idem.Claim{}, err
 		case readFirst:
 			// Another process wrote the row between the read and the
 			// upsert: read again.
@@ -247,12 +257,12 @@ func (s *SQLStore) claimIn(ctx context.Context, q sqlQuerier, key string, finger
 		}
 		// The row went (expired, forgotten, purged) since the INSERT: again.
 	}
-	return Claim{}, errChanged
+	return idem.Claim{}, errChanged
 }
 
 // upsert runs the claim statement: sql.ErrNoRows when the key is live,
 // else its new token into *tok and, on Postgres, its prior state into *prev.
-func (s *SQLStore) upsert(ctx context.Context, q sqlQuerier, key, fp []byte, tok *int64, prev *string) error {
+func (s *Store) upsert(ctx context.Context, q sqlQuerier, key, fp []byte, tok *int64, prev *string) error {
 	var before string
 	if err := q.QueryRowContext(ctx, s.q.claim, key, s.o.Worker, fp, s.leaseMs).Scan(tok, &before); err != nil {
 		return err
@@ -265,8 +275,8 @@ func (s *SQLStore) upsert(ctx context.Context, q sqlQuerier, key, fp []byte, tok
 
 // claimed is the Claim of a successful upsert; prev is the row's state
 // before it ("" when there was none).
-func (s *SQLStore) claimed(key string, fp []byte, tok int64, prev string, start time.Time) Claim {
-	return Claim{Outcome: Claimed, TakeOver: prev == "C", Lease: &Lease{
+func (s *Store) claimed(key string, fp []byte, tok int64, prev string, start time.Time) idem.Claim {
+	return idem.Claim{Outcome: idem.Claimed, TakeOver: prev == "C", Lease: &idem.Lease{
 		Key: key, Token: tok, Owner: s.o.Worker, TTL: s.o.LeaseTTL,
 		Expires: start.Add(s.o.LeaseTTL), Fingerprint: bytes.Clone(fp),
 	}}
@@ -275,15 +285,15 @@ func (s *SQLStore) claimed(key string, fp []byte, tok int64, prev string, start 
 // found answers a claim of a key with a live record: Duplicate or
 // InProgress. Without one it returns errNoRecord, and with prev (SQLite
 // only) the state of the row that is not live (see read).
-func (s *SQLStore) found(ctx context.Context, q sqlQuerier, key string, start time.Time, prev *string) (Claim, error) {
+func (s *Store) found(ctx context.Context, q sqlQuerier, key string, start time.Time, prev *string) (idem.Claim, error) {
 	rec, err := s.read(ctx, q, key, start, prev)
 	switch {
 	case err != nil:
-		return Claim{}, err
+		return idem.Claim{}, err
 	case rec.Confirmed:
-		return Claim{Outcome: Duplicate, Record: rec}, nil
+		return idem.Claim{Outcome: idem.Duplicate, Record: rec}, nil
 	default:
-		return Claim{Outcome: InProgress, Record: rec}, nil
+		return idem.Claim{Outcome: idem.InProgress, Record: rec}, nil
 	}
 }
 
@@ -291,7 +301,7 @@ func (s *SQLStore) found(ctx context.Context, q sqlQuerier, key string, start ti
 // only, where reads are in process and cheap) it reads the row whatever its
 // state and, when it is not live, sets *prev to its state ("" for no row):
 // the claim that reads before it writes learns so whether it takes over.
-func (s *SQLStore) read(ctx context.Context, q sqlQuerier, key string, start time.Time, prev *string) (*Record, error) {
+func (s *Store) read(ctx context.Context, q sqlQuerier, key string, start time.Time, prev *string) (*idem.Record, error) {
 	var (
 		st, owner string
 		tok, ttl  int64
@@ -315,9 +325,9 @@ func (s *SQLStore) read(ctx context.Context, q sqlQuerier, key string, start tim
 		return nil, errNoRecord
 	}
 	if st != "C" && st != "D" {
-		return nil, fmt.Errorf("%w: state %q", ErrDamaged, st)
+		return nil, fmt.Errorf("%w: state %q", idem.ErrDamaged, st)
 	}
-	rec := &Record{Key: key, Confirmed: st == "D", Token: tok, Owner: owner, Fingerprint: nonNil(fp),
+	rec := &idem.Record{Key: key, Confirmed: st == "D", Token: tok, Owner: owner, Fingerprint: nonNil(fp),
 		Expires: start.Add(time.Duration(ttl) * time.Millisecond)}
 	if rec.Confirmed {
 		rec.Result = nonNil(res)
@@ -335,12 +345,12 @@ func nonNil(b []byte) []byte {
 }
 
 // fail wraps a database error with the operation and the (redacted) key.
-func (s *SQLStore) fail(op, key string, err error) error {
-	return fmt.Errorf("idem: %s of %s: %w", op, s.o.keyName(key), err)
+func (s *Store) fail(op, key string, err error) error {
+	return fmt.Errorf("sqlstore: %s of %s: %w", op, s.core.KeyName(key), err)
 }
 
 // exec runs a statement that affects at most one row and says whether it did.
-func (s *SQLStore) exec(ctx context.Context, q sqlQuerier, query string, args ...any) (bool, error) {
+func (s *Store) exec(ctx context.Context, q sqlQuerier, query string, args ...any) (bool, error) {
 	var n int64
 	err := s.locked(ctx, q, func() error {
 		r, err := q.ExecContext(ctx, query, args...)
@@ -352,11 +362,11 @@ func (s *SQLStore) exec(ctx context.Context, q sqlQuerier, query string, args ..
 	return n == 1, err
 }
 
-// Renew implements Store in one statement.
-func (s *SQLStore) Renew(ctx context.Context, l *Lease) (err error) {
+// Renew implements idem.Store in one statement.
+func (s *Store) Renew(ctx context.Context, l *idem.Lease) (err error) {
 	start := time.Now()
-	defer func() { s.o.observe(ctx, Event{Op: OpRenew, Err: err}, leaseKey(l), start) }()
-	if err := s.o.checkLease(l); err != nil {
+	defer func() { s.core.Observe(ctx, idem.Event{Op: idem.OpRenew, Err: err}, leaseKey(l), start) }()
+	if err := s.core.CheckLease(l); err != nil {
 		return err
 	}
 	ok, err := s.exec(ctx, s.db, s.q.renew, []byte(l.Key), l.Owner, l.Token, s.leaseMs)
@@ -364,35 +374,36 @@ func (s *SQLStore) Renew(ctx context.Context, l *Lease) (err error) {
 		return s.fail("renew", l.Key, err)
 	}
 	if !ok {
-		return fmt.Errorf("%w: renew of %s token %d", ErrLeaseLost, s.o.keyName(l.Key), l.Token)
+		return fmt.Errorf("%w: renew of %s token %d", idem.ErrLeaseLost, s.core.KeyName(l.Key), l.Token)
 	}
 	return nil
 }
 
-// Confirm implements Store: one UPDATE while the lease is held; after a lost
-// lease, an upsert that records over anything but a live confirmation.
-func (s *SQLStore) Confirm(ctx context.Context, l *Lease, result []byte) (err error) {
+// Confirm implements idem.Store: one UPDATE while the lease is held; after
+// a lost lease, an upsert that records over anything but a live
+// confirmation.
+func (s *Store) Confirm(ctx context.Context, l *idem.Lease, result []byte) (err error) {
 	start := time.Now()
 	late := false
-	defer func() { s.o.observe(ctx, Event{Op: OpConfirm, Late: late, Err: err}, leaseKey(l), start) }()
-	if err := s.o.checkResult(l, result); err != nil {
+	defer func() { s.core.Observe(ctx, idem.Event{Op: idem.OpConfirm, Late: late, Err: err}, leaseKey(l), start) }()
+	if err := s.core.CheckResult(l, result); err != nil {
 		return err
 	}
 	late, err = s.confirmIn(ctx, s.db, l, result, start)
 	if late {
-		s.o.logLate(ctx, l)
+		s.core.LogLate(ctx, l)
 	}
-	if err != nil && !errors.Is(err, ErrAlreadyConfirmed) {
+	if err != nil && !errors.Is(err, idem.ErrAlreadyConfirmed) {
 		return s.fail("confirm", l.Key, err)
 	}
 	return err
 }
 
 // confirmIn records l's work with q and reports whether the lease had been
-// lost (late), as MemoryStore does: a repeat confirm by the same lease is
+// lost (late), as idem.MemoryStore does: a repeat confirm by the same lease is
 // not late; a confirm that finds another lease's confirmation is, and its
-// error wraps ErrAlreadyConfirmed.
-func (s *SQLStore) confirmIn(ctx context.Context, q sqlQuerier, l *Lease, result []byte, start time.Time) (late bool, err error) {
+// error wraps idem.ErrAlreadyConfirmed.
+func (s *Store) confirmIn(ctx context.Context, q sqlQuerier, l *idem.Lease, result []byte, start time.Time) (late bool, err error) {
 	k, fp, res := []byte(l.Key), nonNil(l.Fingerprint), nonNil(result)
 	ok, err := s.exec(ctx, q, s.q.confirm, k, l.Owner, l.Token, fp, res, s.retentionMs)
 	if err != nil || ok {
@@ -418,19 +429,19 @@ func (s *SQLStore) confirmIn(ctx context.Context, q sqlQuerier, l *Lease, result
 			return false, err
 		}
 		if rec.Token != l.Token {
-			return true, s.o.notKept(l)
+			return true, s.core.NotKept(l)
 		}
 		return false, nil
 	}
 	return false, errChanged
 }
 
-// Forget implements Store in one statement. The row stays, marked
+// Forget implements idem.Store in one statement. The row stays, marked
 // forgotten, so that the next claim's token exceeds this lease's.
-func (s *SQLStore) Forget(ctx context.Context, l *Lease) (err error) {
+func (s *Store) Forget(ctx context.Context, l *idem.Lease) (err error) {
 	start := time.Now()
-	defer func() { s.o.observe(ctx, Event{Op: OpForget, Err: err}, leaseKey(l), start) }()
-	if err := s.o.checkLease(l); err != nil {
+	defer func() { s.core.Observe(ctx, idem.Event{Op: idem.OpForget, Err: err}, leaseKey(l), start) }()
+	if err := s.core.CheckLease(l); err != nil {
 		return err
 	}
 	ok, err := s.exec(ctx, s.db, s.q.forget, []byte(l.Key), l.Owner, l.Token)
@@ -438,24 +449,38 @@ func (s *SQLStore) Forget(ctx context.Context, l *Lease) (err error) {
 		return s.fail("forget", l.Key, err)
 	}
 	if !ok {
-		return fmt.Errorf("%w: forget of %s token %d", ErrLeaseLost, s.o.keyName(l.Key), l.Token)
+		return fmt.Errorf("%w: forget of %s token %d", idem.ErrLeaseLost, s.core.KeyName(l.Key), l.Token)
 	}
 	return nil
 }
 
-// Lookup implements Store in one statement.
-func (s *SQLStore) Lookup(ctx context.Context, key string) (rec *Record, err error) {
+// Lookup implements idem.Store in one statement.
+func (s *Store) Lookup(ctx context.Context, key string) (rec *idem.Record, err error) {
 	start := time.Now()
-	defer func() { s.o.observe(ctx, Event{Op: OpLookup, Err: err}, key, start) }()
-	if err := s.o.checkKey(key); err != nil {
+	defer func() { s.core.Observe(ctx, idem.Event{Op: idem.OpLookup, Err: err}, key, start) }()
+	if err := s.core.CheckKey(key); err != nil {
 		return nil, err
 	}
 	rec, err = s.read(ctx, s.db, key, start, nil)
 	if errors.Is(err, errNoRecord) {
-		return nil, fmt.Errorf("%w: %s", ErrNotFound, s.o.keyName(key))
+		return nil, fmt.Errorf("%w: %s", idem.ErrNotFound, s.core.KeyName(key))
 	}
 	if err != nil {
 		return nil, s.fail("lookup", key, err)
 	}
 	return rec, nil
+}
+
+// ms converts a duration to whole milliseconds, rounding up so that a store
+// never grants less than asked. (A copy of package idem's.)
+func ms(d time.Duration) int64 {
+	return int64((d + time.Millisecond - 1) / time.Millisecond)
+}
+
+// leaseKey is l's key, or "" for a nil lease (which the operation rejects).
+func leaseKey(l *idem.Lease) string {
+	if l == nil {
+		return ""
+	}
+	return l.Key
 }

@@ -1,4 +1,4 @@
-package idem
+package sqlstore
 
 import (
 	"context"
@@ -10,19 +10,21 @@ import (
 	"sync"
 	"time"
 	"weak"
+
+	"github.com/idemgo/idem"
 )
 
 // SQLite has one writer per database. A write that finds the lock taken
 // fails at once with SQLITE_BUSY (or waits out the connection's
-// busy_timeout, if the user set one), and the statement did nothing. An
-// SQLStore on SQLite therefore
+// busy_timeout, if the user set one), and the statement did nothing. A
+// Store on SQLite therefore
 //
 //   - queues its writes on a gate per *sql.DB, so that the goroutines of one
 //     process take turns in order instead of polling the file lock (the
-//     gate is shared by every SQLStore on the same *sql.DB);
+//     gate is shared by every Store on the same *sql.DB);
 //   - retries a write that still meets SQLITE_BUSY (another process,
 //     another *sql.DB on the file) with growing, jittered sleeps;
-//   - gives up after LockTimeout with an error wrapping ErrInProgress.
+//   - gives up after LockTimeout with an error wrapping idem.ErrInProgress.
 //
 // Reads need no lock in WAL mode. On Postgres none of this applies.
 
@@ -45,7 +47,7 @@ func sqliteGate(db *sql.DB) chan struct{} {
 // exclusive runs f, which writes to the database, as SQLite's single writer:
 // through the gate, then retrying while SQLite is busy, all within
 // LockTimeout. On Postgres f just runs.
-func (s *SQLStore) exclusive(ctx context.Context, f func() error) error {
+func (s *Store) exclusive(ctx context.Context, f func() error) error {
 	if s.dialect != SQLite {
 		return f()
 	}
@@ -61,7 +63,7 @@ func (s *SQLStore) exclusive(ctx context.Context, f func() error) error {
 			t.Stop()
 			return ctx.Err()
 		case <-t.C:
-			return fmt.Errorf("%w: this process's SQLite writes were queued for LockTimeout %v", ErrInProgress, s.lockTimeout)
+			return fmt.Errorf("%w: this process's SQLite writes were queued for LockTimeout %v", idem.ErrInProgress, s.lockTimeout)
 		}
 	}
 	defer func() { <-s.gate }()
@@ -72,7 +74,7 @@ func (s *SQLStore) exclusive(ctx context.Context, f func() error) error {
 // transaction took the gate and SQLite's lock, and a statement in it is
 // never retried alone (a transaction whose first write met SQLITE_BUSY may
 // hold a stale snapshot; it starts over whole).
-func (s *SQLStore) locked(ctx context.Context, q sqlQuerier, f func() error) error {
+func (s *Store) locked(ctx context.Context, q sqlQuerier, f func() error) error {
 	if _, ok := q.(*sql.DB); !ok {
 		return f()
 	}
@@ -81,7 +83,7 @@ func (s *SQLStore) locked(ctx context.Context, q sqlQuerier, f func() error) err
 
 // reading runs f, which only reads through q, retrying the rare
 // SQLITE_BUSY a WAL reader can meet.
-func (s *SQLStore) reading(ctx context.Context, q sqlQuerier, f func() error) error {
+func (s *Store) reading(ctx context.Context, q sqlQuerier, f func() error) error {
 	if _, ok := q.(*sql.DB); !ok || s.dialect != SQLite {
 		return f()
 	}
@@ -90,7 +92,7 @@ func (s *SQLStore) reading(ctx context.Context, q sqlQuerier, f func() error) er
 
 // inTx runs f in a transaction and commits it; on SQLite as the single
 // writer, starting over while SQLite is busy.
-func (s *SQLStore) inTx(ctx context.Context, f func(tx *sql.Tx) error) error {
+func (s *Store) inTx(ctx context.Context, f func(tx *sql.Tx) error) error {
 	return s.exclusive(ctx, func() error {
 		tx, err := s.db.BeginTx(ctx, s.txOptions())
 		if err != nil {
@@ -107,13 +109,13 @@ func (s *SQLStore) inTx(ctx context.Context, f func(tx *sql.Tx) error) error {
 // retryBusy runs f, and again while it fails with SQLITE_BUSY, until the
 // deadline. The sleeps grow and are jittered, as SQLite's own busy handler's
 // do, so it works whether or not the connections set busy_timeout.
-func (s *SQLStore) retryBusy(ctx context.Context, deadline time.Time, f func() error) error {
+func (s *Store) retryBusy(ctx context.Context, deadline time.Time, f func() error) error {
 	err := f()
 	wait := 500 * time.Microsecond
 	for s.dialect == SQLite && isBusy(err) {
 		d := wait/2 + rand.N(wait)
 		if time.Until(deadline) < d {
-			return fmt.Errorf("%w: SQLite's write lock was taken for LockTimeout %v: %w", ErrInProgress, s.lockTimeout, err)
+			return fmt.Errorf("%w: SQLite's write lock was taken for LockTimeout %v: %w", idem.ErrInProgress, s.lockTimeout, err)
 		}
 		t := time.NewTimer(d)
 		select {

@@ -1,10 +1,8 @@
-package idem_test
+package sqlstore_test
 
 import (
 	"context"
-	"crypto/rand"
 	"database/sql"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"path/filepath"
@@ -14,8 +12,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/sqltest"
-	"github.com/idemgo/idem/internal/storeopts"
-	"github.com/idemgo/idem/storetest"
+	"github.com/idemgo/idem/sqlstore"
 )
 
 // postgresDB opens the test Postgres (IDEM_POSTGRES_DSN), closed when t
@@ -49,154 +46,107 @@ func postgresDB(t testing.TB, conns int) *sql.DB {
 // testConns is the Postgres pool size of tests.
 const testConns = 40
 
-// uniqueTable names a table no other test uses.
-func uniqueTable() string {
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	return "idemtest_" + hex.EncodeToString(b[:])
-}
-
-// newSQLStore opens a store on table, creating the table (and dropping it
-// when t ends).
-func newSQLStore(t testing.TB, db *sql.DB, o idem.SQLOptions) *idem.SQLStore {
-	t.Helper()
-	st, err := idem.NewSQLStore(db, o)
-	if err != nil {
-		t.Fatalf("NewSQLStore(%+v) = %v; want a store", o, err)
-	}
-	if err := st.CreateSchema(context.Background()); err != nil {
-		t.Fatalf("CreateSchema = %v", err)
-	}
-	if o.Dialect == idem.Postgres {
-		quoted := `"` + strings.ReplaceAll(o.Table, ".", `"."`) + `"`
-		t.Cleanup(func() { _, _ = db.Exec(`DROP TABLE IF EXISTS ` + quoted) })
-	}
-	return st
-}
-
-func sqlBackend(t *testing.T, db *sql.DB, d idem.Dialect) storetest.Backend {
-	table := uniqueTable()
-	newSQLStore(t, db, idem.SQLOptions{Dialect: d, Table: table})
-	return storetest.Backend{Open: func(o idem.Options) (idem.Store, error) {
-		so := storeopts.SQL(o, d)
-		so.Table = table
-		return idem.NewSQLStore(db, so)
-	}}
-}
-
-func TestSQLStoreConformancePostgres(t *testing.T) {
-	db := postgresDB(t, testConns)
-	storetest.Run(t, func(t *testing.T) storetest.Backend { return sqlBackend(t, db, idem.Postgres) })
-}
-
-func TestSQLStoreConformanceSQLite(t *testing.T) {
-	storetest.Run(t, func(t *testing.T) storetest.Backend {
-		db, _ := sqltest.SQLite(t)
-		return sqlBackend(t, db, idem.SQLite)
-	})
-}
-
 // dialects runs f once per dialect whose database is at hand: SQLite always,
 // Postgres when IDEM_POSTGRES_DSN is set (required under CI=true).
-func dialects(t *testing.T, f func(t *testing.T, db *sql.DB, d idem.Dialect)) {
+func dialects(t *testing.T, f func(t *testing.T, db *sql.DB, d sqlstore.Dialect)) {
 	t.Run("sqlite", func(t *testing.T) {
 		t.Parallel()
 		db, _ := sqltest.SQLite(t)
-		f(t, db, idem.SQLite)
+		f(t, db, sqlstore.SQLite)
 	})
 	t.Run("postgres", func(t *testing.T) {
 		t.Parallel()
-		f(t, postgresDB(t, testConns), idem.Postgres)
+		f(t, postgresDB(t, testConns), sqlstore.Postgres)
 	})
 }
 
-func TestNewSQLStoreRejects(t *testing.T) {
+func TestNewRejects(t *testing.T) {
 	db, _ := sqltest.SQLite(t)
 	long := strings.Repeat("t", 64)
 	cases := []struct {
 		name string
 		db   *sql.DB
-		o    idem.SQLOptions
+		o    sqlstore.Options
 	}{
-		{"nil db", nil, idem.SQLOptions{Dialect: idem.SQLite}},
-		{"no dialect", db, idem.SQLOptions{}},
-		{"unknown dialect", db, idem.SQLOptions{Dialect: 3}},
-		{"negative LockTimeout", db, idem.SQLOptions{Dialect: idem.SQLite, LockTimeout: -time.Second}},
-		{"negative LeaseTTL", db, idem.SQLOptions{Dialect: idem.SQLite, LeaseTTL: -1}},
-		{"negative Retention", db, idem.SQLOptions{Dialect: idem.SQLite, Retention: -1}},
-		{"quote in table", db, idem.SQLOptions{Dialect: idem.SQLite, Table: `keys"; DROP TABLE x; --`}},
-		{"space in table", db, idem.SQLOptions{Dialect: idem.SQLite, Table: "idem keys"}},
-		{"leading digit", db, idem.SQLOptions{Dialect: idem.SQLite, Table: "1keys"}},
-		{"three parts", db, idem.SQLOptions{Dialect: idem.SQLite, Table: "a.b.c"}},
-		{"empty schema", db, idem.SQLOptions{Dialect: idem.SQLite, Table: ".keys"}},
-		{"empty table", db, idem.SQLOptions{Dialect: idem.SQLite, Table: "main."}},
-		{"64-byte table", db, idem.SQLOptions{Dialect: idem.SQLite, Table: long}},
-		{"64-byte schema", db, idem.SQLOptions{Dialect: idem.SQLite, Table: long + ".keys"}},
-		{"non-ASCII table", db, idem.SQLOptions{Dialect: idem.SQLite, Table: "clés"}},
+		{"nil db", nil, sqlstore.Options{Dialect: sqlstore.SQLite}},
+		{"no dialect", db, sqlstore.Options{}},
+		{"unknown dialect", db, sqlstore.Options{Dialect: 3}},
+		{"negative LockTimeout", db, sqlstore.Options{Dialect: sqlstore.SQLite, LockTimeout: -time.Second}},
+		{"negative LeaseTTL", db, sqlstore.Options{Dialect: sqlstore.SQLite, LeaseTTL: -1}},
+		{"negative Retention", db, sqlstore.Options{Dialect: sqlstore.SQLite, Retention: -1}},
+		{"quote in table", db, sqlstore.Options{Dialect: sqlstore.SQLite, Table: `keys"; DROP TABLE x; --`}},
+		{"space in table", db, sqlstore.Options{Dialect: sqlstore.SQLite, Table: "idem keys"}},
+		{"leading digit", db, sqlstore.Options{Dialect: sqlstore.SQLite, Table: "1keys"}},
+		{"three parts", db, sqlstore.Options{Dialect: sqlstore.SQLite, Table: "a.b.c"}},
+		{"empty schema", db, sqlstore.Options{Dialect: sqlstore.SQLite, Table: ".keys"}},
+		{"empty table", db, sqlstore.Options{Dialect: sqlstore.SQLite, Table: "main."}},
+		{"64-byte table", db, sqlstore.Options{Dialect: sqlstore.SQLite, Table: long}},
+		{"64-byte schema", db, sqlstore.Options{Dialect: sqlstore.SQLite, Table: long + ".keys"}},
+		{"non-ASCII table", db, sqlstore.Options{Dialect: sqlstore.SQLite, Table: "clés"}},
 	}
 	for _, c := range cases {
-		if st, err := idem.NewSQLStore(c.db, c.o); err == nil {
-			t.Errorf("NewSQLStore with %s = %v, nil; want an error", c.name, st)
+		if st, err := sqlstore.New(c.db, c.o); err == nil {
+			t.Errorf("New with %s = %v, nil; want an error", c.name, st)
 		}
 	}
-	if _, err := idem.NewSQLStore(db, idem.SQLOptions{Dialect: idem.SQLite, Table: "main." + strings.Repeat("t", 63)}); err != nil {
-		t.Errorf("NewSQLStore with a schema and a 63-byte table = %v; want a store", err)
+	if _, err := sqlstore.New(db, sqlstore.Options{Dialect: sqlstore.SQLite, Table: "main." + strings.Repeat("t", 63)}); err != nil {
+		t.Errorf("New with a schema and a 63-byte table = %v; want a store", err)
 	}
 }
 
-func TestNewSQLStoreSQLiteNeedsWAL(t *testing.T) {
+func TestNewSQLiteNeedsWAL(t *testing.T) {
 	for _, dsn := range []string{"file:" + filepath.Join(t.TempDir(), "rollback.db"), ":memory:"} {
 		db, err := sql.Open("sqlite", dsn)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer db.Close()
-		if _, err := idem.NewSQLStore(db, idem.SQLOptions{Dialect: idem.SQLite}); err == nil || !strings.Contains(err.Error(), "WAL") {
-			t.Errorf("NewSQLStore on SQLite %q (not WAL) = %v; want an error that asks for WAL mode", dsn, err)
+		if _, err := sqlstore.New(db, sqlstore.Options{Dialect: sqlstore.SQLite}); err == nil || !strings.Contains(err.Error(), "WAL") {
+			t.Errorf("New on SQLite %q (not WAL) = %v; want an error that asks for WAL mode", dsn, err)
 		}
 	}
 }
 
 func TestSchemaDDL(t *testing.T) {
-	for _, d := range []idem.Dialect{idem.Postgres, idem.SQLite} {
-		ddl, err := idem.SchemaDDL(d, "")
+	for _, d := range []sqlstore.Dialect{sqlstore.Postgres, sqlstore.SQLite} {
+		ddl, err := sqlstore.SchemaDDL(d, "")
 		if err != nil || len(ddl) != 2 {
 			t.Fatalf("SchemaDDL(%v, \"\") = %d statements, %v; want 2, nil", d, len(ddl), err)
 		}
 		if !strings.Contains(ddl[0], `CREATE TABLE IF NOT EXISTS "idem_keys"`) || !strings.Contains(ddl[1], "(expires_at)") {
 			t.Errorf("SchemaDDL(%v, \"\") = %q; want the default table and an index on expires_at", d, ddl)
 		}
-		ddl, err = idem.SchemaDDL(d, "app.keys")
+		ddl, err = sqlstore.SchemaDDL(d, "app.keys")
 		if err != nil || !strings.Contains(ddl[0], `"app"."keys"`) {
 			t.Errorf("SchemaDDL(%v, app.keys) = %q, %v; want the schema-qualified, quoted table", d, ddl, err)
 		}
-		if _, err := idem.SchemaDDL(d, "keys;"); err == nil {
+		if _, err := sqlstore.SchemaDDL(d, "keys;"); err == nil {
 			t.Errorf("SchemaDDL(%v, \"keys;\") = nil error; want one", d)
 		}
 	}
-	if _, err := idem.SchemaDDL(0, "keys"); err == nil {
+	if _, err := sqlstore.SchemaDDL(0, "keys"); err == nil {
 		t.Errorf("SchemaDDL of dialect 0 = nil error; want one")
 	}
 	// The index name stays within Postgres's 63 bytes, so Postgres never
 	// truncates it into another table's index name.
-	ddl, _ := idem.SchemaDDL(idem.Postgres, strings.Repeat("t", 63))
+	ddl, _ := sqlstore.SchemaDDL(sqlstore.Postgres, strings.Repeat("t", 63))
 	if name := strings.Fields(ddl[1])[5]; len(name) > 63+2 {
 		t.Errorf("index name %s is %d bytes; want at most 63 plus quotes", name, len(name))
 	}
 }
 
-func TestSQLStoreSchema(t *testing.T) {
-	dialects(t, func(t *testing.T, db *sql.DB, d idem.Dialect) {
-		table := uniqueTable()
-		st := newSQLStore(t, db, idem.SQLOptions{Dialect: d, Table: table})
+func TestSchema(t *testing.T) {
+	dialects(t, func(t *testing.T, db *sql.DB, d sqlstore.Dialect) {
+		table := sqltest.UniqueTable()
+		st := sqltest.NewStore(t, db, sqlstore.Options{Dialect: d, Table: table})
 		if err := st.CreateSchema(t.Context()); err != nil {
 			t.Errorf("second CreateSchema = %v; want nil (idempotent)", err)
 		}
 		// A reserved word works as a table name: it is quoted. So does a
 		// schema-qualified name.
-		schema := map[idem.Dialect]string{idem.Postgres: "public.", idem.SQLite: "main."}[d]
-		for _, name := range []string{"order", schema + uniqueTable()} {
-			other := newSQLStore(t, db, idem.SQLOptions{Dialect: d, Table: name})
+		schema := map[sqlstore.Dialect]string{sqlstore.Postgres: "public.", sqlstore.SQLite: "main."}[d]
+		for _, name := range []string{"order", schema + sqltest.UniqueTable()} {
+			other := sqltest.NewStore(t, db, sqlstore.Options{Dialect: d, Table: name})
 			c, err := other.Claim(t.Context(), "k", []byte("fp"))
 			if err != nil || c.Outcome != idem.Claimed {
 				t.Fatalf("Claim on table %s = %+v, %v; want Claimed", name, c, err)
@@ -221,7 +171,7 @@ func TestSQLStoreSchema(t *testing.T) {
 		if err := db.QueryRowContext(t.Context(), q).Scan(&got); err != nil || string(got) != key {
 			t.Errorf("stored key = %q, %v; want %q byte for byte", got, err, key)
 		}
-		if d == idem.SQLite {
+		if d == sqlstore.SQLite {
 			var typ string
 			if err := db.QueryRowContext(t.Context(), `SELECT typeof(key) FROM "`+table+`"`).Scan(&typ); err != nil || typ != "blob" {
 				t.Errorf("SQLite typeof(key) = %q, %v; want blob", typ, err)
@@ -230,11 +180,11 @@ func TestSQLStoreSchema(t *testing.T) {
 	})
 }
 
-func TestSQLStoreInvalidInputBeforeIO(t *testing.T) {
+func TestInvalidInputBeforeIO(t *testing.T) {
 	// A closed database fails every statement: the errors below must come
 	// from validation, before any.
 	db, _ := sqltest.SQLite(t)
-	st := newSQLStore(t, db, idem.SQLOptions{Dialect: idem.SQLite, MaxResultBytes: 4})
+	st := sqltest.NewStore(t, db, sqlstore.Options{Dialect: sqlstore.SQLite, MaxResultBytes: 4})
 	_ = db.Close()
 	ctx := t.Context()
 	big := strings.Repeat("k", idem.DefaultMaxKeyBytes+1)
@@ -265,13 +215,13 @@ func TestSQLStoreInvalidInputBeforeIO(t *testing.T) {
 	}
 }
 
-func TestSQLStorePurgeExpired(t *testing.T) {
-	dialects(t, func(t *testing.T, db *sql.DB, d idem.Dialect) {
+func TestPurgeExpired(t *testing.T) {
+	dialects(t, func(t *testing.T, db *sql.DB, d sqlstore.Dialect) {
 		ctx := t.Context()
-		table := uniqueTable()
-		short := newSQLStore(t, db, idem.SQLOptions{Dialect: d, Table: table,
+		table := sqltest.UniqueTable()
+		short := sqltest.NewStore(t, db, sqlstore.Options{Dialect: d, Table: table,
 			LeaseTTL: 50 * time.Millisecond, Retention: 50 * time.Millisecond})
-		long, err := idem.NewSQLStore(db, idem.SQLOptions{Dialect: d, Table: table})
+		long, err := sqlstore.New(db, sqlstore.Options{Dialect: d, Table: table})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -327,9 +277,9 @@ func TestSQLStorePurgeExpired(t *testing.T) {
 	})
 }
 
-func TestSQLStoreSQLiteWaitsForWriteLock(t *testing.T) {
+func TestSQLiteWaitsForWriteLock(t *testing.T) {
 	db, _ := sqltest.SQLite(t)
-	st := newSQLStore(t, db, idem.SQLOptions{Dialect: idem.SQLite, LockTimeout: 300 * time.Millisecond})
+	st := sqltest.NewStore(t, db, sqlstore.Options{Dialect: sqlstore.SQLite, LockTimeout: 300 * time.Millisecond})
 	ctx := t.Context()
 	// Another connection holds SQLite's only write lock.
 	conn, err := db.Conn(ctx)
@@ -356,11 +306,11 @@ func TestSQLStoreSQLiteWaitsForWriteLock(t *testing.T) {
 	}
 }
 
-func TestSQLStoreTokensOutrunTheClock(t *testing.T) {
-	dialects(t, func(t *testing.T, db *sql.DB, d idem.Dialect) {
+func TestTokensOutrunTheClock(t *testing.T) {
+	dialects(t, func(t *testing.T, db *sql.DB, d sqlstore.Dialect) {
 		ctx := t.Context()
-		table := uniqueTable()
-		st := newSQLStore(t, db, idem.SQLOptions{Dialect: d, Table: table,
+		table := sqltest.UniqueTable()
+		st := sqltest.NewStore(t, db, sqlstore.Options{Dialect: d, Table: table,
 			LeaseTTL: 100 * time.Millisecond})
 		c, err := st.Claim(ctx, "k", nil)
 		if err != nil {
@@ -371,7 +321,7 @@ func TestSQLStoreTokensOutrunTheClock(t *testing.T) {
 		// all the same.
 		const ahead = int64(1) << 60
 		q := `UPDATE "` + table + `" SET token = $1`
-		if d == idem.SQLite {
+		if d == sqlstore.SQLite {
 			q = strings.ReplaceAll(q, "$", "?")
 		}
 		if _, err := db.ExecContext(ctx, q, ahead); err != nil {

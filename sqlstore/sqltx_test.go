@@ -1,4 +1,4 @@
-package idem_test
+package sqlstore_test
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/sqltest"
 	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/sqlstore"
 )
 
 // runEnv is one dialect's ground for the Run tests: a store on a fresh
@@ -21,11 +22,11 @@ import (
 type runEnv struct {
 	t       *testing.T
 	db      *sql.DB
-	d       idem.Dialect
+	d       sqlstore.Dialect
 	dsn     string // how another process opens the database
 	table   string
 	effects string
-	st      *idem.SQLStore
+	st      *sqlstore.Store
 	calls   atomic.Int64 // write functions called
 }
 
@@ -34,34 +35,34 @@ func eachDialect(t *testing.T, f func(e *runEnv)) {
 	t.Run("sqlite", func(t *testing.T) {
 		t.Parallel()
 		db, path := sqltest.SQLite(t)
-		f(newRunEnv(t, db, idem.SQLite, "file:"+path+"?_pragma=journal_mode(WAL)"))
+		f(newRunEnv(t, db, sqlstore.SQLite, "file:"+path+"?_pragma=journal_mode(WAL)"))
 	})
 	t.Run("postgres", func(t *testing.T) {
 		t.Parallel()
 		db := postgresDB(t, testConns)
-		f(newRunEnv(t, db, idem.Postgres, testenv.PostgresDSN(t)))
+		f(newRunEnv(t, db, sqlstore.Postgres, testenv.PostgresDSN(t)))
 	})
 }
 
-func newRunEnv(t *testing.T, db *sql.DB, d idem.Dialect, dsn string) *runEnv {
-	e := &runEnv{t: t, db: db, d: d, dsn: dsn, table: uniqueTable(), effects: uniqueTable()}
-	e.st = newSQLStore(t, db, idem.SQLOptions{Dialect: d, Table: e.table})
+func newRunEnv(t *testing.T, db *sql.DB, d sqlstore.Dialect, dsn string) *runEnv {
+	e := &runEnv{t: t, db: db, d: d, dsn: dsn, table: sqltest.UniqueTable(), effects: sqltest.UniqueTable()}
+	e.st = sqltest.NewStore(t, db, sqlstore.Options{Dialect: d, Table: e.table})
 	if _, err := db.Exec(`CREATE TABLE "` + e.effects + `" (key BYTEA NOT NULL, note TEXT NOT NULL)`); err != nil {
 		t.Fatalf("creating the effects table: %v", err)
 	}
-	if d == idem.Postgres {
+	if d == sqlstore.Postgres {
 		t.Cleanup(func() { _, _ = db.Exec(`DROP TABLE "` + e.effects + `"`) })
 	}
 	return e
 }
 
 // store opens another store on e's table with other options.
-func (e *runEnv) store(o idem.SQLOptions) *idem.SQLStore {
+func (e *runEnv) store(o sqlstore.Options) *sqlstore.Store {
 	e.t.Helper()
 	o.Dialect, o.Table = e.d, e.table
-	st, err := idem.NewSQLStore(e.db, o)
+	st, err := sqlstore.New(e.db, o)
 	if err != nil {
-		e.t.Fatalf("NewSQLStore = %v", err)
+		e.t.Fatalf("New = %v", err)
 	}
 	return st
 }
@@ -71,7 +72,7 @@ func (e *runEnv) store(o idem.SQLOptions) *idem.SQLStore {
 // returns result.
 func (e *runEnv) write(key, result string, hook func(ctx context.Context, tx *sql.Tx) error) func(context.Context, *sql.Tx) ([]byte, error) {
 	q := `INSERT INTO "` + e.effects + `" (key, note) VALUES ($1, $2)`
-	if e.d == idem.SQLite {
+	if e.d == sqlstore.SQLite {
 		q = strings.ReplaceAll(q, "$", "?")
 	}
 	return func(ctx context.Context, tx *sql.Tx) ([]byte, error) {
@@ -93,7 +94,7 @@ func (e *runEnv) write(key, result string, hook func(ctx context.Context, tx *sq
 func (e *runEnv) fact(key string, done bool) {
 	e.t.Helper()
 	q := `SELECT count(*) FROM "` + e.effects + `" WHERE key = $1`
-	if e.d == idem.SQLite {
+	if e.d == sqlstore.SQLite {
 		q = strings.ReplaceAll(q, "$", "?")
 	}
 	var n int
@@ -174,7 +175,7 @@ func TestRunWriteFails(t *testing.T) {
 		}()
 		e.fact("panic", false)
 
-		small := e.store(idem.SQLOptions{MaxResultBytes: 4})
+		small := e.store(sqlstore.Options{MaxResultBytes: 4})
 		if _, _, err := small.Run(ctx, "big", nil, e.write("big", "12345", nil)); !errors.Is(err, idem.ErrTooLarge) {
 			t.Errorf("Run whose result exceeds MaxResultBytes = %v; want ErrTooLarge", err)
 		}
@@ -197,7 +198,7 @@ func TestRunReplay(t *testing.T) {
 		ctx := t.Context()
 		var inside *sql.Tx
 		hook := func(ctx context.Context, tx *sql.Tx) error {
-			got, ok := idem.TxFromContext(ctx)
+			got, ok := sqlstore.TxFromContext(ctx)
 			if !ok || got != tx {
 				t.Errorf("TxFromContext in write = %p, %v; want the transaction %p", got, ok, tx)
 			}
@@ -210,7 +211,7 @@ func TestRunReplay(t *testing.T) {
 		if inside == nil {
 			t.Fatal("write was not called")
 		}
-		if _, ok := idem.TxFromContext(ctx); ok {
+		if _, ok := sqlstore.TxFromContext(ctx); ok {
 			t.Errorf("TxFromContext outside Run = ok; want none")
 		}
 		res, replayed, err := e.st.Run(ctx, "k", []byte("a"), e.write("k", "second", nil))
@@ -286,7 +287,7 @@ func TestRunWaitsForAnother(t *testing.T) {
 
 func TestRunLockTimeout(t *testing.T) {
 	eachDialect(t, func(e *runEnv) {
-		impatient := e.store(idem.SQLOptions{LockTimeout: 300 * time.Millisecond})
+		impatient := e.store(sqlstore.Options{LockTimeout: 300 * time.Millisecond})
 		release := make(chan struct{})
 		first := e.holdRun("k", "first", release, false)
 		start := time.Now()
@@ -338,7 +339,7 @@ func TestRunAndLeases(t *testing.T) {
 
 		// An expired lease is taken over, with a greater token; the stalled
 		// holder's late Confirm leaves Run's record alone.
-		short := e.store(idem.SQLOptions{LeaseTTL: 100 * time.Millisecond})
+		short := e.store(sqlstore.Options{LeaseTTL: 100 * time.Millisecond})
 		c, _ = short.Claim(ctx, "expired", nil)
 		time.Sleep(200 * time.Millisecond)
 		if res, replayed, err := e.st.Run(ctx, "expired", nil, e.write("expired", "run", nil)); err != nil || replayed || string(res) != "run" {
@@ -377,8 +378,8 @@ func TestRunAndLeases(t *testing.T) {
 
 func TestRunSQLiteSingleWriter(t *testing.T) {
 	db, path := sqltest.SQLite(t)
-	e := newRunEnv(t, db, idem.SQLite, path)
-	impatient := e.store(idem.SQLOptions{LockTimeout: 300 * time.Millisecond})
+	e := newRunEnv(t, db, sqlstore.SQLite, path)
+	impatient := e.store(sqlstore.Options{LockTimeout: 300 * time.Millisecond})
 	release := make(chan struct{})
 	first := e.holdRun("a", "a", release, false)
 	// SQLite has one writer: a Run of another key waits for the first too,
@@ -400,7 +401,7 @@ func TestRunSQLiteSingleWriter(t *testing.T) {
 }
 
 func TestRunPostgresOtherKeysDoNotWait(t *testing.T) {
-	e := newRunEnv(t, postgresDB(t, testConns), idem.Postgres, testenv.PostgresDSN(t))
+	e := newRunEnv(t, postgresDB(t, testConns), sqlstore.Postgres, testenv.PostgresDSN(t))
 	release := make(chan struct{})
 	first := e.holdRun("a", "a", release, false)
 	start := time.Now()

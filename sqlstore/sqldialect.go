@@ -1,4 +1,4 @@
-package idem
+package sqlstore
 
 import (
 	"context"
@@ -8,7 +8,7 @@ import (
 	"strings"
 )
 
-// Dialect names the SQL database an SQLStore talks to. Placeholders, the
+// Dialect names the SQL database a Store talks to. Placeholders, the
 // clock, column types and the spelling of max differ between dialects; the
 // statements do not otherwise.
 type Dialect uint8
@@ -35,7 +35,7 @@ func (d Dialect) String() string {
 	return "dialect(" + strconv.Itoa(int(d)) + ")"
 }
 
-// DefaultTable is the table an SQLStore keeps its records in unless told
+// DefaultTable is the table a Store keeps its records in unless told
 // otherwise.
 const DefaultTable = "idem_keys"
 
@@ -50,15 +50,15 @@ type sqlTable struct {
 
 // parseTable validates a table name: one or two plain identifiers joined by
 // a dot, each [A-Za-z_][A-Za-z0-9_]* and at most 63 bytes. It is the only
-// text an SQLStore interpolates into SQL, so nothing else may pass.
+// text a Store interpolates into SQL, so nothing else may pass.
 func parseTable(s string) (sqlTable, error) {
 	parts := strings.Split(s, ".")
 	if len(parts) > 2 {
-		return sqlTable{}, fmt.Errorf("idem: table name %q: at most one schema qualifier", s)
+		return sqlTable{}, fmt.Errorf("sqlstore: table name %q: at most one schema qualifier", s)
 	}
 	for _, p := range parts {
 		if !plainIdent(p) {
-			return sqlTable{}, fmt.Errorf("idem: table name %q: each part must match [A-Za-z_][A-Za-z0-9_]* and be at most %d bytes",
+			return sqlTable{}, fmt.Errorf("sqlstore: table name %q: each part must match [A-Za-z_][A-Za-z0-9_]* and be at most %d bytes",
 				s, maxIdentBytes)
 		}
 	}
@@ -103,9 +103,9 @@ func (t sqlTable) indexName() string {
 	return n + suffix
 }
 
-// SchemaDDL returns the statements that create the table of an SQLStore,
+// SchemaDDL returns the statements that create the table of a Store,
 // and its index on expires_at, for a migration tool. They are idempotent
-// (IF NOT EXISTS). table is validated as NewSQLStore validates it; "" means
+// (IF NOT EXISTS). table is validated as New validates it; "" means
 // DefaultTable.
 //
 // The table holds one row per key: key (BYTEA/BLOB, compared byte for byte),
@@ -161,14 +161,14 @@ func SchemaDDL(dialect Dialect, table string) ([]string, error) {
 // CreateSchema creates the table and its index if they do not exist
 // (SchemaDDL's statements). It is meant for development and tests;
 // production schemas belong in migrations.
-func (s *SQLStore) CreateSchema(ctx context.Context) error {
+func (s *Store) CreateSchema(ctx context.Context) error {
 	ddl, err := SchemaDDL(s.dialect, s.table.String())
 	if err != nil {
 		return err
 	}
 	for _, q := range ddl {
 		if err := s.exclusive(ctx, func() error { _, err := s.db.ExecContext(ctx, q); return err }); err != nil {
-			return fmt.Errorf("idem: creating table %s: %w", s.table.quoted(), err)
+			return fmt.Errorf("sqlstore: creating table %s: %w", s.table.quoted(), err)
 		}
 	}
 	return nil
@@ -183,7 +183,7 @@ func (t sqlTable) String() string {
 }
 
 func errDialect(d Dialect) error {
-	return fmt.Errorf("idem: unknown SQL dialect %v: want idem.Postgres or idem.SQLite", d)
+	return fmt.Errorf("sqlstore: unknown SQL dialect %v: want sqlstore.Postgres or sqlstore.SQLite", d)
 }
 
 // sqlText builds the dialect's version of a statement written with these

@@ -1,0 +1,39 @@
+package sqlstore_test
+
+import (
+	"database/sql"
+	"testing"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/sqltest"
+	"github.com/idemgo/idem/internal/storeopts"
+	"github.com/idemgo/idem/sqlstore"
+	"github.com/idemgo/idem/storetest"
+)
+
+// The storetest suite on both dialects: a Store here answers as every
+// other Store does.
+
+func TestConformancePostgres(t *testing.T) {
+	db := postgresDB(t, testConns)
+	storetest.Run(t, func(t *testing.T) storetest.Backend { return sqlBackend(t, db, sqlstore.Postgres) })
+}
+
+func TestConformanceSQLite(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) storetest.Backend {
+		db, _ := sqltest.SQLite(t)
+		return sqlBackend(t, db, sqlstore.SQLite)
+	})
+}
+
+// sqlBackend opens the suite's stores on a fresh table of db. Every record
+// the suite writes expires within seconds; the table is dropped when t ends.
+func sqlBackend(t *testing.T, db *sql.DB, d sqlstore.Dialect) storetest.Backend {
+	table := sqltest.UniqueTable()
+	sqltest.NewStore(t, db, sqlstore.Options{Dialect: d, Table: table})
+	return storetest.Backend{Open: func(o idem.Options) (idem.Store, error) {
+		so := storeopts.SQL(o, d)
+		so.Table = table
+		return sqlstore.New(db, so)
+	}}
+}

@@ -1,0 +1,74 @@
+// Package sqlstore keeps idem's records in a table of Postgres or SQLite:
+// an [idem.Store] and [idem.Batcher] like the others, plus a transactional
+// mode, [Store.Run], in which the record commits in the same transaction as
+// the work.
+//
+//	store, err := sqlstore.New(db, sqlstore.Options{Dialect: sqlstore.Postgres})
+//
+// [New] takes a *sql.DB (pgx's database/sql driver for Postgres,
+// modernc.org/sqlite for SQLite) and one flat [Options] literal: the fields
+// every store shares, as in idem.Options, and Dialect (required), Table
+// (default [DefaultTable], "idem_keys") and LockTimeout (default
+// [DefaultLockTimeout], 5s).
+//
+// # Lease mode
+//
+// Claim, Renew, Confirm, Forget and Lookup keep the contract of idem.Store,
+// which package storetest checks on both dialects: use them, or the
+// wrappers of packages consumer and middleware over them, when the work is
+// not a write to this database (a call to a payment provider, a message
+// sent). A claim is one INSERT ... ON CONFLICT whose update takes over an
+// expired claim, the expiry check in its WHERE clause, so check and
+// take-over are one statement. ClaimBatch and ConfirmBatch run a whole
+// batch in one transaction.
+//
+// # Transactional mode
+//
+// When the work is a write to the same database, Run claims the key, calls
+// the work's write function with the transaction, records its result and
+// commits: the record and the effect are one fact, so there is no lease to
+// lose and no moment at which the work is done but not recorded. The
+// context handed to the write function carries the transaction, and
+// [TxFromContext] finds it for code deep in a handler (the middleware's
+// transactional mode works so).
+//
+//	result, replayed, err := store.Run(ctx, "charge:"+orderID, fingerprint,
+//		func(ctx context.Context, tx *sql.Tx) ([]byte, error) {
+//			_, err := tx.ExecContext(ctx, `INSERT INTO charges (order_id, amount) VALUES ($1, $2)`, orderID, amount)
+//			return []byte("charged"), err // an error rolls back the insert and the record
+//		})
+//
+// A second Run of the key waits for the first's transaction, for at most
+// LockTimeout (then idem.ErrInProgress), and replays what the first
+// committed or, if it rolled back, does the work itself. A replay with
+// another fingerprint is idem.ErrFingerprintMismatch.
+//
+// # Schema and purge
+//
+// The table holds one row per key, the key as bytes (BYTEA, BLOB), and one
+// expiry column for both deadlines: the lease's while claimed, the
+// retention's once confirmed. [SchemaDDL] returns its statements for a
+// migration tool; [Store.CreateSchema] is for development and tests.
+// Nothing on the hot path deletes rows: [Store.PurgeExpired] deletes the
+// expired ones in statements of at most 1000 rows. Run it on a schedule
+// (`idem prune` does).
+//
+// # Clocks
+//
+// Lease and retention expiry are judged by the database's clock, never the
+// caller's, so workers with skewed clocks cannot take over each other's
+// live leases: on Postgres, the server's statement_timestamp(). SQLite runs
+// in the process, so there "the database's clock" is the process's: the
+// processes that share one SQLite file share their host's clock, and a
+// clock stepped back there moves every deadline. Fencing tokens derive from
+// the same clock, and increase for as long as a key's row exists (see
+// [Store]).
+//
+// # SQLite
+//
+// The database must be a file in WAL mode. SQLite has one writer: a Store
+// queues its writes per *sql.DB and retries a busy database for up to
+// LockTimeout, and a Run holds the write lock from its claim to its commit,
+// so that Runs of every key take turns. Keep the write function short
+// there.
+package sqlstore
