@@ -1,16 +1,25 @@
 package idem_test
 
 import (
+	"context"
+	"database/sql"
+	"errors"
+	"path/filepath"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/sqltest"
 	"github.com/idemgo/idem/internal/storeopts"
 	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/sqlstore"
 	"github.com/idemgo/idem/storetest"
-	"github.com/redis/go-redis/v9"
 )
 
 // fakeClock is a clock that moves only when told.
@@ -115,4 +124,203 @@ func TestRedisStoreConformanceSentinel(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) storetest.Backend {
 		return redisBackend(c, idem.RedisOptions{Prefix: testenv.UniquePrefix()}, nil)
 	})
+}
+
+// sqlBackends opens each SQL backend with its connections counted
+// (sqltest.CountingDB), and says its dialect.
+func sqlBackends(t *testing.T) map[string]func(t *testing.T) (*sql.DB, *atomic.Int64, sqlstore.Dialect) {
+	return map[string]func(t *testing.T) (*sql.DB, *atomic.Int64, sqlstore.Dialect){
+		"sqlite": func(t *testing.T) (*sql.DB, *atomic.Int64, sqlstore.Dialect) {
+			path := filepath.Join(t.TempDir(), "idem.db")
+			db, c := sqltest.CountingDB(t, "sqlite", "file:"+path+"?_pragma=journal_mode(WAL)")
+			return db, c, sqlstore.SQLite
+		},
+		"postgres": func(t *testing.T) (*sql.DB, *atomic.Int64, sqlstore.Dialect) {
+			db, c := sqltest.CountingDB(t, "pgx", testenv.PostgresDSN(t))
+			return db, c, sqlstore.Postgres
+		},
+	}
+}
+
+// maxResult is the MaxResultBytes of the stores under test.
+const maxResult = 64
+
+// checkRefusedBeforeIO sends every kind of oversized or empty input to s
+// and checks that each is refused with its sentinel and a message that
+// says what is wrong, while io (the store's I/O so far) does not move.
+func checkRefusedBeforeIO(t *testing.T, s idem.Store, io func() int64) {
+	t.Helper()
+	ctx := context.Background()
+	long := strings.Repeat("k", idem.DefaultMaxKeyBytes+1)
+	bigFP := make([]byte, idem.MaxFingerprintBytes+1)
+	bigResult := make([]byte, maxResult+1)
+	good := &idem.Lease{Key: "sec-ok", Token: 1, Owner: "w"}
+	longLease := &idem.Lease{Key: long, Token: 1, Owner: "w"}
+	emptyLease := &idem.Lease{Key: "", Token: 1, Owner: "w"}
+	type call struct {
+		name string
+		do   func() error
+		want error
+		says string
+	}
+	calls := []call{
+		{"Claim(empty key)", func() error { _, err := s.Claim(ctx, "", nil); return err }, idem.ErrInvalidKey, "empty key"},
+		{"Claim(1025-byte key)", func() error { _, err := s.Claim(ctx, long, nil); return err }, idem.ErrInvalidKey, "exceeds MaxKeyBytes"},
+		{"Claim(1025-byte fingerprint)", func() error { _, err := s.Claim(ctx, "sec-ok", bigFP); return err }, idem.ErrTooLarge, "fingerprint of 1025 bytes exceeds"},
+		{"Lookup(1025-byte key)", func() error { _, err := s.Lookup(ctx, long); return err }, idem.ErrInvalidKey, "exceeds MaxKeyBytes"},
+		{"Lookup(empty key)", func() error { _, err := s.Lookup(ctx, ""); return err }, idem.ErrInvalidKey, "empty key"},
+		{"Renew(1025-byte key)", func() error { return s.Renew(ctx, longLease) }, idem.ErrInvalidKey, "exceeds MaxKeyBytes"},
+		{"Forget(empty key)", func() error { return s.Forget(ctx, emptyLease) }, idem.ErrInvalidKey, "empty key"},
+		{"Confirm(1025-byte key)", func() error { return s.Confirm(ctx, longLease, nil) }, idem.ErrInvalidKey, "exceeds MaxKeyBytes"},
+		{"Confirm(oversized result)", func() error { return s.Confirm(ctx, good, bigResult) }, idem.ErrTooLarge, "exceeds MaxResultBytes"},
+		{"Confirm(nil lease)", func() error { return s.Confirm(ctx, nil, nil) }, idem.ErrInvalidLease, "nil *Lease"},
+	}
+	if b, ok := s.(idem.Batcher); ok {
+		calls = append(calls,
+			call{"ClaimBatch(one long key among good ones)", func() error {
+				_, err := b.ClaimBatch(ctx, []string{"sec-a", long, "sec-b"}, nil)
+				return err
+			}, idem.ErrInvalidKey, "batch item 1"},
+			call{"ClaimBatch(one oversized fingerprint)", func() error {
+				_, err := b.ClaimBatch(ctx, []string{"sec-a", "sec-b"}, [][]byte{nil, bigFP})
+				return err
+			}, idem.ErrTooLarge, "batch item 1"},
+			call{"ClaimBatch(fingerprints not matching keys)", func() error {
+				_, err := b.ClaimBatch(ctx, []string{"sec-a", "sec-b"}, [][]byte{nil})
+				return err
+			}, nil, "2 keys and 1 fingerprints"},
+			call{"ConfirmBatch(one oversized result)", func() error {
+				return b.ConfirmBatch(ctx, []*idem.Lease{good, good}, [][]byte{nil, bigResult})
+			}, idem.ErrTooLarge, "batch item 1"},
+		)
+	}
+	if sq, ok := s.(*sqlstore.Store); ok {
+		write := func(context.Context, *sql.Tx) ([]byte, error) {
+			t.Errorf("Run called write for a refused input")
+			return nil, nil
+		}
+		calls = append(calls,
+			call{"Run(1025-byte key)", func() error { _, _, err := sq.Run(ctx, long, nil, write); return err }, idem.ErrInvalidKey, "exceeds MaxKeyBytes"},
+			call{"Run(1025-byte fingerprint)", func() error { _, _, err := sq.Run(ctx, "sec-ok", bigFP, write); return err }, idem.ErrTooLarge, "exceeds"},
+		)
+	}
+	before := io()
+	for _, c := range calls {
+		err := c.do()
+		if err == nil || (c.want != nil && !errors.Is(err, c.want)) || !strings.Contains(err.Error(), c.says) {
+			t.Errorf("%s = %v; want an error matching %v that says %q", c.name, err, c.want, c.says)
+		}
+		if n := io(); n != before {
+			t.Errorf("%s did I/O (%d operations) before refusing its input; want none", c.name, n-before)
+			before = n
+		}
+	}
+}
+
+// Oversized and empty inputs are refused with a clear error before any I/O,
+// on every store: the Redis client sends and dials nothing, the database
+// opens no connection.
+func TestSecurityOversizedInputsBeforeIO(t *testing.T) {
+	o := idem.Options{MaxResultBytes: maxResult}
+	t.Run("memory", func(t *testing.T) {
+		s := idem.NewMemoryStore(o)
+		checkRefusedBeforeIO(t, s, func() int64 { return 0 })
+		// Refused is not truncated: the 1024-byte prefix of the long key
+		// was not claimed in its place.
+		if _, err := s.Lookup(context.Background(), strings.Repeat("k", idem.DefaultMaxKeyBytes)); !errors.Is(err, idem.ErrNotFound) {
+			t.Errorf("Lookup of the long key's first 1024 bytes = %v; want ErrNotFound", err)
+		}
+	})
+	t.Run("redis", func(t *testing.T) {
+		c := redis.NewClient(&redis.Options{Addr: testenv.Lookup(t, testenv.RedisAddrVar)})
+		t.Cleanup(func() { _ = c.Close() })
+		io := &testenv.IOCounter{}
+		c.AddHook(io)
+		ro := storeopts.Redis(o)
+		ro.Prefix = testenv.UniquePrefix()
+		s, err := idem.NewRedisStore(c, ro)
+		if err != nil {
+			t.Fatalf("NewRedisStore = %v", err)
+		}
+		if io.N.Load() == 0 {
+			t.Fatalf("the hook saw nothing of NewRedisStore's CONFIG GET; want it to count what the client sends")
+		}
+		checkRefusedBeforeIO(t, s, io.N.Load)
+	})
+	for name, open := range sqlBackends(t) {
+		t.Run(name, func(t *testing.T) {
+			db, conns, d := open(t)
+			table := sqltest.UniqueTable()
+			ddl, err := sqlstore.SchemaDDL(d, table)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, q := range ddl {
+				if _, err := db.Exec(q); err != nil {
+					t.Fatalf("%s: %v", q, err)
+				}
+			}
+			t.Cleanup(func() { _, _ = db.Exec(`DROP TABLE "` + table + `"`) })
+			so := storeopts.SQL(o, d)
+			so.Table = table
+			s, err := sqlstore.New(db, so)
+			if err != nil {
+				t.Fatalf("sqlstore.New = %v", err)
+			}
+			if _, err := s.Lookup(context.Background(), "sec-probe"); !errors.Is(err, idem.ErrNotFound) {
+				t.Fatalf("Lookup = %v; want ErrNotFound", err)
+			}
+			if conns.Load() == 0 {
+				t.Fatalf("no connection counted for the schema and a Lookup; want the connector to count them")
+			}
+			checkRefusedBeforeIO(t, s, conns.Load)
+		})
+	}
+}
+
+// A store that cannot reach its server answers every operation with an
+// error, never with an outcome: not Claimed (the work would run unguarded),
+// not ErrNotFound (a caller would take the key for new).
+func TestSecurityStoreDownIsError(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	stores := map[string]func(t *testing.T) idem.Store{
+		"redis": func(t *testing.T) idem.Store {
+			s, err := idem.NewRedisStore(testenv.DeadRedis(t), idem.RedisOptions{AllowEviction: true})
+			if err != nil {
+				t.Fatalf("NewRedisStore(AllowEviction) = %v; want a store, no I/O yet", err)
+			}
+			return s
+		},
+	}
+	for name, open := range sqlBackends(t) {
+		stores[name] = func(t *testing.T) idem.Store {
+			db, _, d := open(t)
+			s, err := sqlstore.New(db, sqlstore.Options{Dialect: d, Table: sqltest.UniqueTable()})
+			if err != nil {
+				t.Fatalf("sqlstore.New = %v", err)
+			}
+			_ = db.Close() // the database is gone from here on
+			return s
+		}
+	}
+	for name, open := range stores {
+		t.Run(name, func(t *testing.T) {
+			s := open(t)
+			l := &idem.Lease{Key: "k", Token: 1, Owner: "w"}
+			cl, err := s.Claim(ctx, "k", nil)
+			if err == nil || cl.Outcome != 0 || cl.Lease != nil {
+				t.Errorf("Claim = %v, %v; want an error and no outcome", cl.Outcome, err)
+			}
+			if _, err := s.Lookup(ctx, "k"); err == nil || errors.Is(err, idem.ErrNotFound) {
+				t.Errorf("Lookup = %v; want an error other than ErrNotFound", err)
+			}
+			if err := s.Confirm(ctx, l, nil); err == nil {
+				t.Errorf("Confirm = nil; want an error")
+			}
+			if err := s.Renew(ctx, l); err == nil || errors.Is(err, idem.ErrLeaseLost) {
+				t.Errorf("Renew = %v; want an error other than ErrLeaseLost (KeepAlive retries those)", err)
+			}
+		})
+	}
 }

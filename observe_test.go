@@ -12,12 +12,13 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/sqltest"
 	"github.com/idemgo/idem/internal/storeopts"
 	"github.com/idemgo/idem/internal/testenv"
 	"github.com/idemgo/idem/sqlstore"
-	"github.com/redis/go-redis/v9"
 )
 
 // recorder is an Observer that keeps every event.
@@ -338,5 +339,41 @@ func TestRevealKeys(t *testing.T) {
 		if !strings.Contains(logs.String(), "lease lost") {
 			t.Errorf("log = %q; want the lost lease logged", logs.String())
 		}
+	}
+}
+
+type startKey struct{}
+
+// startingObserver records the ops it is started for, and marks the context.
+type startingObserver struct {
+	name    string
+	started []idem.Op
+}
+
+func (s *startingObserver) Observe(context.Context, idem.Event) {}
+
+func (s *startingObserver) Start(ctx context.Context, op idem.Op) context.Context {
+	s.started = append(s.started, op)
+	prev, _ := ctx.Value(startKey{}).(string)
+	return context.WithValue(ctx, startKey{}, prev+s.name)
+}
+
+type plainObserver struct{}
+
+func (plainObserver) Observe(context.Context, idem.Event) {}
+
+func TestObserversStart(t *testing.T) {
+	a, b := &startingObserver{name: "a"}, &startingObserver{name: "b"}
+	obs := idem.Observers(a, plainObserver{}, b)
+	s, ok := obs.(idem.Starter)
+	if !ok {
+		t.Fatal("Observers of several is not a Starter")
+	}
+	ctx := s.Start(context.Background(), idem.OpMessage)
+	if got, _ := ctx.Value(startKey{}).(string); got != "ab" {
+		t.Errorf("Start chained the contexts as %q; want %q (each on the one before)", got, "ab")
+	}
+	if len(a.started) != 1 || a.started[0] != idem.OpMessage || len(b.started) != 1 {
+		t.Errorf("started a %v, b %v; want one OpMessage each", a.started, b.started)
 	}
 }
