@@ -75,10 +75,15 @@
 //
 // # Transactional mode
 //
-// With Options.Tx, the request runs in idem.SQLStore.Run: the claim, the
-// handler's own SQL (through idem.TxFromContext(r.Context())) and the
-// record commit in one transaction, and the response is sent after the
-// commit. A 5xx or a panic rolls back both. A request that meets another of
+// With Options.Tx, a [TxStore] such as [idem.SQLStore], the request runs
+// in its Run: the claim, the handler's own SQL and the record commit in one
+// transaction, and the response is sent after the commit. The handler gets
+// the transaction from the store's context helper, for an idem.SQLStore
+// [idem.TxFromContext]:
+//
+//	tx, ok := idem.TxFromContext(r.Context())
+//
+// A 5xx or a panic rolls back both. A request that meets another of
 // its key in flight waits for it in the database (for the SQLStore's
 // LockTimeout per attempt, retried up to Options.LockTimeout) and then
 // replays it. The in-flight request's fingerprint is not visible before

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/nilcheck"
 )
 
 // Options configure the middleware. The zero value of every field means its
@@ -21,10 +22,11 @@ type Options struct {
 	// confirmed afterwards. Set Store or Tx, not both. Default: none.
 	Store idem.Store
 	// Tx holds the records in transactional mode: the handler runs inside
-	// SQLStore.Run, its own SQL joins the record's transaction through
-	// idem.TxFromContext(r.Context()), and the response is sent only after
-	// the commit. Set Store or Tx, not both. Default: none.
-	Tx *idem.SQLStore
+	// TxStore.Run, its own SQL joins the record's transaction (with an
+	// idem.SQLStore, through idem.TxFromContext(r.Context())), and the
+	// response is sent only after the commit. Set Store or Tx, not both.
+	// Default: none.
+	Tx TxStore
 	// Header names the request header that carries the client's key. It
 	// must be a valid header field name. Default "Idempotency-Key".
 	Header string
@@ -158,6 +160,9 @@ type config struct {
 }
 
 func (o Options) config() (*config, error) {
+	if o.Tx != nil && nilcheck.Nil(o.Tx) {
+		return nil, fmt.Errorf("middleware: Tx: a nil %T; set a TxStore made by its constructor, or leave Tx unset", o.Tx)
+	}
 	if (o.Store == nil) == (o.Tx == nil) {
 		return nil, errors.New("middleware: set exactly one of Options.Store and Options.Tx")
 	}

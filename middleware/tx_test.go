@@ -18,6 +18,9 @@ import (
 	"github.com/idemgo/idem/internal/sqltest"
 )
 
+// The SQL store is what transactional mode takes.
+var _ TxStore = (*idem.SQLStore)(nil)
+
 // txEnv is a transactional-mode store and an orders table the handler
 // inserts into.
 type txEnv struct {
