@@ -26,9 +26,10 @@ const (
 )
 
 // New returns the middleware that Options describe, or an error when they
-// are invalid (neither or both of Store and Tx, a negative duration or
-// size, a header name that is not a token, a credential header in
-// ReplayHeaders).
+// hold a mistake: the error names the field at fault and the value given
+// (a negative duration or size, a header name that is not a token, a
+// credential header in ReplayHeaders, a field that is never read, ...), or
+// Store and Tx when neither or both are set.
 //
 // The returned function is safe to call many times and its handlers are safe
 // for concurrent use.

@@ -1,6 +1,7 @@
 package middleware
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -166,25 +167,37 @@ func (o Options) config() (*config, error) {
 	if (o.Store == nil) == (o.Tx == nil) {
 		return nil, errors.New("middleware: set exactly one of Options.Store and Options.Tx")
 	}
-	if o.Header == "" {
-		o.Header = DefaultHeader
+	if o.Header != "" && o.Key != nil {
+		return nil, fmt.Errorf("middleware: Header: %q is never read: the Key func supplies the key", o.Header)
 	}
+	o.Header = cmp.Or(o.Header, DefaultHeader)
 	if !validFieldName(o.Header) {
-		return nil, fmt.Errorf("middleware: Header %q is not a valid header field name", o.Header)
+		return nil, fmt.Errorf("middleware: Header: %q is not a header field name (an RFC 9110 token)", o.Header)
 	}
 	o.Header = textproto.CanonicalMIMEHeaderKey(o.Header)
-	if o.LockTimeout < 0 || o.RecordTimeout < 0 {
-		return nil, fmt.Errorf("middleware: negative LockTimeout %v or RecordTimeout %v", o.LockTimeout, o.RecordTimeout)
+	if o.Mux != nil && o.Route != nil {
+		return nil, errors.New("middleware: Mux: a *http.ServeMux that is never consulted: the Route func names the route")
 	}
-	if o.MaxKeyLength < 0 || o.MaxBodyBytes < 0 || o.MaxResponseBytes < 0 {
-		return nil, fmt.Errorf("middleware: negative MaxKeyLength %d, MaxBodyBytes %d or MaxResponseBytes %d",
-			o.MaxKeyLength, o.MaxBodyBytes, o.MaxResponseBytes)
+	if o.LockTimeout < 0 {
+		return nil, fmt.Errorf("middleware: LockTimeout: %v is negative; 0 means the default, %v", o.LockTimeout, DefaultLockTimeout)
 	}
-	o.LockTimeout = or(o.LockTimeout, DefaultLockTimeout)
-	o.RecordTimeout = or(o.RecordTimeout, DefaultRecordTimeout)
-	o.MaxKeyLength = or(o.MaxKeyLength, DefaultMaxKeyLength)
-	o.MaxBodyBytes = or(o.MaxBodyBytes, DefaultMaxBodyBytes)
-	o.MaxResponseBytes = or(o.MaxResponseBytes, DefaultMaxResponseBytes)
+	if o.RecordTimeout < 0 {
+		return nil, fmt.Errorf("middleware: RecordTimeout: %v is negative; 0 means the default, %v", o.RecordTimeout, DefaultRecordTimeout)
+	}
+	if o.MaxKeyLength < 0 {
+		return nil, fmt.Errorf("middleware: MaxKeyLength: %d is negative; 0 means the default, %d", o.MaxKeyLength, DefaultMaxKeyLength)
+	}
+	if o.MaxBodyBytes < 0 {
+		return nil, fmt.Errorf("middleware: MaxBodyBytes: %d is negative; 0 means the default, %d", o.MaxBodyBytes, DefaultMaxBodyBytes)
+	}
+	if o.MaxResponseBytes < 0 {
+		return nil, fmt.Errorf("middleware: MaxResponseBytes: %d is negative; 0 means the default, %d", o.MaxResponseBytes, DefaultMaxResponseBytes)
+	}
+	o.LockTimeout = cmp.Or(o.LockTimeout, DefaultLockTimeout)
+	o.RecordTimeout = cmp.Or(o.RecordTimeout, DefaultRecordTimeout)
+	o.MaxKeyLength = cmp.Or(o.MaxKeyLength, DefaultMaxKeyLength)
+	o.MaxBodyBytes = cmp.Or(o.MaxBodyBytes, DefaultMaxBodyBytes)
+	o.MaxResponseBytes = cmp.Or(o.MaxResponseBytes, DefaultMaxResponseBytes)
 	if o.Keep == nil {
 		o.Keep = func(status int) bool { return status < 500 }
 	}
@@ -198,7 +211,7 @@ func (o Options) config() (*config, error) {
 	}
 	for _, m := range methods {
 		if !validFieldName(m) { // a method is a token, as a field name is
-			return nil, fmt.Errorf("middleware: Methods holds %q, which is not a method", m)
+			return nil, fmt.Errorf("middleware: Methods: %q is not a method (an RFC 9110 token)", m)
 		}
 		c.methods[m] = true
 	}
@@ -206,25 +219,22 @@ func (o Options) config() (*config, error) {
 	if len(replay) == 0 {
 		replay = DefaultReplayHeaders
 	}
+	seen := make(map[string]bool, len(replay))
 	for _, h := range replay {
 		if !validFieldName(h) {
-			return nil, fmt.Errorf("middleware: ReplayHeaders holds %q, which is not a header field name", h)
+			return nil, fmt.Errorf("middleware: ReplayHeaders: %q is not a header field name (an RFC 9110 token)", h)
 		}
-		h = textproto.CanonicalMIMEHeaderKey(h)
-		if neverReplayed[h] {
-			return nil, fmt.Errorf("middleware: ReplayHeaders may not hold %s: credentials are never replayed", h)
+		ch := textproto.CanonicalMIMEHeaderKey(h)
+		if neverReplayed[ch] {
+			return nil, fmt.Errorf("middleware: ReplayHeaders: %q may not be replayed: it carries credentials", h)
 		}
-		c.replay = append(c.replay, h)
+		if seen[ch] {
+			return nil, fmt.Errorf("middleware: ReplayHeaders: %q is listed twice", h)
+		}
+		seen[ch] = true
+		c.replay = append(c.replay, ch)
 	}
 	return c, nil
-}
-
-func or[T comparable](v, def T) T {
-	var zero T
-	if v == zero {
-		return def
-	}
-	return v
 }
 
 // validFieldName reports whether s is an RFC 9110 token.
