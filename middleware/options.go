@@ -161,11 +161,21 @@ type config struct {
 }
 
 func (o Options) config() (*config, error) {
-	if o.Tx != nil && nilcheck.Nil(o.Tx) {
-		return nil, fmt.Errorf("middleware: Tx: a nil %T; set a TxStore made by its constructor, or leave Tx unset", o.Tx)
+	for _, f := range []struct {
+		name string
+		v    any
+	}{{"Store", o.Store}, {"Tx", o.Tx}, {"Observer", o.Observer}} {
+		// An interface holding a nil pointer is not == nil: it would pass
+		// for set and panic on the first request, far from the mistake.
+		if f.v != nil && nilcheck.Nil(f.v) {
+			return nil, fmt.Errorf("middleware: %s: (%T)(nil) is nil and would panic on the first request", f.name, f.v)
+		}
 	}
-	if (o.Store == nil) == (o.Tx == nil) {
-		return nil, errors.New("middleware: set exactly one of Options.Store and Options.Tx")
+	switch {
+	case o.Store == nil && o.Tx == nil:
+		return nil, errors.New("middleware: neither Store (lease mode: any idem.Store) nor Tx (transactional mode: a TxStore) is set; set one")
+	case o.Store != nil && o.Tx != nil:
+		return nil, errors.New("middleware: both Store (lease mode) and Tx (transactional mode) are set; set one")
 	}
 	if o.Header != "" && o.Key != nil {
 		return nil, fmt.Errorf("middleware: Header: %q is never read: the Key func supplies the key", o.Header)

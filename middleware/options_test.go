@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"context"
 	"database/sql"
+	"io"
+	"log/slog"
 	"net/http"
 	"reflect"
 	"regexp"
@@ -13,6 +15,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/obstest"
 )
 
 // Each mistake in Options is refused by New with an error that names the
@@ -30,9 +33,13 @@ func TestNewRefuses(t *testing.T) {
 		field string   // the message starts "middleware: <field>: "; "" for Store and Tx together
 		want  []string // what else it says: the value given, ...
 	}{
-		{"no store", Options{}, "", []string{"Store", "Tx"}},
-		{"both stores", Options{Store: st, Tx: &txStub{}}, "", []string{"Store", "Tx"}},
-		{"typed-nil tx", Options{Tx: (*idem.SQLStore)(nil)}, "Tx", []string{"*idem.SQLStore"}},
+		{"no store", Options{}, "", []string{"neither", "Store", "lease mode", "Tx", "transactional mode"}},
+		{"both stores", Options{Store: st, Tx: &txStub{}}, "", []string{"both", "Store", "lease mode", "Tx", "transactional mode"}},
+		{"typed-nil store", Options{Store: (*idem.RedisStore)(nil)}, "Store", []string{"(*idem.RedisStore)(nil)"}},
+		{"typed-nil store, tx set", Options{Store: (*idem.MemoryStore)(nil), Tx: &txStub{}}, "Store", []string{"(*idem.MemoryStore)(nil)"}},
+		{"typed-nil tx", Options{Tx: (*idem.SQLStore)(nil)}, "Tx", []string{"(*idem.SQLStore)(nil)"}},
+		{"typed-nil tx, store set", Options{Store: st, Tx: (*txStub)(nil)}, "Tx", []string{"(*middleware.txStub)(nil)"}},
+		{"typed-nil observer", Options{Store: st, Observer: (*obstest.Log)(nil)}, "Observer", []string{"(*obstest.Log)(nil)"}},
 
 		{"bad header", Options{Store: st, Header: "Idempotency Key"}, "Header", []string{`"Idempotency Key"`}},
 		{"header with key", Options{Store: st, Header: "X-Key", Key: key}, "Header", []string{`"X-Key"`, "never read"}},
@@ -97,6 +104,8 @@ func TestNewAccepts(t *testing.T) {
 			MaxBodyBytes: 1 << 10, MaxResponseBytes: 1 << 10, ReplayHeaders: []string{"location", "ETag"},
 			Keep:  func(int) bool { return true },
 			Error: WriteProblem, RecordTimeout: time.Second, KeyHasher: hasher,
+			Observer: &obstest.Log{}, Logger: slog.New(slog.DiscardHandler),
+			Fingerprint: func(*http.Request, string, io.Reader) ([]byte, error) { return []byte("f"), nil },
 		},
 		"key and route": {
 			Store: st, Key: func(*http.Request) (string, error) { return "k", nil },
