@@ -34,8 +34,10 @@ type Options struct {
 	// Required answers 400 to a covered request without a key instead of
 	// passing it through. Default false.
 	Required bool
-	// Methods are the request methods the middleware covers; others pass
-	// through untouched. Default POST and PATCH.
+	// Methods are the request methods the middleware covers, each an
+	// upper-case token listed once (method names are case-sensitive:
+	// "post" matches no request); others pass through untouched. Default
+	// POST and PATCH.
 	Methods []string
 	// Key takes the client's key from elsewhere than Header, a webhook's
 	// event id say: it returns the key, "" for none (then Required
@@ -220,8 +222,15 @@ func (o Options) config() (*config, error) {
 		methods = []string{http.MethodPost, http.MethodPatch}
 	}
 	for _, m := range methods {
-		if !validFieldName(m) { // a method is a token, as a field name is
+		switch {
+		case !validFieldName(m): // a method is a token, as a field name is
 			return nil, fmt.Errorf("middleware: Methods: %q is not a method (an RFC 9110 token)", m)
+		case strings.ToUpper(m) != m:
+			// net/http compares r.Method as sent, and clients send the
+			// standard methods in upper case: "post" would cover nothing.
+			return nil, fmt.Errorf("middleware: Methods: %q never matches a request; HTTP methods are case-sensitive, use %q", m, strings.ToUpper(m))
+		case c.methods[m]:
+			return nil, fmt.Errorf("middleware: Methods: %q is listed twice", m)
 		}
 		c.methods[m] = true
 	}

@@ -52,6 +52,11 @@ func TestNewRefuses(t *testing.T) {
 		{"negative response", Options{Store: st, MaxResponseBytes: -3}, "MaxResponseBytes", []string{"-3"}},
 
 		{"method not a token", Options{Store: st, Methods: []string{"PO ST"}}, "Methods", []string{`"PO ST"`}},
+		{"method empty", Options{Store: st, Methods: []string{"POST", ""}}, "Methods", []string{`""`}},
+		{"method lower case", Options{Store: st, Methods: []string{"post"}}, "Methods",
+			[]string{`middleware: Methods: "post" never matches a request; HTTP methods are case-sensitive, use "POST"`}},
+		{"method mixed case", Options{Store: st, Methods: []string{"PUT", "Patch"}}, "Methods", []string{`"Patch"`, `use "PATCH"`}},
+		{"method twice", Options{Store: st, Methods: []string{"POST", "PUT", "POST"}}, "Methods", []string{`"POST"`, "twice"}},
 
 		{"replay not a token", Options{Store: st, ReplayHeaders: []string{"Set-Cookie "}}, "ReplayHeaders", []string{`"Set-Cookie "`}},
 		{"set-cookie replayed", Options{Store: st, ReplayHeaders: []string{"set-cookie"}}, "ReplayHeaders", []string{`"set-cookie"`, "credentials"}},
