@@ -206,7 +206,7 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, key string, p *P
 // clientKey returns the request's key ("" for none) or the problem with it.
 func (h *handler) clientKey(r *http.Request) (string, *Problem) {
 	if h.c.Key == nil {
-		k, err := headerKey(r.Header, h.c.Header, h.c.MaxKeyLength)
+		k, err := headerKey(r.Header, h.c.Header, h.c.MaxKeyBytes)
 		if err != nil {
 			return "", problem(TypeKeyInvalid, "The "+h.c.Header+" header is invalid: "+err.Error()+".", err)
 		}
@@ -216,7 +216,7 @@ func (h *handler) clientKey(r *http.Request) (string, *Problem) {
 	if err != nil {
 		return "", problem(TypeKeyInvalid, "", err)
 	}
-	if len(k) > h.c.MaxKeyLength {
+	if len(k) > h.c.MaxKeyBytes {
 		return "", problem(TypeKeyInvalid, "The key is too long.", errKeyTooLong)
 	}
 	return k, nil

@@ -42,7 +42,7 @@ type Options struct {
 	// Key takes the client's key from elsewhere than Header, a webhook's
 	// event id say: it returns the key, "" for none (then Required
 	// decides), or an error (400 problem, the error never shown). A key
-	// must still be at most MaxKeyLength bytes. Default: the Header,
+	// must still be at most MaxKeyBytes bytes. Default: the Header,
 	// parsed as an RFC 8941 string or a bare token.
 	Key func(*http.Request) (string, error)
 	// Scope names the tenant the request acts for (an account id, an API
@@ -64,8 +64,10 @@ type Options struct {
 	// the same key in flight before answering 409 with Retry-After.
 	// Default 5s.
 	LockTimeout time.Duration
-	// MaxKeyLength bounds the client's key, in bytes. Default 255.
-	MaxKeyLength int
+	// MaxKeyBytes bounds the client's key (from Header or Key), in bytes;
+	// a longer one is 400. The store's own MaxKeyBytes bounds the whole
+	// record key (scope, method, route and client key). Default 255.
+	MaxKeyBytes int
 	// MaxBodyBytes bounds a covered request's body; a longer one is 413.
 	// Up to 64 KiB are held in memory, the rest spools to a temporary
 	// file (see the package documentation). Default 10 MiB.
@@ -136,7 +138,7 @@ type Options struct {
 const (
 	DefaultHeader           = "Idempotency-Key"
 	DefaultLockTimeout      = 5 * time.Second
-	DefaultMaxKeyLength     = 255
+	DefaultMaxKeyBytes      = 255
 	DefaultMaxBodyBytes     = 10 << 20
 	DefaultMaxResponseBytes = 512 << 10
 	DefaultRecordTimeout    = 10 * time.Second
@@ -196,8 +198,8 @@ func (o Options) config() (*config, error) {
 	if o.RecordTimeout < 0 {
 		return nil, fmt.Errorf("middleware: RecordTimeout: %v is negative; 0 means the default, %v", o.RecordTimeout, DefaultRecordTimeout)
 	}
-	if o.MaxKeyLength < 0 {
-		return nil, fmt.Errorf("middleware: MaxKeyLength: %d is negative; 0 means the default, %d", o.MaxKeyLength, DefaultMaxKeyLength)
+	if o.MaxKeyBytes < 0 {
+		return nil, fmt.Errorf("middleware: MaxKeyBytes: %d is negative; 0 means the default, %d", o.MaxKeyBytes, DefaultMaxKeyBytes)
 	}
 	if o.MaxBodyBytes < 0 {
 		return nil, fmt.Errorf("middleware: MaxBodyBytes: %d is negative; 0 means the default, %d", o.MaxBodyBytes, DefaultMaxBodyBytes)
@@ -207,7 +209,7 @@ func (o Options) config() (*config, error) {
 	}
 	o.LockTimeout = cmp.Or(o.LockTimeout, DefaultLockTimeout)
 	o.RecordTimeout = cmp.Or(o.RecordTimeout, DefaultRecordTimeout)
-	o.MaxKeyLength = cmp.Or(o.MaxKeyLength, DefaultMaxKeyLength)
+	o.MaxKeyBytes = cmp.Or(o.MaxKeyBytes, DefaultMaxKeyBytes)
 	o.MaxBodyBytes = cmp.Or(o.MaxBodyBytes, DefaultMaxBodyBytes)
 	o.MaxResponseBytes = cmp.Or(o.MaxResponseBytes, DefaultMaxResponseBytes)
 	if o.Keep == nil {

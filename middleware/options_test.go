@@ -47,7 +47,7 @@ func TestNewRefuses(t *testing.T) {
 
 		{"negative lock", Options{Store: st, LockTimeout: -time.Second}, "LockTimeout", []string{"-1s"}},
 		{"negative record", Options{Store: st, RecordTimeout: -time.Millisecond}, "RecordTimeout", []string{"-1ms"}},
-		{"negative key length", Options{Store: st, MaxKeyLength: -1}, "MaxKeyLength", []string{"-1"}},
+		{"negative key bytes", Options{Store: st, MaxKeyBytes: -1}, "MaxKeyBytes", []string{"-1"}},
 		{"negative body", Options{Store: st, MaxBodyBytes: -2}, "MaxBodyBytes", []string{"-2"}},
 		{"negative response", Options{Store: st, MaxResponseBytes: -3}, "MaxResponseBytes", []string{"-3"}},
 
@@ -105,7 +105,7 @@ func TestNewAccepts(t *testing.T) {
 		"every field": {
 			Store: st, Header: "x-request-key", Required: true,
 			Methods: []string{"PUT", "M-SEARCH"}, Scope: func(*http.Request) (string, error) { return "t", nil },
-			Mux: http.NewServeMux(), LockTimeout: time.Second, MaxKeyLength: 64,
+			Mux: http.NewServeMux(), LockTimeout: time.Second, MaxKeyBytes: 64,
 			MaxBodyBytes: 1 << 10, MaxResponseBytes: 1 << 10, ReplayHeaders: []string{"location", "ETag"},
 			Keep:  func(int) bool { return true },
 			Error: WriteProblem, RecordTimeout: time.Second, KeyHasher: hasher,
