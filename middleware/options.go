@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/textproto"
+	"slices"
 	"strings"
 	"time"
 
@@ -206,11 +207,23 @@ func (o Options) config() (*config, error) {
 	if o.Error == nil {
 		o.Error = WriteProblem
 	}
-	c := &config{Options: o, methods: map[string]bool{}}
-	methods := o.Methods
+	methods, err := methodSet(o.Methods)
+	if err != nil {
+		return nil, err
+	}
+	replay, err := replayList(o.ReplayHeaders)
+	if err != nil {
+		return nil, err
+	}
+	return &config{Options: o, methods: methods, replay: replay}, nil
+}
+
+// methodSet checks Options.Methods and returns them as a set.
+func methodSet(methods []string) (map[string]bool, error) {
 	if len(methods) == 0 {
 		methods = []string{http.MethodPost, http.MethodPatch}
 	}
+	set := make(map[string]bool, len(methods))
 	for _, m := range methods {
 		switch {
 		case !validFieldName(m): // a method is a token, as a field name is
@@ -219,17 +232,22 @@ func (o Options) config() (*config, error) {
 			// net/http compares r.Method as sent, and clients send the
 			// standard methods in upper case: "post" would cover nothing.
 			return nil, fmt.Errorf("middleware: Methods: %q never matches a request; HTTP methods are case-sensitive, use %q", m, strings.ToUpper(m))
-		case c.methods[m]:
+		case set[m]:
 			return nil, fmt.Errorf("middleware: Methods: %q is listed twice", m)
 		}
-		c.methods[m] = true
+		set[m] = true
 	}
-	replay := o.ReplayHeaders
-	if len(replay) == 0 {
-		replay = DefaultReplayHeaders
+	return set, nil
+}
+
+// replayList checks Options.ReplayHeaders and returns their canonical
+// names.
+func replayList(headers []string) ([]string, error) {
+	if len(headers) == 0 {
+		headers = DefaultReplayHeaders
 	}
-	seen := make(map[string]bool, len(replay))
-	for _, h := range replay {
+	list := make([]string, 0, len(headers))
+	for _, h := range headers {
 		if !validFieldName(h) {
 			return nil, fmt.Errorf("middleware: ReplayHeaders: %q is not a header field name (an RFC 9110 token)", h)
 		}
@@ -237,13 +255,12 @@ func (o Options) config() (*config, error) {
 		if neverReplayed[ch] {
 			return nil, fmt.Errorf("middleware: ReplayHeaders: %q may not be replayed: it carries credentials", h)
 		}
-		if seen[ch] {
+		if slices.Contains(list, ch) {
 			return nil, fmt.Errorf("middleware: ReplayHeaders: %q is listed twice", h)
 		}
-		seen[ch] = true
-		c.replay = append(c.replay, ch)
+		list = append(list, ch)
 	}
-	return c, nil
+	return list, nil
 }
 
 // validFieldName reports whether s is an RFC 9110 token.
