@@ -2,6 +2,7 @@ package middleware
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"io"
 	"net/http"
@@ -33,7 +34,7 @@ type spool struct {
 func (s *spool) Write(p []byte) (int, error) {
 	n := len(p)
 	if s.file == nil {
-		room := or(s.memory, spoolMemory) - s.mem.Len()
+		room := cmp.Or(s.memory, spoolMemory) - s.mem.Len()
 		if len(p) <= room {
 			s.mem.Write(p)
 			s.size += int64(n)

@@ -37,6 +37,13 @@
 // the method, the route pattern and the client's key in an injective,
 // length-prefixed encoding, so tenants and endpoints never share a record.
 //
+// The route is Options.Route's when set (for routers other than
+// http.ServeMux). Otherwise it is r.Pattern when the middleware sits inside
+// a ServeMux route; when it wraps a whole mux (Options.Mux, or the
+// *http.ServeMux it wraps directly), the pattern that mux's Handler(r)
+// reports, which is what r.Pattern would have been inside the route; else
+// the path.
+//
 // The fingerprint tells a retry from a different request reusing the key:
 // SHA-256 over the method, route, path and query, content type and body.
 // A multipart body counts by its fields and its files' names and sizes, so
@@ -60,7 +67,9 @@
 // handler cannot stream (there is no http.Flusher).
 //
 // Replays carry only the headers of Options.ReplayHeaders; Set-Cookie,
-// Authorization, WWW-Authenticate and Proxy-Authenticate are never replayed.
+// Authorization, WWW-Authenticate and Proxy-Authenticate are never replayed
+// (New refuses them): a replay goes to whoever holds the key, and
+// credentials must not go with it.
 //
 // # Lease mode
 //
@@ -75,15 +84,45 @@
 //
 // # Transactional mode
 //
-// With Options.Tx, the request runs in sqlstore.Store.Run: the claim, the
-// handler's own SQL (through sqlstore.TxFromContext(r.Context())) and the
-// record commit in one transaction, and the response is sent after the
-// commit. A 5xx or a panic rolls back both. A request that meets another of
-// its key in flight waits for it in the database (for the store's
+// With Options.Tx, a [TxStore] such as [github.com/idemgo/idem/sqlstore.Store], the request runs
+// in its Run: the claim, the handler's own SQL and the record commit in one
+// transaction, and the response is sent after the commit. The handler gets
+// the transaction from the store's context helper, for a *sqlstore.Store
+// [github.com/idemgo/idem/sqlstore.TxFromContext]:
+//
+//	tx, ok := sqlstore.TxFromContext(r.Context())
+//
+// A 5xx or a panic rolls back both. A request that meets another of
+// its key in flight waits for it in the database (for the SQL store's
 // LockTimeout per attempt, retried up to Options.LockTimeout) and then
 // replays it. The in-flight request's fingerprint is not visible before
 // its commit, so there a different request waits as a retry would before
 // its 422.
+//
+// # Observing
+//
+// Options.Observer receives one idem.Event, with Op idem.OpRequest, per
+// request the middleware acts on (a covered method with a key, or without
+// one when Options.Required), after the response is written:
+//
+//   - Outcome is the outcome of the request's claim: Claimed, the handler
+//     ran; Duplicate, a replay; InProgress, another request held the key,
+//     and this one answered 409 or its client left while waiting.
+//   - Took is the whole request, handler included.
+//   - KeyHash is the hash of the key as stored (scope, method, route and
+//     client key), by Options.KeyHasher.
+//   - Err is the idempotency layer's answer, not the handler's: nil when it
+//     did its part, even for a 5xx the handler answered; idem.ErrInvalidKey
+//     or idem.ErrTooLarge (Class invalid) for a request refused before any
+//     store call; idem.ErrFingerprintMismatch or idem.ErrInProgress (Class
+//     conflict) for a 422 or a 409; the store's error for a 503 or for a
+//     response that could not be recorded.
+//
+// When the Observer is an idem.Starter, it is started before the first
+// store call, and its context is the handler's and the store calls'
+// context, so that spans nest. Give the store the same Observer to see the
+// store operations of each request too. With no Observer nothing is
+// measured and nothing is allocated for it.
 //
 // # Recorded responses
 //

@@ -1,14 +1,20 @@
 package middleware_test
 
 import (
+	"context"
+	"database/sql"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/middleware"
+	"github.com/idemgo/idem/sqlstore"
+	_ "modernc.org/sqlite" // database/sql driver "sqlite"
 )
 
 // send posts body with an Idempotency-Key to h and prints the answer.
@@ -49,6 +55,62 @@ func ExampleNew() {
 	// 201 replayed="true" {"order":1}
 	// 422 replayed="" {"type":"https://pkg.go.dev/github.com/idemgo/idem/middleware#TypeFingerprintMismatch","title":"Idempotency key reused","status":422,"detail":"The key was used for a different request."}
 	// orders placed: 1
+}
+
+// In transactional mode the handler's own SQL and the record of its
+// response commit in one transaction: the order is stored once however
+// often the client retries, and a 5xx would roll both back.
+func ExampleNew_transactional() {
+	dir, err := os.MkdirTemp("", "idem-example")
+	if err != nil {
+		panic(err)
+	}
+	defer os.RemoveAll(dir)
+	db, err := sql.Open("sqlite", "file:"+filepath.Join(dir, "shop.db")+"?_pragma=journal_mode(WAL)")
+	if err != nil {
+		panic(err)
+	}
+	defer db.Close()
+	store, err := sqlstore.New(db, sqlstore.Options{Dialect: sqlstore.SQLite}) // or Postgres
+	if err != nil {
+		panic(err)
+	}
+	if err := store.CreateSchema(context.Background()); err != nil { // a migration in production
+		panic(err)
+	}
+	if _, err := db.Exec("CREATE TABLE orders (id INTEGER PRIMARY KEY, sku TEXT)"); err != nil {
+		panic(err)
+	}
+
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /orders", func(w http.ResponseWriter, r *http.Request) {
+		tx, _ := sqlstore.TxFromContext(r.Context()) // the transaction that records the response
+		var id int64
+		err := tx.QueryRowContext(r.Context(), "INSERT INTO orders (sku) VALUES ('tea') RETURNING id").Scan(&id)
+		if err != nil {
+			http.Error(w, "the order was not stored", http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"order":%d}`, id)
+	})
+	idempotent, err := middleware.New(middleware.Options{Tx: store})
+	if err != nil {
+		panic(err)
+	}
+	h := idempotent(mux)
+
+	send(h, "/orders", "5f2b9c1e", `{"sku":"tea"}`)
+	send(h, "/orders", "5f2b9c1e", `{"sku":"tea"}`) // the client retries
+	var stored int
+	if err := db.QueryRow("SELECT count(*) FROM orders").Scan(&stored); err != nil {
+		panic(err)
+	}
+	fmt.Println("orders stored:", stored)
+	// Output:
+	// 201 replayed="" {"order":1}
+	// 201 replayed="true" {"order":1}
+	// orders stored: 1
 }
 
 // With chi, the middleware sits inside the route (r.With), where chi knows

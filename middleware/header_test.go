@@ -3,7 +3,6 @@ package middleware
 import (
 	"strings"
 	"testing"
-	"time"
 )
 
 func TestParseKey(t *testing.T) {
@@ -68,30 +67,6 @@ func FuzzParseKey(f *testing.F) {
 			t.Fatalf("parseKey(%q) = %q, which serializes as %q", in, key, quoted)
 		}
 	})
-}
-
-func TestOptionsInvalid(t *testing.T) {
-	st := newCounting()
-	for name, o := range map[string]Options{
-		"no store":            {},
-		"negative lock":       {Store: st, LockTimeout: -time.Second},
-		"negative record":     {Store: st, RecordTimeout: -time.Second},
-		"negative body":       {Store: st, MaxBodyBytes: -1},
-		"negative response":   {Store: st, MaxResponseBytes: -1},
-		"negative key length": {Store: st, MaxKeyLength: -1},
-		"bad header":          {Store: st, Header: "Idempotency Key"},
-		"bad method":          {Store: st, Methods: []string{"PO ST"}},
-		"set-cookie replayed": {Store: st, ReplayHeaders: []string{"set-cookie"}},
-		"auth replayed":       {Store: st, ReplayHeaders: []string{"Content-Type", "Authorization"}},
-		"challenge replayed":  {Store: st, ReplayHeaders: []string{"WWW-Authenticate"}},
-	} {
-		if _, err := New(o); err == nil {
-			t.Errorf("New(%s) = nil error; want one", name)
-		}
-	}
-	if _, err := New(Options{Store: st}); err != nil {
-		t.Errorf("New with only a Store = %v; want the defaults to do", err)
-	}
 }
 
 // Options.Header and Options.Methods change what is covered.

@@ -26,9 +26,10 @@ const (
 )
 
 // New returns the middleware that Options describe, or an error when they
-// are invalid (neither or both of Store and Tx, a negative duration or
-// size, a header name that is not a token, a credential header in
-// ReplayHeaders).
+// hold a mistake: the error names the field at fault and the value given
+// (a negative duration or size, a header name that is not a token, a
+// credential header in ReplayHeaders, a field that is never read, ...), or
+// Store and Tx when neither or both are set.
 //
 // The returned function is safe to call many times and its handlers are safe
 // for concurrent use.
@@ -205,7 +206,7 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, key string, p *P
 // clientKey returns the request's key ("" for none) or the problem with it.
 func (h *handler) clientKey(r *http.Request) (string, *Problem) {
 	if h.c.Key == nil {
-		k, err := headerKey(r.Header, h.c.Header, h.c.MaxKeyLength)
+		k, err := headerKey(r.Header, h.c.Header, h.c.MaxKeyBytes)
 		if err != nil {
 			return "", problem(TypeKeyInvalid, "The "+h.c.Header+" header is invalid: "+err.Error()+".", err)
 		}
@@ -215,7 +216,7 @@ func (h *handler) clientKey(r *http.Request) (string, *Problem) {
 	if err != nil {
 		return "", problem(TypeKeyInvalid, "", err)
 	}
-	if len(k) > h.c.MaxKeyLength {
+	if len(k) > h.c.MaxKeyBytes {
 		return "", problem(TypeKeyInvalid, "The key is too long.", errKeyTooLong)
 	}
 	return k, nil

@@ -1,70 +1,79 @@
 package middleware
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/textproto"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/sqlstore"
+	"github.com/idemgo/idem/internal/nilcheck"
 )
 
 // Options configure the middleware. The zero value of every field means its
-// documented default; exactly one of Store and Tx must be set.
+// documented default; exactly one of Store and Tx must be set. New refuses
+// a mistake in any field with an error that names the field.
 type Options struct {
 	// Store holds the records in lease mode: the handler runs under a
-	// lease, renewed by idem.KeepAlive while it runs, and its response is
-	// confirmed afterwards. Set Store or Tx, not both. Default: none.
+	// lease and its response is confirmed afterwards (see Lease mode in the
+	// package documentation). Set Store or Tx, not both. Default: none.
 	Store idem.Store
 	// Tx holds the records in transactional mode: the handler runs inside
-	// sqlstore.Store.Run, its own SQL joins the record's transaction
-	// through sqlstore.TxFromContext(r.Context()), and the response is sent
-	// only after the commit. Set Store or Tx, not both. Default: none.
-	Tx *sqlstore.Store
-	// Header names the request header that carries the client's key. It
-	// must be a valid header field name. Default "Idempotency-Key".
+	// Tx.Run and its response is sent after the commit; with an
+	// *sqlstore.Store its SQL joins the transaction through
+	// sqlstore.TxFromContext(r.Context()). Set Store or Tx, not both.
+	// Default: none.
+	Tx TxStore
+	// Header names the request header that carries the client's key: a
+	// header field name, in any case. Not with Key, which replaces it.
+	// Default "Idempotency-Key".
 	Header string
 	// Required answers 400 to a covered request without a key instead of
 	// passing it through. Default false.
 	Required bool
-	// Methods are the request methods the middleware covers; others pass
-	// through untouched. Default POST and PATCH.
+	// Methods are the request methods the middleware covers, each an
+	// upper-case token listed once (method names are case-sensitive:
+	// "post" matches no request); others pass through untouched. Default
+	// POST and PATCH.
 	Methods []string
-	// Key takes the client's key from elsewhere than Header, a webhook's
+	// Key takes the client's key from elsewhere than a header, a webhook's
 	// event id say: it returns the key, "" for none (then Required
-	// decides), or an error (400 problem, the error never shown). A key
-	// must still be at most MaxKeyLength bytes. Default: the Header,
-	// parsed as an RFC 8941 string or a bare token.
+	// decides), or an error (400; the error is never shown). The key is
+	// bounded by MaxKeyBytes too. Default: the Header's value, an RFC 8941
+	// string or a bare token.
 	Key func(*http.Request) (string, error)
 	// Scope names the tenant the request acts for (an account id, an API
 	// key's id), so that one tenant's key never replays another's. An error
 	// answers 400 unless the Error hook decides otherwise. Default: one
 	// scope for every request.
 	Scope func(*http.Request) (string, error)
-	// Route names the endpoint for routers other than http.ServeMux (with
-	// chi: chi.RouteContext(r.Context()).RoutePattern(), the middleware
-	// placed inside the route). Default: r.Pattern when the middleware sits
-	// inside a ServeMux route; else the pattern Mux.Handler(r) reports
-	// (Mux, or the *http.ServeMux the middleware wraps); else the path.
+	// Route names the endpoint for routers other than http.ServeMux (chi:
+	// chi.RouteContext(r.Context()).RoutePattern(), the middleware inside
+	// the route). Default: r.Pattern inside a ServeMux route, else the
+	// pattern the wrapped mux reports (Mux), else the path.
 	Route func(*http.Request) string
 	// Mux is the ServeMux whose pattern names the route when the
-	// middleware wraps the whole mux. Default: the handler the middleware
-	// wraps, when it is a *http.ServeMux.
+	// middleware wraps it through other handlers. Not with Route, which
+	// replaces it. Default: the handler the middleware wraps, when it is a
+	// *http.ServeMux.
 	Mux *http.ServeMux
 	// LockTimeout bounds how long a request waits for another request of
 	// the same key in flight before answering 409 with Retry-After.
 	// Default 5s.
 	LockTimeout time.Duration
-	// MaxKeyLength bounds the client's key, in bytes. Default 255.
-	MaxKeyLength int
-	// MaxBodyBytes bounds a covered request's body; a longer one is 413.
-	// Up to 64 KiB are held in memory, the rest spools to a temporary
-	// file (see the package documentation). Default 10 MiB.
+	// MaxKeyBytes bounds the client's key (from Header or Key), in bytes;
+	// a longer one is 400. The store's own MaxKeyBytes bounds the whole
+	// record key (scope, method, route and client key). Default 255.
+	MaxKeyBytes int
+	// MaxBodyBytes bounds a covered request's body, read before the
+	// handler runs (see Bodies in the package documentation); a longer
+	// one is 413. Default 10 MiB.
 	MaxBodyBytes int64
 	// MaxResponseBytes bounds the response body that is recorded for
 	// replay. A longer response is still sent whole and recorded as done,
@@ -72,54 +81,40 @@ type Options struct {
 	// encoded record (body plus status and headers) must also fit the
 	// store's MaxResultBytes. Default 512 KiB.
 	MaxResponseBytes int
-	// ReplayHeaders are the response headers recorded and replayed.
-	// Set-Cookie, Authorization, WWW-Authenticate and Proxy-Authenticate
-	// may not be listed: credentials are never replayed to whoever holds a
-	// key. Default DefaultReplayHeaders.
+	// ReplayHeaders are the response headers recorded and replayed, each
+	// a header field name listed once, in any case. Set-Cookie,
+	// Authorization, WWW-Authenticate and Proxy-Authenticate may not be
+	// listed. Default DefaultReplayHeaders.
 	ReplayHeaders []string
 	// Keep reports whether a response with this status is recorded. A
 	// response not kept releases the key, so that a retry runs the handler
 	// again. Default: every status below 500.
 	Keep func(status int) bool
-	// Fingerprint computes the request's fingerprint from the request and
-	// its body (a fresh reader over the bounded copy; the handler still
-	// gets the whole body). One longer than idem.MaxFingerprintBytes is
-	// replaced by its SHA-256. An error answers 400. Default
-	// SHA-256 over method, route, path and query, content type and body; for
-	// bodies, the fields and the files' names and sizes.
+	// Fingerprint computes the request's fingerprint from the request, its
+	// route and a fresh reader over its body (the handler still gets the
+	// whole body). One over idem.MaxFingerprintBytes is replaced by its
+	// SHA-256; an error answers 400. Default: SHA-256 over method, route,
+	// path and query, content type and body (multipart: the fields and the
+	// files' names and sizes).
 	Fingerprint func(r *http.Request, route string, body io.Reader) ([]byte, error)
 	// Error writes an error response. It may change everything about it,
 	// the status included. Default: WriteProblem.
 	Error func(w http.ResponseWriter, r *http.Request, p *Problem)
-	// RecordTimeout bounds the store calls that record (Confirm) or release
-	// (Forget) the key after the handler ran, retries included. They run
-	// detached from the request's cancellation: a client that hangs up
-	// must not leave the key claimed. Default 10s.
+	// RecordTimeout bounds, in lease mode, the store calls that record
+	// (Confirm) or release (Forget) the key after the handler ran, retries
+	// included; they run detached from the request's cancellation.
+	// Default 10s.
 	RecordTimeout time.Duration
-	// Logger receives what the middleware cannot tell the client: a
-	// response that could not be recorded, a key that could not be
-	// released. Keys are logged as their KeyHasher hash, never raw.
-	// Default: none.
+	// Logger receives, in lease mode, what the middleware cannot tell the
+	// client: a response that could not be recorded, a key that could not
+	// be released, work done twice. Keys appear as their KeyHasher hash,
+	// never raw. Default: none.
 	Logger *slog.Logger
-	// Observer receives one idem.Event per request the middleware acts on
-	// (a covered method with a key, or without one when Required), with Op
-	// idem.OpRequest, after the response is written: Outcome is the
-	// outcome of the request's claim (Claimed: the handler ran; Duplicate:
-	// a replay; InProgress: another request held the key, and this one
-	// answered 409 or its client left while waiting); Took is the whole
-	// request, handler included; KeyHash is the hash of the key as stored
-	// (scope, method, route and client key). Err is the idempotency
-	// layer's answer, not the handler's: nil when it did its part, even
-	// for a 5xx the handler answered; idem.ErrInvalidKey or
-	// idem.ErrTooLarge (Class invalid) for a request refused before any
-	// store call; idem.ErrFingerprintMismatch or idem.ErrInProgress (Class
-	// conflict) for a 422 or a 409; the store's error for a 503 or for a
-	// response that could not be recorded. When the Observer is an
-	// idem.Starter, it is started before the first store call and its
-	// context is the handler's and the store calls' context, so that
-	// spans nest. Give the store the same Observer to see the store
-	// operations of each request too. With no Observer nothing is
-	// measured and nothing is allocated for it. Default: none.
+	// Observer receives one idem.Event, Op idem.OpRequest, per request the
+	// middleware acts on, after the response is written; an idem.Starter
+	// is started first, so that the store's and the handler's spans nest
+	// in the request's. See Observing in the package documentation.
+	// Default: none, and nothing is measured.
 	Observer idem.Observer
 	// KeyHasher hashes keys for the Logger and the Observer. Give it the
 	// store's (idem.Options.KeyHasher) so that a request's events and log
@@ -132,7 +127,7 @@ type Options struct {
 const (
 	DefaultHeader           = "Idempotency-Key"
 	DefaultLockTimeout      = 5 * time.Second
-	DefaultMaxKeyLength     = 255
+	DefaultMaxKeyBytes      = 255
 	DefaultMaxBodyBytes     = 10 << 20
 	DefaultMaxResponseBytes = 512 << 10
 	DefaultRecordTimeout    = 10 * time.Second
@@ -159,68 +154,113 @@ type config struct {
 }
 
 func (o Options) config() (*config, error) {
-	if (o.Store == nil) == (o.Tx == nil) {
-		return nil, errors.New("middleware: set exactly one of Options.Store and Options.Tx")
+	for _, f := range []struct {
+		name string
+		v    any
+	}{{"Store", o.Store}, {"Tx", o.Tx}, {"Observer", o.Observer}} {
+		// An interface holding a nil pointer is not == nil: it would pass
+		// for set and panic on the first request, far from the mistake.
+		if f.v != nil && nilcheck.Nil(f.v) {
+			return nil, fmt.Errorf("middleware: %s: (%T)(nil) is nil and would panic on the first request", f.name, f.v)
+		}
 	}
-	if o.Header == "" {
-		o.Header = DefaultHeader
+	switch {
+	case o.Store == nil && o.Tx == nil:
+		return nil, errors.New("middleware: neither Store (lease mode: any idem.Store) nor Tx (transactional mode: a TxStore) is set; set one")
+	case o.Store != nil && o.Tx != nil:
+		return nil, errors.New("middleware: both Store (lease mode) and Tx (transactional mode) are set; set one")
 	}
+	if o.Header != "" && o.Key != nil {
+		return nil, fmt.Errorf("middleware: Header: %q is never read: the Key func supplies the key", o.Header)
+	}
+	o.Header = cmp.Or(o.Header, DefaultHeader)
 	if !validFieldName(o.Header) {
-		return nil, fmt.Errorf("middleware: Header %q is not a valid header field name", o.Header)
+		return nil, fmt.Errorf("middleware: Header: %q is not a header field name (an RFC 9110 token)", o.Header)
 	}
 	o.Header = textproto.CanonicalMIMEHeaderKey(o.Header)
-	if o.LockTimeout < 0 || o.RecordTimeout < 0 {
-		return nil, fmt.Errorf("middleware: negative LockTimeout %v or RecordTimeout %v", o.LockTimeout, o.RecordTimeout)
+	if o.Mux != nil && o.Route != nil {
+		return nil, errors.New("middleware: Mux: a *http.ServeMux that is never consulted: the Route func names the route")
 	}
-	if o.MaxKeyLength < 0 || o.MaxBodyBytes < 0 || o.MaxResponseBytes < 0 {
-		return nil, fmt.Errorf("middleware: negative MaxKeyLength %d, MaxBodyBytes %d or MaxResponseBytes %d",
-			o.MaxKeyLength, o.MaxBodyBytes, o.MaxResponseBytes)
+	if o.LockTimeout < 0 {
+		return nil, fmt.Errorf("middleware: LockTimeout: %v is negative; 0 means the default, %v", o.LockTimeout, DefaultLockTimeout)
 	}
-	o.LockTimeout = or(o.LockTimeout, DefaultLockTimeout)
-	o.RecordTimeout = or(o.RecordTimeout, DefaultRecordTimeout)
-	o.MaxKeyLength = or(o.MaxKeyLength, DefaultMaxKeyLength)
-	o.MaxBodyBytes = or(o.MaxBodyBytes, DefaultMaxBodyBytes)
-	o.MaxResponseBytes = or(o.MaxResponseBytes, DefaultMaxResponseBytes)
+	if o.RecordTimeout < 0 {
+		return nil, fmt.Errorf("middleware: RecordTimeout: %v is negative; 0 means the default, %v", o.RecordTimeout, DefaultRecordTimeout)
+	}
+	if o.MaxKeyBytes < 0 {
+		return nil, fmt.Errorf("middleware: MaxKeyBytes: %d is negative; 0 means the default, %d", o.MaxKeyBytes, DefaultMaxKeyBytes)
+	}
+	if o.MaxBodyBytes < 0 {
+		return nil, fmt.Errorf("middleware: MaxBodyBytes: %d is negative; 0 means the default, %d", o.MaxBodyBytes, DefaultMaxBodyBytes)
+	}
+	if o.MaxResponseBytes < 0 {
+		return nil, fmt.Errorf("middleware: MaxResponseBytes: %d is negative; 0 means the default, %d", o.MaxResponseBytes, DefaultMaxResponseBytes)
+	}
+	o.LockTimeout = cmp.Or(o.LockTimeout, DefaultLockTimeout)
+	o.RecordTimeout = cmp.Or(o.RecordTimeout, DefaultRecordTimeout)
+	o.MaxKeyBytes = cmp.Or(o.MaxKeyBytes, DefaultMaxKeyBytes)
+	o.MaxBodyBytes = cmp.Or(o.MaxBodyBytes, DefaultMaxBodyBytes)
+	o.MaxResponseBytes = cmp.Or(o.MaxResponseBytes, DefaultMaxResponseBytes)
 	if o.Keep == nil {
 		o.Keep = func(status int) bool { return status < 500 }
 	}
 	if o.Error == nil {
 		o.Error = WriteProblem
 	}
-	c := &config{Options: o, methods: map[string]bool{}}
-	methods := o.Methods
+	methods, err := methodSet(o.Methods)
+	if err != nil {
+		return nil, err
+	}
+	replay, err := replayList(o.ReplayHeaders)
+	if err != nil {
+		return nil, err
+	}
+	return &config{Options: o, methods: methods, replay: replay}, nil
+}
+
+// methodSet checks Options.Methods and returns them as a set.
+func methodSet(methods []string) (map[string]bool, error) {
 	if len(methods) == 0 {
 		methods = []string{http.MethodPost, http.MethodPatch}
 	}
+	set := make(map[string]bool, len(methods))
 	for _, m := range methods {
-		if !validFieldName(m) { // a method is a token, as a field name is
-			return nil, fmt.Errorf("middleware: Methods holds %q, which is not a method", m)
+		switch {
+		case !validFieldName(m): // a method is a token, as a field name is
+			return nil, fmt.Errorf("middleware: Methods: %q is not a method (an RFC 9110 token)", m)
+		case strings.ToUpper(m) != m:
+			// net/http compares r.Method as sent, and clients send the
+			// standard methods in upper case: "post" would cover nothing.
+			return nil, fmt.Errorf("middleware: Methods: %q never matches a request; HTTP methods are case-sensitive, use %q", m, strings.ToUpper(m))
+		case set[m]:
+			return nil, fmt.Errorf("middleware: Methods: %q is listed twice", m)
 		}
-		c.methods[m] = true
+		set[m] = true
 	}
-	replay := o.ReplayHeaders
-	if len(replay) == 0 {
-		replay = DefaultReplayHeaders
-	}
-	for _, h := range replay {
-		if !validFieldName(h) {
-			return nil, fmt.Errorf("middleware: ReplayHeaders holds %q, which is not a header field name", h)
-		}
-		h = textproto.CanonicalMIMEHeaderKey(h)
-		if neverReplayed[h] {
-			return nil, fmt.Errorf("middleware: ReplayHeaders may not hold %s: credentials are never replayed", h)
-		}
-		c.replay = append(c.replay, h)
-	}
-	return c, nil
+	return set, nil
 }
 
-func or[T comparable](v, def T) T {
-	var zero T
-	if v == zero {
-		return def
+// replayList checks Options.ReplayHeaders and returns their canonical
+// names.
+func replayList(headers []string) ([]string, error) {
+	if len(headers) == 0 {
+		headers = DefaultReplayHeaders
 	}
-	return v
+	list := make([]string, 0, len(headers))
+	for _, h := range headers {
+		if !validFieldName(h) {
+			return nil, fmt.Errorf("middleware: ReplayHeaders: %q is not a header field name (an RFC 9110 token)", h)
+		}
+		ch := textproto.CanonicalMIMEHeaderKey(h)
+		if neverReplayed[ch] {
+			return nil, fmt.Errorf("middleware: ReplayHeaders: %q may not be replayed: it carries credentials", h)
+		}
+		if slices.Contains(list, ch) {
+			return nil, fmt.Errorf("middleware: ReplayHeaders: %q is listed twice", h)
+		}
+		list = append(list, ch)
+	}
+	return list, nil
 }
 
 // validFieldName reports whether s is an RFC 9110 token.

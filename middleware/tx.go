@@ -11,10 +11,35 @@ import (
 	"github.com/idemgo/idem"
 )
 
+// TxStore is what transactional mode (Options.Tx) needs of a store: one
+// that runs a request's work and records its response in one SQL
+// transaction. [github.com/idemgo/idem/sqlstore.Store] implements it; its handlers get the
+// transaction from [github.com/idemgo/idem/sqlstore.TxFromContext].
+type TxStore interface {
+	// Run does the work of key once. In one transaction it claims key,
+	// calls write with the transaction (and a ctx that carries it),
+	// records write's result and commits, then returns the result with
+	// replayed false. For a key whose work is recorded it does not call
+	// write: it returns the recorded result with replayed true, or an
+	// error wrapping idem.ErrFingerprintMismatch when fingerprint differs
+	// from the recorded one. A key another Run or a live lease holds is an
+	// error wrapping idem.ErrInProgress (after waiting, at the store's
+	// discretion). When write returns an error or panics, or its result is
+	// over the store's limit (idem.ErrTooLarge), the transaction rolls
+	// back and Run returns that error (write's own, as errors.Is sees it)
+	// or lets the panic go on.
+	Run(ctx context.Context, key string, fingerprint []byte,
+		write func(ctx context.Context, tx *sql.Tx) ([]byte, error)) (result []byte, replayed bool, err error)
+	// Lookup returns key's live record, or an error wrapping
+	// idem.ErrNotFound, as idem.Store.Lookup does. The middleware reads it
+	// for a 409's Retry-After.
+	Lookup(ctx context.Context, key string) (*idem.Record, error)
+}
+
 // errNotKept makes Run roll back a response that Keep refused.
 var errNotKept = errors.New("middleware: response not kept")
 
-// serveTx is transactional mode: the handler runs inside SQLStore.Run, its
+// serveTx is transactional mode: the handler runs inside TxStore.Run, its
 // SQL in the transaction that records its response, and the response is
 // sent only once that transaction committed (or, for a response not kept,
 // rolled back).

@@ -19,6 +19,9 @@ import (
 	"github.com/idemgo/idem/sqlstore"
 )
 
+// The SQL store is what transactional mode takes.
+var _ TxStore = (*sqlstore.Store)(nil)
+
 // txEnv is a transactional-mode store and an orders table the handler
 // inserts into.
 type txEnv struct {

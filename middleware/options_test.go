@@ -1,0 +1,154 @@
+package middleware
+
+import (
+	"cmp"
+	"context"
+	"database/sql"
+	"io"
+	"log/slog"
+	"net/http"
+	"reflect"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/obstest"
+	"github.com/idemgo/idem/sqlstore"
+)
+
+// Each mistake in Options is refused by New with an error that names the
+// field at fault first, then the value given, so that the user knows what
+// to change without reading the source. A case holds one mistake: if its
+// check is removed, New accepts it or blames another field, and the case
+// fails.
+func TestNewRefuses(t *testing.T) {
+	st := newCounting()
+	route := func(*http.Request) string { return "/r" }
+	key := func(*http.Request) (string, error) { return "k", nil }
+	for _, tc := range []struct {
+		name  string
+		o     Options
+		field string   // the message starts "middleware: <field>: "; "" for Store and Tx together
+		want  []string // what else it says: the value given, ...
+	}{
+		{"no store", Options{}, "", []string{"neither", "Store", "lease mode", "Tx", "transactional mode"}},
+		{"both stores", Options{Store: st, Tx: &txStub{}}, "", []string{"both", "Store", "lease mode", "Tx", "transactional mode"}},
+		{"typed-nil store", Options{Store: (*idem.RedisStore)(nil)}, "Store", []string{"(*idem.RedisStore)(nil)"}},
+		{"typed-nil store, tx set", Options{Store: (*idem.MemoryStore)(nil), Tx: &txStub{}}, "Store", []string{"(*idem.MemoryStore)(nil)"}},
+		{"typed-nil tx", Options{Tx: (*sqlstore.Store)(nil)}, "Tx", []string{"(*sqlstore.Store)(nil)"}},
+		{"typed-nil tx, store set", Options{Store: st, Tx: (*txStub)(nil)}, "Tx", []string{"(*middleware.txStub)(nil)"}},
+		{"typed-nil observer", Options{Store: st, Observer: (*obstest.Log)(nil)}, "Observer", []string{"(*obstest.Log)(nil)"}},
+
+		{"bad header", Options{Store: st, Header: "Idempotency Key"}, "Header", []string{`"Idempotency Key"`}},
+		{"header with key", Options{Store: st, Header: "X-Key", Key: key}, "Header", []string{`"X-Key"`, "never read"}},
+		{"mux with route", Options{Store: st, Mux: http.NewServeMux(), Route: route}, "Mux", []string{"never consulted"}},
+
+		{"negative lock", Options{Store: st, LockTimeout: -time.Second}, "LockTimeout", []string{"-1s"}},
+		{"negative record", Options{Store: st, RecordTimeout: -time.Millisecond}, "RecordTimeout", []string{"-1ms"}},
+		{"negative key bytes", Options{Store: st, MaxKeyBytes: -1}, "MaxKeyBytes", []string{"-1"}},
+		{"negative body", Options{Store: st, MaxBodyBytes: -2}, "MaxBodyBytes", []string{"-2"}},
+		{"negative response", Options{Store: st, MaxResponseBytes: -3}, "MaxResponseBytes", []string{"-3"}},
+
+		{"method not a token", Options{Store: st, Methods: []string{"PO ST"}}, "Methods", []string{`"PO ST"`}},
+		{"method empty", Options{Store: st, Methods: []string{"POST", ""}}, "Methods", []string{`""`}},
+		{"method lower case", Options{Store: st, Methods: []string{"post"}}, "Methods",
+			[]string{`middleware: Methods: "post" never matches a request; HTTP methods are case-sensitive, use "POST"`}},
+		{"method mixed case", Options{Store: st, Methods: []string{"PUT", "Patch"}}, "Methods", []string{`"Patch"`, `use "PATCH"`}},
+		{"method twice", Options{Store: st, Methods: []string{"POST", "PUT", "POST"}}, "Methods", []string{`"POST"`, "twice"}},
+
+		{"replay not a token", Options{Store: st, ReplayHeaders: []string{"Set-Cookie "}}, "ReplayHeaders", []string{`"Set-Cookie "`}},
+		{"set-cookie replayed", Options{Store: st, ReplayHeaders: []string{"set-cookie"}}, "ReplayHeaders", []string{`"set-cookie"`, "credentials"}},
+		{"auth replayed", Options{Store: st, ReplayHeaders: []string{"Content-Type", "Authorization"}}, "ReplayHeaders", []string{`"Authorization"`}},
+		{"challenge replayed", Options{Store: st, ReplayHeaders: []string{"WWW-Authenticate"}}, "ReplayHeaders", []string{`"WWW-Authenticate"`}},
+		{"proxy challenge replayed", Options{Store: st, ReplayHeaders: []string{"proxy-authenticate"}}, "ReplayHeaders", []string{`"proxy-authenticate"`}},
+		{"replay header twice", Options{Store: st, ReplayHeaders: []string{"Location", "ETag", "location"}}, "ReplayHeaders", []string{`"location"`, "twice"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := New(tc.o)
+			if err == nil {
+				t.Fatalf("New(%s) = nil error; want one naming %s", tc.name, cmp.Or(tc.field, "Store and Tx"))
+			}
+			msg := err.Error()
+			if tc.field != "" && !strings.HasPrefix(msg, "middleware: "+tc.field+": ") {
+				t.Errorf("New(%s) = %q; want it to start %q: the field at fault first", tc.name, msg, "middleware: "+tc.field+": ")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(msg, w) {
+					t.Errorf("New(%s) = %q; want it to say %q", tc.name, msg, w)
+				}
+			}
+			// A message may name the field at fault, and fields the user
+			// set (the one the fault is with), never one left unset.
+			o := reflect.ValueOf(tc.o)
+			for _, f := range namedFields(msg) {
+				if f != tc.field && o.FieldByName(f).IsZero() && !slices.Contains(tc.want, f) {
+					t.Errorf("New(%s) = %q; it names %s, which the options leave unset", tc.name, msg, f)
+				}
+			}
+		})
+	}
+}
+
+// New refuses nothing valid: every field set to something other than its
+// default, and the zero Options but for the Store.
+func TestNewAccepts(t *testing.T) {
+	st := newCounting()
+	hasher, err := idem.NewKeyHasher([]byte("0123456789abcdef"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, o := range map[string]Options{
+		"store only": {Store: st},
+		"tx only":    {Tx: &txStub{}},
+		"every field": {
+			Store: st, Header: "x-request-key", Required: true,
+			Methods: []string{"PUT", "M-SEARCH"}, Scope: func(*http.Request) (string, error) { return "t", nil },
+			Mux: http.NewServeMux(), LockTimeout: time.Second, MaxKeyBytes: 64,
+			MaxBodyBytes: 1 << 10, MaxResponseBytes: 1 << 10, ReplayHeaders: []string{"location", "ETag"},
+			Keep:  func(int) bool { return true },
+			Error: WriteProblem, RecordTimeout: time.Second, KeyHasher: hasher,
+			Observer: &obstest.Log{}, Logger: slog.New(slog.DiscardHandler),
+			Fingerprint: func(*http.Request, string, io.Reader) ([]byte, error) { return []byte("f"), nil },
+		},
+		"key and route": {
+			Store: st, Key: func(*http.Request) (string, error) { return "k", nil },
+			Route: func(*http.Request) string { return "/r" },
+		},
+	} {
+		if _, err := New(o); err != nil {
+			t.Errorf("New(%s) = %v; want no error", name, err)
+		}
+	}
+}
+
+// quoted matches a %q string in a message: the user's value, whose words
+// are not field names ("Idempotency Key").
+var quoted = regexp.MustCompile(`"(?:[^"\\]|\\.)*"`)
+
+// namedFields returns the Options fields that msg names, as whole words
+// outside quoted values.
+func namedFields(msg string) []string {
+	msg = quoted.ReplaceAllString(msg, `""`)
+	var names []string
+	typ := reflect.TypeFor[Options]()
+	for i := range typ.NumField() {
+		name := typ.Field(i).Name
+		// A type's name (sqlstore.Store) is not the field.
+		if regexp.MustCompile(`(?:^|[^.\w])` + name + `\b`).MatchString(msg) {
+			names = append(names, name)
+		}
+	}
+	return names
+}
+
+// txStub is a TxStore that is never called: New only looks at it.
+type txStub struct{}
+
+func (*txStub) Run(context.Context, string, []byte, func(context.Context, *sql.Tx) ([]byte, error)) ([]byte, bool, error) {
+	panic("txStub.Run")
+}
+
+func (*txStub) Lookup(context.Context, string) (*idem.Record, error) { panic("txStub.Lookup") }
