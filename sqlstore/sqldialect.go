@@ -54,11 +54,11 @@ type sqlTable struct {
 func parseTable(s string) (sqlTable, error) {
 	parts := strings.Split(s, ".")
 	if len(parts) > 2 {
-		return sqlTable{}, fmt.Errorf("sqlstore: table name %q: at most one schema qualifier", s)
+		return sqlTable{}, fmt.Errorf("sqlstore: Table %q: at most one schema qualifier", s)
 	}
 	for _, p := range parts {
 		if !plainIdent(p) {
-			return sqlTable{}, fmt.Errorf("sqlstore: table name %q: each part must match [A-Za-z_][A-Za-z0-9_]* and be at most %d bytes",
+			return sqlTable{}, fmt.Errorf("sqlstore: Table %q: each part must match [A-Za-z_][A-Za-z0-9_]* and be at most %d bytes",
 				s, maxIdentBytes)
 		}
 	}
@@ -183,7 +183,10 @@ func (t sqlTable) String() string {
 }
 
 func errDialect(d Dialect) error {
-	return fmt.Errorf("sqlstore: unknown SQL dialect %v: want sqlstore.Postgres or sqlstore.SQLite", d)
+	if d == 0 {
+		return errors.New("sqlstore: Dialect is required: sqlstore.Postgres or sqlstore.SQLite")
+	}
+	return fmt.Errorf("sqlstore: Dialect %v is unknown: want sqlstore.Postgres or sqlstore.SQLite", d)
 }
 
 // sqlText builds the dialect's version of a statement written with these

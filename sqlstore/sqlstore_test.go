@@ -63,30 +63,33 @@ func dialects(t *testing.T, f func(t *testing.T, db *sql.DB, d sqlstore.Dialect)
 func TestNewRejects(t *testing.T) {
 	db, _ := sqltest.SQLite(t)
 	long := strings.Repeat("t", 64)
+	// Each mistake is refused with a message naming the field at fault.
 	cases := []struct {
 		name string
 		db   *sql.DB
 		o    sqlstore.Options
+		want string
 	}{
-		{"nil db", nil, sqlstore.Options{Dialect: sqlstore.SQLite}},
-		{"no dialect", db, sqlstore.Options{}},
-		{"unknown dialect", db, sqlstore.Options{Dialect: 3}},
-		{"negative LockTimeout", db, sqlstore.Options{Dialect: sqlstore.SQLite, LockTimeout: -time.Second}},
-		{"negative LeaseTTL", db, sqlstore.Options{Dialect: sqlstore.SQLite, LeaseTTL: -1}},
-		{"negative Retention", db, sqlstore.Options{Dialect: sqlstore.SQLite, Retention: -1}},
-		{"quote in table", db, sqlstore.Options{Dialect: sqlstore.SQLite, Table: `keys"; DROP TABLE x; --`}},
-		{"space in table", db, sqlstore.Options{Dialect: sqlstore.SQLite, Table: "idem keys"}},
-		{"leading digit", db, sqlstore.Options{Dialect: sqlstore.SQLite, Table: "1keys"}},
-		{"three parts", db, sqlstore.Options{Dialect: sqlstore.SQLite, Table: "a.b.c"}},
-		{"empty schema", db, sqlstore.Options{Dialect: sqlstore.SQLite, Table: ".keys"}},
-		{"empty table", db, sqlstore.Options{Dialect: sqlstore.SQLite, Table: "main."}},
-		{"64-byte table", db, sqlstore.Options{Dialect: sqlstore.SQLite, Table: long}},
-		{"64-byte schema", db, sqlstore.Options{Dialect: sqlstore.SQLite, Table: long + ".keys"}},
-		{"non-ASCII table", db, sqlstore.Options{Dialect: sqlstore.SQLite, Table: "clés"}},
+		{"nil db", nil, sqlstore.Options{Dialect: sqlstore.SQLite}, "nil *sql.DB"},
+		{"no dialect", db, sqlstore.Options{}, "Dialect is required"},
+		{"unknown dialect", db, sqlstore.Options{Dialect: 3}, "Dialect dialect(3) is unknown"},
+		{"negative LockTimeout", db, sqlstore.Options{Dialect: sqlstore.SQLite, LockTimeout: -time.Second}, "negative LockTimeout -1s"},
+		{"negative LeaseTTL", db, sqlstore.Options{Dialect: sqlstore.SQLite, LeaseTTL: -1}, "negative LeaseTTL"},
+		{"negative Retention", db, sqlstore.Options{Dialect: sqlstore.SQLite, Retention: -1}, "negative Retention"},
+		{"Retention shorter than LeaseTTL", db, sqlstore.Options{Dialect: sqlstore.SQLite, Retention: time.Second, LeaseTTL: time.Hour}, "Retention 1s is shorter than LeaseTTL 1h0m0s"},
+		{"quote in table", db, sqlstore.Options{Dialect: sqlstore.SQLite, Table: `keys"; DROP TABLE x; --`}, "Table"},
+		{"space in table", db, sqlstore.Options{Dialect: sqlstore.SQLite, Table: "idem keys"}, `Table "idem keys"`},
+		{"leading digit", db, sqlstore.Options{Dialect: sqlstore.SQLite, Table: "1keys"}, `Table "1keys"`},
+		{"three parts", db, sqlstore.Options{Dialect: sqlstore.SQLite, Table: "a.b.c"}, `Table "a.b.c"`},
+		{"empty schema", db, sqlstore.Options{Dialect: sqlstore.SQLite, Table: ".keys"}, `Table ".keys"`},
+		{"empty table", db, sqlstore.Options{Dialect: sqlstore.SQLite, Table: "main."}, `Table "main."`},
+		{"64-byte table", db, sqlstore.Options{Dialect: sqlstore.SQLite, Table: long}, "Table"},
+		{"64-byte schema", db, sqlstore.Options{Dialect: sqlstore.SQLite, Table: long + ".keys"}, "Table"},
+		{"non-ASCII table", db, sqlstore.Options{Dialect: sqlstore.SQLite, Table: "clés"}, `Table "clés"`},
 	}
 	for _, c := range cases {
-		if st, err := sqlstore.New(c.db, c.o); err == nil {
-			t.Errorf("New with %s = %v, nil; want an error", c.name, st)
+		if st, err := sqlstore.New(c.db, c.o); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("New with %s = %v, %v; want an error saying %q", c.name, st, err, c.want)
 		}
 	}
 	if _, err := sqlstore.New(db, sqlstore.Options{Dialect: sqlstore.SQLite, Table: "main." + strings.Repeat("t", 63)}); err != nil {
