@@ -64,14 +64,19 @@ func (s *RedisStore) ClaimBatch(ctx context.Context, keys []string, fingerprints
 	// whole pipeline repeats the same ones.
 	attempt := string(s.appendAttempt(nil))
 	item := func(i int) []byte { return strconv.AppendInt(append([]byte(attempt), ':'), int64(i+1), 10) }
-	single := make([]scriptCall, len(keys))
-	for i, k := range keys {
-		single[i] = scriptCall{script: claimScript, keys: []string{s.redisKey(k)},
-			args: []any{s.leaseMs, claimTail(s.o.Worker, item(i), fp(i))}}
+	// Built in this loop, where item's buffer stays on the stack.
+	tails := make([]any, len(keys))
+	for i := range keys {
+		tails[i] = claimTail(s.o.Worker, item(i), fp(i))
 	}
-	calls := single
+	var calls []scriptCall
 	if s.shared() {
-		calls = batchCalls(claimBatchScript, single)
+		calls = batchCalls(claimBatchScript, len(keys), func(i int) string { return s.redisKey(keys[i]) }, s.leaseMs,
+			func(args []any, i int) []any { return append(args, tails[i]) })
+	} else {
+		for i, k := range keys {
+			calls = append(calls, scriptCall{script: claimScript, keys: []string{s.redisKey(k)}, args: []any{s.leaseMs, tails[i]}})
+		}
 	}
 	cs = make([]Claim, len(keys))
 	var errs []error
@@ -104,14 +109,15 @@ func (s *RedisStore) ConfirmBatch(ctx context.Context, leases []*Lease, results 
 	if len(leases) == 0 {
 		return nil
 	}
-	single := make([]scriptCall, len(leases))
-	for i, l := range leases {
-		single[i] = scriptCall{script: confirmScript, keys: []string{s.redisKey(l.Key)},
-			args: s.confirmArgs(l, at(results, i))}
-	}
-	calls := single
+	var calls []scriptCall
 	if s.shared() {
-		calls = batchCalls(confirmBatchScript, single)
+		calls = batchCalls(confirmBatchScript, len(leases), func(i int) string { return s.redisKey(leases[i].Key) }, s.retentionMs,
+			func(args []any, i int) []any { return append(args, s.confirmArgs(leases[i], at(results, i))[1:]...) })
+	} else {
+		for i, l := range leases {
+			calls = append(calls, scriptCall{script: confirmScript, keys: []string{s.redisKey(l.Key)},
+				args: s.confirmArgs(l, at(results, i))})
+		}
 	}
 	var errs []error
 	cmds, waitErrs := s.pipeline(ctx, calls)
@@ -134,20 +140,20 @@ func (s *RedisStore) ConfirmBatch(ctx context.Context, leases []*Lease, results 
 	return nil
 }
 
-// batchCalls turns one-key calls of claim.lua or confirm.lua into calls of
-// batch, their batch form, of at most batchChunk keys each, in order: one
-// script call for many keys costs Redis much less than one each. The
-// argument the calls share is taken from the first of each chunk.
-func batchCalls(batch *luaScript, single []scriptCall) []scriptCall {
-	calls := make([]scriptCall, 0, (len(single)+batchChunk-1)/batchChunk)
-	for lo := 0; lo < len(single); lo += batchChunk {
-		chunk := single[lo:min(lo+batchChunk, len(single))]
-		bc := scriptCall{script: batch, keys: make([]string, 0, len(chunk)),
-			args: make([]any, 1, 1+len(chunk)*(len(chunk[0].args)-1))}
-		bc.args[0] = chunk[0].args[0]
-		for _, c := range chunk {
-			bc.keys = append(bc.keys, c.keys[0])
-			bc.args = append(bc.args, c.args[1:]...)
+// batchCalls builds the calls of batch (claim_batch.lua, confirm_batch.lua)
+// for n items, at most batchChunk keys each, in order: one script call for
+// many keys costs Redis much less than one each. Each call takes shared
+// once, then every item's own arguments, which item appends (see
+// scriptCall); key(i) is item i's Redis key.
+func batchCalls(batch *luaScript, n int, key func(i int) string, shared any, item func(args []any, i int) []any) []scriptCall {
+	calls := make([]scriptCall, 0, (n+batchChunk-1)/batchChunk)
+	for lo := 0; lo < n; lo += batchChunk {
+		hi := min(lo+batchChunk, n)
+		bc := scriptCall{script: batch, keys: make([]string, 0, hi-lo), args: make([]any, 1, 1+2*(hi-lo))}
+		bc.args[0] = shared
+		for i := lo; i < hi; i++ {
+			bc.keys = append(bc.keys, key(i))
+			bc.args = item(bc.args, i)
 		}
 		calls = append(calls, bc)
 	}

@@ -267,11 +267,8 @@ func (s *RedisStore) mergeCalls(live []*pipeCall) ([]scriptCall, []*pipeCall) {
 			order = append(order, cs[0])
 			return
 		}
-		single := make([]scriptCall, len(cs))
-		for i, c := range cs {
-			single[i] = c.scriptCall
-		}
-		calls = append(calls, batchCalls(batch, single)...)
+		calls = append(calls, batchCalls(batch, len(cs), func(i int) string { return cs[i].keys[0] }, cs[0].args[0],
+			func(args []any, i int) []any { return append(args, cs[i].args[1:]...) })...)
 		order = append(order, cs...)
 	}
 	merge(claims, claimBatchScript)
