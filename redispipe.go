@@ -262,7 +262,10 @@ func (s *RedisStore) mergeCalls(live []*pipeCall) ([]scriptCall, []*pipeCall) {
 	// A lone claim or confirm goes as it is; two or more as their batch
 	// form, each item answered in the order of its batch's keys.
 	merge := func(cs []*pipeCall, batch *luaScript) {
-		if len(cs) == 1 {
+		switch len(cs) {
+		case 0:
+			return
+		case 1:
 			calls = append(calls, cs[0].scriptCall)
 			order = append(order, cs[0])
 			return
