@@ -51,7 +51,10 @@
 // # Observing
 //
 // Options.OnAttempt is called after every attempt with its number, its
-// status or error, and the wait before the next one.
+// status or error, and the wait before the next one. An [http.Transport]
+// base may resend a request carrying Idempotency-Key once by itself, when
+// a reused connection closes before any response; that resend is part of
+// one attempt here.
 //
 // Methods the transport does not cover pass through to the base transport
 // untouched: no key, no retry.
