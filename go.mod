@@ -11,6 +11,8 @@ require (
 
 require github.com/dchest/siphash v1.2.3
 
+require github.com/cenkalti/backoff/v5 v5.0.3
+
 require (
 	github.com/alicebob/miniredis/v2 v2.40.0
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect

@@ -38,7 +38,10 @@ missing). Keys are demo:RUN:NNNNNN, RUN random per run, kept for --retention.
 The same --seed gives the same plan: the same copies of each message at the
 same places in the queue, and the same handler runs crash. The goroutines'
 interleaving is not part of the plan, so counts such as duplicates skipped and
-in-progress redeliveries vary a little between runs of one seed.`
+in-progress redeliveries vary a little between runs of one seed.
+
+idem demo http runs the HTTP half instead: clients sending orders through
+client.Transport and a lossy proxy to the middleware (idem demo http --help).`
 
 // demoRun is one demo: its settings, plan, stores and ledger.
 type demoRun struct {
@@ -65,6 +68,9 @@ func (d *demoRun) key(m int) string {
 }
 
 func (c *cli) demo(args []string) int {
+	if len(args) > 0 && args[0] == "http" {
+		return c.demoHTTP(args[1:])
+	}
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	var sf storeFlags
 	sf.register(fs, c.getenv, true)
