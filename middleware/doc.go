@@ -25,9 +25,38 @@
 //	store unavailable                                  503; the handler does not run (fail closed)
 //	body over MaxBodyBytes                             413, before any store call
 //
-// Errors are application/problem+json (RFC 9457) with a stable type URI per
-// case (TypeKeyMissing, ...), written by Options.Error, and never carry
-// internal error text.
+// # Problems
+//
+// Errors are application/problem+json (RFC 9457), written by Options.Error
+// (default WriteProblem), and never carry internal error text. Each has a
+// type, title, status and detail; instance, "urn:uuid:" and a random UUID
+// that the Logger's line and the Observer (ProblemInstance) carry too, so
+// that an operator finds the occurrence a client reports; retryable, true
+// when the same request sent again may succeed; and, on the key's errors,
+// idempotency_key, the client's key when it is well-formed. Where
+// draft-ietf-httpapi-idempotency-key-header defines the case, type is the
+// draft's section:
+//
+//	status  type                                retryable  key             case
+//	400     draft 2.1, TypeKeyMissing           false      -               no key, with Options.Required
+//	400     draft 2.1, TypeKeyInvalid           false      if well-formed  malformed, repeated, too long, or refused by the store
+//	400     TypeScopeInvalid                    false      -               Options.Scope returned an error
+//	400     TypeBodyUnreadable                  false      -               the body could not be read
+//	413     TypeBodyTooLarge                    false      -               the body is over MaxBodyBytes
+//	422     draft 2.2, TypeFingerprintMismatch  false      yes             the key was used for another request
+//	409     draft 2.6, TypeInProgress           true       yes             the key is being processed; Retry-After: RetryAfter
+//	503     TypeStoreUnavailable                true       -               the store is down, or its database busy; Retry-After: RetryAfter
+//	500     TypeRecordDamaged                   false      -               the work was done; its record does not decode
+//	500     TypeResponseTooLarge                false      -               transactional mode: the response did not fit; rolled back
+//
+// "draft 2.1" is the URI of section 2.1 of the draft
+// (https://datatracker.ietf.org/doc/html/draft-ietf-httpapi-idempotency-key-header-07#section-2.1);
+// "key" is the idempotency_key member.
+//
+// Two choices differ, deliberately, from some other implementations. Two
+// different keys are two operations, even with the same body: never a 409,
+// since two identical payments can both be meant. And a replay says so with
+// Stripe's Idempotent-Replayed: true.
 //
 // # Keys, routes and fingerprints
 //

@@ -3,6 +3,7 @@ package middleware_test
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -24,6 +25,14 @@ func send(h http.Handler, path, key, body string) {
 	r.Header.Set("Content-Type", "application/json")
 	w := httptest.NewRecorder()
 	h.ServeHTTP(w, r)
+	if w.Header().Get("Content-Type") == "application/problem+json" {
+		// The instance is random: print the members a client acts on.
+		var p middleware.Problem
+		_ = json.Unmarshal(w.Body.Bytes(), &p)
+		fmt.Printf("%d %s retryable=%t idempotency_key=%q instance=urn:uuid:...=%t\n",
+			w.Code, p.Type, p.Retryable, p.IdempotencyKey, strings.HasPrefix(p.Instance, "urn:uuid:"))
+		return
+	}
 	fmt.Printf("%d replayed=%q %s\n", w.Code, w.Header().Get(middleware.HeaderReplayed), strings.TrimSpace(w.Body.String()))
 }
 
@@ -53,7 +62,7 @@ func ExampleNew() {
 	// Output:
 	// 201 replayed="" {"order":1}
 	// 201 replayed="true" {"order":1}
-	// 422 replayed="" {"type":"https://pkg.go.dev/github.com/idemgo/idem/middleware#TypeFingerprintMismatch","title":"Idempotency key reused","status":422,"detail":"The key was used for a different request."}
+	// 422 https://datatracker.ietf.org/doc/html/draft-ietf-httpapi-idempotency-key-header-07#section-2.2 retryable=false idempotency_key="8e03978e" instance=urn:uuid:...=true
 	// orders placed: 1
 }
 
