@@ -128,6 +128,13 @@
 // its commit, so there a different request waits as a retry would before
 // its 422.
 //
+// On SQLite a Run holds the database's single writer, so requests of other
+// keys wait for it too. One that still waits at Options.LockTimeout is
+// answered 503 (TypeStoreUnavailable, "the database is busy", Retry-After),
+// not 409: no request of its key is in flight. 409 is for a key that a
+// request of this middleware is running; a request of the same key in
+// another process cannot be told from other work there, and gets the 503.
+//
 // # Observing
 //
 // Options.Observer receives one idem.Event, with Op idem.OpRequest, per

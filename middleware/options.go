@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/idemgo/idem"
@@ -163,6 +164,9 @@ type config struct {
 	methods    map[string]bool
 	replay     []string // canonical names
 	retryAfter string   // RetryAfter in whole seconds, as sent
+	// running holds the store keys whose handler runs inside a Run, for
+	// telling a busy database from a key in flight (tx.go).
+	running sync.Map // string -> bool
 }
 
 func (o Options) config() (*config, error) {

@@ -31,7 +31,8 @@ type answer struct {
 type step struct {
 	q    req
 	hold bool
-	want *answer // nil: not an error, not checked
+	want *answer // nil: not an error
+	code int     // the status of an answer that is not an error, when set
 }
 
 // holdHeader marks a request whose handler blocks until released.
@@ -74,6 +75,8 @@ func runSequence(t *testing.T, o Options, steps []step) {
 		w := do(h, s.q)
 		if s.want != nil {
 			checkAnswer(t, i, w, *s.want)
+		} else if s.code != 0 && w.Code != s.code {
+			t.Errorf("request %d = %d %s; want %d", i, w.Code, w.Body, s.code)
 		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/sqlstore"
 )
 
 // TxStore is what transactional mode (Options.Tx) needs of a store: one
@@ -51,6 +52,8 @@ func (h *handler) serveTx(w http.ResponseWriter, r *http.Request, key, sk string
 	for {
 		out, replayed, err := h.c.Tx.Run(r.Context(), sk, fp, func(ctx context.Context, _ *sql.Tx) ([]byte, error) {
 			rec = newRecorder(h.c.MaxResponseBytes)
+			h.c.running.Store(sk, true)
+			defer h.c.running.Delete(sk)
 			h.handlerRuns(r)
 			r2 := r.WithContext(ctx)
 			r2.Body = spoolBody{body.Reader()}
@@ -72,6 +75,11 @@ func (h *handler) serveTx(w http.ResponseWriter, r *http.Request, key, sk string
 			return result{err: err}
 		case errors.Is(err, idem.ErrInProgress) && rec == nil:
 			left := time.Until(deadline)
+			if left <= 0 && h.busy(err, sk) {
+				w.Header().Set("Retry-After", h.c.retryAfter)
+				h.fail(w, r, problem(kindStoreBusy, "", err))
+				return result{err: err}
+			}
 			if left <= 0 {
 				h.inProgress(w, r, key)
 				return result{outcome: idem.InProgress, err: err}
@@ -92,4 +100,19 @@ func (h *handler) serveTx(w http.ResponseWriter, r *http.Request, key, sk string
 			return result{err: err}
 		}
 	}
+}
+
+// busy reports whether err, the store's answer to a Run of sk, is waiting
+// for the database rather than for sk: SQLite's single writer held by
+// other work (sqlstore.ErrBusy), and no request of this middleware running
+// sk's handler. Such a wait is not "this key is in flight" (#17: requests
+// with distinct keys got 409 while they queued for SQLite's writer); a
+// request of the same key in another process is not visible here, and is
+// answered as busy too.
+func (h *handler) busy(err error, sk string) bool {
+	if !errors.Is(err, sqlstore.ErrBusy) {
+		return false
+	}
+	_, held := h.c.running.Load(sk)
+	return !held
 }
