@@ -108,8 +108,11 @@
 // token), and the response is confirmed. Confirm and Forget run on a
 // context detached from the request, with their own timeout and retries: a
 // client that hangs up after the work is done must not leave the key
-// claimed. If the record cannot be written at all, the response is still
-// sent, and a retry after the lease runs out runs the handler again.
+// claimed. They retry until RecordTimeout or the lease's end, whichever
+// comes first: past it the key is no longer this request's to record. If
+// the record cannot be written by then, the client still gets the
+// handler's response (the work was done; the Logger is told), and a retry
+// after the lease runs out runs the handler again.
 //
 // # Transactional mode
 //

@@ -264,8 +264,9 @@ func (h *handler) serveLease(w http.ResponseWriter, r *http.Request, key, sk str
 // releases the key. It returns the error of a response that could not be
 // recorded.
 func (h *handler) run(w http.ResponseWriter, r *http.Request, l *idem.Lease, body *spool) error {
-	work, stop := idem.KeepAlive(r.Context(), h.c.Store, l)
 	rec := newRecorder(h.c.MaxResponseBytes)
+	rec.lease = renewals{Store: h.c.Store}
+	work, stop := idem.KeepAlive(r.Context(), &rec.lease, l)
 	defer rec.body.Close()
 	done := false
 	defer func() {
@@ -273,7 +274,7 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, l *idem.Lease, bod
 			// The handler panicked: release the key so that a retry does
 			// the work, and let the panic go on.
 			stop()
-			h.forget(r, l)
+			h.forget(r, l, rec.lease.end(l))
 		}
 	}()
 	h.handlerRuns(r)
@@ -281,29 +282,28 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, l *idem.Lease, bod
 	r2.Body = spoolBody{body.Reader()}
 	h.next.ServeHTTP(rec, r2)
 	done = true
-	stop()
+	stop() // waits for the renewals: rec.lease is settled
+	end := rec.lease.end(l)
 	rec.finish()
 	if !h.c.Keep(rec.status) {
-		h.forget(r, l)
+		h.forget(r, l, end)
 		rec.send(w)
 		return nil
 	}
-	err := h.confirm(r, l, rec)
+	err := h.confirm(r, l, end, rec)
 	rec.send(w)
 	return err
 }
 
 // confirm records rec as l's result, on a context detached from the
-// request, retrying within RecordTimeout. A result the store finds too
-// large is recorded again without its body: the work is done, and must be
-// recorded as done whatever its size. It returns the last error when no
-// Confirm succeeded.
-func (h *handler) confirm(r *http.Request, l *idem.Lease, rec *recorder) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), h.c.RecordTimeout)
-	defer cancel()
+// request, retrying within RecordTimeout and the lease, which ends at end.
+// A result the store finds too large is recorded again without its body:
+// the work is done, and must be recorded as done whatever its size. It
+// returns the last error when no Confirm succeeded.
+func (h *handler) confirm(r *http.Request, l *idem.Lease, end time.Time, rec *recorder) error {
 	resp := h.response(rec)
 	result := encodeResponse(resp)
-	err := retry.Do(ctx, func(ctx context.Context) error {
+	err := h.record(r, end, func(ctx context.Context) error {
 		err := h.c.Store.Confirm(ctx, l, result)
 		if errors.Is(err, idem.ErrTooLarge) && !resp.bodyOmitted {
 			resp.body, resp.bodyOmitted = nil, true
@@ -328,14 +328,68 @@ func (h *handler) confirm(r *http.Request, l *idem.Lease, rec *recorder) error {
 }
 
 // forget releases l on a context detached from the request, retrying
-// within RecordTimeout.
-func (h *handler) forget(r *http.Request, l *idem.Lease) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), h.c.RecordTimeout)
-	defer cancel()
-	err := retry.Do(ctx, func(ctx context.Context) error { return h.c.Store.Forget(ctx, l) })
+// within RecordTimeout and the lease, which ends at end.
+func (h *handler) forget(r *http.Request, l *idem.Lease, end time.Time) {
+	err := h.record(r, end, func(ctx context.Context) error { return h.c.Store.Forget(ctx, l) })
 	if err != nil && !errors.Is(err, idem.ErrLeaseLost) {
 		h.log(r, "middleware: the key could not be released; retries wait for the lease to run out", l.Key, err)
 	}
+}
+
+// record runs op, a Confirm or Forget of a lease that ends at end, on a
+// context detached from the request, retrying until RecordTimeout or the
+// lease's end, whichever is first. Past the lease's end a retry can only
+// find the lease lost, or another request's: retrying on held the response
+// for nothing (#17: 10.2 s, the whole RecordTimeout, during a store
+// outage). A lease already over gets one attempt.
+func (h *handler) record(r *http.Request, end time.Time, op func(context.Context) error) error {
+	now := time.Now()
+	over := !end.After(now)
+	deadline := now.Add(h.c.RecordTimeout)
+	if !over && end.Before(deadline) {
+		deadline = end
+	}
+	ctx, cancel := context.WithDeadline(context.WithoutCancel(r.Context()), deadline)
+	defer cancel()
+	if over {
+		return op(ctx)
+	}
+	return retry.Do(ctx, op)
+}
+
+// renewals is the Store that KeepAlive renews a lease through: it notes
+// when the last renewal that succeeded was sent, since the lease runs
+// until then plus its TTL (idem.Lease.Expires is the claim's estimate and
+// is not renewed).
+type renewals struct {
+	idem.Store
+	renewed time.Time
+}
+
+// Renew renews l and notes when, on success.
+func (s *renewals) Renew(ctx context.Context, l *idem.Lease) error {
+	sent := time.Now()
+	err := s.Store.Renew(ctx, l)
+	if err == nil {
+		s.renewed = sent
+	}
+	return err
+}
+
+// end is a conservative estimate of when l runs out now that its renewals
+// stopped: the later of the claim's and the last renewal's estimate.
+func (s *renewals) end(l *idem.Lease) time.Time {
+	if s.renewed.IsZero() {
+		return l.Expires
+	}
+	return later(l.Expires, s.renewed.Add(l.TTL))
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // response is what of rec is recorded: the allowlisted headers, and the

@@ -110,8 +110,9 @@ type Options struct {
 	Error func(w http.ResponseWriter, r *http.Request, p *Problem)
 	// RecordTimeout bounds, in lease mode, the store calls that record
 	// (Confirm) or release (Forget) the key after the handler ran, retries
-	// included; they run detached from the request's cancellation.
-	// Default 10s.
+	// included; they run detached from the request's cancellation, and
+	// never retry past the lease's end (the last renewal plus the store's
+	// LeaseTTL), where the response is sent unrecorded. Default 10s.
 	RecordTimeout time.Duration
 	// Logger receives one line per problem answered (its instance, type,
 	// status and cause; level Error for a 5xx, Info otherwise) and, in
