@@ -67,7 +67,9 @@
 // length-prefixed encoding, so tenants and endpoints never share a record.
 //
 // The route is Options.Route's when set (for routers other than
-// http.ServeMux). Otherwise it is r.Pattern when the middleware sits inside
+// http.ServeMux), or the path when it returns "", as chi's RoutePattern
+// does under r.Use, before routing (see ExampleNew_chiUse; chi's own
+// package is also named middleware: import one under an alias). Otherwise it is r.Pattern when the middleware sits inside
 // a ServeMux route; when it wraps a whole mux (Options.Mux, or the
 // *http.ServeMux it wraps directly), the pattern that mux's Handler(r)
 // reports, which is what r.Pattern would have been inside the route; else

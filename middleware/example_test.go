@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/go-chi/chi/v5"
+	chimw "github.com/go-chi/chi/v5/middleware"
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/middleware"
 	"github.com/idemgo/idem/sqlstore"
@@ -175,4 +176,32 @@ func ExampleOptions_key() {
 	// 204 replayed=""
 	// 204 replayed="true"
 	// handled: 1
+}
+
+// With chi's own middleware package imported under an alias (both are
+// named middleware), the middleware can sit under r.Use, for every route.
+// There chi has not routed yet and RoutePattern is "": the path names the
+// endpoint instead, so a key reused on another endpoint is another record,
+// never a 422.
+func ExampleNew_chiUse() {
+	store := idem.NewMemoryStore(idem.Options{})
+	idempotent, err := middleware.New(middleware.Options{
+		Store: store,
+		Route: func(r *http.Request) string { return chi.RouteContext(r.Context()).RoutePattern() },
+	})
+	if err != nil {
+		panic(err)
+	}
+	r := chi.NewRouter()
+	r.Use(chimw.RequestID, idempotent)
+	r.Post("/orders", func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, `{"order":1}`) })
+	r.Post("/refunds", func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, `{"refund":1}`) })
+
+	send(r, "/orders", "k-1", `{}`)
+	send(r, "/refunds", "k-1", `{}`) // the same key on another endpoint
+	send(r, "/refunds", "k-1", `{}`)
+	// Output:
+	// 200 replayed="" {"order":1}
+	// 200 replayed="" {"refund":1}
+	// 200 replayed="true" {"refund":1}
 }

@@ -57,8 +57,9 @@ type Options struct {
 	Scope func(*http.Request) (string, error)
 	// Route names the endpoint for routers other than http.ServeMux (chi:
 	// chi.RouteContext(r.Context()).RoutePattern(), the middleware inside
-	// the route). Default: r.Pattern inside a ServeMux route, else the
-	// pattern the wrapped mux reports (Mux), else the path.
+	// the route, where the pattern is known); "" means the path. Default:
+	// r.Pattern inside a ServeMux route, else the pattern the wrapped mux
+	// reports (Mux), else the path.
 	Route func(*http.Request) string
 	// Mux is the ServeMux whose pattern names the route when the
 	// middleware wraps it through other handlers. Not with Route, which
