@@ -25,9 +25,38 @@
 //	store unavailable                                  503; the handler does not run (fail closed)
 //	body over MaxBodyBytes                             413, before any store call
 //
-// Errors are application/problem+json (RFC 9457) with a stable type URI per
-// case (TypeKeyMissing, ...), written by Options.Error, and never carry
-// internal error text.
+// # Problems
+//
+// Errors are application/problem+json (RFC 9457), written by Options.Error
+// (default WriteProblem), and never carry internal error text. Each has a
+// type, title, status and detail; instance, "urn:uuid:" and a random UUID
+// that the Logger's line and the Observer (ProblemInstance) carry too, so
+// that an operator finds the occurrence a client reports; retryable, true
+// when the same request sent again may succeed; and, on the key's errors,
+// idempotency_key, the client's key when it is well-formed. Where
+// draft-ietf-httpapi-idempotency-key-header defines the case, type is the
+// draft's section:
+//
+//	status  type                                retryable  key             case
+//	400     draft 2.1, TypeKeyMissing           false      -               no key, with Options.Required
+//	400     draft 2.1, TypeKeyInvalid           false      if well-formed  malformed, repeated, too long, or refused by the store
+//	400     TypeScopeInvalid                    false      -               Options.Scope returned an error
+//	400     TypeBodyUnreadable                  false      -               the body could not be read
+//	413     TypeBodyTooLarge                    false      -               the body is over MaxBodyBytes
+//	422     draft 2.2, TypeFingerprintMismatch  false      yes             the key was used for another request
+//	409     draft 2.6, TypeInProgress           true       yes             the key is being processed; Retry-After: RetryAfter
+//	503     TypeStoreUnavailable                true       -               the store is down, or its database busy; Retry-After: RetryAfter
+//	500     TypeRecordDamaged                   false      -               the work was done; its record does not decode
+//	500     TypeResponseTooLarge                false      -               transactional mode: the response did not fit; rolled back
+//
+// "draft 2.1" is the URI of section 2.1 of the draft
+// (https://datatracker.ietf.org/doc/html/draft-ietf-httpapi-idempotency-key-header-07#section-2.1);
+// "key" is the idempotency_key member.
+//
+// Two choices differ, deliberately, from some other implementations. Two
+// different keys are two operations, even with the same body: never a 409,
+// since two identical payments can both be meant. And a replay says so with
+// Stripe's Idempotent-Replayed: true.
 //
 // # Keys, routes and fingerprints
 //
@@ -38,7 +67,9 @@
 // length-prefixed encoding, so tenants and endpoints never share a record.
 //
 // The route is Options.Route's when set (for routers other than
-// http.ServeMux). Otherwise it is r.Pattern when the middleware sits inside
+// http.ServeMux), or the path when it returns "", as chi's RoutePattern
+// does under r.Use, before routing (see ExampleNew_chiUse; chi's own
+// package is also named middleware: import one under an alias). Otherwise it is r.Pattern when the middleware sits inside
 // a ServeMux route; when it wraps a whole mux (Options.Mux, or the
 // *http.ServeMux it wraps directly), the pattern that mux's Handler(r)
 // reports, which is what r.Pattern would have been inside the route; else
@@ -79,8 +110,11 @@
 // token), and the response is confirmed. Confirm and Forget run on a
 // context detached from the request, with their own timeout and retries: a
 // client that hangs up after the work is done must not leave the key
-// claimed. If the record cannot be written at all, the response is still
-// sent, and a retry after the lease runs out runs the handler again.
+// claimed. They retry until RecordTimeout or the lease's end, whichever
+// comes first: past it the key is no longer this request's to record. If
+// the record cannot be written by then, the client still gets the
+// handler's response (the work was done; the Logger is told), and a retry
+// after the lease runs out runs the handler again.
 //
 // # Transactional mode
 //
@@ -98,6 +132,13 @@
 // replays it. The in-flight request's fingerprint is not visible before
 // its commit, so there a different request waits as a retry would before
 // its 422.
+//
+// On SQLite a Run holds the database's single writer, so requests of other
+// keys wait for it too. One that still waits at Options.LockTimeout is
+// answered 503 (TypeStoreUnavailable, "the database is busy", Retry-After),
+// not 409: no request of its key is in flight. 409 is for a key that a
+// request of this middleware is running; a request of the same key in
+// another process cannot be told from other work there, and gets the 503.
 //
 // # Observing
 //

@@ -3,6 +3,7 @@ package middleware_test
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -11,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/go-chi/chi/v5"
+	chimw "github.com/go-chi/chi/v5/middleware"
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/middleware"
 	"github.com/idemgo/idem/sqlstore"
@@ -24,6 +26,14 @@ func send(h http.Handler, path, key, body string) {
 	r.Header.Set("Content-Type", "application/json")
 	w := httptest.NewRecorder()
 	h.ServeHTTP(w, r)
+	if w.Header().Get("Content-Type") == "application/problem+json" {
+		// The instance is random: print the members a client acts on.
+		var p middleware.Problem
+		_ = json.Unmarshal(w.Body.Bytes(), &p)
+		fmt.Printf("%d %s retryable=%t idempotency_key=%q instance=urn:uuid:...=%t\n",
+			w.Code, p.Type, p.Retryable, p.IdempotencyKey, strings.HasPrefix(p.Instance, "urn:uuid:"))
+		return
+	}
 	fmt.Printf("%d replayed=%q %s\n", w.Code, w.Header().Get(middleware.HeaderReplayed), strings.TrimSpace(w.Body.String()))
 }
 
@@ -53,7 +63,7 @@ func ExampleNew() {
 	// Output:
 	// 201 replayed="" {"order":1}
 	// 201 replayed="true" {"order":1}
-	// 422 replayed="" {"type":"https://pkg.go.dev/github.com/idemgo/idem/middleware#TypeFingerprintMismatch","title":"Idempotency key reused","status":422,"detail":"The key was used for a different request."}
+	// 422 https://datatracker.ietf.org/doc/html/draft-ietf-httpapi-idempotency-key-header-07#section-2.2 retryable=false idempotency_key="8e03978e" instance=urn:uuid:...=true
 	// orders placed: 1
 }
 
@@ -166,4 +176,32 @@ func ExampleOptions_key() {
 	// 204 replayed=""
 	// 204 replayed="true"
 	// handled: 1
+}
+
+// With chi's own middleware package imported under an alias (both are
+// named middleware), the middleware can sit under r.Use, for every route.
+// There chi has not routed yet and RoutePattern is "": the path names the
+// endpoint instead, so a key reused on another endpoint is another record,
+// never a 422.
+func ExampleNew_chiUse() {
+	store := idem.NewMemoryStore(idem.Options{})
+	idempotent, err := middleware.New(middleware.Options{
+		Store: store,
+		Route: func(r *http.Request) string { return chi.RouteContext(r.Context()).RoutePattern() },
+	})
+	if err != nil {
+		panic(err)
+	}
+	r := chi.NewRouter()
+	r.Use(chimw.RequestID, idempotent)
+	r.Post("/orders", func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, `{"order":1}`) })
+	r.Post("/refunds", func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, `{"refund":1}`) })
+
+	send(r, "/orders", "k-1", `{}`)
+	send(r, "/refunds", "k-1", `{}`) // the same key on another endpoint
+	send(r, "/refunds", "k-1", `{}`)
+	// Output:
+	// 200 replayed="" {"order":1}
+	// 200 replayed="" {"refund":1}
+	// 200 replayed="true" {"refund":1}
 }

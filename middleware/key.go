@@ -30,7 +30,13 @@ func storeKey(scope, method, route, key string) string {
 // route names the endpoint of r, per Options.Route.
 func (c *config) route(r *http.Request, mux *http.ServeMux) string {
 	if c.Route != nil {
-		return c.Route(r)
+		// chi's RoutePattern is "" under r.Use, before routing: one key
+		// space for every endpoint would make a key reused on another
+		// endpoint a 422 (#17), so the path names the endpoint instead.
+		if p := c.Route(r); p != "" {
+			return p
+		}
+		return r.URL.Path
 	}
 	if r.Pattern != "" {
 		return r.Pattern

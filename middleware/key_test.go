@@ -103,6 +103,7 @@ func TestRouteSources(t *testing.T) {
 		"r.Pattern":    {inMux: true, want: "POST /items/{id}"},
 		"Route option": {inMux: true, route: func(*http.Request) string { return "custom" }, want: "6:custom"},
 		"path":         {want: "/items/9"},
+		"empty Route":  {route: func(*http.Request) string { return "" }, want: "8:/items/9"}, // chi under r.Use (#17)
 		"Mux option":   {mux: true, want: "POST /items/{id}"},
 	} {
 		t.Run(name, func(t *testing.T) {

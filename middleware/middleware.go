@@ -5,11 +5,13 @@ import (
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"net/http"
 	"strconv"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/retry"
 )
@@ -82,8 +84,8 @@ func (h *handler) observe(w http.ResponseWriter, r *http.Request, key string, p 
 		ctx = s.Start(ctx, idem.OpRequest)
 	}
 	var res result
-	var handlerRan bool
-	r = r.WithContext(context.WithValue(ctx, handlerRanKey{}, &handlerRan))
+	obs := new(observation)
+	r = r.WithContext(context.WithValue(ctx, observationKey{}, obs))
 	done := false
 	defer func() {
 		if !done {
@@ -92,7 +94,7 @@ func (h *handler) observe(w http.ResponseWriter, r *http.Request, key string, p 
 			// as a 5xx is; one before it (a Scope, Key or Fingerprint
 			// func) is reported as errPanicked.
 			res = result{}
-			if handlerRan {
+			if obs.handlerRan {
 				res.outcome = idem.Claimed
 			} else {
 				res.err = errPanicked
@@ -108,15 +110,11 @@ func (h *handler) observe(w http.ResponseWriter, r *http.Request, key string, p 
 	done = true
 }
 
-// handlerRanKey marks an observed request's context with where to note
-// that the handler ran.
-type handlerRanKey struct{}
-
 // handlerRuns notes, for the Observer, that r's handler runs.
 func (h *handler) handlerRuns(r *http.Request) {
 	if h.c.Observer != nil {
-		if ran, ok := r.Context().Value(handlerRanKey{}).(*bool); ok {
-			*ran = true
+		if o, ok := r.Context().Value(observationKey{}).(*observation); ok {
+			o.handlerRan = true
 		}
 	}
 }
@@ -150,14 +148,14 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, key string, p *P
 		return result{err: errKeyRefused}
 	}
 	if key == "" {
-		h.fail(w, r, problem(TypeKeyMissing, "", nil))
+		h.fail(w, r, problem(kindKeyMissing, "", nil))
 		return result{err: errKeyRefused}
 	}
 	var scope string
 	if c.Scope != nil {
 		var err error
 		if scope, err = c.Scope(r); err != nil {
-			h.fail(w, r, problem(TypeScopeInvalid, "", err))
+			h.fail(w, r, problem(kindScopeInvalid, "", err))
 			return result{err: errKeyRefused}
 		}
 	}
@@ -170,11 +168,11 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, key string, p *P
 		body, err = readBody(r.Body, c.MaxBodyBytes)
 	}
 	if errors.Is(err, errBodyTooLarge) {
-		h.fail(w, r, problem(TypeBodyTooLarge, "The request body exceeds "+strconv.FormatInt(c.MaxBodyBytes, 10)+" bytes.", err))
+		h.fail(w, r, problem(kindBodyTooLarge, "The request body exceeds "+strconv.FormatInt(c.MaxBodyBytes, 10)+" bytes.", err))
 		return result{err: errBodyRefused}
 	}
 	if err != nil {
-		h.fail(w, r, problem(TypeBodyUnreadable, "", err))
+		h.fail(w, r, problem(kindBodyUnreadable, "", err))
 		return result{err: errBodyRefused}
 	}
 	defer body.Close()
@@ -185,7 +183,7 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, key string, p *P
 		fp, err = fingerprint(r, route, body.Reader)
 	}
 	if err != nil {
-		h.fail(w, r, problem(TypeBodyUnreadable, "", err))
+		h.fail(w, r, problem(kindBodyUnreadable, "", err))
 		return result{err: errBodyRefused}
 	}
 	if len(fp) > idem.MaxFingerprintBytes {
@@ -195,9 +193,9 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, key string, p *P
 	sk := storeKey(scope, r.Method, route, key)
 	var res result
 	if c.Tx != nil {
-		res = h.serveTx(w, r, sk, fp, body)
+		res = h.serveTx(w, r, key, sk, fp, body)
 	} else {
-		res = h.serveLease(w, r, sk, fp, body)
+		res = h.serveLease(w, r, key, sk, fp, body)
 	}
 	res.key = sk
 	return res
@@ -208,23 +206,23 @@ func (h *handler) clientKey(r *http.Request) (string, *Problem) {
 	if h.c.Key == nil {
 		k, err := headerKey(r.Header, h.c.Header, h.c.MaxKeyBytes)
 		if err != nil {
-			return "", problem(TypeKeyInvalid, "The "+h.c.Header+" header is invalid: "+err.Error()+".", err)
+			return "", problem(kindKeyInvalid, "The "+h.c.Header+" header is invalid: "+err.Error()+".", err)
 		}
 		return k, nil
 	}
 	k, err := h.c.Key(r)
 	if err != nil {
-		return "", problem(TypeKeyInvalid, "", err)
+		return "", problem(kindKeyInvalid, "", err)
 	}
 	if len(k) > h.c.MaxKeyBytes {
-		return "", problem(TypeKeyInvalid, "The key is too long.", errKeyTooLong)
+		return "", problem(kindKeyInvalid, "The key is too long.", errKeyTooLong)
 	}
 	return k, nil
 }
 
 // serveLease is lease mode: claim, and run the handler under the lease;
 // or replay; or wait for the holder.
-func (h *handler) serveLease(w http.ResponseWriter, r *http.Request, sk string, fp []byte, body *spool) result {
+func (h *handler) serveLease(w http.ResponseWriter, r *http.Request, key, sk string, fp []byte, body *spool) result {
 	store := h.c.Store
 	deadline := time.Now().Add(h.c.LockTimeout)
 	wait := 10 * time.Millisecond
@@ -233,11 +231,11 @@ func (h *handler) serveLease(w http.ResponseWriter, r *http.Request, sk string, 
 		// A different request under the key is answered at once, in flight
 		// or done: waiting would not make it the same request.
 		if errors.Is(err, idem.ErrFingerprintMismatch) {
-			h.fail(w, r, problem(TypeFingerprintMismatch, "", nil))
+			h.fail(w, r, keyProblem(kindFingerprintMismatch, key, "", nil))
 			return result{outcome: cl.Outcome, err: err}
 		}
 		if err != nil {
-			h.storeFailed(w, r, err)
+			h.storeFailed(w, r, key, err)
 			return result{err: err}
 		}
 		if cl.Outcome == idem.Claimed {
@@ -248,7 +246,7 @@ func (h *handler) serveLease(w http.ResponseWriter, r *http.Request, sk string, 
 		}
 		left := time.Until(deadline)
 		if left <= 0 {
-			h.inProgress(w, r, cl.Record.Expires)
+			h.inProgress(w, r, key)
 			return result{outcome: idem.InProgress, err: idem.ErrInProgress}
 		}
 		// Jittered, growing waits: many retries of one key do not poll the
@@ -266,8 +264,9 @@ func (h *handler) serveLease(w http.ResponseWriter, r *http.Request, sk string, 
 // releases the key. It returns the error of a response that could not be
 // recorded.
 func (h *handler) run(w http.ResponseWriter, r *http.Request, l *idem.Lease, body *spool) error {
-	work, stop := idem.KeepAlive(r.Context(), h.c.Store, l)
 	rec := newRecorder(h.c.MaxResponseBytes)
+	rec.lease = renewals{Store: h.c.Store}
+	work, stop := idem.KeepAlive(r.Context(), &rec.lease, l)
 	defer rec.body.Close()
 	done := false
 	defer func() {
@@ -275,7 +274,7 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, l *idem.Lease, bod
 			// The handler panicked: release the key so that a retry does
 			// the work, and let the panic go on.
 			stop()
-			h.forget(r, l)
+			h.forget(r, l, rec.lease.end(l))
 		}
 	}()
 	h.handlerRuns(r)
@@ -283,29 +282,28 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, l *idem.Lease, bod
 	r2.Body = spoolBody{body.Reader()}
 	h.next.ServeHTTP(rec, r2)
 	done = true
-	stop()
+	stop() // waits for the renewals: rec.lease is settled
+	end := rec.lease.end(l)
 	rec.finish()
 	if !h.c.Keep(rec.status) {
-		h.forget(r, l)
+		h.forget(r, l, end)
 		rec.send(w)
 		return nil
 	}
-	err := h.confirm(r, l, rec)
+	err := h.confirm(r, l, end, rec)
 	rec.send(w)
 	return err
 }
 
 // confirm records rec as l's result, on a context detached from the
-// request, retrying within RecordTimeout. A result the store finds too
-// large is recorded again without its body: the work is done, and must be
-// recorded as done whatever its size. It returns the last error when no
-// Confirm succeeded.
-func (h *handler) confirm(r *http.Request, l *idem.Lease, rec *recorder) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), h.c.RecordTimeout)
-	defer cancel()
+// request, retrying within RecordTimeout and the lease, which ends at end.
+// A result the store finds too large is recorded again without its body:
+// the work is done, and must be recorded as done whatever its size. It
+// returns the last error when no Confirm succeeded.
+func (h *handler) confirm(r *http.Request, l *idem.Lease, end time.Time, rec *recorder) error {
 	resp := h.response(rec)
 	result := encodeResponse(resp)
-	err := retry.Do(ctx, func(ctx context.Context) error {
+	err := h.record(r, end, func(ctx context.Context) error {
 		err := h.c.Store.Confirm(ctx, l, result)
 		if errors.Is(err, idem.ErrTooLarge) && !resp.bodyOmitted {
 			resp.body, resp.bodyOmitted = nil, true
@@ -330,14 +328,68 @@ func (h *handler) confirm(r *http.Request, l *idem.Lease, rec *recorder) error {
 }
 
 // forget releases l on a context detached from the request, retrying
-// within RecordTimeout.
-func (h *handler) forget(r *http.Request, l *idem.Lease) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), h.c.RecordTimeout)
-	defer cancel()
-	err := retry.Do(ctx, func(ctx context.Context) error { return h.c.Store.Forget(ctx, l) })
+// within RecordTimeout and the lease, which ends at end.
+func (h *handler) forget(r *http.Request, l *idem.Lease, end time.Time) {
+	err := h.record(r, end, func(ctx context.Context) error { return h.c.Store.Forget(ctx, l) })
 	if err != nil && !errors.Is(err, idem.ErrLeaseLost) {
 		h.log(r, "middleware: the key could not be released; retries wait for the lease to run out", l.Key, err)
 	}
+}
+
+// record runs op, a Confirm or Forget of a lease that ends at end, on a
+// context detached from the request, retrying until RecordTimeout or the
+// lease's end, whichever is first. Past the lease's end a retry can only
+// find the lease lost, or another request's: retrying on held the response
+// for nothing (#17: 10.2 s, the whole RecordTimeout, during a store
+// outage). A lease already over gets one attempt.
+func (h *handler) record(r *http.Request, end time.Time, op func(context.Context) error) error {
+	now := time.Now()
+	over := !end.After(now)
+	deadline := now.Add(h.c.RecordTimeout)
+	if !over && end.Before(deadline) {
+		deadline = end
+	}
+	ctx, cancel := context.WithDeadline(context.WithoutCancel(r.Context()), deadline)
+	defer cancel()
+	if over {
+		return op(ctx)
+	}
+	return retry.Do(ctx, op)
+}
+
+// renewals is the Store that KeepAlive renews a lease through: it notes
+// when the last renewal that succeeded was sent, since the lease runs
+// until then plus its TTL (idem.Lease.Expires is the claim's estimate and
+// is not renewed).
+type renewals struct {
+	idem.Store
+	renewed time.Time
+}
+
+// Renew renews l and notes when, on success.
+func (s *renewals) Renew(ctx context.Context, l *idem.Lease) error {
+	sent := time.Now()
+	err := s.Store.Renew(ctx, l)
+	if err == nil {
+		s.renewed = sent
+	}
+	return err
+}
+
+// end is a conservative estimate of when l runs out now that its renewals
+// stopped: the later of the claim's and the last renewal's estimate.
+func (s *renewals) end(l *idem.Lease) time.Time {
+	if s.renewed.IsZero() {
+		return l.Expires
+	}
+	return later(l.Expires, s.renewed.Add(l.TTL))
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // response is what of rec is recorded: the allowlisted headers, and the
@@ -371,7 +423,7 @@ func (h *handler) replay(w http.ResponseWriter, r *http.Request, result []byte) 
 		}
 	})
 	if err != nil {
-		h.fail(w, r, problem(TypeRecordDamaged, "", err))
+		h.fail(w, r, problem(kindRecordDamaged, "", err))
 		return errRecordDamaged
 	}
 	// Shared, never modified: net/http only reads header values.
@@ -386,28 +438,50 @@ func (h *handler) replay(w http.ResponseWriter, r *http.Request, result []byte) 
 
 var headerTrue = []string{"true"}
 
-// inProgress answers 409, with Retry-After when the holder's lease should
-// end (at least a second).
-func (h *handler) inProgress(w http.ResponseWriter, r *http.Request, until time.Time) {
-	secs := int64(time.Until(until)+time.Second-1) / int64(time.Second)
-	w.Header().Set("Retry-After", strconv.FormatInt(max(secs, 1), 10))
-	h.fail(w, r, problem(TypeInProgress, "", idem.ErrInProgress))
+// inProgress answers 409 with Options.RetryAfter: not the holder's lease
+// end, which KeepAlive keeps a whole LeaseTTL ahead while the holder is
+// likely to finish far sooner (#17: a client told 30s waited 28s for
+// nothing).
+func (h *handler) inProgress(w http.ResponseWriter, r *http.Request, key string) {
+	w.Header().Set("Retry-After", h.c.retryAfter)
+	h.fail(w, r, keyProblem(kindInProgress, key, "", idem.ErrInProgress))
 }
 
-// storeFailed answers a failed Claim: 400 for a key the store refuses, 503
-// (fail closed) for anything else, nothing when the client is gone.
-func (h *handler) storeFailed(w http.ResponseWriter, r *http.Request, err error) {
+// storeFailed answers a failed Claim or Run: 400 for a key the store
+// refuses, 503 (fail closed) for anything else, nothing when the client is
+// gone.
+func (h *handler) storeFailed(w http.ResponseWriter, r *http.Request, key string, err error) {
 	switch {
 	case errors.Is(err, idem.ErrInvalidKey):
-		h.fail(w, r, problem(TypeKeyInvalid, "The key is too long.", err))
+		h.fail(w, r, keyProblem(kindKeyInvalid, key, "The key is too long.", err))
 	case r.Context().Err() != nil:
 	default:
-		w.Header().Set("Retry-After", "1")
-		h.fail(w, r, problem(TypeStoreUnavailable, "", err))
+		w.Header().Set("Retry-After", h.c.retryAfter)
+		h.fail(w, r, problem(kindStoreUnavailable, "", err))
 	}
 }
 
+// fail names p's occurrence, logs it and hands it to the Error hook.
 func (h *handler) fail(w http.ResponseWriter, r *http.Request, p *Problem) {
+	p.Instance = "urn:uuid:" + uuid.NewString()
+	if h.c.Observer != nil {
+		if o, ok := r.Context().Value(observationKey{}).(*observation); ok {
+			o.instance = p.Instance
+		}
+	}
+	if h.c.Logger != nil {
+		// A client error is routine; the operator's attention goes to
+		// the service's own failures.
+		level := slog.LevelInfo
+		if p.Status >= 500 {
+			level = slog.LevelError
+		}
+		attrs := []slog.Attr{slog.String("instance", p.Instance), slog.String("type", p.Type), slog.Int("status", p.Status)}
+		if p.Err != nil {
+			attrs = append(attrs, slog.Any("err", p.Err))
+		}
+		h.c.Logger.LogAttrs(r.Context(), level, "middleware: answered "+p.Title, attrs...)
+	}
 	h.c.Error(w, r, p)
 }
 

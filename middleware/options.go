@@ -9,7 +9,9 @@ import (
 	"net/http"
 	"net/textproto"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/idemgo/idem"
@@ -55,8 +57,9 @@ type Options struct {
 	Scope func(*http.Request) (string, error)
 	// Route names the endpoint for routers other than http.ServeMux (chi:
 	// chi.RouteContext(r.Context()).RoutePattern(), the middleware inside
-	// the route). Default: r.Pattern inside a ServeMux route, else the
-	// pattern the wrapped mux reports (Mux), else the path.
+	// the route, where the pattern is known); "" means the path. Default:
+	// r.Pattern inside a ServeMux route, else the pattern the wrapped mux
+	// reports (Mux), else the path.
 	Route func(*http.Request) string
 	// Mux is the ServeMux whose pattern names the route when the
 	// middleware wraps it through other handlers. Not with Route, which
@@ -67,6 +70,12 @@ type Options struct {
 	// the same key in flight before answering 409 with Retry-After.
 	// Default 5s.
 	LockTimeout time.Duration
+	// RetryAfter is the Retry-After of a 409 (the key in flight) and a 503
+	// (the store unavailable or busy), rounded up to whole seconds. It is
+	// a short poll, not the holder's lease end: a request in flight
+	// usually finishes long before its lease would run out. At most 1h.
+	// Default 1s.
+	RetryAfter time.Duration
 	// MaxKeyBytes bounds the client's key (from Header or Key), in bytes;
 	// a longer one is 400. The store's own MaxKeyBytes bounds the whole
 	// record key (scope, method, route and client key). Default 255.
@@ -102,18 +111,22 @@ type Options struct {
 	Error func(w http.ResponseWriter, r *http.Request, p *Problem)
 	// RecordTimeout bounds, in lease mode, the store calls that record
 	// (Confirm) or release (Forget) the key after the handler ran, retries
-	// included; they run detached from the request's cancellation.
-	// Default 10s.
+	// included; they run detached from the request's cancellation, and
+	// never retry past the lease's end (the last renewal plus the store's
+	// LeaseTTL), where the response is sent unrecorded. Default 10s.
 	RecordTimeout time.Duration
-	// Logger receives, in lease mode, what the middleware cannot tell the
-	// client: a response that could not be recorded, a key that could not
-	// be released, work done twice. Keys appear as their KeyHasher hash,
-	// never raw. Default: none.
+	// Logger receives one line per problem answered (its instance, type,
+	// status and cause; level Error for a 5xx, Info otherwise) and, in
+	// lease mode, what the middleware cannot tell the client: a response
+	// that could not be recorded, a key that could not be released, work
+	// done twice. Keys appear as their KeyHasher hash, never raw. Default:
+	// none.
 	Logger *slog.Logger
 	// Observer receives one idem.Event, Op idem.OpRequest, per request the
 	// middleware acts on, after the response is written; an idem.Starter
 	// is started first, so that the store's and the handler's spans nest
-	// in the request's. See Observing in the package documentation.
+	// in the request's; ProblemInstance of the ctx it receives names the
+	// problem answered. See Observing in the package documentation.
 	// Default: none, and nothing is measured.
 	Observer idem.Observer
 	// KeyHasher hashes keys for the Logger and the Observer. Give it the
@@ -127,6 +140,7 @@ type Options struct {
 const (
 	DefaultHeader           = "Idempotency-Key"
 	DefaultLockTimeout      = 5 * time.Second
+	DefaultRetryAfter       = time.Second
 	DefaultMaxKeyBytes      = 255
 	DefaultMaxBodyBytes     = 10 << 20
 	DefaultMaxResponseBytes = 512 << 10
@@ -149,8 +163,12 @@ var neverReplayed = map[string]bool{
 // config is Options validated, with defaults filled in.
 type config struct {
 	Options
-	methods map[string]bool
-	replay  []string // canonical names
+	methods    map[string]bool
+	replay     []string // canonical names
+	retryAfter string   // RetryAfter in whole seconds, as sent
+	// running holds the store keys whose handler runs inside a Run, for
+	// telling a busy database from a key in flight (tx.go).
+	running sync.Map // string -> bool
 }
 
 func (o Options) config() (*config, error) {
@@ -187,6 +205,9 @@ func (o Options) config() (*config, error) {
 	if o.RecordTimeout < 0 {
 		return nil, fmt.Errorf("middleware: RecordTimeout: %v is negative; 0 means the default, %v", o.RecordTimeout, DefaultRecordTimeout)
 	}
+	if o.RetryAfter < 0 || o.RetryAfter > time.Hour {
+		return nil, fmt.Errorf("middleware: RetryAfter: %v is outside 0..1h; 0 means the default, %v", o.RetryAfter, DefaultRetryAfter)
+	}
 	if o.MaxKeyBytes < 0 {
 		return nil, fmt.Errorf("middleware: MaxKeyBytes: %d is negative; 0 means the default, %d", o.MaxKeyBytes, DefaultMaxKeyBytes)
 	}
@@ -198,6 +219,7 @@ func (o Options) config() (*config, error) {
 	}
 	o.LockTimeout = cmp.Or(o.LockTimeout, DefaultLockTimeout)
 	o.RecordTimeout = cmp.Or(o.RecordTimeout, DefaultRecordTimeout)
+	o.RetryAfter = cmp.Or(o.RetryAfter, DefaultRetryAfter)
 	o.MaxKeyBytes = cmp.Or(o.MaxKeyBytes, DefaultMaxKeyBytes)
 	o.MaxBodyBytes = cmp.Or(o.MaxBodyBytes, DefaultMaxBodyBytes)
 	o.MaxResponseBytes = cmp.Or(o.MaxResponseBytes, DefaultMaxResponseBytes)
@@ -215,7 +237,8 @@ func (o Options) config() (*config, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &config{Options: o, methods: methods, replay: replay}, nil
+	secs := (o.RetryAfter + time.Second - 1) / time.Second
+	return &config{Options: o, methods: methods, replay: replay, retryAfter: strconv.FormatInt(int64(secs), 10)}, nil
 }
 
 // methodSet checks Options.Methods and returns them as a set.

@@ -48,6 +48,8 @@ func TestNewRefuses(t *testing.T) {
 
 		{"negative lock", Options{Store: st, LockTimeout: -time.Second}, "LockTimeout", []string{"-1s"}},
 		{"negative record", Options{Store: st, RecordTimeout: -time.Millisecond}, "RecordTimeout", []string{"-1ms"}},
+		{"negative retry-after", Options{Store: st, RetryAfter: -time.Second}, "RetryAfter", []string{"-1s"}},
+		{"retry-after over 1h", Options{Store: st, RetryAfter: 2 * time.Hour}, "RetryAfter", []string{"2h0m0s"}},
 		{"negative key bytes", Options{Store: st, MaxKeyBytes: -1}, "MaxKeyBytes", []string{"-1"}},
 		{"negative body", Options{Store: st, MaxBodyBytes: -2}, "MaxBodyBytes", []string{"-2"}},
 		{"negative response", Options{Store: st, MaxResponseBytes: -3}, "MaxResponseBytes", []string{"-3"}},

@@ -1,30 +1,52 @@
 package middleware
 
 import (
+	"context"
 	"encoding/json"
 	"net/http"
 )
 
 // Problem is an error answer, rendered by Options.Error as an RFC 9457
-// problem details object. Type, Title, Status and Detail are safe to show a
-// client; Err is the cause, for logs and for the hook, and is never written
-// by WriteProblem.
+// problem details object. Every field but Err is safe to show a client; Err
+// is the cause, for logs and for the hook, and is never written by
+// WriteProblem.
 type Problem struct {
+	// Type is the case, one of the Type constants: the draft's section
+	// where draft-ietf-httpapi-idempotency-key-header defines the case,
+	// ours elsewhere.
 	Type   string `json:"type"`
 	Title  string `json:"title"`
 	Status int    `json:"status"`
 	Detail string `json:"detail,omitempty"`
-	Err    error  `json:"-"`
+	// Instance names this occurrence, "urn:uuid:" and a random UUID. The
+	// same value is in the Logger's line for it and, for the Observer, in
+	// ProblemInstance of the event's context: a client that reports it
+	// leads an operator to the occurrence.
+	Instance string `json:"instance,omitempty"`
+	// Retryable reports whether the same request, sent again unchanged
+	// (same key), may succeed: true for 409 and 503, false otherwise.
+	Retryable bool `json:"retryable"`
+	// IdempotencyKey is the client's key, on the key's errors (400 for a
+	// key the store refuses, 409, 422) when it is well-formed: printable
+	// ASCII, as a header key always is. Empty otherwise.
+	IdempotencyKey string `json:"idempotency_key,omitempty"`
+	Err            error  `json:"-"`
 }
 
-// The problem types, one per case: stable URIs, documented at these very
-// anchors.
+// draft is the IETF draft that defines the Idempotency-Key header; its
+// sections name the cases it defines.
+const draft = "https://datatracker.ietf.org/doc/html/draft-ietf-httpapi-idempotency-key-header-07"
+
+// The problem types: the draft's sections for the cases it defines (several
+// constants may share one), stable URIs of ours, documented at these very
+// anchors, for the rest.
 const (
-	// TypeKeyMissing (400): the request has no key and Options.Required is set.
-	TypeKeyMissing = "https://pkg.go.dev/github.com/idemgo/idem/middleware#TypeKeyMissing"
+	// TypeKeyMissing (400): the request has no key and Options.Required is
+	// set. The draft's section 2.1, as TypeKeyInvalid.
+	TypeKeyMissing = draft + "#section-2.1"
 	// TypeKeyInvalid (400): the key is empty, too long, malformed, or sent
 	// in more than one header field; or the store refused the whole key.
-	TypeKeyInvalid = "https://pkg.go.dev/github.com/idemgo/idem/middleware#TypeKeyInvalid"
+	TypeKeyInvalid = draft + "#section-2.1"
 	// TypeScopeInvalid (400): Options.Scope returned an error.
 	TypeScopeInvalid = "https://pkg.go.dev/github.com/idemgo/idem/middleware#TypeScopeInvalid"
 	// TypeBodyTooLarge (413): the body is over Options.MaxBodyBytes.
@@ -33,13 +55,15 @@ const (
 	TypeBodyUnreadable = "https://pkg.go.dev/github.com/idemgo/idem/middleware#TypeBodyUnreadable"
 	// TypeFingerprintMismatch (422): the key was used for a different
 	// request (method, route, content type or body). It wins over
-	// TypeInProgress.
-	TypeFingerprintMismatch = "https://pkg.go.dev/github.com/idemgo/idem/middleware#TypeFingerprintMismatch"
+	// TypeInProgress. The draft's section 2.2.
+	TypeFingerprintMismatch = draft + "#section-2.2"
 	// TypeInProgress (409, with Retry-After): a request with the key is
-	// still being handled after Options.LockTimeout.
-	TypeInProgress = "https://pkg.go.dev/github.com/idemgo/idem/middleware#TypeInProgress"
+	// still being processed after Options.LockTimeout. The draft's
+	// section 2.6.
+	TypeInProgress = draft + "#section-2.6"
 	// TypeStoreUnavailable (503, with Retry-After): the store could not be
-	// reached; the handler did not run, or its work was rolled back.
+	// reached, or its database was busy with other requests' writes; the
+	// handler did not run, or its work was rolled back.
 	TypeStoreUnavailable = "https://pkg.go.dev/github.com/idemgo/idem/middleware#TypeStoreUnavailable"
 	// TypeRecordDamaged (500): the recorded response does not decode. The
 	// work was done; the handler does not run again.
@@ -50,29 +74,89 @@ const (
 	TypeResponseTooLarge = "https://pkg.go.dev/github.com/idemgo/idem/middleware#TypeResponseTooLarge"
 )
 
+// kind is a case of Problem: the types alone do not tell them apart, since
+// the draft's sections are shared.
+type kind int
+
+const (
+	kindKeyMissing kind = iota
+	kindKeyInvalid
+	kindScopeInvalid
+	kindBodyTooLarge
+	kindBodyUnreadable
+	kindFingerprintMismatch
+	kindInProgress
+	kindStoreUnavailable
+	kindStoreBusy
+	kindRecordDamaged
+	kindResponseTooLarge
+)
+
 // problems are the answers of each case, before the hook sees them.
-var problems = map[string]Problem{
-	TypeKeyMissing:          {Status: 400, Title: "Idempotency key missing", Detail: "This endpoint requires an idempotency key."},
-	TypeKeyInvalid:          {Status: 400, Title: "Idempotency key invalid"},
-	TypeScopeInvalid:        {Status: 400, Title: "Request scope invalid"},
-	TypeBodyTooLarge:        {Status: 413, Title: "Request body too large"},
-	TypeBodyUnreadable:      {Status: 400, Title: "Request body unreadable"},
-	TypeFingerprintMismatch: {Status: 422, Title: "Idempotency key reused", Detail: "The key was used for a different request."},
-	TypeInProgress:          {Status: 409, Title: "Request in progress", Detail: "A request with this key is still being handled; retry later."},
-	TypeStoreUnavailable:    {Status: 503, Title: "Service unavailable", Detail: "The request was not processed; retry later."},
-	TypeRecordDamaged:       {Status: 500, Title: "Recorded response unreadable", Detail: "The request was processed, but its response cannot be replayed."},
-	TypeResponseTooLarge:    {Status: 500, Title: "Response too large to record", Detail: "The request was not processed."},
+var problems = [...]Problem{
+	kindKeyMissing:          {Type: TypeKeyMissing, Status: 400, Title: "Idempotency key missing", Detail: "This endpoint requires an idempotency key."},
+	kindKeyInvalid:          {Type: TypeKeyInvalid, Status: 400, Title: "Idempotency key invalid"},
+	kindScopeInvalid:        {Type: TypeScopeInvalid, Status: 400, Title: "Request scope invalid"},
+	kindBodyTooLarge:        {Type: TypeBodyTooLarge, Status: 413, Title: "Request body too large"},
+	kindBodyUnreadable:      {Type: TypeBodyUnreadable, Status: 400, Title: "Request body unreadable"},
+	kindFingerprintMismatch: {Type: TypeFingerprintMismatch, Status: 422, Title: "Idempotency key reused", Detail: "The key was used for a different request."},
+	kindInProgress:          {Type: TypeInProgress, Status: 409, Retryable: true, Title: "Request in progress", Detail: "A request with this key is being processed; retry later."},
+	kindStoreUnavailable:    {Type: TypeStoreUnavailable, Status: 503, Retryable: true, Title: "Service unavailable", Detail: "The request was not processed; retry later."},
+	kindStoreBusy:           {Type: TypeStoreUnavailable, Status: 503, Retryable: true, Title: "Service unavailable", Detail: "The database is busy with other requests; the request was not processed; retry later."},
+	kindRecordDamaged:       {Type: TypeRecordDamaged, Status: 500, Title: "Recorded response unreadable", Detail: "The request was processed, but its response cannot be replayed."},
+	kindResponseTooLarge:    {Type: TypeResponseTooLarge, Status: 500, Title: "Response too large to record", Detail: "The request was not processed."},
 }
 
-// problem returns the Problem of type t, with detail (safe text) and err.
-func problem(t, detail string, err error) *Problem {
-	p := problems[t]
-	p.Type = t
+// problem returns the Problem of case k, with detail (safe text) and err.
+func problem(k kind, detail string, err error) *Problem {
+	p := problems[k]
 	if detail != "" {
 		p.Detail = detail
 	}
 	p.Err = err
 	return &p
+}
+
+// keyProblem is problem for a case about the client's key, which it
+// carries when it is well-formed.
+func keyProblem(k kind, key, detail string, err error) *Problem {
+	p := problem(k, detail, err)
+	if printable(key) {
+		p.IdempotencyKey = key
+	}
+	return p
+}
+
+// printable reports whether s is non-empty printable ASCII: a key that is
+// safe to show back, in a log viewer too.
+func printable(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x20 || s[i] > 0x7e {
+			return false
+		}
+	}
+	return s != ""
+}
+
+// observation is what an observed request's context carries for the
+// Observer: whether the handler ran, and the instance of the problem it
+// was answered with.
+type observation struct {
+	handlerRan bool
+	instance   string
+}
+
+type observationKey struct{}
+
+// ProblemInstance returns the Instance of the Problem the middleware
+// answered a request with, given the context of that request's event
+// (the ctx the Observer's Observe receives); "" when the request was
+// answered without a problem, or ctx is not such a context.
+func ProblemInstance(ctx context.Context) string {
+	if o, ok := ctx.Value(observationKey{}).(*observation); ok {
+		return o.instance
+	}
+	return ""
 }
 
 // WriteProblem writes p as application/problem+json with p.Status, the

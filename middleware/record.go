@@ -20,6 +20,7 @@ type recorder struct {
 	header http.Header
 	status int
 	body   spool
+	lease  renewals // in lease mode, the renewals of the handler's lease
 }
 
 func newRecorder(memory int) *recorder {

@@ -3,12 +3,15 @@ package middleware
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net/http"
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/testenv"
 )
 
 func TestResponseRoundTrip(t *testing.T) {
@@ -135,5 +138,53 @@ func TestDamagedRecord(t *testing.T) {
 	wantProblem(t, do(h2, req{key: "k", body: "{}"}), 500, TypeRecordDamaged)
 	if c.runs.Load() != 1 {
 		t.Errorf("handler ran %d times; want 1", c.runs.Load())
+	}
+}
+
+// #17, deliver 2: a store that stops answering after the handler ran does
+// not hold the response past the lease's end (RecordTimeout alone held it
+// 10.2 s): the client gets the handler's response, and a retry after the
+// lease runs the handler again. A handler that outlives its first TTL has
+// its lease renewed, and the bound follows the renewals.
+func TestRecordStopsAtLeaseEnd(t *testing.T) {
+	const ttl = 300 * time.Millisecond
+	stores := map[string]func(t *testing.T) idem.Store{
+		"memory": func(t *testing.T) idem.Store { return idem.NewMemoryStore(idem.Options{LeaseTTL: ttl}) },
+		"redis": func(t *testing.T) idem.Store {
+			st, err := idem.NewRedisStore(testenv.Redis(t), idem.RedisOptions{LeaseTTL: ttl, Prefix: uniqueName("idem-mw-") + ":"})
+			if err != nil {
+				t.Fatalf("NewRedisStore = %v", err)
+			}
+			return st
+		},
+	}
+	for name, open := range stores {
+		for _, work := range []time.Duration{0, 2 * ttl} {
+			t.Run(fmt.Sprintf("%s/handler %v", name, work), func(t *testing.T) {
+				s := &countingStore{Store: open(t)}
+				s.confirmErr.Store(1 << 20) // the store is down once the work is done
+				var c counter
+				h := mustNew(t, Options{Store: s, RecordTimeout: 10 * time.Second}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+					time.Sleep(work)
+					c.ServeHTTP(w, r)
+				}))
+				start := time.Now()
+				w := do(h, req{key: "k", body: "{}"})
+				took := time.Since(start)
+				if w.Code != 201 || w.Header().Get(HeaderReplayed) != "" {
+					t.Errorf("first = %d %v; want the handler's 201", w.Code, w.Header())
+				}
+				// The lease ends at most a TTL after the last renewal,
+				// which is at most the handler's end.
+				if limit := work + ttl + 250*time.Millisecond; took > limit {
+					t.Errorf("response after %v; want it by the lease's end, within %v", took, limit)
+				}
+				time.Sleep(ttl) // the lease has run out
+				s.confirmErr.Store(0)
+				if w := do(h, req{key: "k", body: "{}"}); w.Code != 201 || c.runs.Load() != 2 {
+					t.Errorf("retry after the lease = %d after %d runs; want 201 after 2 (the work was not recorded)", w.Code, c.runs.Load())
+				}
+			})
+		}
 	}
 }

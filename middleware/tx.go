@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/sqlstore"
 )
 
 // TxStore is what transactional mode (Options.Tx) needs of a store: one
@@ -30,10 +31,6 @@ type TxStore interface {
 	// or lets the panic go on.
 	Run(ctx context.Context, key string, fingerprint []byte,
 		write func(ctx context.Context, tx *sql.Tx) ([]byte, error)) (result []byte, replayed bool, err error)
-	// Lookup returns key's live record, or an error wrapping
-	// idem.ErrNotFound, as idem.Store.Lookup does. The middleware reads it
-	// for a 409's Retry-After.
-	Lookup(ctx context.Context, key string) (*idem.Record, error)
 }
 
 // errNotKept makes Run roll back a response that Keep refused.
@@ -43,7 +40,7 @@ var errNotKept = errors.New("middleware: response not kept")
 // SQL in the transaction that records its response, and the response is
 // sent only once that transaction committed (or, for a response not kept,
 // rolled back).
-func (h *handler) serveTx(w http.ResponseWriter, r *http.Request, sk string, fp []byte, body *spool) result {
+func (h *handler) serveTx(w http.ResponseWriter, r *http.Request, key, sk string, fp []byte, body *spool) result {
 	deadline := time.Now().Add(h.c.LockTimeout)
 	wait := 10 * time.Millisecond
 	var rec *recorder
@@ -55,6 +52,8 @@ func (h *handler) serveTx(w http.ResponseWriter, r *http.Request, sk string, fp 
 	for {
 		out, replayed, err := h.c.Tx.Run(r.Context(), sk, fp, func(ctx context.Context, _ *sql.Tx) ([]byte, error) {
 			rec = newRecorder(h.c.MaxResponseBytes)
+			h.c.running.Store(sk, true)
+			defer h.c.running.Delete(sk)
 			h.handlerRuns(r)
 			r2 := r.WithContext(ctx)
 			r2.Body = spoolBody{body.Reader()}
@@ -72,12 +71,17 @@ func (h *handler) serveTx(w http.ResponseWriter, r *http.Request, sk string, fp 
 			rec.send(w)
 			return result{outcome: idem.Claimed}
 		case errors.Is(err, idem.ErrFingerprintMismatch):
-			h.fail(w, r, problem(TypeFingerprintMismatch, "", nil))
+			h.fail(w, r, keyProblem(kindFingerprintMismatch, key, "", nil))
 			return result{err: err}
 		case errors.Is(err, idem.ErrInProgress) && rec == nil:
 			left := time.Until(deadline)
+			if left <= 0 && h.busy(err, sk) {
+				w.Header().Set("Retry-After", h.c.retryAfter)
+				h.fail(w, r, problem(kindStoreBusy, "", err))
+				return result{err: err}
+			}
 			if left <= 0 {
-				h.inProgress(w, r, h.holderExpires(r, sk))
+				h.inProgress(w, r, key)
 				return result{outcome: idem.InProgress, err: err}
 			}
 			d := min(wait/2+rand.N(wait), left)
@@ -87,24 +91,28 @@ func (h *handler) serveTx(w http.ResponseWriter, r *http.Request, sk string, fp 
 			}
 			return result{outcome: idem.InProgress, err: context.Cause(r.Context())}
 		case errors.Is(err, idem.ErrTooLarge) && rec != nil:
-			h.fail(w, r, problem(TypeResponseTooLarge, "", err))
+			h.fail(w, r, problem(kindResponseTooLarge, "", err))
 			return result{outcome: idem.Claimed, err: err}
 		default:
 			// A failed claim, or a failed commit: either way the work was
 			// rolled back, and the client may retry.
-			h.storeFailed(w, r, err)
+			h.storeFailed(w, r, key, err)
 			return result{err: err}
 		}
 	}
 }
 
-// holderExpires is when the holder of sk should be done, for Retry-After:
-// its lease's end when a lease holds it, else a second from now (a Run in
-// flight holds no lease, and its end is not known).
-func (h *handler) holderExpires(r *http.Request, sk string) time.Time {
-	rec, err := h.c.Tx.Lookup(r.Context(), sk)
-	if err != nil || rec.Confirmed {
-		return time.Now().Add(time.Second)
+// busy reports whether err, the store's answer to a Run of sk, is waiting
+// for the database rather than for sk: SQLite's single writer held by
+// other work (sqlstore.ErrBusy), and no request of this middleware running
+// sk's handler. Such a wait is not "this key is in flight" (#17: requests
+// with distinct keys got 409 while they queued for SQLite's writer); a
+// request of the same key in another process is not visible here, and is
+// answered as busy too.
+func (h *handler) busy(err error, sk string) bool {
+	if !errors.Is(err, sqlstore.ErrBusy) {
+		return false
 	}
-	return rec.Expires
+	_, held := h.c.running.Load(sk)
+	return !held
 }

@@ -246,3 +246,41 @@ func TestTxResultTooLarge(t *testing.T) {
 		t.Errorf("orders = %d; want 0 (rolled back)", got)
 	}
 }
+
+// #17, deliver 2: waiting for SQLite's single writer, held by a request of
+// another key, is a 503 with Retry-After that says the database is busy,
+// not a 409 for a key nobody sent; a request of the held key is still 409.
+// On Postgres requests of distinct keys do not wait for each other.
+func TestTxBusyWriter(t *testing.T) {
+	const sec26 = "https://datatracker.ietf.org/doc/html/draft-ietf-httpapi-idempotency-key-header-07#section-2.6"
+	busy := &answer{status: 503, typ: TypeStoreUnavailable, retryable: true, header: map[string]string{"Retry-After": "1"}, detail: "database is busy"}
+	inFlight := &answer{status: 409, typ: sec26, retryable: true, key: "a", header: map[string]string{"Retry-After": "1"}, detail: "being processed"}
+	for _, c := range []struct {
+		name    string
+		dialect sqlstore.Dialect
+		steps   []step
+	}{
+		{"SQLite, another key", sqlstore.SQLite, []step{
+			{q: req{key: "a", body: "{}"}, hold: true},
+			{q: req{key: "b", body: "{}"}, want: busy},
+			{q: req{key: "c", body: "{}"}, want: busy},
+		}},
+		{"SQLite, the same key", sqlstore.SQLite, []step{
+			{q: req{key: "a", body: "{}"}, hold: true},
+			{q: req{key: "a", body: "{}"}, want: inFlight},
+		}},
+		{"Postgres, another key", sqlstore.Postgres, []step{
+			{q: req{key: "a", body: "{}"}, hold: true},
+			{q: req{key: "b", body: "{}"}, code: 201},
+		}},
+		{"Postgres, the same key", sqlstore.Postgres, []step{
+			{q: req{key: "a", body: "{}"}, hold: true},
+			{q: req{key: "a", body: "{}"}, want: inFlight},
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newTxEnvLock(t, c.dialect, 100*time.Millisecond)
+			runSequence(t, Options{Tx: e.store, LockTimeout: 250 * time.Millisecond}, c.steps)
+		})
+	}
+}

@@ -69,6 +69,7 @@
 // The database must be a file in WAL mode. SQLite has one writer: a Store
 // queues its writes per *sql.DB and retries a busy database for up to
 // LockTimeout, and a Run holds the write lock from its claim to its commit,
-// so that Runs of every key take turns. Keep the write function short
-// there.
+// so that Runs of every key take turns. Past LockTimeout the error wraps
+// [ErrBusy]: the database, not the key, was held. Keep the write function
+// short there.
 package sqlstore

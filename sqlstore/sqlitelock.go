@@ -24,9 +24,19 @@ import (
 //     gate is shared by every Store on the same *sql.DB);
 //   - retries a write that still meets SQLITE_BUSY (another process,
 //     another *sql.DB on the file) with growing, jittered sleeps;
-//   - gives up after LockTimeout with an error wrapping idem.ErrInProgress.
+//   - gives up after LockTimeout with an error wrapping ErrBusy and
+//     idem.ErrInProgress.
 //
 // Reads need no lock in WAL mode. On Postgres none of this applies.
+
+// ErrBusy is wrapped by the error of an operation that gave up after
+// LockTimeout waiting for SQLite's single writer: other work, on any key,
+// held the database. The error wraps idem.ErrInProgress too, as it did
+// before ErrBusy existed, for callers that retry that; a caller that tells
+// the two apart (the HTTP middleware answers 503, not "key in flight")
+// checks ErrBusy first. Postgres waits for the key's own row, never for the
+// database: there ErrInProgress alone means that key is held.
+var ErrBusy = errors.New("sqlstore: database busy")
 
 // sqliteGates maps a *sql.DB, weakly, to its write gate: a channel of
 // capacity one, held by the writer. The entry goes when the DB does.
@@ -63,7 +73,7 @@ func (s *Store) exclusive(ctx context.Context, f func() error) error {
 			t.Stop()
 			return ctx.Err()
 		case <-t.C:
-			return fmt.Errorf("%w: this process's SQLite writes were queued for LockTimeout %v", idem.ErrInProgress, s.lockTimeout)
+			return fmt.Errorf("%w: %w: this process's SQLite writes were queued for LockTimeout %v", ErrBusy, idem.ErrInProgress, s.lockTimeout)
 		}
 	}
 	defer func() { <-s.gate }()
@@ -115,7 +125,7 @@ func (s *Store) retryBusy(ctx context.Context, deadline time.Time, f func() erro
 	for s.dialect == SQLite && isBusy(err) {
 		d := wait/2 + rand.N(wait)
 		if time.Until(deadline) < d {
-			return fmt.Errorf("%w: SQLite's write lock was taken for LockTimeout %v: %w", idem.ErrInProgress, s.lockTimeout, err)
+			return fmt.Errorf("%w: %w: SQLite's write lock was taken for LockTimeout %v: %w", ErrBusy, idem.ErrInProgress, s.lockTimeout, err)
 		}
 		t := time.NewTimer(d)
 		select {

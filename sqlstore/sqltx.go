@@ -56,8 +56,8 @@ func TxFromContext(ctx context.Context) (*sql.Tx, bool) {
 // On SQLite there is one writer per database: a Run holds the database's
 // write lock from its claim to its commit, so Runs of different keys, and
 // every other write, wait for it too. A Run that cannot get the write lock
-// within LockTimeout returns idem.ErrInProgress, whatever key holds it. Keep
-// write short there.
+// within LockTimeout returns an error wrapping ErrBusy (and
+// idem.ErrInProgress), whatever key holds it. Keep write short there.
 func (s *Store) Run(ctx context.Context, key string, fingerprint []byte,
 	write func(ctx context.Context, tx *sql.Tx) ([]byte, error)) (result []byte, replayed bool, err error) {
 	start := time.Now()

@@ -384,8 +384,8 @@ func TestRunSQLiteSingleWriter(t *testing.T) {
 	first := e.holdRun("a", "a", release, false)
 	// SQLite has one writer: a Run of another key waits for the first too,
 	// and gives up after LockTimeout.
-	if _, _, err := impatient.Run(t.Context(), "b", nil, e.write("b", "b", nil)); !errors.Is(err, idem.ErrInProgress) {
-		t.Errorf("Run of another key while a Run holds SQLite's write lock = %v; want ErrInProgress after LockTimeout", err)
+	if _, _, err := impatient.Run(t.Context(), "b", nil, e.write("b", "b", nil)); !errors.Is(err, sqlstore.ErrBusy) || !errors.Is(err, idem.ErrInProgress) {
+		t.Errorf("Run of another key while a Run holds SQLite's write lock = %v; want ErrBusy and ErrInProgress after LockTimeout", err)
 	}
 	other := make(chan error, 1)
 	go func() { _, _, err := e.st.Run(context.Background(), "b", nil, e.write("b", "b", nil)); other <- err }()
