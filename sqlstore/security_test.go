@@ -2,6 +2,7 @@ package sqlstore_test
 
 import (
 	"database/sql"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -58,8 +59,8 @@ func TestSecuritySQLIdentifiers(t *testing.T) {
 			db, conns := countingDB(t, d)
 			for _, table := range attempts {
 				before := conns.Load()
-				if _, err := sqlstore.New(db, sqlstore.Options{Dialect: d, Table: table}); err == nil || !strings.Contains(err.Error(), "table name") {
-					t.Errorf("New(Table %q) = %v; want an error naming the table name", table, err)
+				if _, err := sqlstore.New(db, sqlstore.Options{Dialect: d, Table: table}); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("Table %q", table)) {
+					t.Errorf("New(Table %q) = %v; want an error naming the field and the table", table, err)
 				}
 				if ddl, err := sqlstore.SchemaDDL(d, table); err == nil {
 					t.Errorf("SchemaDDL(%q) = %q; want an error", table, ddl)
