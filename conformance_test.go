@@ -4,7 +4,9 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -106,8 +108,8 @@ func TestRedisStoreConformanceCluster(t *testing.T) {
 }
 
 // redisBackend opens RedisStores with ro's prefix and Redis options on c.
-// Every record the suite writes expires within seconds, so nothing needs
-// deleting.
+// Every record the suite writes expires within seconds (a minute for the
+// linearizability check's), so nothing needs deleting.
 func redisBackend(c redis.UniversalClient, ro idem.RedisOptions, advance func(time.Duration)) storetest.Backend {
 	return storetest.Backend{
 		Open: func(o idem.Options) (idem.Store, error) {
@@ -116,7 +118,28 @@ func redisBackend(c redis.UniversalClient, ro idem.RedisOptions, advance func(ti
 			return idem.NewRedisStore(c, so)
 		},
 		Advance: advance,
+		// What forget.lua leaves: "1F<token>", for a lease.
+		PlantForgotten: func(key string, token int64) error {
+			return c.Set(context.Background(), redisKeyName(ro.Prefix, key), "1F"+strconv.FormatInt(token, 10), time.Minute).Err()
+		},
 	}
+}
+
+// redisKeyName is the Redis key of key's record under prefix, as
+// RedisStore names it (see RedisStore): bytes other than printable ASCII,
+// and '%', '{', '}', escaped as %XX inside a hash tag.
+func redisKeyName(prefix, key string) string {
+	var b strings.Builder
+	b.WriteString(prefix + "{")
+	for i := 0; i < len(key); i++ {
+		if c := key[i]; c <= 0x20 || c >= 0x7f || c == '%' || c == '{' || c == '}' {
+			fmt.Fprintf(&b, "%%%02X", c)
+		} else {
+			b.WriteByte(c)
+		}
+	}
+	b.WriteString("}")
+	return b.String()
 }
 
 func TestRedisStoreConformanceSentinel(t *testing.T) {

@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"strings"
+	"time"
 
 	"github.com/idemgo/idem"
 )
@@ -24,11 +25,15 @@ func confirmDuplicate(s *suite) {
 	a, b := s.open("w1"), s.open("w2")
 	k := s.key("k")
 	c := s.claim(a, k, "fp", idem.Claimed)
+	s.wait(lease / 2)
+	set := s.mark()
 	s.confirm(a, c.Lease, "result")
+	s.wait(lease / 4)
 	for _, st := range []idem.Store{a, b} {
 		d := s.claim(st, k, "fp", idem.Duplicate)
 		checkConfirmation(s, d.Record, c.Lease, "result")
-		s.expiresIn("confirmation", d.Record.Expires, retention)
+		// Retention runs from the confirmation, not from the claim.
+		s.expires("confirmation", d.Record.Expires, set, retention)
 	}
 	if err := a.Renew(ctx(s), c.Lease); !isErr(err, idem.ErrLeaseLost) {
 		s.Errorf("Renew after Confirm = %v; want ErrLeaseLost (a confirmed key is no longer leased)", err)
@@ -136,19 +141,36 @@ func forgetNeverAnotherHolder(s *suite) {
 func renewExtends(s *suite) {
 	a, b := s.open("w1"), s.open("w2")
 	k := s.key("k")
+	start := s.mark()
 	c := s.claim(a, k, "fp", idem.Claimed)
-	s.wait(lease * 2 / 3)
+	s.waitUntil(start, lease*2/3)
+	set := s.mark()
 	if err := a.Renew(ctx(s), c.Lease); err != nil {
 		s.Fatalf("Renew of a live lease = %v; want nil", err)
 	}
 	// Past the original lease, within the renewed one.
-	s.wait(lease * 2 / 3)
+	s.waitUntil(start, lease*4/3)
 	d := s.claim(b, k, "fp", idem.InProgress)
 	checkHolderToken(s, d.Record, c.Lease)
+	// A lease from now, not from the old expiry (which would make it
+	// a third of a lease longer).
+	s.expires("renewed lease", d.Record.Expires, set, lease)
+	set = s.mark()
 	if err := a.Renew(ctx(s), c.Lease); err != nil {
 		s.Fatalf("second Renew = %v; want nil", err)
 	}
-	s.expiresIn("renewed lease", d.Record.Expires, lease-lease*2/3)
+	r, err := a.Lookup(ctx(s), k)
+	if err != nil {
+		s.Fatalf("Lookup(%q) = %v; want the renewed claim", k, err)
+	}
+	s.expires("lease renewed again", r.Expires, set, lease)
+	if s.controlled() {
+		// Exactly a lease: live in its last millisecond, gone after it.
+		s.waitUntil(set, lease-time.Millisecond)
+		s.claim(b, k, "fp", idem.InProgress)
+		s.waitUntil(set, lease)
+		s.claim(b, k, "fp", idem.Claimed)
+	}
 }
 
 func checkHolderToken(s *suite, r *idem.Record, l *idem.Lease) {

@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"errors"
+	"time"
 
 	"github.com/idemgo/idem"
 )
@@ -21,7 +22,9 @@ func init() {
 // ErrFingerprintMismatch together with the claim found (want).
 func (s *suite) mismatch(st idem.Store, key, fp string, want idem.Outcome) idem.Claim {
 	s.Helper()
+	t0 := time.Now()
 	c, err := st.Claim(ctx(s), key, []byte(fp))
+	s.took = time.Since(t0)
 	if !isErr(err, idem.ErrFingerprintMismatch) {
 		s.Fatalf("Claim(%q, %q) = %v, %v; want ErrFingerprintMismatch (another request reuses the key)", key, fp, c.Outcome, err)
 	}

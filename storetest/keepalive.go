@@ -18,7 +18,7 @@ func init() {
 // realTime makes the backend's clock follow real time while KeepAlive, which
 // renews on real timers, runs. It returns a function that stops it.
 func (s *suite) realTime() func() {
-	if s.b.Advance == nil {
+	if !s.controlled() {
 		return func() {}
 	}
 	var wg sync.WaitGroup
@@ -32,7 +32,7 @@ func (s *suite) realTime() func() {
 			case <-stop:
 				return
 			case now := <-t.C:
-				s.b.Advance(now.Sub(last))
+				s.advance(now.Sub(last))
 				last = now
 			}
 		}

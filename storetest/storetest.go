@@ -27,6 +27,7 @@ package storetest
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -47,6 +48,15 @@ type Backend struct {
 	// Now is the clock by which the store's Lease.Expires and Record.Expires
 	// are reckoned. Default time.Now.
 	Now func() time.Time
+	// PlantForgotten, when set, writes for key the record that a Forget of
+	// a lease with the given token leaves behind, as a store of this
+	// backend writes it (on RedisStore "1F<token>", living for a lease),
+	// for a token far ahead of the store's clock. The suite then checks
+	// that the next claim's token exceeds it: a Forget and a Claim within
+	// one tick of a clock-derived token, or a clock stepped back, look the
+	// same to the store. Nil: the check is skipped, as on a store whose
+	// tokens come from a counter.
+	PlantForgotten func(key string, token int64) error
 }
 
 // Run runs the suite. newBackend is called once per check, with that check's
@@ -60,7 +70,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) Backend) {
 			if b.Open == nil {
 				t.Fatal("storetest: Backend.Open is nil")
 			}
-			c.run(&suite{T: t, b: b})
+			c.run(&suite{T: t, b: b, epoch: time.Now()})
 		})
 	}
 }
@@ -83,12 +93,26 @@ const (
 	retention = 1500 * time.Millisecond
 	// slack bounds what a store may round or what the machine may delay.
 	slack = 400 * time.Millisecond
+	// lag bounds the real time one call takes: on a backend whose clock the
+	// suite controls, an expiry is exact but for it (a store reckons
+	// Expires from the start of the call that read the TTL).
+	lag = 50 * time.Millisecond
+	// realSlack bounds an expiry on a backend whose clock runs by itself:
+	// the time of the call that set it and of the call that reported it.
+	// Tight enough that a lease renewed from its old expiry (a third of
+	// a lease off) or taken over 10% early fails.
+	realSlack = 150 * time.Millisecond
 )
 
 // suite is one check's view of its backend.
 type suite struct {
 	*testing.T
 	b Backend
+
+	mu      sync.Mutex
+	virtual time.Duration // the advances so far, on a backend whose clock the suite controls
+	epoch   time.Time     // the check's start, on one whose clock runs by itself
+	took    time.Duration // the real time of the last call made through claim or lookup
 }
 
 // open opens a store with the suite's lease and retention and the given
@@ -115,12 +139,40 @@ func (s *suite) openWith(o idem.Options) idem.Store {
 
 // wait lets d pass on the backend's clock.
 func (s *suite) wait(d time.Duration) {
-	if s.b.Advance != nil {
-		s.b.Advance(d)
+	if d <= 0 {
+		return
+	}
+	if s.controlled() {
+		s.advance(d)
 		return
 	}
 	time.Sleep(d)
 }
+
+// controlled reports whether the suite moves the backend's clock
+// (Backend.Advance), so that expiries can be checked exactly.
+func (s *suite) controlled() bool { return s.b.Advance != nil }
+
+func (s *suite) advance(d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.virtual += d
+	s.b.Advance(d)
+}
+
+// mark is an instant of the backend's clock, as an offset from the check's
+// start: the advances so far, or the real time since the start.
+func (s *suite) mark() time.Duration {
+	if s.controlled() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return s.virtual
+	}
+	return time.Since(s.epoch)
+}
+
+// waitUntil lets the backend's clock reach d after the instant m.
+func (s *suite) waitUntil(m, d time.Duration) { s.wait(m + d - s.mark()) }
 
 func (s *suite) now() time.Time {
 	if s.b.Now != nil {
@@ -137,7 +189,9 @@ func (s *suite) key(suffix string) string { return s.Name() + "/" + suffix }
 // claim calls Claim and fails the check on an error or an unexpected outcome.
 func (s *suite) claim(st idem.Store, key string, fp string, want idem.Outcome) idem.Claim {
 	s.Helper()
+	t0 := time.Now()
 	c, err := st.Claim(ctx(s), key, []byte(fp))
+	s.took = time.Since(t0)
 	if err != nil {
 		s.Fatalf("Claim(%q) = %v; want outcome %v", key, err, want)
 	}
@@ -167,12 +221,36 @@ func (s *suite) confirm(st idem.Store, l *idem.Lease, result string) {
 	}
 }
 
-// expiresIn checks that t is about d after now on the backend's clock.
-func (s *suite) expiresIn(what string, t time.Time, d time.Duration) {
+// expires checks that t, an expiry the store reported, is d after the
+// instant set (a mark taken just before the call that set it). On a
+// backend whose clock the suite controls the check is exact up to the real
+// time of a call (lag); elsewhere it allows realSlack either way. An
+// expiry may be early by the time the call that reported it took (a store
+// reckons it from the call's start): a conservative estimate.
+func (s *suite) expires(what string, t time.Time, set, d time.Duration) {
 	s.Helper()
 	got := t.Sub(s.now())
-	if got < d-slack || got > d+slack {
-		s.Errorf("%s expires in %v; want about %v (±%v)", what, got, d, slack)
+	want := set + d - s.mark()
+	lo, hi := realSlack+s.took, realSlack
+	if s.controlled() {
+		lo, hi = lag+s.took, time.Millisecond
+	}
+	if got < want-lo || got > want+hi {
+		s.Errorf("%s expires in %v; want %v (-%v/+%v): a lease that lives longer than granted blocks the key, a shorter one lets a second worker in",
+			what, got.Round(time.Millisecond), want.Round(time.Millisecond), lo, hi)
+	}
+}
+
+// near checks that the expiry t is the instant want, which the store
+// reported for the same lease in another call.
+func (s *suite) near(what string, t, want time.Time) {
+	s.Helper()
+	tol := realSlack
+	if s.controlled() {
+		tol = lag
+	}
+	if d := t.Sub(want); d < -tol-s.took || d > tol {
+		s.Errorf("%s expires %v from the lease's own Expires; want within ±%v", what, d.Round(time.Millisecond), tol)
 	}
 }
 
