@@ -162,6 +162,126 @@ func TestRedisNoScriptCluster(t *testing.T) {
 	checkAllDuplicate(t, s, keys)
 }
 
+// TestRedisClusterDeadMaster moves every slot from a dead master to the
+// live cluster behind the client's back, as a failover does: a dead master
+// never answers MOVED, and go-redis reloads its slot map by itself only
+// every ClusterStateReloadInterval (60s). The store must reload it on the
+// failed calls (issue 20), so that single calls, batches and AutoPipeline
+// succeed again within a second, without the user calling ReloadState.
+func TestRedisClusterDeadMaster(t *testing.T) {
+	t.Parallel()
+	real := testenv.Cluster(t)
+	ctx := context.Background()
+	shards, err := real.ClusterShards(ctx).Result()
+	if err != nil {
+		t.Fatalf("CLUSTER SHARDS: %v", err)
+	}
+	var liveSlots []redis.ClusterSlot
+	for _, sh := range shards {
+		for _, n := range sh.Nodes {
+			if n.Role != "master" {
+				continue
+			}
+			for _, r := range sh.Slots {
+				liveSlots = append(liveSlots, redis.ClusterSlot{Start: int(r.Start), End: int(r.End),
+					Nodes: []redis.ClusterNode{{Addr: net.JoinHostPort(n.IP, strconv.FormatInt(n.Port, 10))}}})
+			}
+		}
+	}
+	deadSlots := []redis.ClusterSlot{{Start: 0, End: 16383,
+		Nodes: []redis.ClusterNode{{Addr: "127.0.0.1:" + testenv.FreePort(t)}}}}
+	prefix := testenv.UniquePrefix()
+	t.Cleanup(func() { _ = testenv.DeletePrefix(context.Background(), real, prefix) })
+	for _, tc := range []struct {
+		name string
+		auto bool
+		call func(s *RedisStore) error
+	}{
+		{"Claim", false, func(s *RedisStore) error { _, err := s.Claim(ctx, uuid.NewString(), nil); return err }},
+		{"ClaimBatch", false, func(s *RedisStore) error { _, err := s.ClaimBatch(ctx, uuidKeys(10), nil); return err }},
+		{"AutoPipeline", true, func(s *RedisStore) error {
+			// Concurrent calls, so that some ride in a pipeline.
+			errs := make(chan error, 8)
+			for range 8 {
+				go func() { _, err := s.Claim(ctx, uuid.NewString(), nil); errs <- err }()
+			}
+			var first error
+			for range 8 {
+				if err := <-errs; err != nil && first == nil {
+					first = err
+				}
+			}
+			return first
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			var moved atomic.Bool
+			c := redis.NewClusterClient(&redis.ClusterOptions{ClusterSlots: func(context.Context) ([]redis.ClusterSlot, error) {
+				if moved.Load() {
+					return liveSlots, nil
+				}
+				return deadSlots, nil
+			}})
+			t.Cleanup(func() { _ = c.Close() })
+			// The dead master cannot tell its eviction policy.
+			s := newTestRedisStore(t, c, RedisOptions{Prefix: prefix, AllowEviction: true, AutoPipeline: tc.auto})
+			if err := tc.call(s); err == nil {
+				t.Fatalf("%s on a dead master = nil; want an error", tc.name)
+			}
+			moved.Store(true)
+			// A call on its way to the dead master fails when go-redis
+			// gives up dialing it (its retries take seconds); the one
+			// after must find the new map.
+			start := time.Now()
+			for failed := 0; ; failed++ {
+				err := tc.call(s)
+				if err == nil {
+					t.Logf("%s succeeded %v after the slots moved, after %d failed calls",
+						tc.name, time.Since(start).Round(time.Millisecond), failed)
+					return
+				}
+				if failed == 2 || time.Since(start) > 10*time.Second {
+					t.Fatalf("%s failed %d times in %v after the slots moved off the dead master: %v; want the store to reload the slot map",
+						tc.name, failed+1, time.Since(start).Round(time.Millisecond), err)
+				}
+			}
+		})
+	}
+}
+
+// replyErr is an error as Redis sends it.
+type replyErr string
+
+func (e replyErr) Error() string { return string(e) }
+func (replyErr) RedisError()     {}
+
+// TestUnanswered pins which failures make a store reload a cluster's slot
+// map: those that may mean the node is gone, not Redis's own answers.
+func TestUnanswered(t *testing.T) {
+	refused := &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connect: connection refused")}
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{nil, false},
+		{redis.Nil, false},
+		{fmt.Errorf("idem: claim: %w", context.Canceled), false},
+		{replyErr("ERR something"), false},
+		{replyErr("MOVED 3999 127.0.0.1:7001"), false}, // go-redis reloads on MOVED itself
+		{replyErr("CLUSTERDOWN The cluster is down"), true},
+		{refused, true},
+		{fmt.Errorf("idem: claim: %w", refused), true},
+		{io.EOF, true},
+		{context.DeadlineExceeded, true}, // a node that no longer answers at all
+		{redis.ErrPoolTimeout, true},
+	} {
+		if got := unanswered(tc.err); got != tc.want {
+			t.Errorf("unanswered(%v) = %v; want %v", tc.err, got, tc.want)
+		}
+	}
+}
+
 // --- 4. Bad input before any I/O --------------------------------------------
 
 func TestRedisBadInputBeforeIO(t *testing.T) {

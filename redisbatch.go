@@ -284,6 +284,12 @@ func (s *RedisStore) pipelineOn(ctx context.Context, p pipeliner, calls []script
 	if len(retry) > 0 {
 		send(retry, true)
 	}
+	for _, cmd := range cmds {
+		if unanswered(cmd.Err()) {
+			s.reloadSlots(cmd.Err())
+			break
+		}
+	}
 	return cmds, waitErrs
 }
 
@@ -339,6 +345,7 @@ func (s *RedisStore) pipelineByMaster(ctx context.Context, cc *redis.ClusterClie
 		for _, i := range pending {
 			m, err := cc.MasterForKey(ctx, calls[i].keys[0])
 			if err != nil {
+				s.reloadSlots(err)
 				cmds[i] = redis.NewCmd(ctx)
 				cmds[i].SetErr(err)
 				continue

@@ -160,6 +160,11 @@ type RedisStore struct {
 
 	auto *autoPipe // nil unless RedisOptions.AutoPipeline
 
+	// cluster is c on Redis Cluster, else nil; reloaded is when the store
+	// last asked it to reload its slot map (UnixNano), see reloadSlots.
+	cluster  *redis.ClusterClient
+	reloaded atomic.Int64
+
 	waitReplicas int // RedisOptions.WaitReplicas
 	waitTimeout  time.Duration
 }
@@ -215,6 +220,9 @@ func NewRedisStore(c redis.UniversalClient, o RedisOptions) (*RedisStore, error)
 	}
 	if o.AutoPipeline {
 		s.auto = &autoPipe{s: s}
+	}
+	if cc, ok := c.(*redis.ClusterClient); ok {
+		s.cluster = cc
 	}
 	if o.WaitReplicas > 0 {
 		s.waitReplicas, s.waitTimeout = o.WaitReplicas, o.WaitTimeout
@@ -394,7 +402,47 @@ func (s *RedisStore) evalAs(ctx context.Context, name, body any, key string, arg
 	cmd := redis.NewCmd(ctx, cmdArgs...)
 	cmd.SetFirstKeyPos(3) // for a cluster's routing, as go-redis's Eval does
 	_ = s.c.Process(ctx, cmd)
-	return cmd.Result()
+	v, err := cmd.Result()
+	s.reloadSlots(err)
+	return v, err
+}
+
+// slotReloadGap is the least time between two slot-map reloads a store
+// asks of its ClusterClient (see reloadSlots).
+const slotReloadGap = 250 * time.Millisecond
+
+// reloadSlots asks a ClusterClient to reload its slot map, at most once per
+// slotReloadGap, when a call failed without an answer from Redis (a refused
+// or broken connection, a timeout) or with CLUSTERDOWN. go-redis reloads
+// the map only on MOVED or ASK, or every ClusterStateReloadInterval (60s by
+// default); a dead master never answers MOVED, so after a failover its
+// callers kept failing for 46 s after the replica's promotion (issue 20).
+// The reload runs in the background (ReloadState); calls made meanwhile
+// still go by the old map.
+func (s *RedisStore) reloadSlots(err error) {
+	if s.cluster == nil || !unanswered(err) {
+		return
+	}
+	now := time.Now().UnixNano()
+	last := s.reloaded.Load()
+	if now-last < int64(slotReloadGap) || !s.reloaded.CompareAndSwap(last, now) {
+		return
+	}
+	s.cluster.ReloadState(context.Background())
+}
+
+// unanswered reports an error that may mean the node serving the call is
+// gone, or no longer serves its slot: anything but a reply from Redis
+// (CLUSTERDOWN excepted), a missing key, or the caller's cancellation.
+func unanswered(err error) bool {
+	if err == nil || errors.Is(err, redis.Nil) || errors.Is(err, context.Canceled) {
+		return false
+	}
+	var reply redis.Error
+	if errors.As(err, &reply) {
+		return redis.HasErrorPrefix(err, "CLUSTERDOWN")
+	}
+	return true
 }
 
 // Claim implements Store in one round trip. Should go-redis retry the

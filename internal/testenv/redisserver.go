@@ -57,12 +57,18 @@ type RedisServer struct {
 // without IDEM_REDIS_ADDR, which says the machine has Redis.
 func StartRedisServer(t testing.TB, extra ...string) *RedisServer {
 	t.Helper()
+	return startRedisServer(t, FreePort(t), extra...)
+}
+
+// startRedisServer is StartRedisServer on port.
+func startRedisServer(t testing.TB, port string, extra ...string) *RedisServer {
+	t.Helper()
 	Lookup(t, RedisAddrVar)
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
 		t.Fatalf("redis-server is not on PATH: %v", err)
 	}
-	port, dir := FreePort(t), t.TempDir()
+	dir := t.TempDir()
 	s := &RedisServer{t: t, bin: bin, Addr: "127.0.0.1:" + port,
 		args: append([]string{"--port", port, "--bind", "127.0.0.1", "--save", "",
 			"--dir", dir, "--logfile", filepath.Join(dir, "log")}, extra...)}
