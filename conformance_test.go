@@ -60,10 +60,7 @@ func TestMemoryStoreConformance(t *testing.T) {
 
 func TestRedisStoreConformanceMiniredis(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) storetest.Backend {
-		m := miniredis.RunT(t)
-		c := redis.NewClient(&redis.Options{Addr: m.Addr()})
-		t.Cleanup(func() { _ = c.Close() })
-		return redisBackend(c, idem.RedisOptions{Prefix: "idem:"}, m.FastForward)
+		return miniredisBackend(t, idem.RedisOptions{Prefix: "idem:"})
 	})
 }
 
@@ -72,10 +69,7 @@ func TestRedisStoreConformanceMiniredis(t *testing.T) {
 
 func TestRedisStoreConformanceMiniredisAutoPipeline(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) storetest.Backend {
-		m := miniredis.RunT(t)
-		c := redis.NewClient(&redis.Options{Addr: m.Addr()})
-		t.Cleanup(func() { _ = c.Close() })
-		return redisBackend(c, idem.RedisOptions{Prefix: "idem:", AutoPipeline: true}, m.FastForward)
+		return miniredisBackend(t, idem.RedisOptions{Prefix: "idem:", AutoPipeline: true})
 	})
 }
 
@@ -105,6 +99,22 @@ func TestRedisStoreConformanceCluster(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) storetest.Backend {
 		return redisBackend(c, idem.RedisOptions{Prefix: testenv.UniquePrefix()}, nil)
 	})
+}
+
+// miniredisBackend is redisBackend on a miniredis of the check's own,
+// whose client can lose a reply (LoseReply) after the command ran.
+func miniredisBackend(t *testing.T, ro idem.RedisOptions) storetest.Backend {
+	m := miniredis.RunT(t)
+	d := &testenv.LossyDialer{}
+	c := redis.NewClient(&redis.Options{Addr: m.Addr(), Dialer: d.Dial})
+	t.Cleanup(func() { _ = c.Close() })
+	b := redisBackend(c, ro, m.FastForward)
+	b.LoseReply = func(key string, advance time.Duration) {
+		d.OnLoss = func() { m.FastForward(advance) }
+		// The claim's first reply: its token, one bulk string.
+		d.Arm(key, 2)
+	}
+	return b
 }
 
 // redisBackend opens RedisStores with ro's prefix and Redis options on c.

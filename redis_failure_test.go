@@ -287,8 +287,8 @@ func TestUnanswered(t *testing.T) {
 func TestRedisBadInputBeforeIO(t *testing.T) {
 	t.Parallel()
 	// A port nothing listens on.
-	d := &lossyDialer{}
-	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + testenv.FreePort(t), Dialer: d.dial, MaxRetries: -1})
+	d := &testenv.LossyDialer{}
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:" + testenv.FreePort(t), Dialer: d.Dial, MaxRetries: -1})
 	t.Cleanup(func() { _ = c.Close() })
 	h := &tripCounter{}
 	c.AddHook(h)
@@ -343,8 +343,8 @@ func TestRedisBadInputBeforeIO(t *testing.T) {
 	if n, sent := h.take(); n != 0 {
 		t.Errorf("bad input cost %d round trips (%v); want none", n, sent)
 	}
-	if d.dials != 0 {
-		t.Errorf("bad input dialed Redis %d times; want never", d.dials)
+	if d.Dials() != 0 {
+		t.Errorf("bad input dialed Redis %d times; want never", d.Dials())
 	}
 	// The client really cannot reach Redis: good input fails on I/O.
 	if _, err := s.Claim(ctx, "k", nil); err == nil {
@@ -449,90 +449,6 @@ func checkDamaged(t *testing.T, s *RedisStore, c *redis.Client, key, value strin
 
 // --- 2. Lost replies --------------------------------------------------------
 
-// lossyDialer dials real connections that can lose one reply: once armed,
-// the first connection that writes a command containing the armed pattern
-// reads the reply for real (so the server has run the command), throws it
-// away, closes the connection and returns io.EOF, an error go-redis retries
-// on a new connection (shouldRetry).
-type lossyDialer struct {
-	mu      sync.Mutex
-	pattern []byte // counted in every write; nil: nothing counted
-	armed   bool   // the next matching write loses its reply
-	lines   int    // CRLF-terminated lines in the reply to read before dropping it
-	writes  int    // writes that carried pattern
-	lost    []byte // the reply that was thrown away
-	dials   int
-}
-
-func (d *lossyDialer) dial(ctx context.Context, network, addr string) (net.Conn, error) {
-	var nd net.Dialer
-	c, err := nd.DialContext(ctx, network, addr)
-	if err != nil {
-		return nil, err
-	}
-	d.mu.Lock()
-	d.dials++
-	d.mu.Unlock()
-	return &lossyConn{Conn: c, d: d}, nil
-}
-
-// arm makes the next command containing pattern lose a reply of lines lines.
-func (d *lossyDialer) arm(pattern string, lines int) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	d.pattern, d.armed, d.lines, d.writes, d.lost = []byte(pattern), true, lines, 0, nil
-}
-
-func (d *lossyDialer) result() (writes int, lost string, stillArmed bool) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return d.writes, string(d.lost), d.armed
-}
-
-type lossyConn struct {
-	net.Conn
-	d     *lossyDialer
-	lines atomic.Int32 // >0: lose the next reply, of this many lines
-}
-
-func (c *lossyConn) Write(p []byte) (int, error) {
-	d := c.d
-	d.mu.Lock()
-	if d.pattern != nil && bytes.Contains(p, d.pattern) {
-		d.writes++
-		if d.armed {
-			d.armed = false
-			c.lines.Store(int32(d.lines))
-		}
-	}
-	d.mu.Unlock()
-	return c.Conn.Write(p)
-}
-
-func (c *lossyConn) Read(p []byte) (int, error) {
-	lines := int(c.lines.Swap(0))
-	if lines == 0 {
-		return c.Conn.Read(p)
-	}
-	// Read the whole reply first: the server has run the command and
-	// answered, and only then is the answer lost.
-	var reply []byte
-	buf := make([]byte, 512)
-	_ = c.Conn.SetReadDeadline(time.Now().Add(5 * time.Second))
-	for bytes.Count(reply, []byte("\r\n")) < lines {
-		n, err := c.Conn.Read(buf)
-		reply = append(reply, buf[:n]...)
-		if err != nil {
-			break
-		}
-	}
-	c.d.mu.Lock()
-	c.d.lost = reply
-	c.d.mu.Unlock()
-	_ = c.Conn.Close()
-	return 0, io.EOF
-}
-
 // replyHook records the final reply of each EVALSHA/EVAL of one script, as
 // the caller gets it after go-redis's retries.
 type replyHook struct {
@@ -578,8 +494,8 @@ func TestRedisLostReply(t *testing.T) {
 	} {
 		t.Run(backend.name, func(t *testing.T) {
 			t.Parallel()
-			d := &lossyDialer{}
-			c := redis.NewClient(&redis.Options{Addr: backend.addr(t), Dialer: d.dial})
+			d := &testenv.LossyDialer{}
+			c := redis.NewClient(&redis.Options{Addr: backend.addr(t), Dialer: d.Dial})
 			t.Cleanup(func() { _ = c.Close() })
 			s := newTestRedisStore(t, c, RedisOptions{})
 			ctx := context.Background()
@@ -604,9 +520,9 @@ func TestRedisLostReply(t *testing.T) {
 				c.AddHook(h)
 				const key = "lost-claim-reply"
 				// A new lease is answered with its token alone: $16, token.
-				d.arm(claimScript.Hash(), 2)
+				d.Arm(claimScript.Hash(), 2)
 				cl, err := s.Claim(ctx, key, []byte("fp"))
-				writes, lost, armed := d.result()
+				writes, lost, armed := d.Result()
 				if armed {
 					t.Fatalf("no claim script was sent on the lossy connection")
 				}
@@ -644,9 +560,9 @@ func TestRedisLostReply(t *testing.T) {
 				// On one Redis the batch is one claim_batch.lua call:
 				// an array header, then each new lease's bare token in 2
 				// lines.
-				d.arm(claimBatchScript.Hash(), 1+2*n)
+				d.Arm(claimBatchScript.Hash(), 1+2*n)
 				cs, err := s.ClaimBatch(ctx, keys, nil)
-				writes, lost, armed := d.result()
+				writes, lost, armed := d.Result()
 				if armed {
 					t.Fatalf("no claim pipeline was sent on the lossy connection")
 				}
@@ -669,7 +585,7 @@ func TestRedisLostReply(t *testing.T) {
 						t.Errorf("ClaimBatch item %d after a lost reply: token %s; want %s, the lost reply's", i, tok, lostLines[2*i+1])
 					}
 				}
-				d.arm(confirmBatchScript.Hash(), 1+n)
+				d.Arm(confirmBatchScript.Hash(), 1+n)
 				leases := make([]*Lease, n)
 				for i, c := range cs {
 					leases[i] = c.Lease
@@ -677,7 +593,7 @@ func TestRedisLostReply(t *testing.T) {
 				if err := s.ConfirmBatch(ctx, leases, nil); err != nil {
 					t.Fatalf("ConfirmBatch after a lost reply: %v", err)
 				}
-				if writes, lost, _ := d.result(); writes != 2 || lost != fmt.Sprintf("*%d\r\n", n)+strings.Repeat(":1\r\n", n) {
+				if writes, lost, _ := d.Result(); writes != 2 || lost != fmt.Sprintf("*%d\r\n", n)+strings.Repeat(":1\r\n", n) {
 					t.Errorf("confirm pipeline sent %d times, lost reply %q; want 2 and %d confirmations", writes, lost, n)
 				}
 				checkAllDuplicate(t, s, keys)
@@ -691,11 +607,11 @@ func TestRedisLostReply(t *testing.T) {
 				if err != nil || cl.Outcome != Claimed {
 					t.Fatalf("Claim(%q) = %v, %v; want claimed", key, cl.Outcome, err)
 				}
-				d.arm(confirmScript.Hash(), 1)
+				d.Arm(confirmScript.Hash(), 1)
 				if err := s.Confirm(ctx, cl.Lease, []byte("result")); err != nil {
 					t.Fatalf("Confirm(%q) after a lost reply: %v; want nil", key, err)
 				}
-				writes, lost, armed := d.result()
+				writes, lost, armed := d.Result()
 				if armed || writes != 2 || lost != ":1\r\n" {
 					t.Errorf("confirm script sent %d times, lost reply %q; want 2 and %q", writes, lost, ":1\r\n")
 				}

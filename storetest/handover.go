@@ -17,6 +17,7 @@ func init() {
 		check{"Claim/TokenPastForgotten", claimTokenPastForgotten},
 		check{"Forget/TwiceAndStaleRenew", forgetTwiceAndStaleRenew},
 		check{"Confirm/AfterTakeOverOtherFingerprint", confirmAfterTakeOverOtherFingerprint},
+		check{"Claim/RetryAfterLostReply", claimRetryAfterLostReply},
 	)
 }
 
@@ -290,4 +291,28 @@ func batchLarge(s *suite) {
 		}
 		s.claim(st, keys[held], "", idem.InProgress)
 	}
+}
+
+func claimRetryAfterLostReply(s *suite) {
+	if s.b.LoseReply == nil {
+		s.Skip("the backend cannot lose a reply (Backend.LoseReply)")
+	}
+	st := s.open("w1")
+	k := s.key("k")
+	// A first claim warms the store up (a script loaded, a connection
+	// made), so that the reply lost is the claim's own.
+	s.claim(st, s.key("warm"), "fp", idem.Claimed)
+	set := s.mark()
+	// The first execution's reply is lost and half a lease passes on the
+	// store's clock before the client's retry, which gets the same lease
+	// back: it has half a lease left, and Expires must say no more.
+	s.b.LoseReply(k, lease/2)
+	if s.controlled() {
+		s.mu.Lock()
+		s.virtual += lease / 2
+		s.mu.Unlock()
+	}
+	c := s.claim(st, k, "fp", idem.Claimed)
+	s.expires("lease of a claim retried after a lost reply", c.Lease.Expires, set, lease)
+	checkHolder(s, s.lookup(st, k), c.Lease)
 }

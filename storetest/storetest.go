@@ -57,6 +57,12 @@ type Backend struct {
 	// same to the store. Nil: the check is skipped, as on a store whose
 	// tokens come from a counter.
 	PlantForgotten func(key string, token int64) error
+	// LoseReply, when set, makes the reply to the next Claim of key be lost
+	// after the store ran it, and the store's clock move advance before the
+	// client retries (a reply lost on the network, go-redis's retry). The
+	// suite then checks that the retry's Lease.Expires counts from the
+	// first execution: a conservative estimate. Nil: the check is skipped.
+	LoseReply func(key string, advance time.Duration)
 }
 
 // Run runs the suite. newBackend is called once per check, with that check's
