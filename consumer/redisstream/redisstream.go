@@ -1,0 +1,456 @@
+// Package redisstream makes a Redis Streams consumer-group reader
+// (github.com/redis/go-redis/v9) handle each entry once, however often the
+// stream delivers it: an entry re-added by its producer, reclaimed from a
+// consumer that crashed, or redelivered after a failure.
+//
+// A [Reader] reads its group with XREADGROUP, hands each batch read to
+// consumer.Batch (one claim and one confirm round trip per batch on a
+// Redis store) and settles every entry itself:
+//
+//	outcome                                  settlement
+//	handler succeeded, or a duplicate        XACK
+//	handler failed, key in progress,         left pending: reclaimed with XAUTOCLAIM
+//	  store unavailable, consumer stopped      once idle for Options.MinIdle
+//	invalid key, fingerprint mismatch        XACK without the work, logged as an error
+//	done but not recorded                    XACK, logged as an error
+//	  (consumer.ErrNotRecorded)
+//
+// Pending entries of every consumer of the group, this one's included, are
+// reclaimed with XAUTOCLAIM once they have been idle for Options.MinIdle,
+// so the entries of a consumer that crashed or was stopped mid-handler are
+// handled by the others. A reclaimed entry whose work another consumer still
+// holds is found in progress and left pending again; one whose work was done
+// is a duplicate and acked: reclaiming never does the work twice, only a
+// crash between the effect and its confirmation can (see package consumer,
+// "What once means").
+//
+// # Keys
+//
+// An entry's key is the value of its Options.KeyField. Without a KeyField,
+// or for an entry without that field (or with it empty), the key is the
+// stream's name and the entry ID ("orders/1700000000000-0"): that
+// deduplicates redeliveries and reclaims of the entry, but not the same
+// message added twice by a producer, which gets a new entry ID each time.
+// Producers that may add a message twice (a retried XADD) should give it an
+// id field and the reader its name.
+//
+// The stream may be on the store's Redis or another, a Redis Cluster
+// included: a stream and its groups are one key, on one slot.
+package redisstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/consumer"
+	"github.com/idemgo/idem/internal/nilcheck"
+	"github.com/redis/go-redis/v9"
+)
+
+// Client is what a Reader needs of a go-redis client; *redis.Client,
+// *redis.ClusterClient and every redis.Cmdable have it.
+type Client interface {
+	XGroupCreateMkStream(ctx context.Context, stream, group, start string) *redis.StatusCmd
+	XReadGroup(ctx context.Context, a *redis.XReadGroupArgs) *redis.XStreamSliceCmd
+	XAutoClaim(ctx context.Context, a *redis.XAutoClaimArgs) *redis.XAutoClaimCmd
+	XAck(ctx context.Context, stream, group string, ids ...string) *redis.IntCmd
+}
+
+// Action is how an entry was settled.
+type Action uint8
+
+// The settlements of an entry.
+const (
+	Ack     Action = iota + 1 // done (now or before): XACKed
+	Pending                   // not acked: reclaimed with XAUTOCLAIM after Options.MinIdle
+	Reject                    // XACKed without its work: it can never succeed (logged)
+)
+
+func (a Action) String() string {
+	switch a {
+	case Ack:
+		return "ack"
+	case Pending:
+		return "pending"
+	case Reject:
+		return "reject"
+	}
+	return "action(" + strconv.Itoa(int(a)) + ")"
+}
+
+// Settlement reports how one entry was settled, for metrics and tests.
+type Settlement struct {
+	Action Action
+	// Reclaimed is whether the entry came from XAUTOCLAIM rather than a
+	// first read.
+	Reclaimed bool
+	// Err is the wrapped handler's error; nil for a plain Ack.
+	Err error
+	// SettleErr is Redis's error for the XACK; with it, the entry stays
+	// pending and is reclaimed as a duplicate.
+	SettleErr error
+}
+
+// Options configure NewReader: one flat literal, passed by value. Stream,
+// Group and Consumer are required; for every other field, zero means its
+// default.
+type Options struct {
+	// Stream is the stream's key. Required.
+	Stream string
+	// Group is the consumer group. Run creates it, and the stream, if
+	// missing, reading from the stream's first entry (XGROUP CREATE ... 0
+	// MKSTREAM); create it yourself at $ to skip the history. Required.
+	Group string
+	// Consumer is this reader's name in the group, unique among the
+	// group's live readers (a host name and process id). Required.
+	Consumer string
+	// KeyField names the entry field whose value is its key (see Keys in
+	// the package documentation). Default: none, the key is the stream and
+	// entry ID.
+	KeyField string
+	// Fingerprint returns a fingerprint of an entry's content, as
+	// consumer.Options.Fingerprint; a mismatch is rejected. Default: none.
+	Fingerprint func(m *redis.XMessage) []byte
+	// Count bounds the entries of one XREADGROUP or XAUTOCLAIM, which are
+	// claimed and confirmed as one batch. Negative is refused. Default
+	// DefaultCount.
+	Count int
+	// Block is how long one XREADGROUP waits for new entries; Run notices
+	// its context's end within about this long. Negative is refused.
+	// Default DefaultBlock.
+	Block time.Duration
+	// MinIdle is how long an entry stays pending (unacked, not delivered
+	// again) before any reader of the group reclaims it with XAUTOCLAIM:
+	// the retry delay of a failed or in-progress entry, and how soon a
+	// crashed consumer's entries are taken over. Give it at least the
+	// store's lease TTL, or reclaims find the crashed consumer's claim held
+	// and leave the entry pending again. Readers look for idle entries
+	// every MinIdle/2. Negative is refused. Default DefaultMinIdle.
+	MinIdle time.Duration
+	// Concurrency bounds how many handlers of one batch run at once, as
+	// consumer.Options.Concurrency. Negative is refused. Default
+	// consumer.DefaultConcurrency.
+	Concurrency int
+	// Logger receives rejections, unrecorded work and Redis errors. Keys
+	// are logged as their KeyHasher hash, never raw. Default:
+	// slog.Default().
+	Logger *slog.Logger
+	// Hook is told of the wrapped handler's notable outcomes, as
+	// consumer.Options.Hook. Default: none.
+	Hook consumer.Hook
+	// Observer receives one idem.Event per entry, as
+	// consumer.Options.Observer. Default: none.
+	Observer idem.Observer
+	// KeyHasher hashes keys for the Logger, the Hook, the Observer and
+	// errors. Give it the store's (idem.Options.KeyHasher) so that they
+	// correlate. Default: the process's (idem.KeyHash).
+	KeyHasher *idem.KeyHasher
+	// ConfirmBudget bounds how long Confirm is retried after the handler
+	// succeeded, as consumer.Options.ConfirmBudget. Negative is refused.
+	// Default: two thirds of the lease's TTL.
+	ConfirmBudget time.Duration
+	// OnSettle, when set, is called after each settlement, on Run's
+	// goroutine. It must be quick. Default: none.
+	OnSettle func(m *redis.XMessage, s Settlement)
+}
+
+// Defaults of Options.
+const (
+	DefaultCount   = 100
+	DefaultBlock   = time.Second
+	DefaultMinIdle = 30 * time.Second
+)
+
+// ackTimeout bounds an XACK, sent on a context detached from Run's so that
+// work done before a shutdown is still acked.
+const ackTimeout = 5 * time.Second
+
+// Reader reads a stream's consumer group and handles each entry once per
+// key. Its methods are safe for concurrent use, but one Reader is meant to
+// be Run once at a time; run several (with distinct Consumer names) to read
+// in parallel.
+type Reader struct {
+	c       Client
+	o       Options // withDefaults
+	handle  func(context.Context, []redis.XMessage) []error
+	claimed string // XAUTOCLAIM's cursor
+}
+
+// NewReader returns a Reader that handles the entries of o.Stream read as
+// o.Consumer of o.Group with h, at most once per key (see consumer.Batch).
+// It does no I/O.
+//
+// NewReader panics, in the caller's goroutine, when c, store (or the value
+// in them) or h is nil, and returns an error naming the field when Stream,
+// Group or Consumer is empty or a number or duration in o is negative: a
+// mistake found on the first entry would surface far from where it was
+// made.
+func NewReader(c Client, store idem.Store, h func(ctx context.Context, m redis.XMessage) error, o Options) (*Reader, error) {
+	switch {
+	case nilcheck.Nil(c):
+		panic("redisstream.NewReader: nil client")
+	case nilcheck.Nil(store):
+		panic("redisstream.NewReader: nil store")
+	case h == nil:
+		panic("redisstream.NewReader: nil handler")
+	}
+	o, err := o.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	r := &Reader{c: c, o: o, claimed: "0-0"}
+	r.handle = consumer.Batch(store, r.key, h, o.consumer())
+	return r, nil
+}
+
+// withDefaults returns o checked, with its defaults filled in.
+func (o Options) withDefaults() (Options, error) {
+	switch {
+	case o.Stream == "":
+		return o, errors.New("redisstream.NewReader: empty Options.Stream")
+	case o.Group == "":
+		return o, errors.New("redisstream.NewReader: empty Options.Group")
+	case o.Consumer == "":
+		return o, errors.New("redisstream.NewReader: empty Options.Consumer")
+	case o.Count < 0:
+		return o, fmt.Errorf("redisstream.NewReader: negative Options.Count %d", o.Count)
+	case o.Block < 0:
+		return o, fmt.Errorf("redisstream.NewReader: negative Options.Block %v", o.Block)
+	case o.MinIdle < 0:
+		return o, fmt.Errorf("redisstream.NewReader: negative Options.MinIdle %v", o.MinIdle)
+	case o.Concurrency < 0:
+		return o, fmt.Errorf("redisstream.NewReader: negative Options.Concurrency %d", o.Concurrency)
+	case o.ConfirmBudget < 0:
+		return o, fmt.Errorf("redisstream.NewReader: negative Options.ConfirmBudget %v", o.ConfirmBudget)
+	}
+	if o.Count == 0 {
+		o.Count = DefaultCount
+	}
+	if o.Block == 0 {
+		o.Block = DefaultBlock
+	}
+	if o.MinIdle == 0 {
+		o.MinIdle = DefaultMinIdle
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	return o, nil
+}
+
+// consumer returns the options of the wrapped handler.
+func (o Options) consumer() consumer.Options[redis.XMessage] {
+	co := consumer.Options[redis.XMessage]{Hook: o.Hook, Observer: o.Observer,
+		KeyHasher: o.KeyHasher, ConfirmBudget: o.ConfirmBudget, Concurrency: o.Concurrency}
+	if fp := o.Fingerprint; fp != nil {
+		co.Fingerprint = func(m redis.XMessage) []byte { return fp(&m) }
+	}
+	return co
+}
+
+// key is an entry's key: its KeyField's value, else the stream and entry ID.
+func (r *Reader) key(m redis.XMessage) string {
+	if r.o.KeyField != "" {
+		switch v := m.Values[r.o.KeyField].(type) {
+		case string:
+			if v != "" {
+				return v
+			}
+		case nil:
+		default:
+			if s := fmt.Sprint(v); s != "" {
+				return s
+			}
+		}
+	}
+	return r.o.Stream + "/" + m.ID
+}
+
+// Run reads and handles entries until ctx ends, and then returns
+// ctx.Err(). It first creates the group if it is missing. Entries read
+// first go to the handler as they come; every MinIdle/2, entries of the
+// group idle for MinIdle are reclaimed and handled too. When ctx ends, the
+// handlers running see it end; the work they finished is confirmed and
+// acked, the rest left pending for another reader to reclaim.
+//
+// Redis errors other than a missing group are logged and retried after a
+// growing pause (up to Block). If a handler panics, the rest of its batch
+// is settled in the store (see consumer.Batch), nothing of it is acked,
+// and the panic is re-raised: the batch's entries stay pending and are
+// reclaimed, the done ones as duplicates.
+func (r *Reader) Run(ctx context.Context) error {
+	err := r.c.XGroupCreateMkStream(ctx, r.o.Stream, r.o.Group, "0").Err()
+	if err != nil && !isBusyGroup(err) {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return fmt.Errorf("redisstream: creating group %q of stream %q: %w", r.o.Group, r.o.Stream, err)
+	}
+	var lastClaim time.Time
+	pause := time.Duration(0)
+	for ctx.Err() == nil {
+		var err error
+		if time.Since(lastClaim) >= r.o.MinIdle/2 {
+			lastClaim = time.Now()
+			err = r.reclaim(ctx)
+		}
+		if err == nil {
+			err = r.read(ctx)
+		}
+		if err == nil || ctx.Err() != nil {
+			pause = 0
+			continue
+		}
+		if isNoGroup(err) {
+			return fmt.Errorf("redisstream: group %q of stream %q: %w", r.o.Group, r.o.Stream, err)
+		}
+		pause = min(max(2*pause, 10*time.Millisecond), r.o.Block)
+		r.o.Logger.LogAttrs(ctx, slog.LevelWarn, "idem/redisstream: reading the stream failed; retrying",
+			slog.String("stream", r.o.Stream), slog.Duration("pause", pause), slog.Any("err", err))
+		select {
+		case <-ctx.Done():
+		case <-time.After(pause):
+		}
+	}
+	return ctx.Err()
+}
+
+// read reads new entries once (waiting up to Block) and handles them.
+func (r *Reader) read(ctx context.Context) error {
+	streams, err := r.c.XReadGroup(ctx, &redis.XReadGroupArgs{Group: r.o.Group, Consumer: r.o.Consumer,
+		Streams: []string{r.o.Stream, ">"}, Count: int64(r.o.Count), Block: r.o.Block}).Result()
+	if errors.Is(err, redis.Nil) {
+		return nil // nothing new within Block
+	}
+	if err != nil {
+		return err
+	}
+	for _, s := range streams {
+		r.settle(ctx, s.Messages, false)
+	}
+	return nil
+}
+
+// reclaim takes over the group's entries idle for MinIdle, a batch of up
+// to Count at a time, and handles them, until XAUTOCLAIM's cursor has gone
+// round the pending list once.
+func (r *Reader) reclaim(ctx context.Context) error {
+	for ctx.Err() == nil {
+		ms, next, err := r.c.XAutoClaim(ctx, &redis.XAutoClaimArgs{Stream: r.o.Stream, Group: r.o.Group,
+			Consumer: r.o.Consumer, MinIdle: r.o.MinIdle, Start: r.claimed, Count: int64(r.o.Count)}).Result()
+		if err != nil {
+			return err
+		}
+		r.claimed = next
+		r.settle(ctx, ms, true)
+		if next == "0-0" {
+			return nil
+		}
+	}
+	return nil
+}
+
+// settle handles ms as one batch and acks, in one XACK, the entries done
+// or rejected.
+func (r *Reader) settle(ctx context.Context, ms []redis.XMessage, reclaimed bool) {
+	if len(ms) == 0 {
+		return
+	}
+	errs := r.rounds(ctx, ms)
+	acts := make([]Action, len(ms))
+	ids := make([]string, 0, len(ms))
+	for i, err := range errs {
+		switch {
+		case err == nil:
+			acts[i] = Ack
+		case errors.Is(err, consumer.ErrNotRecorded):
+			r.o.Logger.LogAttrs(ctx, slog.LevelError, "idem/redisstream: work done but not recorded; acked so it is not done again now",
+				slog.String("key_hash", r.o.KeyHasher.Hash(r.key(ms[i]))), slog.String("entry", ms[i].ID), slog.Any("err", err))
+			acts[i] = Ack
+		case errors.Is(err, idem.ErrInvalidKey), errors.Is(err, idem.ErrFingerprintMismatch):
+			r.o.Logger.LogAttrs(ctx, slog.LevelError, "idem/redisstream: entry acked without its work: it can never succeed",
+				slog.String("key_hash", r.o.KeyHasher.Hash(r.key(ms[i]))), slog.String("entry", ms[i].ID), slog.Any("err", err))
+			acts[i] = Reject
+		default:
+			acts[i] = Pending
+		}
+		if acts[i] != Pending {
+			ids = append(ids, ms[i].ID)
+		}
+	}
+	var ackErr error
+	if len(ids) > 0 {
+		actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ackTimeout)
+		ackErr = r.c.XAck(actx, r.o.Stream, r.o.Group, ids...).Err()
+		cancel()
+		if ackErr != nil {
+			r.o.Logger.LogAttrs(ctx, slog.LevelWarn, "idem/redisstream: XACK failed; the entries stay pending and are reclaimed as duplicates",
+				slog.String("stream", r.o.Stream), slog.Int("entries", len(ids)), slog.Any("err", ackErr))
+		}
+	}
+	if r.o.OnSettle == nil {
+		return
+	}
+	for i := range ms {
+		s := Settlement{Action: acts[i], Reclaimed: reclaimed, Err: errs[i]}
+		if acts[i] != Pending {
+			s.SettleErr = ackErr
+		}
+		r.o.OnSettle(&ms[i], s)
+	}
+}
+
+// rounds handles ms in as many batches as the most frequent key has
+// entries, each key at most once per batch, and returns one error per entry.
+// consumer.Batch finds a key's second entry in a batch in progress (the
+// first holds it), which would leave a producer's duplicate pending until
+// MinIdle; a later round finds it done, or the first failed, at once.
+func (r *Reader) rounds(ctx context.Context, ms []redis.XMessage) []error {
+	errs := make([]error, len(ms))
+	left := make([]int, len(ms))
+	for i := range left {
+		left[i] = i
+	}
+	for len(left) > 0 {
+		seen := make(map[string]bool, len(left))
+		var now, later []int
+		for _, i := range left {
+			if k := r.key(ms[i]); seen[k] {
+				later = append(later, i)
+			} else {
+				seen[k] = true
+				now = append(now, i)
+			}
+		}
+		batch := ms
+		if len(now) < len(ms) {
+			batch = make([]redis.XMessage, len(now))
+			for j, i := range now {
+				batch[j] = ms[i]
+			}
+		}
+		for j, err := range r.handle(ctx, batch) {
+			errs[now[j]] = err
+		}
+		left = later
+	}
+	return errs
+}
+
+// isBusyGroup reports Redis's answer to creating a group that exists.
+func isBusyGroup(err error) bool { return hasCode(err, "BUSYGROUP") }
+
+// isNoGroup reports Redis's answer to reading a group (or stream) that is
+// gone: deleted under the reader, which no retry mends.
+func isNoGroup(err error) bool { return hasCode(err, "NOGROUP") }
+
+func hasCode(err error, code string) bool {
+	var re redis.Error
+	return errors.As(err, &re) && strings.HasPrefix(re.Error(), code+" ")
+}

@@ -1,0 +1,239 @@
+package redisstream_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/consumer/redisstream"
+	"github.com/idemgo/idem/internal/testenv"
+	"github.com/redis/go-redis/v9"
+)
+
+// Entries a, a (a producer's duplicate), b and one without an id field: the
+// handler runs once per key, every entry is acked, nothing stays pending.
+func TestReaderAcksDoneAndDuplicates(t *testing.T) {
+	testAcksDoneAndDuplicates(t, testenv.Redis(t))
+}
+
+// The same on the real cluster: the stream and its group are one key, on
+// one slot; the store's keys are spread over the others.
+func TestReaderCluster(t *testing.T) {
+	testAcksDoneAndDuplicates(t, testenv.Cluster(t))
+}
+
+func testAcksDoneAndDuplicates(t *testing.T, c redis.UniversalClient) {
+	stream := unique(t, "stream")
+	add(t, c, stream, "a", "a", "b", "")
+	var mu sync.Mutex
+	runs := map[string]int{}
+	st := &settlements{}
+	r, err := redisstream.NewReader(c, newStore(t, c, prefix(t), "w", time.Second),
+		func(_ context.Context, m redis.XMessage) error {
+			mu.Lock()
+			defer mu.Unlock()
+			id, _ := m.Values["id"].(string)
+			runs[id]++
+			return nil
+		}, redisstream.Options{Stream: stream, Group: "g", Consumer: "c1", KeyField: "id", OnSettle: st.on, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runUntil(t, r, func() bool { return st.count(redisstream.Ack) == 4 })
+	mu.Lock()
+	defer mu.Unlock()
+	if runs["a"] != 1 || runs["b"] != 1 || runs[""] != 1 {
+		t.Errorf("handler runs %v; want a, b and the id-less entry once each", runs)
+	}
+	if n := pending(t, c, stream, "g"); n != 0 {
+		t.Errorf("%d entries pending; want 0", n)
+	}
+}
+
+// Without a KeyField the key is the stream and entry ID: the producer's
+// duplicate (a new entry ID) is handled again, a reclaim of the same entry
+// is not.
+func TestReaderEntryIDKey(t *testing.T) {
+	c := testenv.Redis(t)
+	stream := unique(t, "stream")
+	add(t, c, stream, "a", "a")
+	store := newStore(t, c, prefix(t), "w", time.Second)
+	st := &settlements{}
+	runs := 0
+	r, err := redisstream.NewReader(c, store, func(context.Context, redis.XMessage) error { runs++; return nil },
+		redisstream.Options{Stream: stream, Group: "g", Consumer: "c1", OnSettle: st.on, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runUntil(t, r, func() bool { return st.count(redisstream.Ack) == 2 })
+	if runs != 2 {
+		t.Errorf("handler ran %d times; want 2 (two entry IDs)", runs)
+	}
+	for _, id := range st.ids {
+		if rec, err := store.Lookup(context.Background(), stream+"/"+id); err != nil || !rec.Confirmed {
+			t.Errorf("Lookup(%q) = %v, %v; want a confirmed record", stream+"/"+id, rec, err)
+		}
+	}
+}
+
+// A failed handler leaves its entry pending, not acked; after MinIdle it is
+// reclaimed with XAUTOCLAIM and handled again.
+func TestReaderRetriesFailureAfterMinIdle(t *testing.T) {
+	c := testenv.Redis(t)
+	stream := unique(t, "stream")
+	add(t, c, stream, "x")
+	st := &settlements{}
+	var mu sync.Mutex
+	var at []time.Time
+	const minIdle = 200 * time.Millisecond
+	r, err := redisstream.NewReader(c, newStore(t, c, prefix(t), "w", time.Second),
+		func(context.Context, redis.XMessage) error {
+			mu.Lock()
+			defer mu.Unlock()
+			if at = append(at, time.Now()); len(at) == 1 {
+				return errors.New("first attempt fails")
+			}
+			return nil
+		}, redisstream.Options{Stream: stream, Group: "g", Consumer: "c1", KeyField: "id",
+			MinIdle: minIdle, Block: 50 * time.Millisecond, OnSettle: st.on, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runUntil(t, r, func() bool { return st.count(redisstream.Ack) == 1 })
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if len(st.all) != 2 || st.all[0].Action != redisstream.Pending || st.all[0].Err == nil ||
+		st.all[1].Action != redisstream.Ack || !st.all[1].Reclaimed {
+		t.Fatalf("settlements %+v; want pending (with the error), then a reclaimed ack", st.all)
+	}
+	if gap := at[1].Sub(at[0]); gap < minIdle {
+		t.Errorf("retried after %v; want at least MinIdle %v", gap, minIdle)
+	}
+}
+
+// An entry whose key another delivery holds is left pending, the handler not
+// run; once the holder confirms, the reclaimed entry is a duplicate: acked.
+func TestReaderInProgressLeftPending(t *testing.T) {
+	c := testenv.Redis(t)
+	stream := unique(t, "stream")
+	pfx := prefix(t)
+	holder := newStore(t, c, pfx, "holder", 5*time.Second)
+	ctx := context.Background()
+	cl, err := holder.Claim(ctx, "k", nil)
+	if err != nil || cl.Outcome != idem.Claimed {
+		t.Fatalf("Claim(k) = %v, %v; want Claimed", cl.Outcome, err)
+	}
+	add(t, c, stream, "k")
+	st := &settlements{}
+	runs := 0
+	r, err := redisstream.NewReader(c, newStore(t, c, pfx, "reader", 5*time.Second),
+		func(context.Context, redis.XMessage) error { runs++; return nil },
+		redisstream.Options{Stream: stream, Group: "g", Consumer: "c1", KeyField: "id",
+			MinIdle: 100 * time.Millisecond, Block: 50 * time.Millisecond, OnSettle: st.on, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runUntil(t, r, func() bool {
+		if st.count(redisstream.Pending) == 1 && pending(t, c, stream, "g") == 1 {
+			if err := holder.Confirm(ctx, cl.Lease, nil); err != nil {
+				t.Fatalf("Confirm: %v", err)
+			}
+		}
+		return st.count(redisstream.Ack) == 1
+	})
+	if runs != 0 {
+		t.Errorf("handler ran %d times; want 0 (the holder did the work)", runs)
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if !errors.Is(st.all[0].Err, idem.ErrInProgress) {
+		t.Errorf("first settlement's Err = %v; want idem.ErrInProgress", st.all[0].Err)
+	}
+}
+
+// A key's content changed (another fingerprint) can never succeed: the entry
+// is acked without its work, and logged, never left to be reclaimed forever.
+func TestReaderFingerprintMismatchRejected(t *testing.T) {
+	c := testenv.Redis(t)
+	stream := unique(t, "stream")
+	ctx := context.Background()
+	for _, body := range []string{"one", "one", "two"} {
+		if err := c.XAdd(ctx, &redis.XAddArgs{Stream: stream, Values: map[string]any{"id": "k", "body": body}}).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() { _ = c.Del(context.Background(), stream).Err() })
+	st := &settlements{}
+	runs := 0
+	r, err := redisstream.NewReader(c, newStore(t, c, prefix(t), "w", time.Second),
+		func(context.Context, redis.XMessage) error { runs++; return nil },
+		redisstream.Options{Stream: stream, Group: "g", Consumer: "c1", KeyField: "id", OnSettle: st.on, Logger: quiet,
+			Fingerprint: func(m *redis.XMessage) []byte { s, _ := m.Values["body"].(string); return []byte(s) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runUntil(t, r, func() bool { return st.count(redisstream.Ack)+st.count(redisstream.Reject) == 3 })
+	if got := st.count(redisstream.Reject); got != 1 || runs != 1 {
+		t.Errorf("%d rejects, %d runs; want 1 reject (body two) and 1 run", got, runs)
+	}
+	if n := pending(t, c, stream, "g"); n != 0 {
+		t.Errorf("%d entries pending; want 0", n)
+	}
+}
+
+// Mistakes are refused by NewReader, naming the field; a nil client, store
+// or handler panics, as consumer.Idempotent's do.
+func TestNewReaderMistakes(t *testing.T) {
+	store := idem.NewMemoryStore(idem.Options{})
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled
+	defer c.Close()
+	h := func(context.Context, redis.XMessage) error { return nil }
+	ok := redisstream.Options{Stream: "s", Group: "g", Consumer: "c"}
+	for _, tc := range []struct {
+		name  string
+		edit  func(*redisstream.Options)
+		field string
+	}{
+		{"no stream", func(o *redisstream.Options) { o.Stream = "" }, "Options.Stream"},
+		{"no group", func(o *redisstream.Options) { o.Group = "" }, "Options.Group"},
+		{"no consumer", func(o *redisstream.Options) { o.Consumer = "" }, "Options.Consumer"},
+		{"negative count", func(o *redisstream.Options) { o.Count = -1 }, "Options.Count"},
+		{"negative block", func(o *redisstream.Options) { o.Block = -1 }, "Options.Block"},
+		{"negative min idle", func(o *redisstream.Options) { o.MinIdle = -1 }, "Options.MinIdle"},
+		{"negative concurrency", func(o *redisstream.Options) { o.Concurrency = -1 }, "Options.Concurrency"},
+		{"negative confirm budget", func(o *redisstream.Options) { o.ConfirmBudget = -1 }, "Options.ConfirmBudget"},
+	} {
+		o := ok
+		tc.edit(&o)
+		if _, err := redisstream.NewReader(c, store, h, o); err == nil || !strings.Contains(err.Error(), tc.field) {
+			t.Errorf("%s: NewReader error %v; want one naming %s", tc.name, err, tc.field)
+		}
+	}
+	if _, err := redisstream.NewReader(c, store, h, ok); err != nil {
+		t.Errorf("NewReader(valid options) = %v", err)
+	}
+	var nilClient *redis.Client
+	var nilStore *idem.RedisStore
+	for _, tc := range []struct {
+		name, want string
+		call       func()
+	}{
+		{"nil client", "nil client", func() { _, _ = redisstream.NewReader(nil, store, h, ok) }},
+		{"typed nil client", "nil client", func() { _, _ = redisstream.NewReader(nilClient, store, h, ok) }},
+		{"typed nil store", "nil store", func() { _, _ = redisstream.NewReader(c, nilStore, h, ok) }},
+		{"nil handler", "nil handler", func() { _, _ = redisstream.NewReader(c, store, nil, ok) }},
+	} {
+		func() {
+			defer func() {
+				if v, _ := recover().(string); !strings.Contains(v, tc.want) {
+					t.Errorf("%s: panic %q; want one saying %q", tc.name, v, tc.want)
+				}
+			}()
+			tc.call()
+		}()
+	}
+}
