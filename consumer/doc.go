@@ -96,6 +96,7 @@
 // # Adapters
 //
 // Package consumer/amqp settles RabbitMQ deliveries (github.com/rabbitmq/amqp091-go)
-// by these rules; the nested module consumer/watermill is a Watermill router
-// middleware.
+// by these rules; package consumer/redisstream reads a Redis Streams
+// consumer group (XREADGROUP, XACK, XAUTOCLAIM); the nested module
+// consumer/watermill is a Watermill router middleware.
 package consumer
