@@ -69,11 +69,12 @@
 // The route is Options.Route's when set (for routers other than
 // http.ServeMux), or the path when it returns "", as chi's RoutePattern
 // does under r.Use, before routing (see ExampleNew_chiUse; chi's own
-// package is also named middleware: import one under an alias). Otherwise it is r.Pattern when the middleware sits inside
-// a ServeMux route; when it wraps a whole mux (Options.Mux, or the
-// *http.ServeMux it wraps directly), the pattern that mux's Handler(r)
-// reports, which is what r.Pattern would have been inside the route; else
-// the path.
+// package is also named middleware: import one under an alias).
+// Otherwise it is r.Pattern when the middleware sits inside a ServeMux
+// route (ExampleNew_serveMux); when it wraps a whole mux (Options.Mux, or
+// the *http.ServeMux it wraps directly), the pattern that mux's Handler(r)
+// reports, which is what r.Pattern would have been inside the route
+// (ExampleNew); else the path.
 //
 // The fingerprint tells a retry from a different request reusing the key:
 // SHA-256 over the method, route, path and query, content type and body.

@@ -205,3 +205,37 @@ func ExampleNew_chiUse() {
 	// 200 replayed="" {"refund":1}
 	// 200 replayed="true" {"refund":1}
 }
+
+// With http.ServeMux the middleware can also sit inside each route, where
+// the mux has routed and r.Pattern names the endpoint: a key is scoped to
+// "POST /invoices/{id}/pay", so one key on two endpoints is two records,
+// and one key on two invoices is a different request (422).
+func ExampleNew_serveMux() {
+	store := idem.NewMemoryStore(idem.Options{})
+	idempotent, err := middleware.New(middleware.Options{Store: store})
+	if err != nil {
+		panic(err)
+	}
+	payments, refunds := 0, 0
+	mux := http.NewServeMux()
+	mux.Handle("POST /invoices/{id}/pay", idempotent(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		payments++
+		fmt.Fprintf(w, `{"invoice":%q,"payment":%d}`, r.PathValue("id"), payments)
+	})))
+	mux.Handle("POST /invoices/{id}/refund", idempotent(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		refunds++
+		fmt.Fprintf(w, `{"invoice":%q,"refund":%d}`, r.PathValue("id"), refunds)
+	})))
+
+	send(mux, "/invoices/7/pay", "k-7", `{}`)
+	send(mux, "/invoices/7/pay", "k-7", `{}`)    // the client retries
+	send(mux, "/invoices/7/refund", "k-7", `{}`) // the same key on another endpoint
+	send(mux, "/invoices/8/pay", "k-7", `{}`)    // the key reused for another invoice
+	fmt.Println("payments:", payments, "refunds:", refunds)
+	// Output:
+	// 200 replayed="" {"invoice":"7","payment":1}
+	// 200 replayed="true" {"invoice":"7","payment":1}
+	// 200 replayed="" {"invoice":"7","refund":1}
+	// 422 https://datatracker.ietf.org/doc/html/draft-ietf-httpapi-idempotency-key-header-07#section-2.2 retryable=false idempotency_key="k-7" instance=urn:uuid:...=true
+	// payments: 1 refunds: 1
+}
