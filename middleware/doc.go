@@ -79,7 +79,8 @@
 // The fingerprint tells a retry from a different request reusing the key:
 // SHA-256 over the method, route, path and query, content type and body.
 // A multipart body counts by its fields and its files' names and sizes, so
-// a retried upload with a new boundary is still a retry.
+// a retried upload with a new boundary is still a retry. [Fingerprint]
+// computes the same for a handler that calls the SQL store's Run itself.
 //
 // # Bodies
 //
