@@ -128,6 +128,21 @@
 //
 //	tx, ok := sqlstore.TxFromContext(r.Context())
 //
+// A request without a key (Options.Required false) passes through, as one
+// of a method not covered does: the handler runs without a transaction and
+// nothing is recorded. TxFromContext then reports false, and the handler
+// opens its own transaction (see ExampleNew_transactional), or set
+// Options.Required to answer such requests 400:
+//
+//	tx, ok := sqlstore.TxFromContext(r.Context())
+//	if !ok { // no key: not idempotent, no transaction of the middleware's
+//		own, err := db.BeginTx(r.Context(), nil)
+//		...
+//		defer own.Rollback() // a no-op after own.Commit()
+//		tx = own
+//	}
+//	... // the handler's SQL on tx; then, when !ok, tx.Commit()
+//
 // A 5xx or a panic rolls back both. A request that meets another of
 // its key in flight waits for it in the database (for the SQL store's
 // LockTimeout per attempt, retried up to Options.LockTimeout) and then

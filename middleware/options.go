@@ -29,8 +29,8 @@ type Options struct {
 	// Tx holds the records in transactional mode: the handler runs inside
 	// Tx.Run and its response is sent after the commit; with an
 	// *sqlstore.Store its SQL joins the transaction through
-	// sqlstore.TxFromContext(r.Context()). Set Store or Tx, not both.
-	// Default: none.
+	// sqlstore.TxFromContext(r.Context()); a request without a key runs
+	// without one. Set Store or Tx, not both. Default: none.
 	Tx TxStore
 	// Header names the request header that carries the client's key: a
 	// header field name, in any case. Not with Key, which replaces it.
