@@ -56,7 +56,9 @@
 // Two choices differ, deliberately, from some other implementations. Two
 // different keys are two operations, even with the same body: never a 409,
 // since two identical payments can both be meant. And a replay says so with
-// Stripe's Idempotent-Replayed: true.
+// Stripe's Idempotent-Replayed: true. As Stripe's, a replay names the
+// request that did the work, Original-Request: its request id, with
+// Options.RequestIDHeader.
 //
 // # Keys, routes and fingerprints
 //
@@ -192,6 +194,13 @@
 //	uvarint  number of header lines, then for each line
 //	         uvarint length and bytes of the name, uvarint length and bytes of the value
 //	uvarint  length and bytes of the body
+//
+// A line whose name begins with ':', never a header field name, is the
+// middleware's own: ":original-request" holds the Options.RequestIDHeader
+// value of the request that did the work, replayed as Original-Request.
+// Records written before it (without such a line) replay as they did, and
+// a version that predates it skips the line, as any line not in its
+// ReplayHeaders.
 //
 // A record that does not decode is answered 500 (TypeRecordDamaged),
 // never a panic and never a second run.

@@ -25,6 +25,9 @@ const (
 	// recorded ones, the body is empty. The work was done once; its full
 	// response was sent to the first request only.
 	HeaderBodyOmitted = "Idempotent-Body-Omitted"
+	// HeaderOriginalRequest is, on a replay, the Options.RequestIDHeader
+	// value of the request that did the work, when one was recorded.
+	HeaderOriginalRequest = "Original-Request"
 )
 
 // New returns the middleware that Options describe, or an error when they
@@ -301,7 +304,7 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, l *idem.Lease, bod
 // the work is done, and must be recorded as done whatever its size. It
 // returns the last error when no Confirm succeeded.
 func (h *handler) confirm(r *http.Request, l *idem.Lease, end time.Time, rec *recorder) error {
-	resp := h.response(rec)
+	resp := h.response(r, rec)
 	result := encodeResponse(resp)
 	err := h.record(r, end, func(ctx context.Context) error {
 		err := h.c.Store.Confirm(ctx, l, result)
@@ -392,10 +395,16 @@ func later(a, b time.Time) time.Time {
 	return b
 }
 
-// response is what of rec is recorded: the allowlisted headers, and the
-// body unless it is over MaxResponseBytes.
-func (h *handler) response(rec *recorder) *response {
+// response is what of rec, the response to r, is recorded: the
+// allowlisted headers, the body unless it is over MaxResponseBytes, and
+// r's request id.
+func (h *handler) response(r *http.Request, rec *recorder) *response {
 	resp := &response{status: rec.status, header: make(http.Header, len(h.c.replay))}
+	if h.c.RequestIDHeader != "" {
+		if id := r.Header.Get(h.c.RequestIDHeader); len(id) <= maxRequestID {
+			resp.requestID = id
+		}
+	}
 	for _, k := range h.c.replay {
 		if vs := rec.header[k]; len(vs) > 0 {
 			resp.header[k] = vs
@@ -415,6 +424,10 @@ func (h *handler) response(rec *recorder) *response {
 func (h *handler) replay(w http.ResponseWriter, r *http.Request, result []byte) error {
 	dst := w.Header()
 	status, omitted, body, err := walkResponse(result, func(k, v []byte) {
+		if string(k) == lineRequestID {
+			dst[HeaderOriginalRequest] = []string{string(v)}
+			return
+		}
 		for _, name := range h.c.replay {
 			if name == string(k) { // compared without a copy
 				dst[name] = append(dst[name], string(v))

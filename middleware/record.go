@@ -79,8 +79,20 @@ type response struct {
 	status      int
 	header      http.Header // the allowlisted headers only
 	body        []byte
-	bodyOmitted bool // the body was over MaxResponseBytes and not recorded
+	bodyOmitted bool   // the body was over MaxResponseBytes and not recorded
+	requestID   string // the RequestIDHeader of the request that did the work; "" for none
 }
+
+// lineRequestID is the header line that holds response.requestID. A name
+// that begins with ':' is never a header field name (HTTP/2 keeps such
+// names for pseudo-headers): it cannot meet a response header, and a
+// decoder that predates it skips it, as it skips any line that is not in
+// its ReplayHeaders, so that records stay version 1 both ways.
+const lineRequestID = ":original-request"
+
+// maxRequestID bounds the request id recorded: the client chooses it, and
+// must not be able to push the record over the store's limit.
+const maxRequestID = 255
 
 // responseVersion begins every encoded response.
 const responseVersion = 1
@@ -97,8 +109,10 @@ var errDamaged = errors.New("middleware: recorded response does not decode")
 //	         uvarint length and bytes of the name, uvarint length and bytes of the value
 //	uvarint  length and bytes of the body
 //
-// Header lines are in name order, each value on its own line, so that one
-// response always encodes to the same bytes.
+// A line named ":original-request" (lineRequestID) holds the request id,
+// when there is one; other names are the response's headers. Lines are in
+// name order, each value on its own line, so that one response always
+// encodes to the same bytes.
 func encodeResponse(r *response) []byte {
 	names := make([]string, 0, len(r.header))
 	lines := 0
@@ -110,7 +124,11 @@ func encodeResponse(r *response) []byte {
 			size += len(k) + len(v) + 4
 		}
 	}
-	slices.Sort(names)
+	if r.requestID != "" {
+		lines++
+		size += len(lineRequestID) + len(r.requestID) + 4
+	}
+	slices.Sort(names) // ':' sorts before every header name
 	b := make([]byte, 0, size)
 	var flags byte
 	if r.bodyOmitted {
@@ -119,6 +137,10 @@ func encodeResponse(r *response) []byte {
 	b = append(b, responseVersion, flags)
 	b = binary.BigEndian.AppendUint16(b, uint16(r.status))
 	b = binary.AppendUvarint(b, uint64(lines))
+	if r.requestID != "" {
+		b = appendBytes(b, lineRequestID)
+		b = appendBytes(b, r.requestID)
+	}
 	for _, k := range names {
 		for _, v := range r.header[k] {
 			b = appendBytes(b, k)
@@ -141,6 +163,10 @@ func decodeResponse(b []byte) (*response, error) {
 	r := &response{header: make(http.Header)}
 	var err error
 	r.status, r.bodyOmitted, r.body, err = walkResponse(b, func(k, v []byte) {
+		if string(k) == lineRequestID {
+			r.requestID = string(v)
+			return
+		}
 		r.header[string(k)] = append(r.header[string(k)], string(v))
 	})
 	if err != nil {

@@ -62,7 +62,7 @@ func (h *handler) serveTx(w http.ResponseWriter, r *http.Request, key, sk string
 			if !h.c.Keep(rec.status) {
 				return nil, errNotKept
 			}
-			return encodeResponse(h.response(rec)), nil
+			return encodeResponse(h.response(r, rec)), nil
 		})
 		switch {
 		case err == nil && replayed:
