@@ -6,73 +6,15 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"reflect"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/httprecord"
 	"github.com/idemgo/idem/internal/testenv"
 	"github.com/idemgo/idem/sqlstore"
 )
-
-func TestResponseRoundTrip(t *testing.T) {
-	for _, r := range []*response{
-		{status: 201, header: http.Header{"Location": {"/a"}, "Link": {"<a>", "<b>"}}, body: []byte("hello")},
-		{status: 204, header: http.Header{}},
-		{status: 200, header: http.Header{"Content-Type": {"text/plain"}}, bodyOmitted: true},
-		{status: 999, header: http.Header{"X": {""}}, body: bytes.Repeat([]byte{0}, 300)},
-		{status: 201, header: http.Header{"Location": {"/a"}}, body: []byte("hi"), requestID: "req-1"},
-	} {
-		b := encodeResponse(r)
-		if !bytes.Equal(b, encodeResponse(r)) {
-			t.Errorf("encodeResponse(%+v) is not deterministic", r)
-		}
-		got, err := decodeResponse(b)
-		if err != nil {
-			t.Fatalf("decodeResponse(encodeResponse(%+v)) = %v", r, err)
-		}
-		if got.status != r.status || got.bodyOmitted != r.bodyOmitted || !bytes.Equal(got.body, r.body) || !reflect.DeepEqual(got.header, r.header) || got.requestID != r.requestID {
-			t.Errorf("round trip of %+v = %+v", r, got)
-		}
-	}
-}
-
-func TestDecodeDamaged(t *testing.T) {
-	good := encodeResponse(&response{status: 201, header: http.Header{"Location": {"/a"}}, body: []byte("hi")})
-	for name, b := range map[string][]byte{
-		"empty":          nil,
-		"short":          good[:3],
-		"version 2":      append([]byte{2}, good[1:]...),
-		"unknown flag":   append([]byte{1, 2}, good[2:]...),
-		"status 99":      append([]byte{1, 0, 0, 99}, good[4:]...),
-		"truncated":      good[:len(good)-1],
-		"trailing bytes": append(append([]byte{}, good...), 0),
-		"huge count":     {1, 0, 0, 200, 0xff, 0xff, 0xff, 0xff, 0x0f},
-		"bad varint":     {1, 0, 0, 200, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff},
-	} {
-		if _, err := decodeResponse(b); err != errDamaged {
-			t.Errorf("decodeResponse(%s %x) = %v; want errDamaged", name, b, err)
-		}
-	}
-}
-
-func FuzzDecodeResponse(f *testing.F) {
-	f.Add(encodeResponse(&response{status: 201, header: http.Header{"Location": {"/a"}}, body: []byte("hi")}))
-	f.Add([]byte{1, 1, 0, 200, 0, 0})
-	f.Fuzz(func(t *testing.T, b []byte) {
-		r, err := decodeResponse(b)
-		if err != nil {
-			return
-		}
-		// What decodes re-encodes to itself when its header lines were in
-		// order; either way it must re-decode to the same response.
-		again, err := decodeResponse(encodeResponse(r))
-		if err != nil || again.status != r.status || !bytes.Equal(again.body, r.body) || again.bodyOmitted != r.bodyOmitted {
-			t.Errorf("re-decoding %+v gave %+v, %v", r, again, err)
-		}
-	})
-}
 
 // A response over MaxResponseBytes is sent whole, recorded as done without
 // its body, and replayed with HeaderBodyOmitted; the handler runs once.
@@ -251,20 +193,20 @@ func TestRecordFormatCompatible(t *testing.T) {
 		"\x0cContent-Type\x10application/json" +
 		"\x08Location\x09/orders/7" +
 		"\x08{\"id\":7}")
-	resp := &response{status: 201, body: []byte(`{"id":7}`),
-		header: http.Header{"Content-Type": {"application/json"}, "Location": {"/orders/7"}}}
-	if got := encodeResponse(resp); !bytes.Equal(got, old) {
-		t.Errorf("encodeResponse without a request id = %q; want the old format %q", got, old)
+	resp := &httprecord.Response{Status: 201, Body: []byte(`{"id":7}`),
+		Header: http.Header{"Content-Type": {"application/json"}, "Location": {"/orders/7"}}}
+	if got := httprecord.Encode(resp); !bytes.Equal(got, old) {
+		t.Errorf("Encode without a request id = %q; want the old format %q", got, old)
 	}
-	resp.requestID = "req-1"
-	if got := encodeResponse(resp); !bytes.Equal(got, withID) {
-		t.Errorf("encodeResponse with a request id = %q; want %q", got, withID)
+	resp.RequestID = "req-1"
+	if got := httprecord.Encode(resp); !bytes.Equal(got, withID) {
+		t.Errorf("Encode with a request id = %q; want %q", got, withID)
 	}
 
 	// No ReplayHeaders, of this version or an older one, can list the
 	// line: older decoders skip it.
-	if validFieldName(lineRequestID) {
-		t.Errorf("%q is a header field name: an older decoder may replay it", lineRequestID)
+	if validFieldName(httprecord.LineRequestID) {
+		t.Errorf("%q is a header field name: an older decoder may replay it", httprecord.LineRequestID)
 	}
 
 	for name, tc := range map[string]struct {
