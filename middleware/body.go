@@ -25,6 +25,8 @@ type spool struct {
 	mem    bytes.Buffer
 	file   *os.File
 	size   int64
+	// removed is set when the file was unlinked on creation.
+	removed bool
 	// limit is readBody's reader, kept here so that bounding a body does
 	// not cost an allocation of its own.
 	limit io.LimitedReader
@@ -47,6 +49,11 @@ func (s *spool) Write(p []byte) (int, error) {
 			return n - len(p), err
 		}
 		s.file = f
+		// Unlinked at once where the system allows it (not Windows): the
+		// open file stays readable, and a body whose Close is never
+		// called (Fingerprint's, in a handler that does not close r.Body)
+		// or a process that dies leaves nothing on disk.
+		s.removed = os.Remove(f.Name()) == nil
 	}
 	m, err := s.file.Write(p)
 	s.size += int64(m) + int64(n-len(p))
@@ -66,13 +73,16 @@ func (s *spool) Reader() io.Reader {
 	return io.MultiReader(mem, io.NewSectionReader(s.file, 0, s.size-int64(s.mem.Len())))
 }
 
-// Close removes the temporary file, if any.
+// Close closes and removes the temporary file, if any.
 func (s *spool) Close() error {
 	if s.file == nil {
 		return nil
 	}
 	f := s.file
 	s.file = nil
+	if s.removed {
+		return f.Close()
+	}
 	return errors.Join(f.Close(), os.Remove(f.Name()))
 }
 

@@ -56,7 +56,9 @@
 // Two choices differ, deliberately, from some other implementations. Two
 // different keys are two operations, even with the same body: never a 409,
 // since two identical payments can both be meant. And a replay says so with
-// Stripe's Idempotent-Replayed: true.
+// Stripe's Idempotent-Replayed: true. As Stripe's, a replay names the
+// request that did the work, Original-Request: its request id, with
+// Options.RequestIDHeader.
 //
 // # Keys, routes and fingerprints
 //
@@ -69,16 +71,18 @@
 // The route is Options.Route's when set (for routers other than
 // http.ServeMux), or the path when it returns "", as chi's RoutePattern
 // does under r.Use, before routing (see ExampleNew_chiUse; chi's own
-// package is also named middleware: import one under an alias). Otherwise it is r.Pattern when the middleware sits inside
-// a ServeMux route; when it wraps a whole mux (Options.Mux, or the
-// *http.ServeMux it wraps directly), the pattern that mux's Handler(r)
-// reports, which is what r.Pattern would have been inside the route; else
-// the path.
+// package is also named middleware: import one under an alias).
+// Otherwise it is r.Pattern when the middleware sits inside a ServeMux
+// route (ExampleNew_serveMux); when it wraps a whole mux (Options.Mux, or
+// the *http.ServeMux it wraps directly), the pattern that mux's Handler(r)
+// reports, which is what r.Pattern would have been inside the route
+// (ExampleNew); else the path.
 //
 // The fingerprint tells a retry from a different request reusing the key:
 // SHA-256 over the method, route, path and query, content type and body.
 // A multipart body counts by its fields and its files' names and sizes, so
-// a retried upload with a new boundary is still a retry.
+// a retried upload with a new boundary is still a retry. [Fingerprint]
+// computes the same for a handler that calls the SQL store's Run itself.
 //
 // # Bodies
 //
@@ -125,6 +129,21 @@
 // [github.com/idemgo/idem/sqlstore.TxFromContext]:
 //
 //	tx, ok := sqlstore.TxFromContext(r.Context())
+//
+// A request without a key (Options.Required false) passes through, as one
+// of a method not covered does: the handler runs without a transaction and
+// nothing is recorded. TxFromContext then reports false, and the handler
+// opens its own transaction (see ExampleNew_transactional), or set
+// Options.Required to answer such requests 400:
+//
+//	tx, ok := sqlstore.TxFromContext(r.Context())
+//	if !ok { // no key: not idempotent, no transaction of the middleware's
+//		own, err := db.BeginTx(r.Context(), nil)
+//		...
+//		defer own.Rollback() // a no-op after own.Commit()
+//		tx = own
+//	}
+//	... // the handler's SQL on tx; then, when !ok, tx.Commit()
 //
 // A 5xx or a panic rolls back both. A request that meets another of
 // its key in flight waits for it in the database (for the SQL store's
@@ -175,6 +194,13 @@
 //	uvarint  number of header lines, then for each line
 //	         uvarint length and bytes of the name, uvarint length and bytes of the value
 //	uvarint  length and bytes of the body
+//
+// A line whose name begins with ':', never a header field name, is the
+// middleware's own: ":original-request" holds the Options.RequestIDHeader
+// value of the request that did the work, replayed as Original-Request.
+// Records written before it (without such a line) replay as they did, and
+// a version that predates it skips the line, as any line not in its
+// ReplayHeaders.
 //
 // A record that does not decode is answered 500 (TypeRecordDamaged),
 // never a panic and never a second run.

@@ -19,10 +19,13 @@ import (
 	_ "modernc.org/sqlite" // database/sql driver "sqlite"
 )
 
-// send posts body with an Idempotency-Key to h and prints the answer.
+// send posts body with an Idempotency-Key (none for "") to h and prints
+// the answer.
 func send(h http.Handler, path, key, body string) {
 	r := httptest.NewRequest("POST", path, strings.NewReader(body))
-	r.Header.Set("Idempotency-Key", key)
+	if key != "" {
+		r.Header.Set("Idempotency-Key", key)
+	}
 	r.Header.Set("Content-Type", "application/json")
 	w := httptest.NewRecorder()
 	h.ServeHTTP(w, r)
@@ -69,7 +72,9 @@ func ExampleNew() {
 
 // In transactional mode the handler's own SQL and the record of its
 // response commit in one transaction: the order is stored once however
-// often the client retries, and a 5xx would roll both back.
+// often the client retries, and a 5xx would roll both back. A request
+// without a key runs without the middleware's transaction: the handler
+// opens its own.
 func ExampleNew_transactional() {
 	dir, err := os.MkdirTemp("", "idem-example")
 	if err != nil {
@@ -94,9 +99,23 @@ func ExampleNew_transactional() {
 
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /orders", func(w http.ResponseWriter, r *http.Request) {
-		tx, _ := sqlstore.TxFromContext(r.Context()) // the transaction that records the response
+		// The transaction that records the response; none without a key,
+		// where the request is not idempotent and the handler opens its own.
+		tx, ok := sqlstore.TxFromContext(r.Context())
+		if !ok {
+			own, err := db.BeginTx(r.Context(), nil)
+			if err != nil {
+				http.Error(w, "the order was not stored", http.StatusInternalServerError)
+				return
+			}
+			defer own.Rollback() // a no-op after the Commit below
+			tx = own
+		}
 		var id int64
 		err := tx.QueryRowContext(r.Context(), "INSERT INTO orders (sku) VALUES ('tea') RETURNING id").Scan(&id)
+		if err == nil && !ok {
+			err = tx.Commit()
+		}
 		if err != nil {
 			http.Error(w, "the order was not stored", http.StatusInternalServerError)
 			return
@@ -112,6 +131,7 @@ func ExampleNew_transactional() {
 
 	send(h, "/orders", "5f2b9c1e", `{"sku":"tea"}`)
 	send(h, "/orders", "5f2b9c1e", `{"sku":"tea"}`) // the client retries
+	send(h, "/orders", "", `{"sku":"tea"}`)         // no key: not deduplicated
 	var stored int
 	if err := db.QueryRow("SELECT count(*) FROM orders").Scan(&stored); err != nil {
 		panic(err)
@@ -120,7 +140,8 @@ func ExampleNew_transactional() {
 	// Output:
 	// 201 replayed="" {"order":1}
 	// 201 replayed="true" {"order":1}
-	// orders stored: 1
+	// 201 replayed="" {"order":2}
+	// orders stored: 2
 }
 
 // With chi, the middleware sits inside the route (r.With), where chi knows
@@ -204,4 +225,38 @@ func ExampleNew_chiUse() {
 	// 200 replayed="" {"order":1}
 	// 200 replayed="" {"refund":1}
 	// 200 replayed="true" {"refund":1}
+}
+
+// With http.ServeMux the middleware can also sit inside each route, where
+// the mux has routed and r.Pattern names the endpoint: a key is scoped to
+// "POST /invoices/{id}/pay", so one key on two endpoints is two records,
+// and one key on two invoices is a different request (422).
+func ExampleNew_serveMux() {
+	store := idem.NewMemoryStore(idem.Options{})
+	idempotent, err := middleware.New(middleware.Options{Store: store})
+	if err != nil {
+		panic(err)
+	}
+	payments, refunds := 0, 0
+	mux := http.NewServeMux()
+	mux.Handle("POST /invoices/{id}/pay", idempotent(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		payments++
+		fmt.Fprintf(w, `{"invoice":%q,"payment":%d}`, r.PathValue("id"), payments)
+	})))
+	mux.Handle("POST /invoices/{id}/refund", idempotent(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		refunds++
+		fmt.Fprintf(w, `{"invoice":%q,"refund":%d}`, r.PathValue("id"), refunds)
+	})))
+
+	send(mux, "/invoices/7/pay", "k-7", `{}`)
+	send(mux, "/invoices/7/pay", "k-7", `{}`)    // the client retries
+	send(mux, "/invoices/7/refund", "k-7", `{}`) // the same key on another endpoint
+	send(mux, "/invoices/8/pay", "k-7", `{}`)    // the key reused for another invoice
+	fmt.Println("payments:", payments, "refunds:", refunds)
+	// Output:
+	// 200 replayed="" {"invoice":"7","payment":1}
+	// 200 replayed="true" {"invoice":"7","payment":1}
+	// 200 replayed="" {"invoice":"7","refund":1}
+	// 422 https://datatracker.ietf.org/doc/html/draft-ietf-httpapi-idempotency-key-header-07#section-2.2 retryable=false idempotency_key="k-7" instance=urn:uuid:...=true
+	// payments: 1 refunds: 1
 }

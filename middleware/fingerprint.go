@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"hash"
 	"io"
+	"math"
 	"mime"
 	"mime/multipart"
 	"net/http"
@@ -12,6 +13,53 @@ import (
 	"strings"
 	"sync"
 )
+
+// Fingerprint returns r's fingerprint as the middleware computes it by
+// default (no Options.Fingerprint), for a handler that calls the SQL
+// store's Run itself: SHA-256 over the method, the route, the path and
+// query, the content type and the body; a multipart body by its fields and
+// its files' names and sizes, so that a retried upload with a new boundary
+// has the same fingerprint.
+//
+// The route is r.Pattern, which is what the middleware reads by default
+// inside a ServeMux route and, wrapping a whole mux, what that mux's
+// Handler(r) reports; "" (another router) means the path, as for an empty
+// Options.Route. With a Route that names another pattern, the middleware's
+// fingerprint differs from this one.
+//
+// Fingerprint reads r.Body to its end and gives it back intact: r.Body is
+// replaced by a reader of the same bytes from the start, so the handler
+// reads it as if untouched (the server still closes the original). The
+// body is copied once, its first 64 KiB in memory and the rest in a
+// temporary file, released when r.Body is closed; it is not bounded here
+// (bound it first with http.MaxBytesReader). An error reading it is
+// returned, with r.Body consumed in part.
+func Fingerprint(r *http.Request) ([]byte, error) {
+	body, err := readBody(r.Body, math.MaxInt64-1)
+	if err != nil {
+		return nil, err
+	}
+	route := r.Pattern
+	if route == "" {
+		route = r.URL.Path
+	}
+	fp, err := fingerprint(r, route, body.Reader)
+	if err != nil {
+		_ = body.Close()
+		return nil, err
+	}
+	r.Body = &spoolReadCloser{Reader: body.Reader(), spool: body}
+	return fp, nil
+}
+
+// spoolReadCloser is a body given back by Fingerprint: its Close removes
+// the spool's temporary file.
+type spoolReadCloser struct {
+	io.Reader
+	spool *spool
+}
+
+func (b *spoolReadCloser) Close() error { return b.spool.Close() }
 
 // fingerprint is the default Options.Fingerprint: SHA-256 over the method,
 // the route, the request target (path and query), the content type and the

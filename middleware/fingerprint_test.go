@@ -2,6 +2,7 @@ package middleware
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -15,6 +16,9 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"testing/iotest"
+
+	"github.com/idemgo/idem"
 )
 
 // multipartBody builds a form with one field and one file of size bytes,
@@ -217,3 +221,113 @@ func TestSimpleMediaType(t *testing.T) {
 		}
 	}
 }
+
+// Fingerprint, for handlers that call the SQL store's Run themselves, is
+// the fingerprint the middleware stores for the same request, inside a
+// ServeMux route and wrapping the whole mux; a multipart body counts by its
+// fields (a new boundary is the same request), and the handler reads the
+// whole body after it, also one spilled to disk.
+func TestFingerprintExported(t *testing.T) {
+	const pattern = "POST /uploads/{id}"
+	type sent struct {
+		fp   []byte
+		body []byte // as the handler read it after Fingerprint
+	}
+	got := make(chan sent, 1)
+	own := http.NewServeMux() // no middleware: the handler fingerprints
+	own.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+		fp, err := Fingerprint(r)
+		if err != nil {
+			t.Errorf("Fingerprint = %v", err)
+		}
+		b, err := io.ReadAll(r.Body)
+		if err != nil {
+			t.Errorf("reading the body after Fingerprint = %v", err)
+		}
+		if err := r.Body.Close(); err != nil {
+			t.Errorf("closing the body after Fingerprint = %v", err)
+		}
+		got <- sent{fp, b}
+	})
+	ct, upload := multipartBody(t, "boundary-one", "hello", 3*spoolMemory)
+	ct2, upload2 := multipartBody(t, "boundary-two", "hello", 3*spoolMemory)
+	for _, tc := range []struct {
+		name, ct string
+		body     []byte
+	}{
+		{"json", "application/json", []byte(`{"amount":5}`)},
+		{"empty", "application/json", nil},
+		{"multipart", ct, upload},
+	} {
+		newReq := func() *http.Request {
+			r := httptest.NewRequest("POST", "/uploads/7?dry=1", bytes.NewReader(tc.body))
+			r.Header.Set("Content-Type", tc.ct)
+			r.Header.Set("Idempotency-Key", "fp-"+tc.name)
+			return r
+		}
+		own.ServeHTTP(httptest.NewRecorder(), newReq())
+		s := <-got
+		if !bytes.Equal(s.body, tc.body) {
+			t.Errorf("%s: the handler read %d bytes after Fingerprint; want the %d sent", tc.name, len(s.body), len(tc.body))
+		}
+		inside, wrapping := http.NewServeMux(), http.NewServeMux()
+		for _, m := range []struct {
+			name string
+			h    http.Handler
+			mux  *http.ServeMux
+		}{
+			{"inside the route", inside, inside},
+			{"wrapping the mux", nil, wrapping},
+		} {
+			store := idem.NewMemoryStore(idem.Options{})
+			mw, err := New(Options{Store: store})
+			if err != nil {
+				t.Fatal(err)
+			}
+			var seen sent
+			handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				// Inside the middleware too: it is given back intact.
+				seen.fp, _ = Fingerprint(r)
+				seen.body, _ = io.ReadAll(r.Body)
+			})
+			h := m.h
+			if h == nil {
+				m.mux.Handle(pattern, handler)
+				h = mw(m.mux)
+			} else {
+				m.mux.Handle(pattern, mw(handler))
+			}
+			h.ServeHTTP(httptest.NewRecorder(), newReq())
+			rec, err := store.Lookup(context.Background(), storeKey("", "POST", pattern, "fp-"+tc.name))
+			if err != nil {
+				t.Fatalf("%s, %s: Lookup = %v", tc.name, m.name, err)
+			}
+			if !bytes.Equal(rec.Fingerprint, s.fp) {
+				t.Errorf("%s, %s: the middleware stored fingerprint %x; Fingerprint = %x", tc.name, m.name, rec.Fingerprint, s.fp)
+			}
+			if !bytes.Equal(seen.fp, s.fp) || !bytes.Equal(seen.body, tc.body) {
+				t.Errorf("%s, %s: under the middleware Fingerprint = %x and the body %d bytes; want %x and %d", tc.name, m.name, seen.fp, len(seen.body), s.fp, len(tc.body))
+			}
+		}
+	}
+	r := httptest.NewRequest("POST", "/uploads/7?dry=1", bytes.NewReader(upload2))
+	r.Header.Set("Content-Type", ct2)
+	own.ServeHTTP(httptest.NewRecorder(), r)
+	retry := <-got
+	r = httptest.NewRequest("POST", "/uploads/7?dry=1", bytes.NewReader(upload))
+	r.Header.Set("Content-Type", ct)
+	own.ServeHTTP(httptest.NewRecorder(), r)
+	if first := <-got; !bytes.Equal(retry.fp, first.fp) {
+		t.Errorf("Fingerprint of an upload under another boundary = %x; want %x, the first's", retry.fp, first.fp)
+	}
+}
+
+// A body Fingerprint cannot read is its error.
+func TestFingerprintUnreadable(t *testing.T) {
+	r := httptest.NewRequest("POST", "/orders", io.MultiReader(strings.NewReader("{"), iotest.ErrReader(errUnreadable)))
+	if _, err := Fingerprint(r); !errors.Is(err, errUnreadable) {
+		t.Errorf("Fingerprint of an unreadable body = %v; want %v", err, errUnreadable)
+	}
+}
+
+var errUnreadable = errors.New("connection reset")

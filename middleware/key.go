@@ -2,29 +2,14 @@ package middleware
 
 import (
 	"net/http"
-	"strconv"
+
+	"github.com/idemgo/idem/internal/httprecord"
 )
 
 // storeKey joins scope, method, route and the client's key into the key the
-// store holds:
-//
-//	"h1" then, for each part, its length in decimal, ':', and its bytes
-//
-// e.g. "h10:4:POST7:/orders3:abc". Every part is length-prefixed, so the
-// encoding is injective: ("a:b", "c") and ("a", "b:c") never meet, one
-// tenant's key never replays another's, and one key used on two endpoints is
-// two records. "h1" names the encoding's version, so that a later one cannot
-// collide with it.
+// store holds (httprecord.Key, shared with idem inspect --http).
 func storeKey(scope, method, route, key string) string {
-	n := 2 + len(scope) + len(method) + len(route) + len(key) + 4*4
-	b := make([]byte, 0, n)
-	b = append(b, "h1"...)
-	for _, p := range [...]string{scope, method, route, key} {
-		b = strconv.AppendInt(b, int64(len(p)), 10)
-		b = append(b, ':')
-		b = append(b, p...)
-	}
-	return string(b)
+	return httprecord.Key(scope, method, route, key)
 }
 
 // route names the endpoint of r, per Options.Route.

@@ -13,8 +13,13 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/httprecord"
 	"github.com/idemgo/idem/internal/retry"
 )
+
+// maxRequestID bounds the request id recorded: the client chooses it, and
+// must not be able to push the record over the store's limit.
+const maxRequestID = 255
 
 // Response headers the middleware adds to a replay.
 const (
@@ -25,6 +30,9 @@ const (
 	// recorded ones, the body is empty. The work was done once; its full
 	// response was sent to the first request only.
 	HeaderBodyOmitted = "Idempotent-Body-Omitted"
+	// HeaderOriginalRequest is, on a replay, the Options.RequestIDHeader
+	// value of the request that did the work, when one was recorded.
+	HeaderOriginalRequest = "Original-Request"
 )
 
 // New returns the middleware that Options describe, or an error when they
@@ -301,13 +309,13 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, l *idem.Lease, bod
 // the work is done, and must be recorded as done whatever its size. It
 // returns the last error when no Confirm succeeded.
 func (h *handler) confirm(r *http.Request, l *idem.Lease, end time.Time, rec *recorder) error {
-	resp := h.response(rec)
-	result := encodeResponse(resp)
+	resp := h.response(r, rec)
+	result := httprecord.Encode(resp)
 	err := h.record(r, end, func(ctx context.Context) error {
 		err := h.c.Store.Confirm(ctx, l, result)
-		if errors.Is(err, idem.ErrTooLarge) && !resp.bodyOmitted {
-			resp.body, resp.bodyOmitted = nil, true
-			result = encodeResponse(resp)
+		if errors.Is(err, idem.ErrTooLarge) && !resp.BodyOmitted {
+			resp.Body, resp.BodyOmitted = nil, true
+			result = httprecord.Encode(resp)
 			err = h.c.Store.Confirm(ctx, l, result)
 		}
 		return err
@@ -392,19 +400,25 @@ func later(a, b time.Time) time.Time {
 	return b
 }
 
-// response is what of rec is recorded: the allowlisted headers, and the
-// body unless it is over MaxResponseBytes.
-func (h *handler) response(rec *recorder) *response {
-	resp := &response{status: rec.status, header: make(http.Header, len(h.c.replay))}
+// response is what of rec, the response to r, is recorded: the
+// allowlisted headers, the body unless it is over MaxResponseBytes, and
+// r's request id.
+func (h *handler) response(r *http.Request, rec *recorder) *httprecord.Response {
+	resp := &httprecord.Response{Status: rec.status, Header: make(http.Header, len(h.c.replay))}
+	if h.c.RequestIDHeader != "" {
+		if id := r.Header.Get(h.c.RequestIDHeader); len(id) <= maxRequestID {
+			resp.RequestID = id
+		}
+	}
 	for _, k := range h.c.replay {
 		if vs := rec.header[k]; len(vs) > 0 {
-			resp.header[k] = vs
+			resp.Header[k] = vs
 		}
 	}
 	if rec.body.size > int64(h.c.MaxResponseBytes) {
-		resp.bodyOmitted = true
+		resp.BodyOmitted = true
 	} else {
-		resp.body = rec.body.mem.Bytes() // the spool holds MaxResponseBytes in memory
+		resp.Body = rec.body.mem.Bytes() // the spool holds MaxResponseBytes in memory
 	}
 	return resp
 }
@@ -414,7 +428,11 @@ func (h *handler) response(rec *recorder) *response {
 // record cannot be read.
 func (h *handler) replay(w http.ResponseWriter, r *http.Request, result []byte) error {
 	dst := w.Header()
-	status, omitted, body, err := walkResponse(result, func(k, v []byte) {
+	status, omitted, body, err := httprecord.Walk(result, func(k, v []byte) {
+		if string(k) == httprecord.LineRequestID {
+			dst[HeaderOriginalRequest] = []string{string(v)}
+			return
+		}
 		for _, name := range h.c.replay {
 			if name == string(k) { // compared without a copy
 				dst[name] = append(dst[name], string(v))

@@ -29,13 +29,19 @@ type Options struct {
 	// Tx holds the records in transactional mode: the handler runs inside
 	// Tx.Run and its response is sent after the commit; with an
 	// *sqlstore.Store its SQL joins the transaction through
-	// sqlstore.TxFromContext(r.Context()). Set Store or Tx, not both.
-	// Default: none.
+	// sqlstore.TxFromContext(r.Context()); a request without a key runs
+	// without one. Set Store or Tx, not both. Default: none.
 	Tx TxStore
 	// Header names the request header that carries the client's key: a
 	// header field name, in any case. Not with Key, which replaces it.
 	// Default "Idempotency-Key".
 	Header string
+	// RequestIDHeader names the request header that identifies a request
+	// (X-Request-Id, say): its value, up to 255 bytes, is recorded with the
+	// response, and a replay answers Original-Request: <that value>, naming
+	// the request that did the work. A header field name, in any case; not
+	// the key's header nor one that carries credentials. Default "": none.
+	RequestIDHeader string
 	// Required answers 400 to a covered request without a key instead of
 	// passing it through. Default false.
 	Required bool
@@ -196,6 +202,9 @@ func (o Options) config() (*config, error) {
 		return nil, fmt.Errorf("middleware: Header: %q is not a header field name (an RFC 9110 token)", o.Header)
 	}
 	o.Header = textproto.CanonicalMIMEHeaderKey(o.Header)
+	if err := o.checkRequestID(); err != nil {
+		return nil, err
+	}
 	if o.Mux != nil && o.Route != nil {
 		return nil, errors.New("middleware: Mux: a *http.ServeMux that is never consulted: the Route func names the route")
 	}
@@ -239,6 +248,28 @@ func (o Options) config() (*config, error) {
 	}
 	secs := (o.RetryAfter + time.Second - 1) / time.Second
 	return &config{Options: o, methods: methods, replay: replay, retryAfter: strconv.FormatInt(int64(secs), 10)}, nil
+}
+
+// checkRequestID checks Options.RequestIDHeader and makes it canonical;
+// o.Header is already canonical.
+func (o *Options) checkRequestID() error {
+	if o.RequestIDHeader == "" {
+		return nil
+	}
+	h := o.RequestIDHeader
+	if !validFieldName(h) {
+		return fmt.Errorf("middleware: RequestIDHeader: %q is not a header field name (an RFC 9110 token)", h)
+	}
+	ch := textproto.CanonicalMIMEHeaderKey(h)
+	if o.Key == nil && ch == o.Header {
+		return fmt.Errorf("middleware: RequestIDHeader: %q is the header of the idempotency key, not of the request's id", h)
+	}
+	if ch == "Authorization" || ch == "Proxy-Authorization" || ch == "Cookie" {
+		// A replay goes to whoever holds the key.
+		return fmt.Errorf("middleware: RequestIDHeader: %q carries credentials, which a replay would show to whoever holds the key", h)
+	}
+	o.RequestIDHeader = ch
+	return nil
 }
 
 // methodSet checks Options.Methods and returns them as a set.

@@ -45,6 +45,11 @@ func TestNewRefuses(t *testing.T) {
 		{"bad header", Options{Store: st, Header: "Idempotency Key"}, "Header", []string{`"Idempotency Key"`}},
 		{"header with key", Options{Store: st, Header: "X-Key", Key: key}, "Header", []string{`"X-Key"`, "never read"}},
 		{"mux with route", Options{Store: st, Mux: http.NewServeMux(), Route: route}, "Mux", []string{"never consulted"}},
+		{"request id not a token", Options{Store: st, RequestIDHeader: "X-Request Id"}, "RequestIDHeader", []string{`"X-Request Id"`}},
+		{"request id is the key's", Options{Store: st, RequestIDHeader: "idempotency-key"}, "RequestIDHeader", []string{`"idempotency-key"`, "idempotency key"}},
+		{"request id is the key's header", Options{Store: st, Header: "X-Key", RequestIDHeader: "x-key"}, "RequestIDHeader", []string{`"x-key"`}},
+		{"request id is credentials", Options{Store: st, RequestIDHeader: "Authorization"}, "RequestIDHeader", []string{`"Authorization"`, "credentials"}},
+		{"request id is a cookie", Options{Store: st, RequestIDHeader: "cookie"}, "RequestIDHeader", []string{`"cookie"`, "credentials"}},
 
 		{"negative lock", Options{Store: st, LockTimeout: -time.Second}, "LockTimeout", []string{"-1s"}},
 		{"negative record", Options{Store: st, RecordTimeout: -time.Millisecond}, "RecordTimeout", []string{"-1ms"}},
@@ -106,7 +111,7 @@ func TestNewAccepts(t *testing.T) {
 		"store only": {Store: st},
 		"tx only":    {Tx: &txStub{}},
 		"every field": {
-			Store: st, Header: "x-request-key", Required: true,
+			Store: st, Header: "x-request-key", Required: true, RequestIDHeader: "x-request-id",
 			Methods: []string{"PUT", "M-SEARCH"}, Scope: func(*http.Request) (string, error) { return "t", nil },
 			Mux: http.NewServeMux(), LockTimeout: time.Second, MaxKeyBytes: 64,
 			MaxBodyBytes: 1 << 10, MaxResponseBytes: 1 << 10, ReplayHeaders: []string{"location", "ETag"},
@@ -118,6 +123,8 @@ func TestNewAccepts(t *testing.T) {
 		"key and route": {
 			Store: st, Key: func(*http.Request) (string, error) { return "k", nil },
 			Route: func(*http.Request) string { return "/r" },
+			// With Key, the Idempotency-Key header is free for another use.
+			RequestIDHeader: "Idempotency-Key",
 		},
 	} {
 		if _, err := New(o); err != nil {

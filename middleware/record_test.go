@@ -4,72 +4,17 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net/http"
-	"reflect"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/httprecord"
 	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/sqlstore"
 )
-
-func TestResponseRoundTrip(t *testing.T) {
-	for _, r := range []*response{
-		{status: 201, header: http.Header{"Location": {"/a"}, "Link": {"<a>", "<b>"}}, body: []byte("hello")},
-		{status: 204, header: http.Header{}},
-		{status: 200, header: http.Header{"Content-Type": {"text/plain"}}, bodyOmitted: true},
-		{status: 999, header: http.Header{"X": {""}}, body: bytes.Repeat([]byte{0}, 300)},
-	} {
-		b := encodeResponse(r)
-		if !bytes.Equal(b, encodeResponse(r)) {
-			t.Errorf("encodeResponse(%+v) is not deterministic", r)
-		}
-		got, err := decodeResponse(b)
-		if err != nil {
-			t.Fatalf("decodeResponse(encodeResponse(%+v)) = %v", r, err)
-		}
-		if got.status != r.status || got.bodyOmitted != r.bodyOmitted || !bytes.Equal(got.body, r.body) || !reflect.DeepEqual(got.header, r.header) {
-			t.Errorf("round trip of %+v = %+v", r, got)
-		}
-	}
-}
-
-func TestDecodeDamaged(t *testing.T) {
-	good := encodeResponse(&response{status: 201, header: http.Header{"Location": {"/a"}}, body: []byte("hi")})
-	for name, b := range map[string][]byte{
-		"empty":          nil,
-		"short":          good[:3],
-		"version 2":      append([]byte{2}, good[1:]...),
-		"unknown flag":   append([]byte{1, 2}, good[2:]...),
-		"status 99":      append([]byte{1, 0, 0, 99}, good[4:]...),
-		"truncated":      good[:len(good)-1],
-		"trailing bytes": append(append([]byte{}, good...), 0),
-		"huge count":     {1, 0, 0, 200, 0xff, 0xff, 0xff, 0xff, 0x0f},
-		"bad varint":     {1, 0, 0, 200, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff},
-	} {
-		if _, err := decodeResponse(b); err != errDamaged {
-			t.Errorf("decodeResponse(%s %x) = %v; want errDamaged", name, b, err)
-		}
-	}
-}
-
-func FuzzDecodeResponse(f *testing.F) {
-	f.Add(encodeResponse(&response{status: 201, header: http.Header{"Location": {"/a"}}, body: []byte("hi")}))
-	f.Add([]byte{1, 1, 0, 200, 0, 0})
-	f.Fuzz(func(t *testing.T, b []byte) {
-		r, err := decodeResponse(b)
-		if err != nil {
-			return
-		}
-		// What decodes re-encodes to itself when its header lines were in
-		// order; either way it must re-decode to the same response.
-		again, err := decodeResponse(encodeResponse(r))
-		if err != nil || again.status != r.status || !bytes.Equal(again.body, r.body) || again.bodyOmitted != r.bodyOmitted {
-			t.Errorf("re-decoding %+v gave %+v, %v", r, again, err)
-		}
-	})
-}
 
 // A response over MaxResponseBytes is sent whole, recorded as done without
 // its body, and replayed with HeaderBodyOmitted; the handler runs once.
@@ -186,5 +131,122 @@ func TestRecordStopsAtLeaseEnd(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// #17, deliver 4: with RequestIDHeader the request id of the request that
+// did the work is recorded, and a replay answers Original-Request with it,
+// not with the retry's own id; in both modes. A request without one, or
+// with one over 255 bytes, records none.
+func TestOriginalRequest(t *testing.T) {
+	modes := map[string]func(t *testing.T) Options{
+		"lease": func(t *testing.T) Options { return Options{Store: newCounting()} },
+		"tx":    func(t *testing.T) Options { return Options{Tx: newTxEnv(t, sqlstore.SQLite).store} },
+	}
+	for name, mode := range modes {
+		t.Run(name, func(t *testing.T) {
+			o := mode(t)
+			o.RequestIDHeader = "x-request-id"
+			var c counter
+			h := mustNew(t, o, &c)
+			id := func(v string) map[string]string { return map[string]string{"X-Request-Id": v} }
+			for _, tc := range []struct {
+				key, first, retry, want string
+			}{
+				{"k1", "req-1", "req-2", "req-1"},
+				{"k2", "", "req-3", ""},
+				{"k3", strings.Repeat("r", 256), "req-4", ""},
+				{"k4", strings.Repeat("r", 255), "", strings.Repeat("r", 255)},
+			} {
+				first := do(h, req{key: tc.key, body: "{}", header: id(tc.first)})
+				if first.Code != 201 || first.Header().Get(HeaderOriginalRequest) != "" {
+					t.Errorf("%s: first = %d %v; want 201 without %s", tc.key, first.Code, first.Header(), HeaderOriginalRequest)
+				}
+				w := do(h, req{key: tc.key, body: "{}", header: id(tc.retry)})
+				if w.Code != 201 || w.Header().Get(HeaderReplayed) != "true" || w.Body.String() != first.Body.String() {
+					t.Errorf("%s: retry = %d %v %q; want a replay of %q", tc.key, w.Code, w.Header(), w.Body, first.Body)
+				}
+				if got, ok := w.Header()[HeaderOriginalRequest]; tc.want == "" && ok || tc.want != "" && (len(got) != 1 || got[0] != tc.want) {
+					t.Errorf("%s: replay's %s = %q (present %t); want %q", tc.key, HeaderOriginalRequest, got, ok, tc.want)
+				}
+			}
+			if c.runs.Load() != 4 {
+				t.Errorf("handler ran %d times; want 4", c.runs.Load())
+			}
+		})
+	}
+}
+
+// The recorded-response format is pinned: a record written before request
+// ids were recorded still replays, whole and without Original-Request, and
+// a record with one adds only the ":original-request" line, which an older
+// decoder skips as a header not in its ReplayHeaders.
+func TestRecordFormatCompatible(t *testing.T) {
+	// Written by the version before Options.RequestIDHeader: 201, Content-Type
+	// and Location, body {"id":7}.
+	old := []byte("\x01\x00\x00\xc9\x02" +
+		"\x0cContent-Type\x10application/json" +
+		"\x08Location\x09/orders/7" +
+		"\x08{\"id\":7}")
+	withID := []byte("\x01\x00\x00\xc9\x03" +
+		"\x11:original-request\x05req-1" +
+		"\x0cContent-Type\x10application/json" +
+		"\x08Location\x09/orders/7" +
+		"\x08{\"id\":7}")
+	resp := &httprecord.Response{Status: 201, Body: []byte(`{"id":7}`),
+		Header: http.Header{"Content-Type": {"application/json"}, "Location": {"/orders/7"}}}
+	if got := httprecord.Encode(resp); !bytes.Equal(got, old) {
+		t.Errorf("Encode without a request id = %q; want the old format %q", got, old)
+	}
+	resp.RequestID = "req-1"
+	if got := httprecord.Encode(resp); !bytes.Equal(got, withID) {
+		t.Errorf("Encode with a request id = %q; want %q", got, withID)
+	}
+
+	// No ReplayHeaders, of this version or an older one, can list the
+	// line: older decoders skip it.
+	if validFieldName(httprecord.LineRequestID) {
+		t.Errorf("%q is a header field name: an older decoder may replay it", httprecord.LineRequestID)
+	}
+
+	for name, tc := range map[string]struct {
+		record []byte
+		want   string // Original-Request; "" for none
+	}{"old record": {old, ""}, "record with an id": {withID, "req-1"}} {
+		t.Run(name, func(t *testing.T) {
+			var c counter
+			q := req{key: "k", body: "{}"}
+			r := q.build()
+			fp, err := fingerprint(r, r.URL.Path, func() io.Reader { return strings.NewReader(q.body) })
+			if err != nil {
+				t.Fatal(err)
+			}
+			mem := idem.NewMemoryStore(idem.Options{})
+			ctx := context.Background()
+			cl, err := mem.Claim(ctx, storeKey("", "POST", "/orders", "k"), fp)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := mem.Confirm(ctx, cl.Lease, tc.record); err != nil {
+				t.Fatal(err)
+			}
+			h := mustNew(t, Options{Store: mem, RequestIDHeader: "X-Request-Id"}, &c)
+			w := do(h, q)
+			hd := w.Header()
+			if w.Code != 201 || hd.Get(HeaderReplayed) != "true" || hd.Get("Location") != "/orders/7" ||
+				hd.Get("Content-Type") != "application/json" || w.Body.String() != `{"id":7}` || c.runs.Load() != 0 {
+				t.Errorf("replay = %d %v %q after %d runs; want the recorded 201, headers and body, no run", w.Code, hd, w.Body, c.runs.Load())
+			}
+			if got, ok := hd[HeaderOriginalRequest]; tc.want == "" && ok || tc.want != "" && hd.Get(HeaderOriginalRequest) != tc.want {
+				t.Errorf("replay's %s = %q; want %q", HeaderOriginalRequest, got, tc.want)
+			}
+			want := 3 // Content-Type, Location, Idempotent-Replayed
+			if tc.want != "" {
+				want++
+			}
+			if len(hd) != want {
+				t.Errorf("replay headers = %v; want Content-Type, Location, %s and Original-Request when recorded, only", hd, HeaderReplayed)
+			}
+		})
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/httprecord"
 	"github.com/idemgo/idem/sqlstore"
 )
 
@@ -62,7 +63,7 @@ func (h *handler) serveTx(w http.ResponseWriter, r *http.Request, key, sk string
 			if !h.c.Keep(rec.status) {
 				return nil, errNotKept
 			}
-			return encodeResponse(h.response(rec)), nil
+			return httprecord.Encode(h.response(r, rec)), nil
 		})
 		switch {
 		case err == nil && replayed:

@@ -1,6 +1,7 @@
 package middleware
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"database/sql"
@@ -283,4 +284,62 @@ func TestTxBusyWriter(t *testing.T) {
 			runSequence(t, Options{Tx: e.store, LockTimeout: 250 * time.Millisecond}, c.steps)
 		})
 	}
+}
+
+// #17, deliver 7: in transactional mode a request without a key (Required
+// false), like one of a method not covered, passes through: the handler
+// runs without a transaction, TxFromContext reports false, nothing is
+// recorded, and each such request runs it again. With Required it is 400
+// and the handler does not run.
+func TestTxNoKey(t *testing.T) {
+	eachDialect(t, func(t *testing.T, e *txEnv) {
+		var runs, withTx atomic.Int64
+		// The fallback of the package documentation: the handler's own
+		// transaction when the middleware gave it none.
+		handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			runs.Add(1)
+			tx, ok := sqlstore.TxFromContext(r.Context())
+			if ok {
+				withTx.Add(1)
+			} else {
+				own, err := e.db.BeginTx(r.Context(), nil)
+				if err != nil {
+					http.Error(w, err.Error(), 500)
+					return
+				}
+				defer func() { _ = own.Rollback() }()
+				tx = own
+			}
+			var id int64
+			err := tx.QueryRowContext(r.Context(), e.insert, "no key").Scan(&id)
+			if err == nil && !ok {
+				err = tx.Commit()
+			}
+			if err != nil {
+				http.Error(w, err.Error(), 500)
+				return
+			}
+			w.WriteHeader(http.StatusCreated)
+			fmt.Fprintf(w, `{"id":%d}`, id)
+		})
+		h := mustNew(t, Options{Tx: e.store}, handler)
+		for i, q := range []req{{body: "{}"}, {body: "{}"}, {method: "PUT", body: "{}"}} {
+			w := do(h, q)
+			if w.Code != 201 || w.Header().Get(HeaderReplayed) != "" || w.Body.String() != fmt.Sprintf(`{"id":%d}`, i+1) {
+				t.Errorf("%s without a key = %d %q %v; want 201 from a run of the handler, not a replay", cmp.Or(q.method, "POST"), w.Code, w.Body, w.Header())
+			}
+		}
+		if got := e.rows(t); got != 3 || runs.Load() != 3 || withTx.Load() != 0 {
+			t.Errorf("orders = %d after %d runs, %d in a transaction of the middleware; want 3, 3 and 0", got, runs.Load(), withTx.Load())
+		}
+		if w := do(h, req{key: "k", body: "{}"}); w.Code != 201 || withTx.Load() != 1 {
+			t.Errorf("with a key = %d, %d runs in the middleware's transaction; want 201 and 1", w.Code, withTx.Load())
+		}
+
+		required := mustNew(t, Options{Tx: e.store, Required: true}, handler)
+		wantProblem(t, do(required, req{body: "{}"}), 400, TypeKeyMissing)
+		if runs.Load() != 4 {
+			t.Errorf("handler runs = %d after a 400 for a missing key; want 4 (it does not run)", runs.Load())
+		}
+	})
 }

@@ -8,11 +8,17 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
+	"net/http"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/httprecord"
 )
 
 const inspectAbout = `Shows the live record of one key: its state (claimed: a lease is held;
@@ -23,7 +29,16 @@ expired) exits 1. KEY is the store key as given to Claim; the middleware's
 keys look like h1<len>:<scope><len>:<method><len>:<route><len>:<client key>,
 e.g. 'h10:4:POST14:POST /payments5:pay-1'. --hex reads KEY as hex, for keys
 that are not text. Expiry is the store's answer converted to this machine's
-clock: an estimate.`
+clock: an estimate.
+
+--http 'METHOD ROUTE' finds the middleware's record from what the client
+sent: KEY is then the client's Idempotency-Key (its content: abc for "abc"),
+ROUTE the route pattern as the middleware named it (a ServeMux pattern such
+as 'POST /payments', a chi pattern, or the path), and --scope the tenant
+that Options.Scope returned. Both 'POST /payments' and '/payments' are
+tried as the route, as ServeMux patterns are written with or without their
+method. --result prints the recorded response: status, replayed headers,
+the request id of the request that did the work, and body.`
 
 // inspection is inspect's --json output: one object, stable field names.
 type inspection struct {
@@ -34,6 +49,18 @@ type inspection struct {
 	Expires     time.Time `json:"expires"`
 	Fingerprint string    `json:"fingerprint"` // hex; "" for none
 	ResultBytes int       `json:"result_bytes"`
+	// Response is the recorded HTTP response, with --result only.
+	Response *recordedResponse `json:"response,omitempty"`
+}
+
+// recordedResponse is an HTTP response as the middleware recorded it.
+type recordedResponse struct {
+	Status          int                 `json:"status"`
+	Header          map[string][]string `json:"header"`
+	OriginalRequest string              `json:"original_request,omitempty"` // the request id; "" for none
+	BodyOmitted     bool                `json:"body_omitted,omitempty"`     // over MaxResponseBytes: not recorded
+	Body            string              `json:"body"`                       // when it is text
+	BodyBase64      []byte              `json:"body_base64,omitempty"`      // when it is not
 }
 
 func (c *cli) inspect(args []string) int {
@@ -42,7 +69,10 @@ func (c *cli) inspect(args []string) int {
 	sf.register(fs, c.getenv, true)
 	asJSON := fs.Bool("json", false, "print one JSON object instead of text")
 	asHex := fs.Bool("hex", false, "KEY is hex-encoded")
-	pos, done, st := c.parse(fs, args, "[store flags] [--json] KEY", inspectAbout+"\n\n"+envHelp)
+	httpRoute := fs.String("http", "", "KEY is an HTTP client's key for `'METHOD ROUTE'`, e.g. 'POST /payments'")
+	scope := fs.String("scope", "", "with --http, the `TENANT` the middleware's Scope named")
+	showResult := fs.Bool("result", false, "print the recorded HTTP response: status, headers and body")
+	pos, done, st := c.parse(fs, args, "[store flags] [--json] [--http 'METHOD ROUTE' [--scope TENANT]] [--result] KEY", inspectAbout+"\n\n"+envHelp)
 	if done {
 		return st
 	}
@@ -57,6 +87,15 @@ func (c *cli) inspect(args []string) int {
 		}
 		key = string(k)
 	}
+	keys := []string{key}
+	if *httpRoute != "" {
+		var err error
+		if keys, err = httpKeys(*httpRoute, *scope, key); err != nil {
+			return c.usageError("inspect", err)
+		}
+	} else if *scope != "" {
+		return c.usageError("inspect", errors.New("--scope: only with --http"))
+	}
 	ctx := context.Background()
 	b, err := sf.open(ctx, false, true)
 	if err != nil {
@@ -68,14 +107,28 @@ func (c *cli) inspect(args []string) int {
 	if err != nil {
 		return c.usageError("inspect", err)
 	}
-	r, err := s.Lookup(ctx, key)
+	r, err := lookupAny(ctx, s, keys)
 	if errors.Is(err, idem.ErrNotFound) {
-		return c.fail("inspect", exitFailed, fmt.Errorf("key %s has no live record in %s (never claimed, forgotten, or expired)", quoteKey(key), b.desc))
+		quoted := make([]string, len(keys))
+		for i, k := range keys {
+			quoted[i] = quoteKey(k)
+		}
+		return c.fail("inspect", exitFailed, fmt.Errorf("key %s has no live record in %s (never claimed, forgotten, or expired)", strings.Join(quoted, " or "), b.desc))
 	}
 	if err != nil {
 		return c.fail("inspect", exitFailed, err)
 	}
 	in := newInspection(r)
+	if *showResult {
+		if !r.Confirmed {
+			return c.fail("inspect", exitFailed, fmt.Errorf("key %s has no result yet: its request is in flight (claimed by %s)", quoteKey(r.Key), or(r.Owner, "-")))
+		}
+		resp, err := httprecord.Decode(r.Result)
+		if err != nil {
+			return c.fail("inspect", exitFailed, fmt.Errorf("key %s: the result (%d bytes) is not a response the middleware recorded", quoteKey(r.Key), len(r.Result)))
+		}
+		in.Response = newRecordedResponse(resp)
+	}
 	if *asJSON {
 		enc := json.NewEncoder(c.stdout)
 		enc.SetIndent("", "  ")
@@ -85,7 +138,103 @@ func (c *cli) inspect(args []string) int {
 		return exitOK
 	}
 	writeInspection(c.stdout, in, time.Now())
+	if in.Response != nil {
+		writeResponse(c.stdout, in.Response)
+	}
 	return exitOK
+}
+
+// httpKeys returns the store keys the middleware may have recorded for a
+// client's key sent to route ('METHOD ROUTE') in scope: the route as
+// given, a ServeMux pattern with its method, first, then without it.
+func httpKeys(route, scope, key string) ([]string, error) {
+	method, path, ok := strings.Cut(strings.TrimSpace(route), " ")
+	path = strings.TrimSpace(path)
+	if !ok || method == "" || path == "" || strings.ToUpper(method) != method {
+		return nil, fmt.Errorf("--http: %q is not 'METHOD ROUTE', e.g. 'POST /payments'", route)
+	}
+	return []string{
+		httprecord.Key(scope, method, method+" "+path, key),
+		httprecord.Key(scope, method, path, key),
+	}, nil
+}
+
+// lookupAny returns the record of the first of keys that has one, or
+// idem.ErrNotFound.
+func lookupAny(ctx context.Context, s idem.Store, keys []string) (*idem.Record, error) {
+	for _, k := range keys {
+		r, err := s.Lookup(ctx, k)
+		if !errors.Is(err, idem.ErrNotFound) {
+			return r, err
+		}
+	}
+	return nil, idem.ErrNotFound
+}
+
+func newRecordedResponse(r *httprecord.Response) *recordedResponse {
+	out := &recordedResponse{Status: r.Status, Header: r.Header, OriginalRequest: r.RequestID, BodyOmitted: r.BodyOmitted}
+	if isText(r.Body) {
+		out.Body = string(r.Body)
+	} else {
+		out.BodyBase64 = r.Body
+	}
+	return out
+}
+
+// isText reports whether b prints as it is: UTF-8 without control
+// characters other than tab and line ends.
+func isText(b []byte) bool {
+	if !utf8.Valid(b) {
+		return false
+	}
+	for _, r := range string(b) {
+		if unicode.IsControl(r) && r != '\t' && r != '\n' && r != '\r' {
+			return false
+		}
+	}
+	return true
+}
+
+// headerValue prints a header value as is when it is text on one line,
+// quoted otherwise, so that a recorded value cannot garble the terminal.
+func headerValue(v string) string {
+	if isText([]byte(v)) && !strings.ContainsAny(v, "\r\n") {
+		return v
+	}
+	return strconv.Quote(v)
+}
+
+// writeResponse writes a recorded response after the inspection, as the
+// replay would send it (Original-Request and Idempotent-Replayed included),
+// the headers sorted; a body that is not text is summarised, and left to
+// --json.
+func writeResponse(w io.Writer, r *recordedResponse) {
+	fmt.Fprintf(w, "\nHTTP %d %s\n", r.Status, http.StatusText(r.Status))
+	header := http.Header(maps.Clone(r.Header))
+	if r.OriginalRequest != "" {
+		header.Set("Original-Request", r.OriginalRequest)
+	}
+	header.Set("Idempotent-Replayed", "true")
+	if r.BodyOmitted {
+		header.Set("Idempotent-Body-Omitted", "true")
+	}
+	for _, k := range slices.Sorted(maps.Keys(header)) {
+		for _, v := range header[k] {
+			fmt.Fprintf(w, "%s: %s\n", k, headerValue(v))
+		}
+	}
+	fmt.Fprintln(w)
+	switch {
+	case r.BodyOmitted:
+		fmt.Fprintln(w, "(the body was over MaxResponseBytes: not recorded)")
+	case r.BodyBase64 != nil:
+		fmt.Fprintf(w, "(%d bytes, not text: --json shows them in base64)\n", len(r.BodyBase64))
+	default:
+		fmt.Fprint(w, r.Body)
+		if r.Body != "" && !strings.HasSuffix(r.Body, "\n") {
+			fmt.Fprintln(w)
+		}
+	}
 }
 
 func newInspection(r *idem.Record) inspection {

@@ -80,7 +80,7 @@ func init() {
 	// print usage, which reads commands (an initialization cycle otherwise).
 	commands["demo"] = command{"run workers on a queue that duplicates, redelivers and crashes; check the ledger", (*cli).demo}
 	commands["serve"] = command{"serve an example payments API behind the Idempotency-Key middleware", (*cli).serve}
-	commands["inspect"] = command{"show one key's record: state, owner, token, expiry, fingerprint, result size", (*cli).inspect}
+	commands["inspect"] = command{"show one key's record (--http: an HTTP request's; --result: its response)", (*cli).inspect}
 	commands["prune"] = command{"delete expired rows from a SQL store (run it on a schedule)", (*cli).prune}
 	commands["schema"] = command{"print the SQL DDL of a store's table, for a migration tool", (*cli).schema}
 	commands["bench"] = command{"measure idem beside its alternatives on real Redis, Redis Cluster and Postgres", (*cli).bench}

@@ -5,6 +5,9 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"regexp"
 	"strings"
 	"testing"
@@ -16,6 +19,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/sqltest"
 	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/middleware"
 	"github.com/idemgo/idem/sqlstore"
 )
 
@@ -165,4 +169,98 @@ func TestPrunePostgres(t *testing.T) {
 	// The DSN and table come from the environment, as an operator's cron
 	// job would set them.
 	checkPruned(t, runCLI(t, map[string]string{envPostgresDSN: dsn, envTable: table}, "prune"), long)
+}
+
+// #17, deliver 6: inspect --http finds the middleware's record from what
+// the client sent (method and route, scope, client key), whether the
+// ServeMux pattern carries the method or not, and --result prints the
+// recorded status, headers, request id and body, as text and as JSON.
+func TestInspectHTTP(t *testing.T) {
+	t.Parallel()
+	path, store := sqliteFile(t, idem.Options{})
+	serve := func(pattern, scope, requestID, key, body string) {
+		t.Helper()
+		mw, err := middleware.New(middleware.Options{
+			Store: store, RequestIDHeader: "X-Request-Id",
+			Scope: func(*http.Request) (string, error) { return scope, nil },
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		mux := http.NewServeMux()
+		mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			w.Header().Set("ETag", `"v1"`)
+			w.Header().Set("Location", "/payments/7")
+			w.Header().Set("Set-Cookie", "session=s3cret") // never recorded
+			w.WriteHeader(http.StatusCreated)
+			fmt.Fprint(w, `{"payment":7}`)
+		})
+		r := httptest.NewRequest("POST", "/payments", strings.NewReader(body))
+		r.Header.Set("Idempotency-Key", key)
+		r.Header.Set("X-Request-Id", requestID)
+		w := httptest.NewRecorder()
+		mw(mux).ServeHTTP(w, r)
+		if w.Code != 201 {
+			t.Fatalf("POST /payments = %d %s", w.Code, w.Body)
+		}
+	}
+	serve("POST /payments", "acme", "req-1", "pay-8c5e-1", `{"amount":5}`)
+	serve("/payments", "", "", "pay-2", `{}`) // a pattern without its method
+
+	args := []string{"inspect", "--sqlite", path}
+	r := runCLI(t, nil, append(args, "--http", "POST /payments", "--scope", "acme", "--result", "pay-8c5e-1")...)
+	want := `
+HTTP 201 Created
+Content-Type: application/json
+Etag: "v1"
+Idempotent-Replayed: true
+Location: /payments/7
+Original-Request: req-1
+
+{"payment":7}
+`
+	if r.code != exitOK || !strings.Contains(r.stdout, "key          h14:acme4:POST14:POST /payments10:pay-8c5e-1\n") ||
+		!strings.Contains(r.stdout, "state        confirmed\n") || !strings.HasSuffix(r.stdout, want) {
+		t.Errorf("inspect --http --scope --result = %d:\n%s%s\nwant the record of h14:acme4:POST14:POST /payments10:pay-8c5e-1 ending\n%s", r.code, r.stdout, r.stderr, want)
+	}
+
+	r = runCLI(t, nil, append(args, "--http", "POST /payments", "--result", "--json", "pay-2")...)
+	var in inspection
+	if err := json.Unmarshal([]byte(r.stdout), &in); err != nil || r.code != exitOK {
+		t.Fatalf("inspect --http --result --json = %d %q %q: %v", r.code, r.stdout, r.stderr, err)
+	}
+	if in.Key != "h10:4:POST9:/payments5:pay-2" || in.Response == nil || in.Response.Status != 201 || in.Response.Body != `{"payment":7}` ||
+		in.Response.OriginalRequest != "" || in.Response.Header["Location"][0] != "/payments/7" || in.Response.Header["Set-Cookie"] != nil {
+		t.Errorf("inspect --http --result --json = %+v %+v; want pay-2's record under /payments, its 201 and body, no request id, no cookie", in, in.Response)
+	}
+
+	for _, tc := range []struct {
+		name string
+		args []string
+		code int
+		says string
+	}{
+		{"another tenant", []string{"--http", "POST /payments", "--scope", "other", "pay-8c5e-1"}, exitFailed, "no live record"},
+		{"no scope", []string{"--http", "POST /payments", "pay-8c5e-1"}, exitFailed, "h10:4:POST14:POST /payments10:pay-8c5e-1 or h10:4:POST9:/payments10:pay-8c5e-1"},
+		{"no method", []string{"--http", "/payments", "pay-2"}, exitUsage, "'METHOD ROUTE'"},
+		{"scope without http", []string{"--scope", "acme", "pay-2"}, exitUsage, "only with --http"},
+	} {
+		r := runCLI(t, nil, append(args, tc.args...)...)
+		if r.code != tc.code || !strings.Contains(r.stderr, tc.says) {
+			t.Errorf("inspect %s (%q) = %d %q; want %d saying %q", tc.name, tc.args, r.code, r.stderr, tc.code, tc.says)
+		}
+		r.wantOneLine(t, tc.args)
+	}
+
+	// --result of a record that is not an HTTP response, or not done yet.
+	confirm(t, store, "job:1", nil, []byte("not a response"))
+	if _, err := store.Claim(context.Background(), "job:2", nil); err != nil {
+		t.Fatal(err)
+	}
+	for key, says := range map[string]string{"job:1": "not a response the middleware recorded", "job:2": "in flight"} {
+		if r := runCLI(t, nil, append(args, "--result", key)...); r.code != exitFailed || !strings.Contains(r.stderr, says) {
+			t.Errorf("inspect --result %s = %d %q; want %d saying %q", key, r.code, r.stderr, exitFailed, says)
+		}
+	}
 }
