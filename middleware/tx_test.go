@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -342,4 +343,30 @@ func TestTxNoKey(t *testing.T) {
 			t.Errorf("handler runs = %d after a 400 for a missing key; want 4 (it does not run)", runs.Load())
 		}
 	})
+}
+
+// #17, deliver 2: waiting for a connection from the pool is waiting for the
+// database, not for the key: 503 with Retry-After, not 409.
+func TestTxPoolExhaustedIs503(t *testing.T) {
+	e := newTxEnvLock(t, sqlstore.Postgres, 100*time.Millisecond)
+	e.db.SetMaxOpenConns(1)
+	held, err := e.db.Conn(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	runs := 0
+	mw, err := New(Options{Tx: e.store})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { runs++; w.WriteHeader(201) }))
+	req := httptest.NewRequest("POST", "/orders", strings.NewReader("{}"))
+	req.Header.Set("Idempotency-Key", "pool-1")
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, req)
+	if rec.Code != 503 || rec.Header().Get("Retry-After") == "" || !strings.Contains(rec.Body.String(), "database is busy") || runs != 0 {
+		t.Errorf("request with every pool connection taken = %d, Retry-After %q, body %s, handler runs %d; want 503 saying the database is busy, Retry-After, the handler not run",
+			rec.Code, rec.Header().Get("Retry-After"), rec.Body.String(), runs)
+	}
 }

@@ -58,6 +58,10 @@ func TxFromContext(ctx context.Context) (*sql.Tx, bool) {
 // every other write, wait for it too. A Run that cannot get the write lock
 // within LockTimeout returns an error wrapping ErrBusy (and
 // idem.ErrInProgress), whatever key holds it. Keep write short there.
+//
+// On both, a Run that gets no connection from db's pool within LockTimeout
+// returns an error wrapping ErrBusy (and idem.ErrInProgress) too: it waited
+// for the database, not for its key.
 func (s *Store) Run(ctx context.Context, key string, fingerprint []byte,
 	write func(ctx context.Context, tx *sql.Tx) ([]byte, error)) (result []byte, replayed bool, err error) {
 	start := time.Now()
@@ -102,10 +106,14 @@ func (s *Store) Run(ctx context.Context, key string, fingerprint []byte,
 func (s *Store) run(ctx context.Context, key string, fp []byte,
 	write func(ctx context.Context, tx *sql.Tx) ([]byte, error)) (result []byte, replayed bool, claimErr, err error) {
 	start := time.Now()
-	tx, err := s.db.BeginTx(ctx, s.txOptions())
+	tx, release, err := s.beginBounded(ctx)
+	if errors.Is(err, ErrBusy) {
+		return nil, false, err, nil
+	}
 	if err != nil {
 		return nil, false, s.fail("run", key, err), nil
 	}
+	defer release()
 	done := false
 	defer func() {
 		if !done { // also when write panics
@@ -157,4 +165,27 @@ func (s *Store) run(ctx context.Context, key string, fp []byte,
 		return nil, false, nil, s.fail("run (commit)", key, err)
 	}
 	return result, false, nil, nil
+}
+
+// beginBounded begins Run's transaction on a connection taken from the pool
+// within LockTimeout: waiting longer for one is waiting for the database,
+// not for the key, and gives up with ErrBusy (wrapping ErrInProgress, as
+// the other waits for the database do). release returns the connection to
+// the pool; call it once the transaction has ended.
+func (s *Store) beginBounded(ctx context.Context) (*sql.Tx, func(), error) {
+	cctx, cancel := context.WithTimeout(ctx, s.lockTimeout)
+	conn, err := s.db.Conn(cctx)
+	cancel()
+	if err != nil {
+		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+			return nil, nil, fmt.Errorf("%w: %w: no database connection was free within LockTimeout %v", ErrBusy, idem.ErrInProgress, s.lockTimeout)
+		}
+		return nil, nil, err
+	}
+	tx, err := conn.BeginTx(ctx, s.txOptions())
+	if err != nil {
+		_ = conn.Close()
+		return nil, nil, err
+	}
+	return tx, func() { _ = conn.Close() }, nil
 }

@@ -415,3 +415,33 @@ func TestRunPostgresOtherKeysDoNotWait(t *testing.T) {
 	e.fact("a", true)
 	e.fact("b", true)
 }
+
+// A Run that cannot get a connection from the pool is waiting for the
+// database, not for its key: ErrBusy after LockTimeout, not a wait as long
+// as the caller's context.
+func TestRunPoolExhaustedIsBusy(t *testing.T) {
+	db := postgresDB(t, 2)
+	e := newRunEnv(t, db, sqlstore.Postgres, testenv.PostgresDSN(t))
+	impatient := e.store(sqlstore.Options{LockTimeout: 200 * time.Millisecond})
+	var held []*sql.Conn
+	for range 2 {
+		c, err := db.Conn(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, c)
+	}
+	start := time.Now()
+	_, _, err := impatient.Run(t.Context(), "pool", nil, e.write("pool", "run", nil))
+	if took := time.Since(start); !errors.Is(err, sqlstore.ErrBusy) || !errors.Is(err, idem.ErrInProgress) || took > 2*time.Second {
+		t.Errorf("Run with every pool connection taken = %v after %v; want ErrBusy (and ErrInProgress) after LockTimeout 200ms", err, took)
+	}
+	for _, c := range held {
+		_ = c.Close()
+	}
+	// With a connection free again the same Run does the work.
+	if res, replayed, err := impatient.Run(t.Context(), "pool", nil, e.write("pool", "run", nil)); err != nil || replayed || string(res) != "run" {
+		t.Errorf("Run once a connection is free = %q, %v, %v; want the work done", res, replayed, err)
+	}
+	e.fact("pool", true)
+}
