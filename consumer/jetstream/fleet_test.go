@@ -31,7 +31,18 @@ import (
 // effect once, plus one extra effect per confirmation that a crash
 // prevented after the handler had applied the effect, no more, no less; and
 // nothing may be acked without its work confirmed or found done (0 lost).
+//
+// It runs twice: messages taken one at a time from Consume (Handle), and
+// fetched 16 at a time (HandleBatch), where a crash after the effect also
+// prevents the confirmation of the rest of its round.
 func TestFleetJetStream(t *testing.T) {
+	t.Run("consume", func(t *testing.T) { testFleet(t, 0) })
+	t.Run("fetch=16", func(t *testing.T) { testFleet(t, 16) })
+}
+
+// testFleet runs the fleet, fetching batches of fetch messages (0:
+// Consume, one message at a time).
+func testFleet(t *testing.T, fetch int) {
 	const (
 		messages  = 300
 		processes = 4
@@ -137,9 +148,22 @@ func TestFleetJetStream(t *testing.T) {
 			t.Error(err)
 			return
 		}
-		cc, err := pcons.Consume(func(m jetstream.Msg) {
-			hd.Handle(pctx, &crashMsg{Msg: m, dead: &store.dead})
-		}, jetstream.PullMaxMessages(16))
+		wrap := func(m jetstream.Msg) jetstream.Msg { return &crashMsg{Msg: m, dead: &store.dead} }
+		if fetch > 0 {
+			for pctx.Err() == nil {
+				batch, err := pcons.Fetch(fetch, jetstream.FetchMaxWait(50*time.Millisecond))
+				if err != nil {
+					continue
+				}
+				var ms []jetstream.Msg
+				for m := range batch.Messages() {
+					ms = append(ms, wrap(m))
+				}
+				hd.HandleBatch(pctx, ms)
+			}
+			return
+		}
+		cc, err := pcons.Consume(func(m jetstream.Msg) { hd.Handle(pctx, wrap(m)) }, jetstream.PullMaxMessages(16))
 		if err != nil {
 			if pctx.Err() == nil {
 				t.Error(err)
@@ -207,7 +231,7 @@ func TestFleetJetStream(t *testing.T) {
 			stops, crashBefore, after)
 	}
 	t.Logf("%d messages in %d publishes (every one at least twice), %d processes; %d stopped mid-handler, "+
-		"%d crashed before the effect, %d after it = %d confirmations prevented = %d double effects; "+
+		"%d crashed before the effect, %d after it, which prevented %d confirmations = %d double effects; "+
 		"0 acked unconfirmed; %d processes replaced",
 		messages, len(keys), processes, stops, crashBefore, crashAfter, after, doubles, restarts.Load()-processes)
 }

@@ -17,10 +17,14 @@
 //	  (consumer.ErrNotRecorded)
 //	handler panicked                         Nak at once, panic re-raised
 //
+// [Handler.Handle] takes one message at a time (Consume's callback, with
+// [Handler.MessageHandler]); [Handler.HandleBatch] takes a fetched batch
+// through consumer.Batch, one claim and one confirm round trip per batch.
+//
 // While the handler runs, the Handler sends InProgress every
 // Options.ProgressInterval, so that the broker's own lease on the message
 // (the consumer's AckWait) is kept alive beside idem's (renewed by
-// consumer.Idempotent): a long handler is not redelivered to another
+// package consumer): a long handler is not redelivered to another
 // consumer meanwhile. If this consumer crashes, both run out: the broker
 // redelivers the message after AckWait, and the consumer that gets it
 // finds the key in progress (and naks it with a delay) until idem's lease
@@ -113,6 +117,10 @@ type Options struct {
 	// a third of the consumer's AckWait. Negative is refused. Default
 	// DefaultProgressInterval, a third of JetStream's default AckWait (30s).
 	ProgressInterval time.Duration
+	// Concurrency bounds how many handlers of one HandleBatch run at once,
+	// as consumer.Options.Concurrency. Negative is refused. Default
+	// consumer.DefaultConcurrency.
+	Concurrency int
 	// Logger receives terminations, unrecorded work and failed settlements.
 	// Keys are logged as their KeyHasher hash, never raw. Default:
 	// slog.Default().
@@ -132,7 +140,7 @@ type Options struct {
 	// Default: two thirds of the lease's TTL.
 	ConfirmBudget time.Duration
 	// OnSettle, when set, is called after each settlement, on the goroutine
-	// that called Handle. It must be quick and safe for concurrent use.
+	// that called Handle or HandleBatch. It must be quick and safe for concurrent use.
 	// Default: none.
 	OnSettle func(m jetstream.Msg, s Settlement)
 }
@@ -150,6 +158,7 @@ const (
 type Handler struct {
 	o       Options // withDefaults
 	wrapped func(context.Context, jetstream.Msg) error
+	batch   func(context.Context, []jetstream.Msg) []error
 }
 
 // NewHandler returns a Handler that handles each message with h at most
@@ -175,6 +184,7 @@ func NewHandler(store idem.Store, h func(ctx context.Context, m jetstream.Msg) e
 	}
 	hd := &Handler{o: o}
 	hd.wrapped = consumer.Idempotent(store, hd.key, h, o.consumer())
+	hd.batch = consumer.Batch(store, hd.key, h, o.consumer())
 	return hd, nil
 }
 
@@ -191,6 +201,8 @@ func (o Options) withDefaults() (Options, error) {
 		return o, fmt.Errorf("jetstream.NewHandler: negative Options.ProgressInterval %v", o.ProgressInterval)
 	case o.ConfirmBudget < 0:
 		return o, fmt.Errorf("jetstream.NewHandler: negative Options.ConfirmBudget %v", o.ConfirmBudget)
+	case o.Concurrency < 0:
+		return o, fmt.Errorf("jetstream.NewHandler: negative Options.Concurrency %d", o.Concurrency)
 	}
 	if o.KeyHeader == "" {
 		o.KeyHeader = DefaultKeyHeader
@@ -213,7 +225,8 @@ func (o Options) withDefaults() (Options, error) {
 // consumer returns the options of the wrapped handler.
 func (o Options) consumer() consumer.Options[jetstream.Msg] {
 	return consumer.Options[jetstream.Msg]{Hook: o.Hook, Observer: o.Observer,
-		KeyHasher: o.KeyHasher, ConfirmBudget: o.ConfirmBudget, Fingerprint: o.Fingerprint}
+		KeyHasher: o.KeyHasher, ConfirmBudget: o.ConfirmBudget, Fingerprint: o.Fingerprint,
+		Concurrency: o.Concurrency}
 }
 
 // key is a message's key: its KeyHeader's value.
@@ -240,22 +253,103 @@ func (hd *Handler) MessageHandler(ctx context.Context) jetstream.MessageHandler 
 func (hd *Handler) Handle(ctx context.Context, m jetstream.Msg) {
 	k := hd.key(m)
 	if k == "" {
-		// Checked here too, to say why: without a key the message cannot be
-		// told from its duplicates, and acking it as one would drop it.
-		hd.term(ctx, m, k, fmt.Errorf("%w: message without a %s header cannot be deduplicated", idem.ErrInvalidKey, hd.o.KeyHeader))
+		hd.noKey(ctx, m)
 		return
 	}
-	p := hd.progress(m)
+	p := hd.progress([]jetstream.Msg{m})
 	settled := false
 	defer func() {
 		if !settled {
 			p.stop()
-			hd.settle(m, Nak, 0, errors.New("idem/jetstream: handler panicked"), m.Nak())
+			hd.settle(m, Nak, 0, errPanicked, m.Nak())
 		}
 	}()
 	err := hd.wrapped(ctx, m)
 	settled = true
 	p.stop()
+	hd.outcome(ctx, m, k, err)
+}
+
+// HandleBatch handles ms, as fetched together (Consumer.Fetch), with
+// consumer.Batch: one claim and one confirm round trip for the whole batch
+// on a Redis store, the handlers run up to Options.Concurrency at a time.
+// Messages whose key appears earlier in ms are handled in a later round,
+// after the first is settled, so that a duplicate within the batch is
+// acked at once instead of being found in progress. InProgress is sent
+// for every message not yet settled every ProgressInterval, from one
+// timer. Each message is settled as Handle settles it, once its round is
+// done.
+//
+// If a handler panics, the rest of its round is settled in the store (see
+// consumer.Batch), every message of ms not yet settled is nakked at once,
+// and the panic is re-raised.
+func (hd *Handler) HandleBatch(ctx context.Context, ms []jetstream.Msg) {
+	keys := make([]string, len(ms))
+	left := make([]int, 0, len(ms))
+	for i, m := range ms {
+		if keys[i] = hd.key(m); keys[i] == "" {
+			hd.noKey(ctx, m)
+		} else {
+			left = append(left, i)
+		}
+	}
+	if len(left) == 0 {
+		return
+	}
+	live := make([]jetstream.Msg, len(left))
+	for j, i := range left {
+		live[j] = ms[i]
+	}
+	p := hd.progress(live)
+	var settled []bool
+	defer func() {
+		p.stop()
+		if settled == nil { // finished
+			return
+		}
+		for _, i := range left {
+			if !settled[i] {
+				hd.settle(ms[i], Nak, 0, errPanicked, ms[i].Nak())
+			}
+		}
+	}()
+	settled = make([]bool, len(ms))
+	for len(left) > 0 {
+		seen := make(map[string]bool, len(left))
+		var now, later []int
+		for _, i := range left {
+			if seen[keys[i]] {
+				later = append(later, i)
+			} else {
+				seen[keys[i]] = true
+				now = append(now, i)
+			}
+		}
+		batch := make([]jetstream.Msg, len(now))
+		for j, i := range now {
+			batch[j] = ms[i]
+		}
+		errs := hd.batch(ctx, batch)
+		for j, i := range now {
+			settled[i] = true
+			hd.outcome(ctx, ms[i], keys[i], errs[j])
+		}
+		left = later
+	}
+	settled = nil
+}
+
+var errPanicked = errors.New("idem/jetstream: handler panicked")
+
+// noKey terminates m, which has no key.
+func (hd *Handler) noKey(ctx context.Context, m jetstream.Msg) {
+	// Checked here too, to say why: without a key the message cannot be
+	// told from its duplicates, and acking it as one would drop it.
+	hd.term(ctx, m, "", fmt.Errorf("%w: message without a %s header cannot be deduplicated", idem.ErrInvalidKey, hd.o.KeyHeader))
+}
+
+// outcome settles m, whose key is k, by the wrapped handler's error.
+func (hd *Handler) outcome(ctx context.Context, m jetstream.Msg, k string, err error) {
 	switch {
 	case err == nil:
 		hd.settle(m, Ack, 0, nil, m.Ack())
@@ -307,15 +401,15 @@ func (hd *Handler) settle(m jetstream.Msg, act Action, delay time.Duration, err,
 	}
 }
 
-// progresser sends InProgress for one message every ProgressInterval, from
-// a timer (no goroutine per message), until stopped.
+// progresser sends InProgress for some messages every ProgressInterval,
+// from a timer (no goroutine per message), until stopped.
 type progresser struct {
 	mu      sync.Mutex
 	stopped bool
 	t       *time.Timer
 }
 
-func (hd *Handler) progress(m jetstream.Msg) *progresser {
+func (hd *Handler) progress(ms []jetstream.Msg) *progresser {
 	p := &progresser{}
 	every := hd.o.ProgressInterval
 	p.mu.Lock()
@@ -326,8 +420,11 @@ func (hd *Handler) progress(m jetstream.Msg) *progresser {
 		if p.stopped {
 			return
 		}
-		if err := m.InProgress(); err != nil {
-			hd.o.Logger.Warn("idem/jetstream: sending InProgress failed", slog.Any("err", err))
+		for _, m := range ms {
+			// A message settled meanwhile answers ErrMsgAlreadyAckd: harmless.
+			if err := m.InProgress(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
+				hd.o.Logger.Warn("idem/jetstream: sending InProgress failed", slog.Any("err", err))
+			}
 		}
 		p.t.Reset(every)
 	})

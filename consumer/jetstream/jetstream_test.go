@@ -3,6 +3,7 @@ package jetstream_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -240,5 +241,103 @@ func TestOptionsRefused(t *testing.T) {
 			}()
 			f()
 		}()
+	}
+}
+
+// A fetched batch: a, its duplicate a, b, a message without a key and c,
+// held by another worker. The handler runs once for a and once for b; both
+// a's are acked (the duplicate in a second round, found done), the keyless
+// one terminated, c nakked as in progress.
+func TestHandleBatch(t *testing.T) {
+	rc := testenv.Redis(t)
+	_, js := connect(t, startServer(t))
+	cons := newConsumer(t, js, 5*time.Second)
+	pfx := prefix(t)
+	other := newStore(t, rc, pfx, "other", 5*time.Second)
+	if c, err := other.Claim(context.Background(), "c", nil); err != nil || c.Lease == nil {
+		t.Fatalf("Claim = %+v, %v", c, err)
+	}
+	publish(t, js, "Order-Id", "a", "a", "b", "", "c")
+	var mu sync.Mutex
+	runs := map[string]int{}
+	st := &settlements{}
+	h, err := idemjs.NewHandler(newStore(t, rc, pfx, "w", time.Second), func(_ context.Context, m jetstream.Msg) error {
+		mu.Lock()
+		defer mu.Unlock()
+		runs[m.Headers().Get("Order-Id")]++
+		return nil
+	}, idemjs.Options{KeyHeader: "Order-Id", OnSettle: st.on("Order-Id"), Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := cons.Fetch(5, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ms []jetstream.Msg
+	for m := range batch.Messages() {
+		ms = append(ms, m)
+	}
+	if len(ms) != 5 {
+		t.Fatalf("fetched %d messages (%v); want 5", len(ms), batch.Error())
+	}
+	h.HandleBatch(context.Background(), ms)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	got := map[string][]idemjs.Action{}
+	for i, s := range st.all {
+		got[st.keys[i]] = append(got[st.keys[i]], s.Action)
+	}
+	want := map[string][]idemjs.Action{"a": {idemjs.Ack, idemjs.Ack}, "b": {idemjs.Ack}, "": {idemjs.Term}, "c": {idemjs.Nak}}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("settlements %v; want %v", got, want)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if runs["a"] != 1 || runs["b"] != 1 || len(runs) != 2 {
+		t.Errorf("handler runs %v; want a and b once each", runs)
+	}
+}
+
+// A handler that panics: the message is nakked at once (no delay), the
+// claim forgotten, the panic re-raised; the redelivery is handled.
+func TestHandlePanic(t *testing.T) {
+	rc := testenv.Redis(t)
+	_, js := connect(t, startServer(t))
+	cons := newConsumer(t, js, 5*time.Second)
+	publish(t, js, "Order-Id", "p")
+	var runs atomic.Int64
+	st := &settlements{}
+	h, err := idemjs.NewHandler(newStore(t, rc, prefix(t), "w", time.Second), func(context.Context, jetstream.Msg) error {
+		if runs.Add(1) == 1 {
+			panic("test: boom")
+		}
+		return nil
+	}, idemjs.Options{KeyHeader: "Order-Id", OnSettle: st.on("Order-Id"), Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for want := range 2 {
+		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, ok := <-batch.Messages()
+		if !ok {
+			t.Fatalf("fetch %d: no message (%v)", want, batch.Error())
+		}
+		func() {
+			defer func() {
+				if r := recover(); (r != nil) != (want == 0) {
+					t.Errorf("delivery %d: recovered %v", want+1, r)
+				}
+			}()
+			h.Handle(context.Background(), m)
+		}()
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if len(st.all) != 2 || st.all[0].Action != idemjs.Nak || st.all[0].Delay != 0 || st.all[1].Action != idemjs.Ack {
+		t.Errorf("settlements %+v; want an immediate Nak, then an Ack", st.all)
 	}
 }
