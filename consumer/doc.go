@@ -97,6 +97,8 @@
 //
 // Package consumer/amqp settles RabbitMQ deliveries (github.com/rabbitmq/amqp091-go)
 // by these rules; package consumer/redisstream reads a Redis Streams
-// consumer group (XREADGROUP, XACK, XAUTOCLAIM); the nested module
-// consumer/watermill is a Watermill router middleware.
+// consumer group (XREADGROUP, XACK, XAUTOCLAIM); package consumer/jetstream
+// settles NATS JetStream messages (Ack, NakWithDelay, Term, InProgress while
+// the handler runs); the nested module consumer/watermill is a Watermill
+// router middleware.
 package consumer

@@ -1,0 +1,343 @@
+package jetstream_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/idemgo/idem"
+	idemjs "github.com/idemgo/idem/consumer/jetstream"
+	"github.com/idemgo/idem/internal/testenv"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// The key is the Nats-Msg-Id header by default. JetStream itself drops a
+// publish repeated within its Duplicates window, so the duplicate here is
+// one outside it: a key already confirmed in the store. It is acked
+// without running the handler; a new key runs it and is acked.
+func TestAcksDoneAndDuplicates(t *testing.T) {
+	rc := testenv.Redis(t)
+	_, js := connect(t, startServer(t))
+	cons := newConsumer(t, js, 5*time.Second)
+	store := newStore(t, rc, prefix(t), "w", time.Second)
+	ctx := context.Background()
+	c, err := store.Claim(ctx, "old", nil)
+	if err != nil || c.Lease == nil {
+		t.Fatalf("Claim = %+v, %v", c, err)
+	}
+	if err := store.Confirm(ctx, c.Lease, nil); err != nil {
+		t.Fatal(err)
+	}
+	publish(t, js, jetstream.MsgIDHeader, "old", "new")
+	var mu sync.Mutex
+	runs := map[string]int{}
+	st := &settlements{}
+	h, err := idemjs.NewHandler(store, func(_ context.Context, m jetstream.Msg) error {
+		mu.Lock()
+		defer mu.Unlock()
+		runs[m.Headers().Get(jetstream.MsgIDHeader)]++
+		return nil
+	}, idemjs.Options{OnSettle: st.on(jetstream.MsgIDHeader), Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	consume(t, cons, h, func() bool { return st.count(idemjs.Ack) == 2 && settledOnBroker(t, cons) })
+	mu.Lock()
+	defer mu.Unlock()
+	if runs["old"] != 0 || runs["new"] != 1 {
+		t.Errorf("handler runs %v; want new once, old (confirmed before) never", runs)
+	}
+}
+
+// A key held by another worker is in progress: the message is nakked with
+// MinDelay, the handler does not run; once the holder lets go, the
+// redelivery runs it and is acked. A failing handler is nakked with a delay
+// that doubles with each delivery.
+func TestNakInProgressAndFailure(t *testing.T) {
+	rc := testenv.Redis(t)
+	_, js := connect(t, startServer(t))
+	cons := newConsumer(t, js, 5*time.Second)
+	pfx := prefix(t)
+	other := newStore(t, rc, pfx, "other", 5*time.Second)
+	held, err := other.Claim(context.Background(), "busy", nil)
+	if err != nil || held.Lease == nil {
+		t.Fatalf("Claim = %+v, %v", held, err)
+	}
+	publish(t, js, "Order-Id", "busy", "flaky")
+	var runs sync.Map
+	var flaky atomic.Int64
+	st := &settlements{}
+	h, err := idemjs.NewHandler(newStore(t, rc, pfx, "w", time.Second), func(_ context.Context, m jetstream.Msg) error {
+		k := m.Headers().Get("Order-Id")
+		n, _ := runs.LoadOrStore(k, new(atomic.Int64))
+		n.(*atomic.Int64).Add(1)
+		if k == "flaky" && flaky.Add(1) <= 2 {
+			return errors.New("test: not yet")
+		}
+		return nil
+	}, idemjs.Options{KeyHeader: "Order-Id", MinDelay: 20 * time.Millisecond, MaxDelay: time.Second,
+		OnSettle: st.on("Order-Id"), Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	released := false
+	consume(t, cons, h, func() bool {
+		st.mu.Lock()
+		busyNaks := 0
+		for i, s := range st.all {
+			if st.keys[i] == "busy" && s.Action == idemjs.Nak {
+				busyNaks++
+			}
+		}
+		st.mu.Unlock()
+		if busyNaks > 0 && !released {
+			released = true
+			if err := other.Forget(context.Background(), held.Lease); err != nil {
+				t.Error(err)
+			}
+		}
+		return st.count(idemjs.Ack) == 2 && settledOnBroker(t, cons)
+	})
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	var flakyDelays []time.Duration
+	for i, s := range st.all {
+		switch {
+		case st.keys[i] == "busy" && s.Action == idemjs.Nak:
+			if !errors.Is(s.Err, idem.ErrInProgress) {
+				t.Errorf("busy nakked with %v; want ErrInProgress", s.Err)
+			}
+		case st.keys[i] == "flaky" && s.Action == idemjs.Nak:
+			flakyDelays = append(flakyDelays, s.Delay)
+		}
+	}
+	if want := []time.Duration{20 * time.Millisecond, 40 * time.Millisecond}; len(flakyDelays) != 2 ||
+		flakyDelays[0] != want[0] || flakyDelays[1] != want[1] {
+		t.Errorf("flaky nak delays %v; want %v", flakyDelays, want)
+	}
+	if n, _ := runs.Load("busy"); n == nil || n.(*atomic.Int64).Load() != 1 {
+		t.Errorf("busy handled %v times; want once, after its holder let go", n)
+	}
+}
+
+// A message without the key header, and one whose fingerprint does not
+// match its key's, can never succeed: they are terminated (never
+// redelivered) without running the handler.
+func TestTermNoKeyAndFingerprintMismatch(t *testing.T) {
+	rc := testenv.Redis(t)
+	_, js := connect(t, startServer(t))
+	cons := newConsumer(t, js, 5*time.Second)
+	store := newStore(t, rc, prefix(t), "w", time.Second)
+	c, err := store.Claim(context.Background(), "k", []byte("other content"))
+	if err != nil || c.Lease == nil {
+		t.Fatalf("Claim = %+v, %v", c, err)
+	}
+	if err := store.Confirm(context.Background(), c.Lease, nil); err != nil {
+		t.Fatal(err)
+	}
+	publish(t, js, "Order-Id", "", "k")
+	var runs atomic.Int64
+	st := &settlements{}
+	h, err := idemjs.NewHandler(store, func(context.Context, jetstream.Msg) error { runs.Add(1); return nil },
+		idemjs.Options{KeyHeader: "Order-Id", Fingerprint: func(m jetstream.Msg) []byte { return m.Data() },
+			OnSettle: st.on("Order-Id"), Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	consume(t, cons, h, func() bool { return st.count(idemjs.Term) == 2 && settledOnBroker(t, cons) })
+	time.Sleep(100 * time.Millisecond)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if len(st.all) != 2 {
+		t.Errorf("%d settlements %+v; want the two terminations only", len(st.all), st.all)
+	}
+	for i, s := range st.all {
+		want := idem.ErrInvalidKey
+		if st.keys[i] == "k" {
+			want = idem.ErrFingerprintMismatch
+		}
+		if s.Action != idemjs.Term || !errors.Is(s.Err, want) || s.SettleErr != nil {
+			t.Errorf("%q settled %+v; want Term with %v", st.keys[i], s, want)
+		}
+	}
+	if runs.Load() != 0 {
+		t.Errorf("handler ran %d times; want 0", runs.Load())
+	}
+}
+
+// A handler running for several AckWaits is not redelivered meanwhile:
+// InProgress, sent every ProgressInterval, keeps the broker's lease alive
+// beside idem's. A second subscriber of the same durable gets nothing.
+func TestInProgressKeepsAckWait(t *testing.T) {
+	rc := testenv.Redis(t)
+	_, js := connect(t, startServer(t))
+	const ackWait = 300 * time.Millisecond
+	cons := newConsumer(t, js, ackWait)
+	publish(t, js, "Order-Id", "slow")
+	var runs atomic.Int64
+	st := &settlements{}
+	h, err := idemjs.NewHandler(newStore(t, rc, prefix(t), "w", time.Second), func(ctx context.Context, m jetstream.Msg) error {
+		runs.Add(1)
+		select {
+		case <-time.After(4 * ackWait):
+			return nil
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+	}, idemjs.Options{KeyHeader: "Order-Id", ProgressInterval: ackWait / 3, OnSettle: st.on("Order-Id"), Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	second, err := cons.Consume(h.MessageHandler(ctx))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second.Stop()
+	consume(t, cons, h, func() bool { return st.count(idemjs.Ack) == 1 && settledOnBroker(t, cons) })
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if len(st.all) != 1 || runs.Load() != 1 {
+		t.Errorf("settlements %+v, handler runs %d; want one Ack and one run (no redelivery)", st.all, runs.Load())
+	}
+}
+
+// Options mistakes are refused by NewHandler, naming the field.
+func TestOptionsRefused(t *testing.T) {
+	store := idem.NewMemoryStore(idem.Options{})
+	h := func(context.Context, jetstream.Msg) error { return nil }
+	for _, c := range []struct {
+		o     idemjs.Options
+		field string
+	}{
+		{idemjs.Options{MinDelay: -1}, "Options.MinDelay"},
+		{idemjs.Options{MaxDelay: -1}, "Options.MaxDelay"},
+		{idemjs.Options{MinDelay: time.Second, MaxDelay: time.Millisecond}, "Options.MaxDelay"},
+		{idemjs.Options{ProgressInterval: -1}, "Options.ProgressInterval"},
+		{idemjs.Options{ConfirmBudget: -1}, "Options.ConfirmBudget"},
+	} {
+		if _, err := idemjs.NewHandler(store, h, c.o); err == nil || !strings.Contains(err.Error(), c.field) {
+			t.Errorf("NewHandler(%+v) = %v; want an error naming %s", c.o, err, c.field)
+		}
+	}
+	if _, err := idemjs.NewHandler(store, h, idemjs.Options{}); err != nil {
+		t.Errorf("NewHandler(zero Options) = %v", err)
+	}
+	for name, f := range map[string]func(){
+		"nil store":   func() { _, _ = idemjs.NewHandler(nil, h, idemjs.Options{}) },
+		"nil handler": func() { _, _ = idemjs.NewHandler(store, nil, idemjs.Options{}) },
+	} {
+		func() {
+			defer func() {
+				if r := recover(); r == nil || !strings.Contains(r.(string), name) {
+					t.Errorf("%s: panic %v; want one naming it", name, r)
+				}
+			}()
+			f()
+		}()
+	}
+}
+
+// A fetched batch: a, its duplicate a, b, a message without a key and c,
+// held by another worker. The handler runs once for a and once for b; both
+// a's are acked (the duplicate in a second round, found done), the keyless
+// one terminated, c nakked as in progress.
+func TestHandleBatch(t *testing.T) {
+	rc := testenv.Redis(t)
+	_, js := connect(t, startServer(t))
+	cons := newConsumer(t, js, 5*time.Second)
+	pfx := prefix(t)
+	other := newStore(t, rc, pfx, "other", 5*time.Second)
+	if c, err := other.Claim(context.Background(), "c", nil); err != nil || c.Lease == nil {
+		t.Fatalf("Claim = %+v, %v", c, err)
+	}
+	publish(t, js, "Order-Id", "a", "a", "b", "", "c")
+	var mu sync.Mutex
+	runs := map[string]int{}
+	st := &settlements{}
+	h, err := idemjs.NewHandler(newStore(t, rc, pfx, "w", time.Second), func(_ context.Context, m jetstream.Msg) error {
+		mu.Lock()
+		defer mu.Unlock()
+		runs[m.Headers().Get("Order-Id")]++
+		return nil
+	}, idemjs.Options{KeyHeader: "Order-Id", OnSettle: st.on("Order-Id"), Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := cons.Fetch(5, jetstream.FetchMaxWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ms []jetstream.Msg
+	for m := range batch.Messages() {
+		ms = append(ms, m)
+	}
+	if len(ms) != 5 {
+		t.Fatalf("fetched %d messages (%v); want 5", len(ms), batch.Error())
+	}
+	h.HandleBatch(context.Background(), ms)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	got := map[string][]idemjs.Action{}
+	for i, s := range st.all {
+		got[st.keys[i]] = append(got[st.keys[i]], s.Action)
+	}
+	want := map[string][]idemjs.Action{"a": {idemjs.Ack, idemjs.Ack}, "b": {idemjs.Ack}, "": {idemjs.Term}, "c": {idemjs.Nak}}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("settlements %v; want %v", got, want)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if runs["a"] != 1 || runs["b"] != 1 || len(runs) != 2 {
+		t.Errorf("handler runs %v; want a and b once each", runs)
+	}
+}
+
+// A handler that panics: the message is nakked at once (no delay), the
+// claim forgotten, the panic re-raised; the redelivery is handled.
+func TestHandlePanic(t *testing.T) {
+	rc := testenv.Redis(t)
+	_, js := connect(t, startServer(t))
+	cons := newConsumer(t, js, 5*time.Second)
+	publish(t, js, "Order-Id", "p")
+	var runs atomic.Int64
+	st := &settlements{}
+	h, err := idemjs.NewHandler(newStore(t, rc, prefix(t), "w", time.Second), func(context.Context, jetstream.Msg) error {
+		if runs.Add(1) == 1 {
+			panic("test: boom")
+		}
+		return nil
+	}, idemjs.Options{KeyHeader: "Order-Id", OnSettle: st.on("Order-Id"), Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for want := range 2 {
+		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, ok := <-batch.Messages()
+		if !ok {
+			t.Fatalf("fetch %d: no message (%v)", want, batch.Error())
+		}
+		func() {
+			defer func() {
+				if r := recover(); (r != nil) != (want == 0) {
+					t.Errorf("delivery %d: recovered %v", want+1, r)
+				}
+			}()
+			h.Handle(context.Background(), m)
+		}()
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if len(st.all) != 2 || st.all[0].Action != idemjs.Nak || st.all[0].Delay != 0 || st.all[1].Action != idemjs.Ack {
+		t.Errorf("settlements %+v; want an immediate Nak, then an Ack", st.all)
+	}
+}
