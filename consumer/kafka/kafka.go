@@ -30,6 +30,11 @@
 // holder confirms it (a duplicate: committed without running again) or
 // claimed once the holder's lease expires (taken over).
 //
+// Run polls again only when every partition of the last poll is settled
+// (or its work ended by a revocation): a partition retrying in place holds
+// the others back too, for as long as its delay. Give DeadLetter to bound
+// how long a failing handler can do so.
+//
 // # Rebalances
 //
 // When the group revokes or loses a partition, the Consumer cancels the
