@@ -22,8 +22,8 @@ test:
 bench:
 	bash .ci/bench.sh $(BENCH_FLAGS)
 
-# gofmt, vet and staticcheck; vet and staticcheck also in the nested module
-# consumer/watermill, which the root module's ./... does not include.
+# gofmt, vet and staticcheck; vet and staticcheck also in the nested modules
+# (consumer/watermill, consumer/kafka, otel), which the root module's ./... does not include.
 check:
 	@unformatted=$$(gofmt -l .); \
 	if [[ -n $$unformatted ]]; then \
@@ -33,6 +33,7 @@ check:
 	bash .ci/services.sh install-tools
 	$(STATICCHECK) ./...
 	cd consumer/watermill && go vet ./... && $(STATICCHECK) ./...
+	cd consumer/kafka && go vet ./... && $(STATICCHECK) ./...
 	cd otel && go vet ./... && $(STATICCHECK) ./...
 
 # For running tests by hand: start the servers once, paste the exports, then
