@@ -200,12 +200,69 @@ func each(calls []scriptCall, cmds []*redis.Cmd, waitErrs []error, f func(i int,
 func (s *RedisStore) pipeline(ctx context.Context, calls []scriptCall) (cmds []*redis.Cmd, waitErrs []error) {
 	if s.waitReplicas == 0 || !anyWait(calls) {
 		cmds, _ = s.pipelineOn(ctx, s.c, calls, false)
+		if cc, ok := s.c.(*redis.ClusterClient); ok {
+			s.resendRedirected(ctx, cc, calls, cmds)
+		}
 		return cmds, nil
 	}
 	if cc, ok := s.c.(*redis.ClusterClient); ok {
 		return s.pipelineByMaster(ctx, cc, calls)
 	}
 	return s.pipelineOn(ctx, s.c, calls, true)
+}
+
+// resendRedirected sends again the calls of a cluster pipeline that were
+// answered MOVED or ASK: go-redis follows a pipeline's redirects only
+// MaxRedirects times, against a slot map that may lag a resharding in
+// progress (#20: a batch claim surfaced "MOVED 391 ..." mid-reshard). A
+// redirected command did not run, so sending it again is safe. Each goes
+// alone through the cluster client, which follows a redirect to the
+// address it names; a few rounds, a moment apart, then what is still
+// redirected keeps its error. On a cluster every call is one key's.
+func (s *RedisStore) resendRedirected(ctx context.Context, cc *redis.ClusterClient, calls []scriptCall, cmds []*redis.Cmd) {
+	redirected := func(cmd *redis.Cmd) bool {
+		err := cmd.Err()
+		return err != nil && (redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK"))
+	}
+	for round := range 3 {
+		again := false
+		for i, cmd := range cmds {
+			if !redirected(cmd) || len(calls[i].keys) != 1 {
+				continue
+			}
+			again = true
+			v, err := s.eval(ctx, calls[i].script, calls[i].keys[0], calls[i].args)
+			c := redis.NewCmd(ctx)
+			if err != nil {
+				c.SetErr(err)
+			} else {
+				c.SetVal(v)
+			}
+			cmds[i] = c
+		}
+		if !again || ctx.Err() != nil {
+			return
+		}
+		if round == 0 {
+			cc.ReloadState(ctx)
+		}
+		if !sleepCtx(ctx, time.Duration(round+1)*20*time.Millisecond) {
+			return
+		}
+	}
+}
+
+// sleepCtx sleeps d, or less if ctx ends first, and reports whether it
+// slept the whole d.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
 }
 
 func anyWait(calls []scriptCall) bool {

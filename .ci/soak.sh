@@ -24,7 +24,12 @@ step_crash() {
 step_failover() {
 	bash "$root/.ci/failover.sh" --kills 20 && bash "$root/.ci/failover.sh" --kills 20 --wait-replicas 1
 }
-steps=(crash failover)
+# Live resharding under load (internal/reliability/cluster_reshard_test.go): six
+# moves of 400 slots on a 3+3 cluster of the test's own, three times.
+step_reshard() {
+	go test -tags reshard -race -count=3 -timeout 20m -v -run '^TestClusterResharding$' ./internal/reliability/
+}
+steps=(crash failover reshard)
 if [[ -n ${SOAK_STEPS:-} ]]; then
 	read -r -a steps <<<"$SOAK_STEPS"
 fi
