@@ -16,7 +16,7 @@ import (
 // other Store does.
 
 func TestConformancePostgres(t *testing.T) {
-	db := postgresDB(t, testConns)
+	db := sqltest.PostgresPool(t, sqltest.TestConns)
 	storetest.Run(t, func(t *testing.T) storetest.Backend { return sqlBackend(t, db, sqlstore.Postgres) })
 }
 

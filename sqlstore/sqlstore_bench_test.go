@@ -24,7 +24,7 @@ import (
 //
 //	for i in 1 2 3 4 5 6 7; do go test -run '^$' -bench Postgres ./sqlstore/; done | benchstat -
 func BenchmarkPostgres(b *testing.B) {
-	db := postgresDB(b, 64) // a connection per goroutine
+	db := sqltest.PostgresPool(b, 64) // a connection per goroutine
 	ctx := context.Background()
 	st := sqltest.NewStore(b, db, sqlstore.Options{Dialect: sqlstore.Postgres, Table: sqltest.UniqueTable()})
 	base := sqltest.UniqueTable()

@@ -15,37 +15,6 @@ import (
 	"github.com/idemgo/idem/sqlstore"
 )
 
-// postgresDB opens the test Postgres (IDEM_POSTGRES_DSN), closed when t
-// ends, with a pool of up to conns connections, all opened at once: 64
-// racing claims that each had to connect first could take longer than the
-// suite's short leases. A throwaway Postgres allows 100 connections (`make
-// test` runs other packages' tests beside these), so tests take at most 40.
-func postgresDB(t testing.TB, conns int) *sql.DB {
-	t.Helper()
-	db := sqltest.Postgres(t)
-	// The default of 2 idle connections would reconnect on nearly every
-	// statement of parallel checks.
-	db.SetMaxIdleConns(conns)
-	db.SetMaxOpenConns(conns)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	open := make([]*sql.Conn, conns)
-	for i := range open {
-		c, err := db.Conn(ctx)
-		if err != nil {
-			t.Fatalf("Postgres does not answer: %v", err)
-		}
-		open[i] = c
-	}
-	for _, c := range open {
-		_ = c.Close() // back to the pool, which keeps it
-	}
-	return db
-}
-
-// testConns is the Postgres pool size of tests.
-const testConns = 40
-
 // dialects runs f once per dialect whose database is at hand: SQLite always,
 // Postgres when IDEM_POSTGRES_DSN is set (required under CI=true).
 func dialects(t *testing.T, f func(t *testing.T, db *sql.DB, d sqlstore.Dialect)) {
@@ -56,7 +25,7 @@ func dialects(t *testing.T, f func(t *testing.T, db *sql.DB, d sqlstore.Dialect)
 	})
 	t.Run("postgres", func(t *testing.T) {
 		t.Parallel()
-		f(t, postgresDB(t, testConns), sqlstore.Postgres)
+		f(t, sqltest.PostgresPool(t, sqltest.TestConns), sqlstore.Postgres)
 	})
 }
 

@@ -257,8 +257,8 @@ func TestFaultsPostgres(t *testing.T) {
 	for _, f := range faults {
 		t.Run(f.name, func(t *testing.T) {
 			p := startFaultProxy(t, upstream)
-			table := uniqueTable()
-			ds := newSQLStore(t, db, sqlstore.Options{Dialect: sqlstore.Postgres, Table: table})
+			table := sqltest.UniqueTable()
+			ds := sqltest.NewStore(t, db, sqlstore.Options{Dialect: sqlstore.Postgres, Table: table})
 			pc := cfg.Copy()
 			pc.Host, pc.Port = "127.0.0.1", portOf(t, p.Addr())
 			pc.ConnectTimeout = time.Second

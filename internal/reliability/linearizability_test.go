@@ -135,9 +135,9 @@ func TestLinearizableRedisStoreCluster(t *testing.T) {
 }
 
 func TestLinearizableSQLStorePostgres(t *testing.T) {
-	db := postgresDB(t, 2*linPostgres.clients)
-	table := uniqueTable()
-	newSQLStore(t, db, sqlstore.Options{Dialect: sqlstore.Postgres, Table: table})
+	db := sqltest.PostgresPool(t, 2*linPostgres.clients)
+	table := sqltest.UniqueTable()
+	sqltest.NewStore(t, db, sqlstore.Options{Dialect: sqlstore.Postgres, Table: table})
 	checkLinearizable(t, linPostgres, func(worker string) idem.Store {
 		so := storeopts.SQL(linOptions(worker), sqlstore.Postgres)
 		so.Table = table
@@ -151,8 +151,8 @@ func TestLinearizableSQLStorePostgres(t *testing.T) {
 
 func TestLinearizableSQLStoreSQLite(t *testing.T) {
 	db, _ := sqltest.SQLite(t)
-	table := uniqueTable()
-	newSQLStore(t, db, sqlstore.Options{Dialect: sqlstore.SQLite, Table: table})
+	table := sqltest.UniqueTable()
+	sqltest.NewStore(t, db, sqlstore.Options{Dialect: sqlstore.SQLite, Table: table})
 	checkLinearizable(t, linSQLite, func(worker string) idem.Store {
 		so := storeopts.SQL(linOptions(worker), sqlstore.SQLite)
 		so.Table = table
