@@ -21,7 +21,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/internal/storeopts"
 	"github.com/idemgo/idem/internal/testenv"
 )
 
@@ -317,24 +316,7 @@ func TestClusterResharding(t *testing.T) {
 		t.Fatalf("NewRedisStore: %v", err)
 	}
 	tally := &errTally{n: map[string]int{}, first: map[string]error{}}
-	open := func(i int, o idem.Options) idem.Store {
-		ro := storeopts.Redis(o)
-		ro.Observer = tally.observer("single", o.Observer)
-		s, err := idem.NewRedisStore(client, ro)
-		if err != nil {
-			t.Fatalf("NewRedisStore: %v", err)
-		}
-		return s
-	}
-	side := func(path string, auto bool) *idem.RedisStore {
-		s, err := idem.NewRedisStore(client, idem.RedisOptions{LeaseTTL: time.Second, Retention: 10 * time.Minute,
-			AutoPipeline: auto, Observer: tally.observer(path, nil), Worker: path})
-		if err != nil {
-			t.Fatalf("NewRedisStore: %v", err)
-		}
-		return s
-	}
-	batchStore, autoStore := side("batch", false), side("autopipeline", true)
+	open, batchStore, autoStore := clusterStores(t, client, tally.observer)
 
 	ms := clusterMasters(t, cl)
 	if len(ms) != 3 {

@@ -181,24 +181,7 @@ func TestClusterFailover(t *testing.T) {
 		t.Fatalf("NewRedisStore: %v", err)
 	}
 	fc := &failClock{byPath: map[string]time.Time{}, lastErr: map[string]error{}}
-	open := func(i int, o idem.Options) idem.Store {
-		ro := storeopts.Redis(o)
-		ro.Observer = fc.observer("single", o.Observer)
-		s, err := idem.NewRedisStore(client, ro)
-		if err != nil {
-			t.Fatalf("NewRedisStore: %v", err)
-		}
-		return s
-	}
-	side := func(path string, auto bool) *idem.RedisStore {
-		s, err := idem.NewRedisStore(client, idem.RedisOptions{LeaseTTL: time.Second, Retention: 10 * time.Minute,
-			AutoPipeline: auto, Observer: fc.observer(path, nil), Worker: path})
-		if err != nil {
-			t.Fatalf("NewRedisStore: %v", err)
-		}
-		return s
-	}
-	batchStore, autoStore := side("batch", false), side("autopipeline", true)
+	open, batchStore, autoStore := clusterStores(t, client, fc.observer)
 
 	victim := firstMaster(t, cl)
 	heir := replicaOf(t, cl, victim)
@@ -318,4 +301,30 @@ func sinceOr(t, from time.Time) string {
 		return "none"
 	}
 	return t.Sub(from).Round(time.Millisecond).String()
+}
+
+// clusterStores opens the stores of the cluster loads on client, each
+// observed by observe under its path: open for the ledger workload
+// ("single"), and the stores of the batch and AutoPipeline side loads.
+func clusterStores(t *testing.T, client *redis.ClusterClient, observe func(path string, next idem.Observer) idem.Observer) (
+	open func(int, idem.Options) idem.Store, batch, auto *idem.RedisStore) {
+	t.Helper()
+	open = func(i int, o idem.Options) idem.Store {
+		ro := storeopts.Redis(o)
+		ro.Observer = observe("single", o.Observer)
+		s, err := idem.NewRedisStore(client, ro)
+		if err != nil {
+			t.Fatalf("NewRedisStore: %v", err)
+		}
+		return s
+	}
+	side := func(path string, auto bool) *idem.RedisStore {
+		s, err := idem.NewRedisStore(client, idem.RedisOptions{LeaseTTL: time.Second, Retention: 10 * time.Minute,
+			AutoPipeline: auto, Observer: observe(path, nil), Worker: path})
+		if err != nil {
+			t.Fatalf("NewRedisStore: %v", err)
+		}
+		return s
+	}
+	return open, side("batch", false), side("autopipeline", true)
 }
