@@ -16,6 +16,9 @@ import (
 // nodes of.
 type ClusterServers struct {
 	Nodes []*RedisServer // every node, in the order created
+
+	t    testing.TB
+	args []string // each node's redis-server arguments, port aside
 }
 
 // StartCluster starts masters*(1+replicas) redis-servers with
@@ -31,11 +34,11 @@ func StartCluster(t testing.TB, masters, replicas int, extra ...string) *Cluster
 		Lookup(t, RedisAddrVar)
 		t.Fatalf("redis-cli is not on PATH: %v", err)
 	}
-	c := &ClusterServers{}
+	c := &ClusterServers{t: t, args: append([]string{"--cluster-enabled", "yes",
+		"--cluster-config-file", "nodes.conf", "--appendonly", "no"}, extra...)}
 	args := []string{"--cluster", "create"}
 	for range masters * (1 + replicas) {
-		s := startRedisServer(t, clusterPort(t), append([]string{"--cluster-enabled", "yes",
-			"--cluster-config-file", "nodes.conf", "--appendonly", "no"}, extra...)...)
+		s := startRedisServer(t, clusterPort(t), c.args...)
 		c.Nodes = append(c.Nodes, s)
 		args = append(args, s.Addr)
 	}
