@@ -22,7 +22,7 @@ import (
 
 // failClock records when the store calls it observes last failed for want
 // of Redis (an application answer such as ErrAlreadyConfirmed is not a
-// failure), and how many did.
+// failure, nor a call the test's own stop cut off), and how many did.
 type failClock struct {
 	mu      sync.Mutex
 	last    time.Time
@@ -36,7 +36,8 @@ func (f *failClock) observer(path string, next idem.Observer) idem.Observer {
 		if next != nil {
 			next.Observe(ctx, e)
 		}
-		if e.Err == nil || errors.Is(e.Err, idem.ErrAlreadyConfirmed) || errors.Is(e.Err, idem.ErrLeaseLost) {
+		if e.Err == nil || errors.Is(e.Err, idem.ErrAlreadyConfirmed) || errors.Is(e.Err, idem.ErrLeaseLost) ||
+			errors.Is(e.Err, context.Canceled) {
 			return
 		}
 		now := time.Now()
@@ -252,12 +253,10 @@ func TestClusterFailover(t *testing.T) {
 	if fc.n.Load() == 0 {
 		t.Errorf("no call failed; want the kill to have met the workload")
 	}
-	// The target is 5s (measured: 36 ms to 4.9 s, against 38 s or more
-	// before the store reloaded the slot map). The bound leaves room for a
-	// reload that asks the dead master first and waits out its dial
-	// retries, on a CI machine shared with the rest of make test.
-	if back > 10*time.Second {
-		t.Errorf("the last failed call came %v after the replica's promotion; want at most 10s (target 5s)", back.Round(time.Millisecond))
+	// The target (measured: 112 to 121 ms in 3 runs, against 38 s or more
+	// before the store reloaded the slot map).
+	if back > 5*time.Second {
+		t.Errorf("the last failed call came %v after the replica's promotion; want at most 5s", back.Round(time.Millisecond))
 	}
 	if sideAfter[0] == 0 || sideAfter[1] == 0 {
 		t.Errorf("keys confirmed after the promotion: batches %d, AutoPipeline %d; want both loads back", sideAfter[0], sideAfter[1])
