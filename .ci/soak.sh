@@ -24,10 +24,14 @@ step_crash() {
 step_failover() {
 	bash "$root/.ci/failover.sh" --kills 20 && bash "$root/.ci/failover.sh" --kills 20 --wait-replicas 1
 }
-# Live resharding under load (internal/reliability/cluster_reshard_test.go): six
-# moves of 400 slots on a 3+3 cluster of the test's own, three times.
+# Live resharding under load, the long form of what `make test` runs
+# (internal/reliability/cluster_reshard_test.go), three times, each on 3+3 clusters of
+# the tests' own: six redis-cli runs of 400 slots, 12 moves held open until a call met
+# ASK and an even rebalance onto a new master under the ledger workload; 1,000 porcupine
+# histories on a slot that hops from master to master.
 step_reshard() {
-	go test -tags reshard -race -count=3 -timeout 20m -v -run '^TestClusterResharding$' ./internal/reliability/
+	go test -race -count=3 -timeout 30m -v -run '^(TestClusterResharding|TestLinearizableClusterResharding)$' \
+		./internal/reliability/ -args -idem.long -idem.histories=1000
 }
 steps=(crash failover reshard)
 if [[ -n ${SOAK_STEPS:-} ]]; then

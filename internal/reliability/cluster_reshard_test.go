@@ -1,15 +1,11 @@
-//go:build reshard
-
-// TestClusterResharding moves slots between masters under load. It takes
-// about 25 s and meets MOVED and ASK by timing, so `make test` does not run
-// it: `make soak` does (.ci/soak.sh, step reshard), or
-// go test -tags reshard -run TestClusterResharding ./internal/reliability/
 package reliability_test
 
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
+	"math/rand/v2"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -27,7 +23,8 @@ import (
 // errTally counts the errors the store's callers saw, by kind of text: a
 // redirect (MOVED, ASK) or a cluster-state error (CLUSTERDOWN, TRYAGAIN)
 // must never reach a caller, since go-redis follows and retries those.
-// Batch errors count item by item.
+// Batch errors count item by item; a call cut off by the test's stopping
+// its loads is "canceled".
 type errTally struct {
 	mu    sync.Mutex
 	n     map[string]int
@@ -56,6 +53,9 @@ func (e *errTally) observer(path string, next idem.Observer) idem.Observer {
 				continue
 			}
 			kind, text := "other", err.Error()
+			if errors.Is(err, context.Canceled) {
+				kind = "canceled" // the loads stopped by the test
+			}
 			for _, k := range redirectKinds {
 				if strings.Contains(text, k+" ") {
 					kind = k
@@ -90,6 +90,13 @@ func (h *redirectHook) count(cmds ...redis.Cmder) {
 
 func (h *redirectHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 
+// client is a ClusterOptions.NewClient: a node's client, hooked.
+func (h *redirectHook) client(o *redis.Options) *redis.Client {
+	c := redis.NewClient(o)
+	c.AddHook(h)
+	return c
+}
+
 func (h *redirectHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		err := next(ctx, cmd)
@@ -106,12 +113,10 @@ func (h *redirectHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis
 	}
 }
 
-// keySlot is Redis Cluster's slot of a key without a hash tag: CRC16
-// (XMODEM) mod 16384.
-func keySlot(key string) int {
-	var crc uint16
-	for i := 0; i < len(key); i++ {
-		crc ^= uint16(key[i]) << 8
+// crcTable is CRC16 (XMODEM)'s, the hash of Redis Cluster's key slots.
+var crcTable = func() (t [256]uint16) {
+	for i := range t {
+		crc := uint16(i) << 8
 		for range 8 {
 			if crc&0x8000 != 0 {
 				crc = crc<<1 ^ 0x1021
@@ -119,18 +124,34 @@ func keySlot(key string) int {
 				crc <<= 1
 			}
 		}
+		t[i] = crc
 	}
-	return int(crc) % 16384
+	return t
+}()
+
+// crc16 continues crc over s.
+func crc16(crc uint16, s string) uint16 {
+	for i := 0; i < len(s); i++ {
+		crc = crc<<8 ^ crcTable[byte(crc>>8)^s[i]]
+	}
+	return crc
 }
 
-// tagFor returns a hash tag whose keys fall in slot.
-func tagFor(slot int) string {
-	for i := 0; ; i++ {
-		if tag := "t" + strconv.Itoa(i); keySlot(tag) == slot {
-			return "{" + tag + "}"
+// keyIn returns the first key base+"0", base+"1", ... in slot: in the
+// slot of its CRC16 (it has no hash tag). A store key of bytes that need
+// no escaping (letters, digits, ':') is its own hash tag inside the
+// record's name, so its record lives in that slot too.
+func keyIn(base string, slot int) string {
+	crc := crc16(0, base)
+	for n := 0; ; n++ {
+		if d := strconv.Itoa(n); int(crc16(crc, d))%16384 == slot {
+			return base + d
 		}
 	}
 }
+
+// tagFor returns a hash tag whose keys fall in slot.
+func tagFor(slot int) string { return "{" + keyIn("t", slot) + "}" }
 
 // lowestSlot returns the lowest slot master id owns, as c says: the first
 // that `redis-cli --cluster reshard` takes from it.
@@ -158,16 +179,19 @@ func lowestSlot(ctx context.Context, c *redis.Client, id string) (int, error) {
 	return low, nil
 }
 
-// probe claims and confirms fresh keys under tag, one slot's, until ctx
-// ends: one by one through single and auto, in batches of 20 through
-// single. While the slot migrates, these meet ASK (a new key is not on
-// the source); after, MOVED. It returns the keys confirmed.
-func probe(ctx context.Context, single, auto *idem.RedisStore, tag string) []string {
+// probe claims and confirms fresh keys of slot until ctx ends: one by one
+// through single and auto, in batches of 20 through single. While the
+// slot migrates, these meet ASK (a new key is not on the source); after,
+// MOVED. It returns the keys confirmed. The store escapes braces, so a
+// store key's record is in the slot of the whole key: the keys are found
+// by keyIn, not given a hash tag.
+func probe(ctx context.Context, single, auto *idem.RedisStore, slot int) []string {
 	var mu sync.Mutex
 	var confirmed []string
 	var wg sync.WaitGroup
 	var seq atomic.Int64
-	key := func() string { return tag + ":probe:" + strconv.FormatInt(seq.Add(1), 10) }
+	run := strconv.FormatUint(rand.Uint64(), 36)
+	key := func() string { return keyIn("probe:"+run+":"+strconv.FormatInt(seq.Add(1), 10)+":", slot) }
 	for i := range 6 {
 		wg.Go(func() {
 			for ctx.Err() == nil {
@@ -215,6 +239,30 @@ func probe(ctx context.Context, single, auto *idem.RedisStore, tag string) []str
 	}
 	wg.Wait()
 	return confirmed
+}
+
+// lookupAll calls check on every key, from 16 goroutines, and returns how
+// many calls returned an error and the first five errors.
+func lookupAll(keys []string, check func(key string) error) (failed int, first []error) {
+	var mu sync.Mutex
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Go(func() {
+			for i := int(next.Add(1)) - 1; i < len(keys); i = int(next.Add(1)) - 1 {
+				if err := check(keys[i]); err != nil {
+					mu.Lock()
+					failed++
+					if len(first) < 5 {
+						first = append(first, err)
+					}
+					mu.Unlock()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return failed, first
 }
 
 // clusterMaster is a master of a test cluster and its node ID.
@@ -285,29 +333,67 @@ func waitAgreed(addr string) error {
 	return fmt.Errorf("cluster not consistent after 15s:\n%s", out)
 }
 
+// longRun picks the long form of the cluster-in-motion tests.
+var longRun = flag.Bool("idem.long", false, "cluster in motion: the long form of the resharding tests (make soak)")
+
+// reshardPlan is what TestClusterResharding does to the cluster under load.
+type reshardPlan struct {
+	// cliMoves are `redis-cli --cluster reshard` runs, each of
+	// slotsPerMove slots from master cliMoves[i][0] to cliMoves[i][1].
+	cliMoves     [][2]int
+	slotsPerMove int
+	// held moves of one slot each (MoveSlot), round the masters, each held
+	// open until a call met ASK.
+	held int
+	// weight is the new master's in the rebalance onto it, against 1 for
+	// each of the others; 0 is an even share.
+	weight  string
+	hotKeys int // keys put in each moving slot first, so that it stays open a while
+}
+
+var (
+	reshardShort = reshardPlan{cliMoves: [][2]int{{0, 1}, {1, 2}}, slotsPerMove: 200, held: 3, weight: "0.25", hotKeys: 2000}
+	// Six runs, each way round the ring and back.
+	reshardLong = reshardPlan{cliMoves: [][2]int{{0, 1}, {1, 2}, {2, 0}, {0, 2}, {2, 1}, {1, 0}}, slotsPerMove: 400,
+		held: 12, hotKeys: 10000}
+)
+
 // TestClusterResharding moves slots live between the masters of a 3 + 3
-// cluster, in both directions, while the fault workload (one-by-one calls,
-// under the ledger's checks), a batch load and an AutoPipeline load run.
-// `redis-cli --cluster reshard` migrates the keys of each slot with
-// MIGRATE while the slot is open, so calls meet ASK during a move and MOVED
-// after it. Nothing may be lost (Redis keeps every write through a
-// migration, so the run is not lossy), every double effect must be
-// explained, and no redirect or cluster-state error may reach a caller.
+// cluster while the fault workload (one-by-one calls, under the ledger's
+// checks), a batch load and an AutoPipeline load run: `redis-cli --cluster
+// reshard` runs (whose MIGRATEs of each slot's keys, while the slot is
+// open, make calls meet ASK; after, MOVED), moves of one slot held open
+// with half its keys moved until a call met ASK, and a fourth master added
+// and rebalanced onto (`redis-cli --cluster rebalance
+// --cluster-use-empty-masters`). Nothing may be lost (Redis keeps every
+// write through a migration, so the run is not lossy), every double
+// effect must be explained, and no redirect or cluster-state error may
+// reach a caller. -idem.long runs the long plan (make soak).
 func TestClusterResharding(t *testing.T) {
 	t.Parallel()
+	plan := reshardShort
+	if *longRun {
+		plan = reshardLong
+	}
 	if _, err := exec.LookPath("redis-cli"); err != nil {
 		testenv.Lookup(t, testenv.RedisAddrVar)
 		t.Fatalf("redis-cli is not on PATH: %v", err)
 	}
 	start := time.Now()
 	cl := startTestCluster(t)
-	hook := &redirectHook{}
-	newNode := func(o *redis.Options) *redis.Client {
-		c := redis.NewClient(o)
-		c.AddHook(hook)
-		return c
+	// The new master joins before the load starts; only the rebalance onto
+	// it moves slots, under load.
+	ms := clusterMasters(t, cl)
+	if len(ms) != 3 {
+		t.Fatalf("masters %v; want 3", ms)
 	}
-	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), NewClient: newNode})
+	added := cl.AddMaster()
+	addedID, err := added.ID(context.Background())
+	if err != nil {
+		t.Fatalf("CLUSTER MYID on %s: %v", added.Addr, err)
+	}
+	hook := &redirectHook{}
+	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), NewClient: hook.client})
 	t.Cleanup(func() { _ = client.Close() })
 	dc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()})
 	t.Cleanup(func() { _ = dc.Close() })
@@ -318,33 +404,30 @@ func TestClusterResharding(t *testing.T) {
 	tally := &errTally{n: map[string]int{}, first: map[string]error{}}
 	open, batchStore, autoStore := clusterStores(t, client, tally.observer)
 
-	ms := clusterMasters(t, cl)
-	if len(ms) != 3 {
-		t.Fatalf("masters %v; want 3", ms)
-	}
 	admin := cl.Nodes[0].Client(t)
 	before, err := slotCounts(context.Background(), admin)
 	if err != nil {
 		t.Fatalf("CLUSTER NODES: %v", err)
 	}
-	// Six moves, each way round the ring and back: A→B, B→C, C→A, then
-	// A→C, C→B, B→A. Each leaves the cluster consistent before the next.
-	const slotsPerMove, hotKeys = 400, 10000
-	var probeN int
-	moves := [][2]int{{0, 1}, {1, 2}, {2, 0}, {0, 2}, {2, 1}, {1, 0}}
-	var moved, movesDone int
-	var reshardTook time.Duration
+	var probeN, moved, cliDone, heldDone, heldAsk int
+	var reshardTook, rebalanceTook time.Duration
+	rebalanced := false
 	var sideKeys []string
 	var sideN [2]int       // keys confirmed by batches, with AutoPipeline
 	var never atomic.Int64 // sideLoad's "after" mark: unused here
+	// The messages' spread is longer than the moves take; the rest arrive
+	// at once when they are done.
 	w := workload{messages: 600, workers: 8, lease: time.Second, opTimeout: time.Second,
-		crashRate: 0.01, failRate: 0.03, spread: 12 * time.Second, limit: 30 * time.Second}
+		crashRate: 0.01, failRate: 0.03, spread: 90 * time.Second, rush: true, limit: 150 * time.Second}
 	r := runWorkload(t, w, open, direct, func(ctx context.Context, led *ledger) {
+		// The side loads end with the moves, so that the workload's
+		// remaining messages arrive (w.rush) and the run ends.
 		var wg sync.WaitGroup
 		var mu sync.Mutex
+		sideCtx, stopSide := context.WithCancel(ctx)
 		for i, s := range []*idem.RedisStore{batchStore, autoStore} {
 			wg.Go(func() {
-				keys, _ := sideLoad(ctx, s, i == 0, &never)
+				keys, _ := sideLoad(sideCtx, s, i == 0, &never)
 				mu.Lock()
 				defer mu.Unlock()
 				sideKeys = append(sideKeys, keys...)
@@ -352,12 +435,38 @@ func TestClusterResharding(t *testing.T) {
 			})
 		}
 		defer wg.Wait()
+		defer stopSide()
 		if !sleepCtx(ctx, time.Second) {
 			return
 		}
+		// fillAndProbe puts plan.hotKeys plain keys in slot (MIGRATEd 10
+		// at a time, they keep it open a while) and starts a load of
+		// records of its own on it; the returned func stops that load.
+		fillAndProbe := func(slot int) (stop func(), err error) {
+			tag := tagFor(slot)
+			fill := dc.Pipeline()
+			for i := range plan.hotKeys {
+				fill.Set(context.Background(), tag+":fill:"+strconv.Itoa(i), "x", 10*time.Minute)
+			}
+			if _, err := fill.Exec(context.Background()); err != nil {
+				return nil, fmt.Errorf("filling slot %d: %w", slot, err)
+			}
+			pctx, cancel := context.WithCancel(ctx)
+			var probed []string
+			var pwg sync.WaitGroup
+			pwg.Go(func() { probed = probe(pctx, batchStore, autoStore, slot) })
+			return func() {
+				cancel()
+				pwg.Wait()
+				mu.Lock()
+				defer mu.Unlock()
+				sideKeys = append(sideKeys, probed...)
+				probeN += len(probed)
+			}, nil
+		}
 		// A move once begun runs to its end, load or not: one cut short
 		// would leave a slot open.
-		for _, mv := range moves {
+		for _, mv := range plan.cliMoves {
 			if ctx.Err() != nil {
 				return
 			}
@@ -371,36 +480,23 @@ func TestClusterResharding(t *testing.T) {
 				t.Errorf("CLUSTER NODES: %v", err)
 				return
 			}
-			// The first slot to go gets a load of its own, and keys enough
-			// (hotKeys, MIGRATEd 10 at a time) to stay open a while.
+			// The first slot to go (redis-cli takes the lowest first) gets
+			// the hot keys and a load of its own.
 			low, err := lowestSlot(context.Background(), admin, from.id)
 			if err != nil {
 				t.Errorf("CLUSTER NODES: %v", err)
 				return
 			}
-			tag := tagFor(low)
-			fill := dc.Pipeline()
-			for i := range hotKeys {
-				fill.Set(context.Background(), tag+":fill:"+strconv.Itoa(i), "x", 10*time.Minute)
-			}
-			if _, err := fill.Exec(context.Background()); err != nil {
-				t.Errorf("filling slot %d: %v", low, err)
+			stopProbe, err := fillAndProbe(low)
+			if err != nil {
+				t.Error(err)
 				return
 			}
-			pctx, stopProbe := context.WithCancel(ctx)
-			var probed []string
-			var pwg sync.WaitGroup
-			pwg.Go(func() { probed = probe(pctx, batchStore, autoStore, tag) })
 			t0 := time.Now()
 			out, err := exec.Command("redis-cli", "--cluster", "reshard", from.addr, "--cluster-from", from.id,
-				"--cluster-to", to.id, "--cluster-slots", strconv.Itoa(slotsPerMove), "--cluster-yes").CombinedOutput()
+				"--cluster-to", to.id, "--cluster-slots", strconv.Itoa(plan.slotsPerMove), "--cluster-yes").CombinedOutput()
 			reshardTook += time.Since(t0)
 			stopProbe()
-			pwg.Wait()
-			mu.Lock()
-			sideKeys = append(sideKeys, probed...)
-			probeN += len(probed)
-			mu.Unlock()
 			if err != nil {
 				t.Errorf("redis-cli --cluster reshard %s → %s: %v\n%s", from.addr, to.addr, err, out)
 				return
@@ -414,14 +510,100 @@ func TestClusterResharding(t *testing.T) {
 				t.Errorf("CLUSTER NODES: %v", err)
 				return
 			}
-			if pre[from.id]-post[from.id] != slotsPerMove || post[to.id]-pre[to.id] != slotsPerMove {
-				t.Errorf("move %s → %s of %d slots: slots before %v, after %v", from.addr, to.addr, slotsPerMove, pre, post)
+			if pre[from.id]-post[from.id] != plan.slotsPerMove || post[to.id]-pre[to.id] != plan.slotsPerMove {
+				t.Errorf("move %s → %s of %d slots: slots before %v, after %v", from.addr, to.addr, plan.slotsPerMove, pre, post)
 			}
-			moved += slotsPerMove
-			movesDone++
-			t.Logf("moved %d slots %s → %s in %v; slots now %v", slotsPerMove, from.addr, to.addr,
+			moved += plan.slotsPerMove
+			cliDone++
+			t.Logf("redis-cli moved %d slots %s → %s in %v; slots now %v", plan.slotsPerMove, from.addr, to.addr,
 				time.Since(t0).Round(time.Millisecond), post)
 		}
+		// Held moves: ASK by construction, not by timing. The slot is
+		// open with half its keys moved until a call met ASK.
+		servers := map[string]*testenv.RedisServer{}
+		for _, n := range cl.Nodes {
+			servers[n.Addr] = n
+		}
+		for j := range plan.held {
+			if ctx.Err() != nil {
+				return
+			}
+			from, to := ms[j%3], ms[(j+1)%3]
+			slot, err := lowestSlot(context.Background(), admin, from.id)
+			if err != nil {
+				t.Errorf("CLUSTER NODES: %v", err)
+				return
+			}
+			stopProbe, err := fillAndProbe(slot)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			asks := hook.ask.Load()
+			t0 := time.Now()
+			var opened, asked time.Time
+			err = cl.MoveSlot(context.Background(), slot, servers[from.addr], servers[to.addr], func() error {
+				opened = time.Now()
+				for deadline := time.Now().Add(10 * time.Second); hook.ask.Load() == asks; time.Sleep(time.Millisecond) {
+					if time.Now().After(deadline) {
+						return fmt.Errorf("slot %d open for 10s, half its keys moved, and no call met ASK", slot)
+					}
+				}
+				asked = time.Now()
+				heldAsk++
+				return nil
+			})
+			stopProbe()
+			if err != nil {
+				t.Errorf("moving slot %d %s → %s: %v", slot, from.addr, to.addr, err)
+				return
+			}
+			if err := waitAgreed(from.addr); err != nil {
+				t.Errorf("after moving slot %d %s → %s: %v", slot, from.addr, to.addr, err)
+				return
+			}
+			moved++
+			heldDone++
+			t.Logf("moved slot %d (%d keys and the probe's) %s → %s in %v: half its keys moved after %v, then held open %v until a call met ASK",
+				slot, plan.hotKeys, from.addr, to.addr, time.Since(t0).Round(time.Millisecond), opened.Sub(t0).Round(time.Millisecond),
+				asked.Sub(opened).Round(time.Millisecond))
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		pre, err := slotCounts(context.Background(), admin)
+		if err != nil {
+			t.Errorf("CLUSTER NODES: %v", err)
+			return
+		}
+		args := []string{"--cluster", "rebalance", ms[0].addr, "--cluster-use-empty-masters"}
+		if plan.weight != "" {
+			args = append(args, "--cluster-weight", addedID+"="+plan.weight)
+		}
+		t0 := time.Now()
+		out, err := exec.Command("redis-cli", args...).CombinedOutput()
+		rebalanceTook = time.Since(t0)
+		if err != nil {
+			t.Errorf("redis-cli %s: %v\n%s", strings.Join(args, " "), err, out)
+			return
+		}
+		if err := waitAgreed(ms[0].addr); err != nil {
+			t.Errorf("after the rebalance: %v", err)
+			return
+		}
+		post, err := slotCounts(context.Background(), admin)
+		if err != nil {
+			t.Errorf("CLUSTER NODES: %v", err)
+			return
+		}
+		if post[addedID] == 0 {
+			t.Errorf("after the rebalance the new master owns no slot: slots before %v, after %v\n%s", pre, post, out)
+			return
+		}
+		moved += post[addedID]
+		rebalanced = true
+		t.Logf("rebalanced %d slots onto the new master %s in %v; slots now %v", post[addedID], added.Addr,
+			rebalanceTook.Round(time.Millisecond), post)
 	})
 	if err := waitAgreed(ms[0].addr); err != nil {
 		t.Errorf("after the run: %v", err)
@@ -431,30 +613,32 @@ func TestClusterResharding(t *testing.T) {
 		t.Fatalf("CLUSTER NODES: %v", err)
 	}
 	dc.ReloadState(context.Background())
-	sideLost := 0
-	for _, k := range sideKeys {
+	sideLost, lostErrs := lookupAll(sideKeys, func(k string) error {
 		rec, err := direct.Lookup(context.Background(), k)
 		if err != nil || !rec.Confirmed {
-			sideLost++
-			if sideLost <= 5 {
-				t.Errorf("side-load key %q was confirmed; Lookup = %+v, %v; want it confirmed", k, rec, err)
-			}
+			return fmt.Errorf("side-load key %q was confirmed; Lookup = %+v, %v; want it confirmed", k, rec, err)
 		}
+		return nil
+	})
+	for _, err := range lostErrs {
+		t.Error(err)
 	}
 	tally.mu.Lock()
 	errs, first := tally.n, tally.first
 	tally.mu.Unlock()
 
-	t.Logf("resharding: %d moves of %d slots (%d slots moved, %v in redis-cli); slots before %v, after %v",
-		movesDone, slotsPerMove, moved, reshardTook.Round(time.Millisecond), before, after)
+	t.Logf("resharding: %d redis-cli runs of %d slots (%v), %d held moves of one slot (%d met ASK while held), rebalance onto a new master (%v): %d slots moved; slots before %v, after %v",
+		cliDone, plan.slotsPerMove, reshardTook.Round(time.Millisecond), heldDone, heldAsk, rebalanceTook.Round(time.Millisecond),
+		moved, before, after)
 	t.Logf("redirects go-redis met and followed: MOVED %d, ASK %d", hook.moved.Load(), hook.ask.Load())
 	t.Logf("ledger: %v", r)
-	t.Logf("side loads: %d keys confirmed (%d by batches, %d with AutoPipeline, %d on the first slot of each move), lost %d",
+	t.Logf("side loads: %d keys confirmed (%d by batches, %d with AutoPipeline, %d on the moving slots' probes), lost %d",
 		len(sideKeys), sideN[0], sideN[1], probeN, sideLost)
 	t.Logf("errors seen by callers, by kind: %v (first of each: %v); run %v", errs, first, time.Since(start).Round(time.Millisecond))
 
-	if movesDone != len(moves) {
-		t.Errorf("%d of %d moves done under load; want all (the workload ended first?)", movesDone, len(moves))
+	if cliDone != len(plan.cliMoves) || heldDone != plan.held || !rebalanced {
+		t.Errorf("done under load: %d of %d redis-cli runs, %d of %d held moves, rebalance %v; want all",
+			cliDone, len(plan.cliMoves), heldDone, plan.held, rebalanced)
 	}
 	for _, k := range redirectKinds {
 		if errs[k] > 0 {
@@ -464,13 +648,81 @@ func TestClusterResharding(t *testing.T) {
 	if r.lost > 0 {
 		t.Errorf("%d confirmations lost; want none", r.lost)
 	}
-	// go-redis reloads its whole slot map on a MOVED, so a move of 400
-	// slots costs a caller few redirects; an ASK needs a call on a slot
-	// while its keys are in flight, which the probe of each move's first
-	// slot makes when it catches it (0-2 a run): some redirect must have
-	// met the calls, and the slot counts above show the moves.
-	if hook.moved.Load()+hook.ask.Load() == 0 {
-		t.Errorf("MOVED %d, ASK %d met inside go-redis; want some: the moves must have met the calls",
-			hook.moved.Load(), hook.ask.Load())
+	// go-redis reloads its whole slot map on a MOVED, so a run of many
+	// slots costs a caller few redirects; each held move saw an ASK.
+	if hook.moved.Load() == 0 || hook.ask.Load() < int64(heldAsk) || heldAsk != plan.held {
+		t.Errorf("MOVED %d, ASK %d met inside go-redis (%d held moves met ASK); want MOVED and an ASK per held move",
+			hook.moved.Load(), hook.ask.Load(), heldAsk)
+	}
+}
+
+// TestLinearizableClusterResharding records porcupine histories (those of
+// TestLinearizableRedisStoreCluster: 5 clients, 3 keys, batches, cut
+// calls) on keys of one slot while that slot hops from master to master
+// of a 3 + 3 cluster, moved by MoveSlot over and over: held open a moment
+// with half its keys moved (calls meet ASK: a key not yet moved is served
+// by the old master, any other on the new one), then owned by the next
+// master (calls meet MOVED). Every history must be linearizable, and the
+// moves must have met the calls.
+func TestLinearizableClusterResharding(t *testing.T) {
+	t.Parallel()
+	cl := startTestCluster(t)
+	hook := &redirectHook{}
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), ContextTimeoutEnabled: true, NewClient: hook.client})
+	t.Cleanup(func() { _ = c.Close() })
+	var masters []*testenv.RedisServer
+	for _, m := range clusterMasters(t, cl) {
+		for _, n := range cl.Nodes {
+			if n.Addr == m.addr {
+				masters = append(masters, n)
+			}
+		}
+	}
+	id, err := masters[0].ID(context.Background())
+	if err != nil {
+		t.Fatalf("CLUSTER MYID: %v", err)
+	}
+	slot, err := lowestSlot(context.Background(), masters[0].Client(t), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	var moves int
+	var moveErr error
+	hopped := make(chan struct{})
+	go func() {
+		defer close(hopped)
+		rng := rand.New(rand.NewPCG(rand.Uint64(), 0))
+		pause := func() bool { return sleepCtx(ctx, time.Duration(rng.IntN(20))*time.Millisecond) }
+		for at := 0; ctx.Err() == nil; at++ {
+			from, to := masters[at%3], masters[(at+1)%3]
+			err := cl.MoveSlot(ctx, slot, from, to, func() error {
+				pause()
+				return nil
+			})
+			if err != nil {
+				if ctx.Err() == nil {
+					moveErr = fmt.Errorf("move %d of slot %d, %s → %s: %w", at+1, slot, from.Addr, to.Addr, err)
+				}
+				return
+			}
+			moves++
+			pause()
+		}
+	}()
+	tally := checkLinearizableOn(t, linFast, linRedis(t, c), func(run int64, i, k int) string {
+		return keyIn(fmt.Sprintf("lin:%d:%d:%d:", run, i, k), slot)
+	})
+	stop()
+	<-hopped
+	t.Logf("slot %d moved %d times during %d histories; go-redis met and followed MOVED %d, ASK %d",
+		slot, moves, tally.Histories, hook.moved.Load(), hook.ask.Load())
+	if moveErr != nil {
+		t.Error(moveErr)
+	}
+	if moves < tally.Histories/4 || hook.moved.Load() == 0 || hook.ask.Load() == 0 {
+		t.Errorf("%d moves of slot %d, MOVED %d, ASK %d met in %d histories; want a move per 4 histories at least, and both redirects",
+			moves, slot, hook.moved.Load(), hook.ask.Load(), tally.Histories)
 	}
 }

@@ -57,6 +57,11 @@ type workload struct {
 	// asynchronously): a confirmation lost is counted (report.lost) and
 	// explains a double effect, instead of failing the run.
 	lossy bool
+	// rush says the messages not yet arrived when chaos returns arrive at
+	// once: with a spread longer than the chaos may take, the faults meet
+	// the workload's traffic however long they last, and the run does not
+	// wait out the rest of the spread.
+	rush bool
 }
 
 // fate is how a lease ended, as its worker saw it.
@@ -344,11 +349,25 @@ func runWorkload(t *testing.T, w workload, open func(i int, o idem.Options) idem
 	remaining.Store(int64(2 * len(keys)))
 	ctx, cancel := context.WithTimeout(context.Background(), w.limit)
 	defer cancel()
+	chaosReturned := make(chan struct{})
+	arrival := ctx
+	if w.rush {
+		var stop context.CancelFunc
+		arrival, stop = context.WithCancel(ctx)
+		defer stop()
+		go func() {
+			select {
+			case <-chaosReturned:
+				stop()
+			case <-ctx.Done():
+			}
+		}()
+	}
 	// The messages arrive over the spread, each delivered twice at once,
 	// so that the faults meet traffic for as long as they last.
 	go func() {
 		for i, k := range keys {
-			if !sleepCtx(ctx, time.Until(start.Add(time.Duration(i)*w.spread/time.Duration(len(keys))))) {
+			if !sleepCtx(arrival, time.Until(start.Add(time.Duration(i)*w.spread/time.Duration(len(keys))))) && ctx.Err() != nil {
 				return
 			}
 			queue <- k
@@ -372,6 +391,7 @@ func runWorkload(t *testing.T, w workload, open func(i int, o idem.Options) idem
 	chaosDone.Add(1)
 	go func() {
 		defer chaosDone.Done()
+		defer close(chaosReturned)
 		chaos(chaosCtx, led)
 	}()
 

@@ -61,7 +61,17 @@ const (
 
 // checkLinearizable runs the histories on the stores open returns, one per
 // worker name, and logs what it checked.
-func checkLinearizable(t *testing.T, size linSize, open func(worker string) idem.Store) {
+func checkLinearizable(t *testing.T, size linSize, open func(worker string) idem.Store) lincheck.Tally {
+	// Braces, a colon and a NUL: keys are bytes, and the Redis hash tag
+	// must not be fooled.
+	return checkLinearizableOn(t, size, open, func(run int64, i, k int) string {
+		return fmt.Sprintf("lin:%d:%d:{k%d}\x00", run, i, k)
+	})
+}
+
+// checkLinearizableOn is checkLinearizable on the keys key names: key k
+// of history i of the run, each fresh.
+func checkLinearizableOn(t *testing.T, size linSize, open func(worker string) idem.Store, key func(run int64, i, k int) string) lincheck.Tally {
 	if *linOps > 0 {
 		size.ops = *linOps
 	}
@@ -86,14 +96,13 @@ func checkLinearizable(t *testing.T, size linSize, open func(worker string) idem
 	tally := lincheck.Verify(t, *linHistories, seed, func(i int) lincheck.Workload {
 		w := lincheck.Workload{Clients: clients, Ops: size.ops, Cut: size.cut, Batch: linBatch}
 		for k := range linKeys {
-			// Braces, a colon and a NUL: keys are bytes, and the Redis
-			// hash tag must not be fooled.
-			w.Keys = append(w.Keys, fmt.Sprintf("lin:%d:%d:{k%d}\x00", run, i, k))
+			w.Keys = append(w.Keys, key(run, i, k))
 		}
 		return w
 	})
 	t.Logf("%s: %v in %v (%d clients × %d calls on %d keys; seed %d: -idem.seed=%d -idem.histories=%d repeats the calls)",
 		t.Name(), tally, time.Since(start).Round(time.Millisecond), size.clients, size.ops, linKeys, seed, seed, tally.Histories)
+	return tally
 }
 
 func linOptions(worker string) idem.Options {
