@@ -347,15 +347,21 @@ type reshardPlan struct {
 	held int
 	// weight is the new master's in the rebalance onto it, against 1 for
 	// each of the others; 0 is an even share.
-	weight  string
-	hotKeys int // keys put in each moving slot first, so that it stays open a while
+	weight string
+	// hotKeys are put in the first slot of each redis-cli run, so that it
+	// stays open a while; heldKeys in each held move's slot.
+	hotKeys, heldKeys int
+	// spread is the workload's: longer than all the moves take (the rest
+	// of the messages then arrive at once).
+	spread time.Duration
 }
 
 var (
-	reshardShort = reshardPlan{cliMoves: [][2]int{{0, 1}, {1, 2}}, slotsPerMove: 200, held: 3, weight: "0.25", hotKeys: 2000}
+	reshardShort = reshardPlan{cliMoves: [][2]int{{0, 1}, {1, 2}}, slotsPerMove: 200, held: 3, weight: "0.25",
+		hotKeys: 2000, heldKeys: 1000, spread: 90 * time.Second}
 	// Six runs, each way round the ring and back.
 	reshardLong = reshardPlan{cliMoves: [][2]int{{0, 1}, {1, 2}, {2, 0}, {0, 2}, {2, 1}, {1, 0}}, slotsPerMove: 400,
-		held: 12, hotKeys: 10000}
+		held: 12, hotKeys: 10000, heldKeys: 1000, spread: 5 * time.Minute}
 )
 
 // TestClusterResharding moves slots live between the masters of a 3 + 3
@@ -418,7 +424,7 @@ func TestClusterResharding(t *testing.T) {
 	// The messages' spread is longer than the moves take; the rest arrive
 	// at once when they are done.
 	w := workload{messages: 600, workers: 8, lease: time.Second, opTimeout: time.Second,
-		crashRate: 0.01, failRate: 0.03, spread: 90 * time.Second, rush: true, limit: 150 * time.Second}
+		crashRate: 0.01, failRate: 0.03, spread: plan.spread, rush: true, limit: plan.spread + time.Minute}
 	r := runWorkload(t, w, open, direct, func(ctx context.Context, led *ledger) {
 		// The side loads end with the moves, so that the workload's
 		// remaining messages arrive (w.rush) and the run ends.
@@ -439,13 +445,13 @@ func TestClusterResharding(t *testing.T) {
 		if !sleepCtx(ctx, time.Second) {
 			return
 		}
-		// fillAndProbe puts plan.hotKeys plain keys in slot (MIGRATEd 10
-		// at a time, they keep it open a while) and starts a load of
-		// records of its own on it; the returned func stops that load.
-		fillAndProbe := func(slot int) (stop func(), err error) {
+		// fillAndProbe puts keys plain keys in slot (MIGRATEd a few at a
+		// time, they keep it open a while) and starts a load of records of
+		// its own on it; the returned func stops that load.
+		fillAndProbe := func(slot, keys int) (stop func(), err error) {
 			tag := tagFor(slot)
 			fill := dc.Pipeline()
-			for i := range plan.hotKeys {
+			for i := range keys {
 				fill.Set(context.Background(), tag+":fill:"+strconv.Itoa(i), "x", 10*time.Minute)
 			}
 			if _, err := fill.Exec(context.Background()); err != nil {
@@ -487,7 +493,7 @@ func TestClusterResharding(t *testing.T) {
 				t.Errorf("CLUSTER NODES: %v", err)
 				return
 			}
-			stopProbe, err := fillAndProbe(low)
+			stopProbe, err := fillAndProbe(low, plan.hotKeys)
 			if err != nil {
 				t.Error(err)
 				return
@@ -534,7 +540,7 @@ func TestClusterResharding(t *testing.T) {
 				t.Errorf("CLUSTER NODES: %v", err)
 				return
 			}
-			stopProbe, err := fillAndProbe(slot)
+			stopProbe, err := fillAndProbe(slot, plan.heldKeys)
 			if err != nil {
 				t.Error(err)
 				return
@@ -565,7 +571,7 @@ func TestClusterResharding(t *testing.T) {
 			moved++
 			heldDone++
 			t.Logf("moved slot %d (%d keys and the probe's) %s → %s in %v: half its keys moved after %v, then held open %v until a call met ASK",
-				slot, plan.hotKeys, from.addr, to.addr, time.Since(t0).Round(time.Millisecond), opened.Sub(t0).Round(time.Millisecond),
+				slot, plan.heldKeys, from.addr, to.addr, time.Since(t0).Round(time.Millisecond), opened.Sub(t0).Round(time.Millisecond),
 				asked.Sub(opened).Round(time.Millisecond))
 		}
 		if ctx.Err() != nil {

@@ -10,13 +10,20 @@
 //     -idem.cut F, -idem.seed S);
 //   - sqltx_crash_test.go: sqlstore.Store.Run whose connection or process dies
 //     mid-transaction;
+//   - cluster_test.go, cluster_reshard_test.go: Redis Cluster in motion, on
+//     3 + 3 clusters of the tests' own under the ledger workload: a master
+//     failover; live resharding (redis-cli runs, slot moves held open until
+//     a call met ASK, a new master rebalanced onto); porcupine histories on
+//     a slot that hops between masters (-idem.long: the long form, which
+//     make soak runs);
 //   - failover_soak_test.go (build tag failover): the Sentinel failover
 //     durability experiment, run by .ci/failover.sh.
 //
 // The package has no non-test code. `make test` runs it with the rest; by
 // hand, with the services' variables exported (make services-up):
 //
-//	CI=true go test -race -run 'TestFaults|TestLinearizable|TestRun' -v ./internal/reliability/
+//	CI=true go test -race -run 'TestFaults|TestLinearizable|TestRun|TestCluster' -v ./internal/reliability/
+//	go test -run 'Resharding' ./internal/reliability/ -args -idem.long -idem.histories=1000
 //	go test -run TestLinearizable -idem.histories 3000 ./internal/reliability/
 //	bash .ci/failover.sh --kills 20
 //

@@ -52,7 +52,7 @@ func (s *RedisServer) ID(ctx context.Context) (string, error) {
 
 // MoveSlot moves slot from master from to master to by the protocol
 // `redis-cli --cluster reshard` follows: to imports it, from migrates it,
-// its keys go over with MIGRATE in groups of 10, and every master is told
+// its keys go over with MIGRATE in groups of 100, and every master is told
 // the new owner. While the slot is open, a call on a key still on from is
 // served there, and any other key's call is answered ASK (go-redis follows
 // it to to). whileOpen, if not nil, runs once half of the slot's keys have
@@ -95,7 +95,7 @@ func (c *ClusterServers) MoveSlot(ctx context.Context, slot int, from, to *Redis
 				return err
 			}
 		}
-		keys, err := src.ClusterGetKeysInSlot(ctx, slot, 10).Result()
+		keys, err := src.ClusterGetKeysInSlot(ctx, slot, 100).Result()
 		if err != nil {
 			return fmt.Errorf("slot %d: CLUSTER GETKEYSINSLOT on %s: %w", slot, from.Addr, err)
 		}
