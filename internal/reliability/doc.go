@@ -11,7 +11,10 @@
 //   - sqltx_crash_test.go: sqlstore.Store.Run whose connection or process dies
 //     mid-transaction;
 //   - failover_soak_test.go (build tag failover): the Sentinel failover
-//     durability experiment, run by .ci/failover.sh.
+//     durability experiment, run by .ci/failover.sh;
+//   - cluster_failover_soak_test.go (build tag failover): the same on a
+//     Redis Cluster, killing each shard's master in turn, run by
+//     .ci/failover.sh --cluster.
 //
 // The package has no non-test code. `make test` runs it with the rest; by
 // hand, with the services' variables exported (make services-up):
@@ -19,6 +22,7 @@
 //	CI=true go test -race -run 'TestFaults|TestLinearizable|TestRun' -v ./internal/reliability/
 //	go test -run TestLinearizable -idem.histories 3000 ./internal/reliability/
 //	bash .ci/failover.sh --kills 20
+//	bash .ci/failover.sh --cluster --kills 10
 //
 // See docs/RELIABILITY.md for what the runs showed.
 package reliability
