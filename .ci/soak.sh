@@ -24,12 +24,20 @@ step_crash() {
 step_failover() {
 	bash "$root/.ci/failover.sh" --kills 20 && bash "$root/.ci/failover.sh" --kills 20 --wait-replicas 1
 }
+
+# The same on a 3+3 Redis Cluster of its own (.ci/failover.sh --cluster): 10 kills, each
+# shard's master in turn, without and then with WaitReplicas=1, also timing each kill's
+# promotion and the last failed call after it.
+step_cluster_failover() {
+	bash "$root/.ci/failover.sh" --cluster --kills 10 && bash "$root/.ci/failover.sh" --cluster --kills 10 --wait-replicas 1
+}
+
 # Live resharding under load (internal/reliability/cluster_reshard_test.go): six
 # moves of 400 slots on a 3+3 cluster of the test's own, three times.
 step_reshard() {
 	go test -tags reshard -race -count=3 -timeout 20m -v -run '^TestClusterResharding$' ./internal/reliability/
 }
-steps=(crash failover reshard)
+steps=(crash failover reshard cluster_failover)
 if [[ -n ${SOAK_STEPS:-} ]]; then
 	read -r -a steps <<<"$SOAK_STEPS"
 fi
