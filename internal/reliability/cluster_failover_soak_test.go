@@ -243,6 +243,8 @@ func TestClusterFailoverDurability(t *testing.T) {
 	}
 
 	load := startClaimLoad(store, workers, "cfo:")
+	// On a t.Fatalf, the workers stop before the cluster does.
+	t.Cleanup(func() { load.finish() })
 	start := time.Now()
 	var (
 		killTimes            []time.Time
