@@ -48,6 +48,7 @@ services-down:
 	bash .ci/services.sh stop $(SERVICES_DIR)
 
 # The long experiments (.ci/soak.sh: the 100k-message crash soak of internal/soak, then the
-# failover experiment of .ci/failover.sh, live resharding) against throwaway servers of their own. SOAK_STEPS="..." picks steps.
+# Sentinel failover experiment of .ci/failover.sh, live resharding, the Redis Cluster
+# failover experiment) against throwaway servers of their own. SOAK_STEPS="..." picks steps.
 soak:
 	bash .ci/soak.sh

@@ -24,6 +24,14 @@ step_crash() {
 step_failover() {
 	bash "$root/.ci/failover.sh" --kills 20 && bash "$root/.ci/failover.sh" --kills 20 --wait-replicas 1
 }
+
+# The same on a 3+3 Redis Cluster of its own (.ci/failover.sh --cluster): 10 kills, each
+# shard's master in turn, without and then with WaitReplicas=1, also timing each kill's
+# promotion and the last failed call after it.
+step_cluster_failover() {
+	bash "$root/.ci/failover.sh" --cluster --kills 10 && bash "$root/.ci/failover.sh" --cluster --kills 10 --wait-replicas 1
+}
+
 # Live resharding under load, the long form of what `make test` runs
 # (internal/reliability/cluster_reshard_test.go), three times, each on 3+3 clusters of
 # the tests' own: six redis-cli runs of 400 slots, 12 moves held open until a call met
@@ -33,7 +41,7 @@ step_reshard() {
 	go test -race -count=3 -timeout 30m -v -run '^(TestClusterResharding|TestLinearizableClusterResharding)$' \
 		./internal/reliability/ -args -idem.long -idem.histories=1000
 }
-steps=(crash failover reshard)
+steps=(crash failover reshard cluster_failover)
 if [[ -n ${SOAK_STEPS:-} ]]; then
 	read -r -a steps <<<"$SOAK_STEPS"
 fi

@@ -17,7 +17,10 @@
 //     a slot that hops between masters (-idem.long: the long form, which
 //     make soak runs);
 //   - failover_soak_test.go (build tag failover): the Sentinel failover
-//     durability experiment, run by .ci/failover.sh.
+//     durability experiment, run by .ci/failover.sh;
+//   - cluster_failover_soak_test.go (build tag failover): the same on a
+//     Redis Cluster, killing each shard's master in turn, run by
+//     .ci/failover.sh --cluster.
 //
 // The package has no non-test code. `make test` runs it with the rest; by
 // hand, with the services' variables exported (make services-up):
@@ -26,6 +29,7 @@
 //	go test -run 'Resharding' ./internal/reliability/ -args -idem.long -idem.histories=1000
 //	go test -run TestLinearizable -idem.histories 3000 ./internal/reliability/
 //	bash .ci/failover.sh --kills 20
+//	bash .ci/failover.sh --cluster --kills 10
 //
 // See docs/RELIABILITY.md for what the runs showed.
 package reliability

@@ -297,7 +297,161 @@ func (s *sentinelSet) stable() (master, replica string) {
 
 type confirmedKey struct {
 	key string
-	at  time.Time
+	at  time.Time // when its Confirm returned nil
+}
+
+// claimLoad is the experiments' workload: goroutines that claim and
+// confirm distinct keys through one store until finish, each retrying a
+// claim that failed until its key is claimed or found.
+type claimLoad struct {
+	claims, claimErrs, confirmErrs, notRepl, inProgress atomic.Int64
+
+	mu        sync.Mutex
+	confirmed []confirmedKey // the keys whose Confirm returned nil
+
+	stop context.CancelFunc
+	wg   sync.WaitGroup
+}
+
+// startClaimLoad starts workers goroutines; worker w's keys are
+// prefix+"w:n".
+func startClaimLoad(store *idem.RedisStore, workers int, prefix string) *claimLoad {
+	l := &claimLoad{}
+	ctx, stop := context.WithCancel(context.Background())
+	l.stop = stop
+	for w := range workers {
+		l.wg.Go(func() {
+			var mine []confirmedKey
+			defer func() {
+				l.mu.Lock()
+				l.confirmed = append(l.confirmed, mine...)
+				l.mu.Unlock()
+			}()
+			for n := 0; ctx.Err() == nil; n++ {
+				key := prefix + strconv.Itoa(w) + ":" + strconv.Itoa(n)
+				if l.once(ctx, store, key) {
+					mine = append(mine, confirmedKey{key, time.Now()})
+				}
+			}
+		})
+	}
+	return l
+}
+
+// once claims key until it is claimed or found, then confirms it, and
+// reports whether Confirm returned nil.
+func (l *claimLoad) once(ctx context.Context, store *idem.RedisStore, key string) bool {
+	for ctx.Err() == nil {
+		l.claims.Add(1)
+		cctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		c, err := store.Claim(cctx, key, nil)
+		cancel()
+		if err != nil {
+			l.claimErrs.Add(1)
+			time.Sleep(20 * time.Millisecond)
+			continue
+		}
+		if c.Outcome != idem.Claimed {
+			// A claim whose reply was lost in the failover: its key is
+			// held or done; move on, it proves nothing.
+			l.inProgress.Add(1)
+			return false
+		}
+		cctx, cancel = context.WithTimeout(context.Background(), 3*time.Second)
+		err = store.Confirm(cctx, c.Lease, nil)
+		cancel()
+		if err != nil {
+			l.confirmErrs.Add(1)
+			if errors.Is(err, idem.ErrNotReplicated) {
+				l.notRepl.Add(1)
+			}
+			return false
+		}
+		return true
+	}
+	return false
+}
+
+// finish stops the workers and returns the keys whose Confirm returned nil.
+func (l *claimLoad) finish() []confirmedKey {
+	l.stop()
+	l.wg.Wait()
+	return l.confirmed
+}
+
+// lookupLost looks up every confirmed key and returns those gone or not
+// confirmed, and how many lookups failed even when retried: such keys are
+// counted neither as kept nor as lost.
+func lookupLost(store *idem.RedisStore, confirmed []confirmedKey) (lost []confirmedKey, lookupErrs int64) {
+	var errs atomic.Int64
+	var mu sync.Mutex
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= len(confirmed) {
+					return
+				}
+				k := confirmed[i]
+				var rec *idem.Record
+				var err error
+				for try := range 5 {
+					cctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+					rec, err = store.Lookup(cctx, k.key)
+					cancel()
+					if err == nil || errors.Is(err, idem.ErrNotFound) {
+						break
+					}
+					time.Sleep(time.Duration(try+1) * 100 * time.Millisecond)
+				}
+				switch {
+				case errors.Is(err, idem.ErrNotFound), err == nil && !rec.Confirmed:
+					mu.Lock()
+					lost = append(lost, k)
+					mu.Unlock()
+				case err != nil:
+					errs.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	return lost, errs.Load()
+}
+
+// nearKills logs the first lost keys with how near a kill each one's
+// Confirm returned, and sums them up for the summary line. The time is
+// taken when the call has returned, so a reply the master sent just before
+// it died can be stamped a little after the kill.
+func nearKills(t *testing.T, lost []confirmedKey, killTimes []time.Time) string {
+	t.Helper()
+	var near []time.Duration
+	slices.SortFunc(lost, func(a, b confirmedKey) int { return a.at.Compare(b.at) })
+	for j, k := range lost {
+		i, _ := slices.BinarySearchFunc(killTimes, k.at, func(a, b time.Time) int { return a.Compare(b) })
+		var where []string
+		d := time.Duration(1<<63 - 1)
+		if i > 0 {
+			after := k.at.Sub(killTimes[i-1])
+			d = min(d, after)
+			where = append(where, fmt.Sprintf("%v after kill %d", after.Round(time.Microsecond), i))
+		}
+		if i < len(killTimes) {
+			before := killTimes[i].Sub(k.at)
+			d = min(d, before)
+			where = append(where, fmt.Sprintf("%v before kill %d", before.Round(time.Microsecond), i+1))
+		}
+		near = append(near, d)
+		if j < 20 {
+			t.Logf("lost: %q, Confirm returned at %v: %s", k.key, k.at.Format("15:04:05.000000"), strings.Join(where, ", "))
+		}
+	}
+	if len(near) == 0 {
+		return "n/a"
+	}
+	return fmt.Sprintf("each within %v of a kill", slices.Max(near).Round(time.Microsecond))
 }
 
 func TestFailoverDurability(t *testing.T) {
@@ -332,58 +486,7 @@ func TestFailoverDurability(t *testing.T) {
 		t.Fatalf("NewRedisStore: %v", err)
 	}
 
-	var (
-		claims, claimErrs, confirmErrs, notRepl, inProgress atomic.Int64
-		mu                                                  sync.Mutex
-		confirmed                                           []confirmedKey
-	)
-	ctx, stop := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			var mine []confirmedKey
-			defer func() {
-				mu.Lock()
-				confirmed = append(confirmed, mine...)
-				mu.Unlock()
-			}()
-			for n := 0; ctx.Err() == nil; n++ {
-				key := "fo:" + strconv.Itoa(w) + ":" + strconv.Itoa(n)
-				for ctx.Err() == nil { // until this key is claimed or found
-					claims.Add(1)
-					cctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-					c, err := store.Claim(cctx, key, nil)
-					cancel()
-					if err != nil {
-						claimErrs.Add(1)
-						time.Sleep(20 * time.Millisecond)
-						continue
-					}
-					if c.Outcome != idem.Claimed {
-						// A claim whose reply was lost in the failover: its
-						// key is held or done; move on, it proves nothing.
-						inProgress.Add(1)
-						break
-					}
-					cctx, cancel = context.WithTimeout(context.Background(), 3*time.Second)
-					err = store.Confirm(cctx, c.Lease, nil)
-					cancel()
-					if err != nil {
-						confirmErrs.Add(1)
-						if errors.Is(err, idem.ErrNotReplicated) {
-							notRepl.Add(1)
-						}
-						break
-					}
-					mine = append(mine, confirmedKey{key, time.Now()})
-					break
-				}
-			}
-		}()
-	}
-
+	load := startClaimLoad(store, workers, "fo:")
 	start := time.Now()
 	var killTimes []time.Time
 	var failoverTook []time.Duration
@@ -407,89 +510,22 @@ func TestFailoverDurability(t *testing.T) {
 		time.Sleep(time.Second)
 	}
 	set.stable()
-	stop()
-	wg.Wait()
+	confirmed := load.finish()
 	elapsed := time.Since(start)
 
 	// Look up every key whose Confirm returned nil, on the master of now.
-	var lost []confirmedKey
-	var lookupErrs atomic.Int64
-	var lmu sync.Mutex
-	next := atomic.Int64{}
-	var lwg sync.WaitGroup
-	for range 16 {
-		lwg.Add(1)
-		go func() {
-			defer lwg.Done()
-			for {
-				i := int(next.Add(1)) - 1
-				if i >= len(confirmed) {
-					return
-				}
-				k := confirmed[i]
-				var rec *idem.Record
-				var err error
-				for range 5 {
-					cctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-					rec, err = store.Lookup(cctx, k.key)
-					cancel()
-					if err == nil || errors.Is(err, idem.ErrNotFound) {
-						break
-					}
-					time.Sleep(100 * time.Millisecond)
-				}
-				switch {
-				case errors.Is(err, idem.ErrNotFound), err == nil && !rec.Confirmed:
-					lmu.Lock()
-					lost = append(lost, k)
-					lmu.Unlock()
-				case err != nil:
-					lookupErrs.Add(1)
-				}
-			}
-		}()
+	lost, lookupErrs := lookupLost(store, confirmed)
+	if lookupErrs > 0 {
+		t.Errorf("%d lookups failed: those keys are neither counted as kept nor as lost", lookupErrs)
 	}
-	lwg.Wait()
-	if lookupErrs.Load() > 0 {
-		t.Errorf("%d lookups failed: those keys are neither counted as kept nor as lost", lookupErrs.Load())
-	}
-
-	// How near a kill each lost key's Confirm returned. The time is taken
-	// when the call has returned, so a reply the master sent just before
-	// it died can be stamped a little after the kill.
-	var near []time.Duration
-	slices.SortFunc(lost, func(a, b confirmedKey) int { return a.at.Compare(b.at) })
-	for j, k := range lost {
-		i, _ := slices.BinarySearchFunc(killTimes, k.at, func(a, b time.Time) int { return a.Compare(b) })
-		var where []string
-		d := time.Duration(1<<63 - 1)
-		if i > 0 {
-			after := k.at.Sub(killTimes[i-1])
-			d = min(d, after)
-			where = append(where, fmt.Sprintf("%v after kill %d", after.Round(time.Microsecond), i))
-		}
-		if i < len(killTimes) {
-			before := killTimes[i].Sub(k.at)
-			d = min(d, before)
-			where = append(where, fmt.Sprintf("%v before kill %d", before.Round(time.Microsecond), i+1))
-		}
-		near = append(near, d)
-		if j < 20 {
-			t.Logf("lost: %q, Confirm returned at %v: %s", k.key, k.at.Format("15:04:05.000000"), strings.Join(where, ", "))
-		}
-	}
-	slices.Sort(near)
+	window := nearKills(t, lost, killTimes)
 	slices.Sort(failoverTook)
-	window := "n/a"
-	if len(near) > 0 {
-		window = fmt.Sprintf("each within %v of a kill", near[len(near)-1].Round(time.Microsecond))
-	}
 	t.Logf("failover: kills %d, failovers %d (down-after %d ms; a kill's failover took %v to %v, median %v), workers %d, wait-replicas %d; claims sent %d "+
 		"(errors %d, not claimed %d), confirms returned nil %d, confirm errors %d (not replicated %d); "+
 		"confirmed then lost %d (%s); %v",
 		kills, switches.Load(), downAfter, failoverTook[0].Round(time.Millisecond), failoverTook[len(failoverTook)-1].Round(time.Millisecond),
-		failoverTook[len(failoverTook)/2].Round(time.Millisecond), workers, wait, claims.Load(), claimErrs.Load(),
-		inProgress.Load(), len(confirmed), confirmErrs.Load(), notRepl.Load(), len(lost), window, elapsed.Round(time.Second))
+		failoverTook[len(failoverTook)/2].Round(time.Millisecond), workers, wait, load.claims.Load(), load.claimErrs.Load(),
+		load.inProgress.Load(), len(confirmed), load.confirmErrs.Load(), load.notRepl.Load(), len(lost), window, elapsed.Round(time.Second))
 	if len(confirmed) == 0 {
 		t.Fatalf("no Confirm returned nil: the workload never ran")
 	}
