@@ -107,7 +107,8 @@ func (c *ClusterServers) MoveSlot(ctx context.Context, slot int, from, to *Redis
 			args = append(args, k)
 		}
 		if err := src.Do(ctx, args...).Err(); err != nil {
-			return fmt.Errorf("slot %d: MIGRATE of %d keys %s → %s: %w", slot, len(keys), from.Addr, to.Addr, err)
+			return fmt.Errorf("slot %d: MIGRATE of %d keys %s → %s: %w%s", slot, len(keys), from.Addr, to.Addr, err,
+				onBoth(ctx, src, dst, keys))
 		}
 		moved += int64(len(keys))
 	}
@@ -139,4 +140,26 @@ func (c *ClusterServers) MoveSlot(ctx context.Context, slot int, from, to *Redis
 		}
 	}
 	return nil
+}
+
+// onBoth describes the keys that src and dst both hold, with their values
+// and remaining lives on each, for the error of a MIGRATE that found one
+// on dst (BUSYKEY): what made the second copy tells how it came to be.
+func onBoth(ctx context.Context, src, dst *redis.Client, keys []string) string {
+	var b strings.Builder
+	for _, k := range keys {
+		pipe := dst.Pipeline()
+		pipe.Do(ctx, "asking")
+		get := pipe.Get(ctx, k)
+		pipe.Do(ctx, "asking")
+		ttl := pipe.PTTL(ctx, k)
+		_, _ = pipe.Exec(ctx)
+		if get.Err() != nil {
+			continue
+		}
+		fmt.Fprintf(&b, "\n\tkey %q: on %s %q (pttl %v), on %s %q (pttl %v)", k,
+			src.Options().Addr, src.Get(ctx, k).Val(), src.PTTL(ctx, k).Val(),
+			dst.Options().Addr, get.Val(), ttl.Val())
+	}
+	return b.String()
 }
