@@ -36,7 +36,7 @@ step_cluster_failover() {
 # (internal/reliability/cluster_reshard_test.go), three times, each on 3+3 clusters of
 # the tests' own: six redis-cli runs of 400 slots, 12 moves held open until a call met
 # ASK and an even rebalance onto a new master under the ledger workload; 1,000 porcupine
-# histories on a slot that hops from master to master.
+# histories, each on a slot of its own moved while it runs.
 step_reshard() {
 	go test -race -count=3 -timeout 30m -v -run '^(TestClusterResharding|TestLinearizableClusterResharding)$' \
 		./internal/reliability/ -args -idem.long -idem.histories=1000

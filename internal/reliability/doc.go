@@ -14,7 +14,7 @@
 //     3 + 3 clusters of the tests' own under the ledger workload: a master
 //     failover; live resharding (redis-cli runs, slot moves held open until
 //     a call met ASK, a new master rebalanced onto); porcupine histories on
-//     a slot that hops between masters (-idem.long: the long form, which
+//     slots moved while they run (-idem.long: the long form, which
 //     make soak runs);
 //   - failover_soak_test.go (build tag failover): the Sentinel failover
 //     durability experiment, run by .ci/failover.sh;
