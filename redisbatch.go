@@ -387,6 +387,7 @@ func (s *RedisStore) pipelineByMaster(ctx context.Context, cc *redis.ClusterClie
 				sub[j] = calls[i]
 			}
 			got, _ := s.pipelineOn(ctx, cc, sub, false)
+			s.resendRedirected(ctx, cc, sub, got)
 			for j, i := range pending {
 				cmds[i] = got[j]
 				if calls[i].confirms() {

@@ -53,8 +53,11 @@ func (e *errTally) observer(path string, next idem.Observer) idem.Observer {
 				continue
 			}
 			kind, text := "other", err.Error()
-			if errors.Is(err, context.Canceled) {
+			switch {
+			case errors.Is(err, context.Canceled):
 				kind = "canceled" // the loads stopped by the test
+			case errors.Is(err, idem.ErrNotReplicated):
+				kind = "not_replicated" // WaitReplicas's verdict, not a failure of the call
 			}
 			for _, k := range redirectKinds {
 				if strings.Contains(text, k+" ") {
@@ -411,12 +414,12 @@ var (
 
 // TestClusterResharding moves slots live between the masters of a 3 + 3
 // cluster while the fault workload (one-by-one calls, under the ledger's
-// checks), a batch load and an AutoPipeline load run: `redis-cli --cluster
-// reshard` runs (whose MIGRATEs of each slot's keys, while the slot is
-// open, make calls meet ASK; after, MOVED), moves of one slot held open
-// with half its keys moved until a call met ASK, and a fourth master added
-// and rebalanced onto (`redis-cli --cluster rebalance
-// --cluster-use-empty-masters`). Nothing may be lost (Redis keeps every
+// checks), a batch load, an AutoPipeline load and a batch load waiting
+// for a replica (WaitReplicas) run: `redis-cli --cluster reshard` runs
+// (whose MIGRATEs of each slot's keys, while the slot is open, make calls
+// meet ASK; after, MOVED), moves of one slot held open with half its keys
+// moved until a call met ASK, and a fourth master added and rebalanced
+// onto (`redis-cli --cluster rebalance --cluster-use-empty-masters`). Nothing may be lost (Redis keeps every
 // write through a migration, so the run is not lossy), every double
 // effect must be explained, and no redirect or cluster-state error may
 // reach a caller. -idem.long runs the long plan (make soak).
@@ -454,6 +457,13 @@ func TestClusterResharding(t *testing.T) {
 	}
 	tally := &errTally{n: map[string]int{}, first: map[string]error{}}
 	open, batchStore, autoStore := clusterStores(t, client, tally.observer)
+	// Batches whose confirms wait for a replica: they go to each master
+	// by hand, outside go-redis's redirects, and must follow the moves too.
+	waitStore, err := idem.NewRedisStore(client, idem.RedisOptions{LeaseTTL: time.Second, Retention: 10 * time.Minute,
+		WaitReplicas: 1, WaitTimeout: 200 * time.Millisecond, Observer: tally.observer("wait", nil), Worker: "wait"})
+	if err != nil {
+		t.Fatalf("NewRedisStore: %v", err)
+	}
 
 	admin := cl.Nodes[0].Client(t)
 	before, err := slotCounts(context.Background(), admin)
@@ -464,7 +474,7 @@ func TestClusterResharding(t *testing.T) {
 	var reshardTook, rebalanceTook time.Duration
 	rebalanced := false
 	var sideKeys []string
-	var sideN [2]int       // keys confirmed by batches, with AutoPipeline
+	var sideN [3]int       // keys confirmed by batches, with AutoPipeline, by batches waiting for a replica
 	var never atomic.Int64 // sideLoad's "after" mark: unused here
 	// The messages' spread is longer than the moves take; the rest arrive
 	// at once when they are done.
@@ -476,9 +486,9 @@ func TestClusterResharding(t *testing.T) {
 		var wg sync.WaitGroup
 		var mu sync.Mutex
 		sideCtx, stopSide := context.WithCancel(ctx)
-		for i, s := range []*idem.RedisStore{batchStore, autoStore} {
+		for i, s := range []*idem.RedisStore{batchStore, autoStore, waitStore} {
 			wg.Go(func() {
-				keys, _ := sideLoad(sideCtx, s, i == 0, &never)
+				keys, _ := sideLoad(sideCtx, s, i != 1, &never)
 				mu.Lock()
 				defer mu.Unlock()
 				sideKeys = append(sideKeys, keys...)
@@ -683,8 +693,8 @@ func TestClusterResharding(t *testing.T) {
 		moved, before, after)
 	t.Logf("redirects go-redis met and followed: MOVED %d, ASK %d", hook.moved.Load(), hook.ask.Load())
 	t.Logf("ledger: %v", r)
-	t.Logf("side loads: %d keys confirmed (%d by batches, %d with AutoPipeline, %d on the moving slots' probes), lost %d",
-		len(sideKeys), sideN[0], sideN[1], probeN, sideLost)
+	t.Logf("side loads: %d keys confirmed (%d by batches, %d with AutoPipeline, %d by batches with WaitReplicas, %d on the moving slots' probes), lost %d",
+		len(sideKeys), sideN[0], sideN[1], sideN[2], probeN, sideLost)
 	t.Logf("errors seen by callers, by kind: %v (first of each: %v); run %v", errs, first, time.Since(start).Round(time.Millisecond))
 
 	if cliDone != len(plan.cliMoves) || heldDone != plan.held || !rebalanced {
