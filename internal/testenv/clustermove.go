@@ -15,17 +15,19 @@ import (
 // AddMaster starts a node with the cluster's arguments, joins it as a
 // master that owns no slot (`redis-cli --cluster add-node`), and waits
 // until every node knows it. It fails t (t.Fatalf: call it from the test's
-// goroutine) when the node does not join.
+// goroutine) when the node does not join. Not concurrently with MoveSlot.
 func (c *ClusterServers) AddMaster() *RedisServer {
 	c.t.Helper()
 	s := startRedisServer(c.t, clusterPort(c.t), c.args...)
-	out, err := exec.Command("redis-cli", "--cluster", "add-node", s.Addr, c.Nodes[0].Addr).CombinedOutput()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, "redis-cli", "--cluster", "add-node", s.Addr, c.Nodes[0].Addr).CombinedOutput()
 	if err != nil {
 		c.t.Fatalf("redis-cli --cluster add-node %s %s: %v\n%s", s.Addr, c.Nodes[0].Addr, err, out)
 	}
 	c.Nodes = append(c.Nodes, s)
 	want := "cluster_known_nodes:" + strconv.Itoa(len(c.Nodes)) + "\r"
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel = context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for _, n := range c.Nodes {
 		cl := n.Client(c.t)
@@ -52,17 +54,21 @@ func (s *RedisServer) ID(ctx context.Context) (string, error) {
 
 // MoveSlot moves slot from master from to master to by the protocol
 // `redis-cli --cluster reshard` follows: to imports it, from migrates it,
-// its keys go over with MIGRATE in groups of 100, and every master is told
-// the new owner. While the slot is open, a call on a key still on from is
-// served there, and any other key's call is answered ASK (go-redis follows
-// it to to). whileOpen, if not nil, runs once half of the slot's keys have
-// moved (or at once, for an empty slot) and the slot is still open; its
-// error stops the move, the slot left open, and is returned. Unlike
-// redis-cli, MoveSlot never replaces a key with MIGRATE REPLACE: a key
-// found on both nodes is an error (no store call may create one).
+// its keys go over with MIGRATE (in groups of half the slot's keys, at
+// most 100), and every master is told the new owner. While the slot is
+// open, a call on a key still on from is served there, and any other
+// key's call is answered ASK (go-redis follows it to to). whileOpen, if
+// not nil, runs once with the slot still open, when half of its keys have
+// moved (at once, for an empty slot), and is told how many have and how
+// many are still on from: both are at least 1 when the slot held 2 keys or
+// more (left counts the keys from held when the slot opened). Its error
+// stops the move, the slot left open, and is returned.
+// Unlike redis-cli, MoveSlot never replaces a key with MIGRATE REPLACE: a
+// key found on both nodes is an error naming it and both its values.
 //
-// Safe from any goroutine; it reports nothing to t.
-func (c *ClusterServers) MoveSlot(ctx context.Context, slot int, from, to *RedisServer, whileOpen func() error) error {
+// Safe from any goroutine; it reports nothing to t. Not to be called while
+// AddMaster runs, which adds to c.Nodes.
+func (c *ClusterServers) MoveSlot(ctx context.Context, slot int, from, to *RedisServer, whileOpen func(moved, left int64) error) error {
 	src := redis.NewClient(&redis.Options{Addr: from.Addr, MaxRetries: -1})
 	defer func() { _ = src.Close() }()
 	dst := redis.NewClient(&redis.Options{Addr: to.Addr, MaxRetries: -1})
@@ -85,17 +91,18 @@ func (c *ClusterServers) MoveSlot(ctx context.Context, slot int, from, to *Redis
 	if err != nil {
 		return fmt.Errorf("slot %d: CLUSTER COUNTKEYSINSLOT on %s: %w", slot, from.Addr, err)
 	}
+	group := min(max(total/2, 1), 100)
 	host, port, _ := net.SplitHostPort(to.Addr)
 	var moved int64
 	opened := whileOpen == nil
 	for {
 		if !opened && moved >= total/2 {
 			opened = true
-			if err := whileOpen(); err != nil {
+			if err := whileOpen(moved, total-moved); err != nil {
 				return err
 			}
 		}
-		keys, err := src.ClusterGetKeysInSlot(ctx, slot, 100).Result()
+		keys, err := src.ClusterGetKeysInSlot(ctx, slot, int(group)).Result()
 		if err != nil {
 			return fmt.Errorf("slot %d: CLUSTER GETKEYSINSLOT on %s: %w", slot, from.Addr, err)
 		}
@@ -113,7 +120,7 @@ func (c *ClusterServers) MoveSlot(ctx context.Context, slot int, from, to *Redis
 		moved += int64(len(keys))
 	}
 	if !opened {
-		if err := whileOpen(); err != nil {
+		if err := whileOpen(moved, 0); err != nil {
 			return err
 		}
 	}
