@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -204,18 +205,20 @@ func tagFor(slot int) string { return "{" + keyIn("t", slot) + "}" }
 // lowestSlot returns the lowest slot master id owns, as c says: the first
 // that `redis-cli --cluster reshard` takes from it.
 func lowestSlot(ctx context.Context, c *redis.Client, id string) (int, error) {
-	low, _, err := slotRange(ctx, c, id)
-	return low, err
+	slots, err := ownedSlots(ctx, c, id)
+	if err != nil {
+		return 0, err
+	}
+	return slots[0], nil
 }
 
-// slotRange returns the lowest and the highest slot master id owns, as c
-// says.
-func slotRange(ctx context.Context, c *redis.Client, id string) (low, high int, err error) {
+// ownedSlots returns the slots master id owns, as c says, in order.
+func ownedSlots(ctx context.Context, c *redis.Client, id string) ([]int, error) {
 	nodes, err := c.ClusterNodes(ctx).Result()
 	if err != nil {
-		return 0, 0, err
+		return nil, err
 	}
-	low, high = -1, -1
+	var slots []int
 	for line := range strings.SplitSeq(nodes, "\n") {
 		f := strings.Fields(line)
 		if len(f) < 9 || f[0] != id {
@@ -233,16 +236,16 @@ func slotRange(ctx context.Context, c *redis.Client, id string) (low, high int, 
 					continue
 				}
 			}
-			if low < 0 || a < low {
-				low = a
+			for n := a; n <= b; n++ {
+				slots = append(slots, n)
 			}
-			high = max(high, b)
 		}
 	}
-	if low < 0 {
-		return 0, 0, fmt.Errorf("master %s owns no slot", id)
+	if len(slots) == 0 {
+		return nil, fmt.Errorf("master %s owns no slot", id)
 	}
-	return low, high, nil
+	slices.Sort(slots)
+	return slots, nil
 }
 
 // probe claims and confirms fresh keys of slot until ctx ends: one by one
@@ -599,9 +602,10 @@ func TestClusterResharding(t *testing.T) {
 		}
 		// Held moves: ASK by construction, not by timing. The slot is
 		// open with half its keys moved until a call met ASK. Each takes
-		// its master's highest slot, which no move took before (redis-cli
-		// takes the lowest): a slot back on a master moments after
-		// leaving it can split a key (TestClusterLateAskSplitsAKey).
+		// the highest slot of its master that no move took before
+		// (redis-cli takes the lowest): a slot back on a master moments
+		// after leaving it can split a key (TestClusterLateAskSplitsAKey).
+		taken := map[int]bool{}
 		servers := map[string]*testenv.RedisServer{}
 		for _, n := range cl.Nodes {
 			servers[n.Addr] = n
@@ -611,11 +615,16 @@ func TestClusterResharding(t *testing.T) {
 				return
 			}
 			from, to := ms[j%3], ms[(j+1)%3]
-			_, slot, err := slotRange(context.Background(), admin, from.id)
+			owned, err := ownedSlots(context.Background(), admin, from.id)
 			if err != nil {
 				t.Errorf("CLUSTER NODES: %v", err)
 				return
 			}
+			slot := owned[len(owned)-1]
+			for k := len(owned) - 1; k >= 0 && taken[slot]; k-- {
+				slot = owned[k]
+			}
+			taken[slot] = true
 			stopProbe, err := fillAndProbe(slot, plan.heldKeys)
 			if err != nil {
 				t.Error(err)
