@@ -30,6 +30,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/internal/nilcheck"
+	"github.com/idemgo/idem/internal/retry"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 )
 
@@ -255,9 +256,6 @@ func (a *adapter) nackLater(d *amqp091.Delivery, key string, err error) {
 	n := a.retries[key]
 	a.retries[key] = n + 1
 	a.mu.Unlock()
-	delay := a.o.MinDelay << min(n, 30)
-	if delay <= 0 || delay > a.o.MaxDelay {
-		delay = a.o.MaxDelay
-	}
+	delay := retry.Doubling(a.o.MinDelay, a.o.MaxDelay, n)
 	time.AfterFunc(delay, func() { a.settle(d, Nack, delay, err, d.Nack(false, true)) })
 }

@@ -56,6 +56,8 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/internal/nilcheck"
+	"github.com/idemgo/idem/internal/retry"
+	"github.com/idemgo/idem/internal/rounds"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -314,27 +316,17 @@ func (hd *Handler) HandleBatch(ctx context.Context, ms []jetstream.Msg) {
 		}
 	}()
 	settled = make([]bool, len(ms))
-	for len(left) > 0 {
-		seen := make(map[string]bool, len(left))
-		var now, later []int
-		for _, i := range left {
-			if seen[keys[i]] {
-				later = append(later, i)
-			} else {
-				seen[keys[i]] = true
-				now = append(now, i)
-			}
-		}
-		batch := make([]jetstream.Msg, len(now))
-		for j, i := range now {
-			batch[j] = ms[i]
+	for _, round := range rounds.Split(len(left), func(j int) string { return keys[left[j]] }) {
+		batch := make([]jetstream.Msg, len(round))
+		for b, j := range round {
+			batch[b] = ms[left[j]]
 		}
 		errs := hd.batch(ctx, batch)
-		for j, i := range now {
+		for b, j := range round {
+			i := left[j]
 			settled[i] = true
-			hd.outcome(ctx, ms[i], keys[i], errs[j])
+			hd.outcome(ctx, ms[i], keys[i], errs[b])
 		}
-		left = later
 	}
 	settled = nil
 }
@@ -372,11 +364,7 @@ func (hd *Handler) delay(m jetstream.Msg) time.Duration {
 	if md, err := m.Metadata(); err == nil && md.NumDelivered > 0 {
 		n = md.NumDelivered
 	}
-	d := hd.o.MinDelay << min(n-1, 30)
-	if d <= 0 || d > hd.o.MaxDelay {
-		d = hd.o.MaxDelay
-	}
-	return d
+	return retry.Doubling(hd.o.MinDelay, hd.o.MaxDelay, int(min(n-1, 30)))
 }
 
 func (hd *Handler) term(ctx context.Context, m jetstream.Msg, k string, err error) {

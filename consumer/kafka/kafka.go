@@ -78,6 +78,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/internal/nilcheck"
+	"github.com/idemgo/idem/internal/rounds"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -603,29 +604,14 @@ func (c *Consumer) where(r *kgo.Record) slog.Attr {
 // retry delay; a later round finds it done, or the first failed, at once.
 func (c *Consumer) rounds(ctx context.Context, rs []*kgo.Record, left []int) []error {
 	errs := make([]error, len(left))
-	todo := make([]int, len(left)) // indexes into left
-	for j := range todo {
-		todo[j] = j
-	}
-	for len(todo) > 0 {
-		seen := make(map[string]bool, len(todo))
-		var now, later []int
-		for _, j := range todo {
-			if k := c.key(rs[left[j]]); seen[k] {
-				later = append(later, j)
-			} else {
-				seen[k] = true
-				now = append(now, j)
-			}
-		}
-		batch := make([]*kgo.Record, len(now))
-		for b, j := range now {
+	for _, round := range rounds.Split(len(left), func(j int) string { return c.key(rs[left[j]]) }) {
+		batch := make([]*kgo.Record, len(round))
+		for b, j := range round {
 			batch[b] = rs[left[j]]
 		}
 		for b, err := range c.handle(ctx, batch) {
-			errs[now[b]] = err
+			errs[round[b]] = err
 		}
-		todo = later
 	}
 	return errs
 }

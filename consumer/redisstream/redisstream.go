@@ -50,6 +50,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/internal/nilcheck"
+	"github.com/idemgo/idem/internal/rounds"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -412,33 +413,19 @@ func (r *Reader) settle(ctx context.Context, ms []redis.XMessage, reclaimed bool
 // first holds it), which would leave a producer's duplicate pending until
 // MinIdle; a later round finds it done, or the first failed, at once.
 func (r *Reader) rounds(ctx context.Context, ms []redis.XMessage) []error {
-	errs := make([]error, len(ms))
-	left := make([]int, len(ms))
-	for i := range left {
-		left[i] = i
+	split := rounds.Split(len(ms), func(i int) string { return r.key(ms[i]) })
+	if len(split) == 1 {
+		return r.handle(ctx, ms)
 	}
-	for len(left) > 0 {
-		seen := make(map[string]bool, len(left))
-		var now, later []int
-		for _, i := range left {
-			if k := r.key(ms[i]); seen[k] {
-				later = append(later, i)
-			} else {
-				seen[k] = true
-				now = append(now, i)
-			}
-		}
-		batch := ms
-		if len(now) < len(ms) {
-			batch = make([]redis.XMessage, len(now))
-			for j, i := range now {
-				batch[j] = ms[i]
-			}
+	errs := make([]error, len(ms))
+	for _, round := range split {
+		batch := make([]redis.XMessage, len(round))
+		for j, i := range round {
+			batch[j] = ms[i]
 		}
 		for j, err := range r.handle(ctx, batch) {
-			errs[now[j]] = err
+			errs[round[j]] = err
 		}
-		left = later
 	}
 	return errs
 }

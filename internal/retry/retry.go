@@ -49,3 +49,14 @@ func Do(ctx context.Context, f func(context.Context) error) error {
 		wait = min(2*wait, 250*time.Millisecond)
 	}
 }
+
+// Doubling is the n-th redelivery delay of a broker adapter (n = 0, 1,
+// ...): first doubled n times, capped at most (and at most when doubling
+// overflows).
+func Doubling(first, most time.Duration, n int) time.Duration {
+	d := first << min(n, 30)
+	if d <= 0 || d > most {
+		return most
+	}
+	return d
+}

@@ -46,3 +46,15 @@ func TestDoEndsWithTheContext(t *testing.T) {
 		t.Fatalf("Do past its deadline = %v; want the last error joined with DeadlineExceeded", err)
 	}
 }
+
+func TestDoubling(t *testing.T) {
+	const first, most = 50 * time.Millisecond, time.Second
+	for _, tc := range []struct {
+		n    int
+		want time.Duration
+	}{{0, first}, {1, 2 * first}, {4, 800 * time.Millisecond}, {5, most}, {1 << 20, most}} {
+		if got := Doubling(first, most, tc.n); got != tc.want {
+			t.Errorf("Doubling(%v, %v, %d) = %v; want %v", first, most, tc.n, got, tc.want)
+		}
+	}
+}
