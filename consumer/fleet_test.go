@@ -12,6 +12,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
+	"github.com/idemgo/idem/internal/crashstore"
 	"github.com/idemgo/idem/internal/testenv"
 )
 
@@ -44,46 +45,6 @@ func TestFleetRedis(t *testing.T) {
 		return s
 	}
 	runFleet(t, mk, mk("inspector"))
-}
-
-var errCrashed = errors.New("test: worker crashed")
-
-// crashable is a worker's view of the store; after crash() every call fails,
-// as if the process had died: its lease is neither renewed nor forgotten
-// nor confirmed.
-type crashable struct {
-	idem.Store
-	dead atomic.Bool
-}
-
-func (c *crashable) crash() { c.dead.Store(true) }
-
-func (c *crashable) Claim(ctx context.Context, k string, fp []byte) (idem.Claim, error) {
-	if c.dead.Load() {
-		return idem.Claim{}, errCrashed
-	}
-	return c.Store.Claim(ctx, k, fp)
-}
-
-func (c *crashable) Renew(ctx context.Context, l *idem.Lease) error {
-	if c.dead.Load() {
-		return errCrashed
-	}
-	return c.Store.Renew(ctx, l)
-}
-
-func (c *crashable) Confirm(ctx context.Context, l *idem.Lease, r []byte) error {
-	if c.dead.Load() {
-		return errCrashed
-	}
-	return c.Store.Confirm(ctx, l, r)
-}
-
-func (c *crashable) Forget(ctx context.Context, l *idem.Lease) error {
-	if c.dead.Load() {
-		return errCrashed
-	}
-	return c.Store.Forget(ctx, l)
 }
 
 // queue is an at-least-once broker in a channel: a delivery stays
@@ -139,7 +100,7 @@ func runFleet(t *testing.T, newStore func(worker string) idem.Store, inspect ide
 	// worker runs one worker process until it crashes or the queue drains;
 	// it reports whether it crashed.
 	worker := func(name string) bool {
-		store := &crashable{Store: countConfirms{newStore(name), &confirms}}
+		store := &crashstore.Store{Store: countConfirms{newStore(name), &confirms}, Unconfirmed: new(sync.Map)}
 		handle := consumer.Idempotent(store, func(id string) string { return id },
 			func(ctx context.Context, id string) error {
 				mu.Lock()
@@ -149,13 +110,13 @@ func runFleet(t *testing.T, newStore func(worker string) idem.Store, inspect ide
 				r := roll()
 				if crashes < 2 && r < 0.05 {
 					crashBefore[id]++
-					store.crash()
-					return errCrashed
+					store.Dead.Store(true)
+					return crashstore.ErrCrashed
 				}
 				effects[id]++
 				if crashes < 2 && r < 0.10 {
 					crashAfter[id]++
-					store.crash()
+					store.Dead.Store(true)
 				}
 				return nil
 			}, consumer.Options[string]{ConfirmBudget: 20 * time.Millisecond})
@@ -168,7 +129,7 @@ func runFleet(t *testing.T, newStore func(worker string) idem.Store, inspect ide
 			case id = <-q.ch:
 			}
 			err := handle(ctx, id)
-			if store.dead.Load() {
+			if store.Dead.Load() {
 				q.redeliver(id, 0) // the connection dropped: the broker redelivers
 				return true
 			}

@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
 	idemjs "github.com/idemgo/idem/consumer/jetstream"
+	"github.com/idemgo/idem/internal/crashstore"
 	"github.com/idemgo/idem/internal/testenv"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -68,7 +68,7 @@ func testFleet(t *testing.T, fetch int) {
 	effects := map[string]int{}
 	faults := map[string]int{} // stops and crashes per message, at most 2
 	var stops, crashBefore, crashAfter int
-	var unconfirmed sync.Map // unconfirmedKey -> struct{}: a success whose Confirm met a dead store
+	var unconfirmed sync.Map // crashstore.Lease -> struct{}: a success whose Confirm met a dead store
 	var ackedUndone atomic.Int64
 
 	ctx, cancelAll := context.WithTimeout(context.Background(), 60*time.Second)
@@ -97,7 +97,7 @@ func testFleet(t *testing.T, fetch int) {
 			return
 		}
 		inspect := newStore(t, rc, pfx, name+".inspect", ttl)
-		store := &crashable{Store: newStore(t, rc, pfx, name, ttl), unconfirmed: &unconfirmed}
+		store := &crashstore.Store{Store: newStore(t, rc, pfx, name, ttl), Unconfirmed: &unconfirmed}
 		h := func(hctx context.Context, m jetstream.Msg) error {
 			if err := hctx.Err(); err != nil {
 				return err // a handler that sees its context end does no more
@@ -116,15 +116,15 @@ func testFleet(t *testing.T, fetch int) {
 			case few && r < 0.06:
 				faults[k]++
 				crashBefore++
-				store.dead.Store(true)
+				store.Dead.Store(true)
 				stop()
-				return errCrashed
+				return crashstore.ErrCrashed
 			}
 			effects[k]++
 			if few && r < 0.09 {
 				faults[k]++
 				crashAfter++
-				store.dead.Store(true) // the effect is applied; the confirm will not be
+				store.Dead.Store(true) // the effect is applied; the confirm will not be
 				stop()
 			}
 			return nil
@@ -148,7 +148,7 @@ func testFleet(t *testing.T, fetch int) {
 			t.Error(err)
 			return
 		}
-		wrap := func(m jetstream.Msg) jetstream.Msg { return &crashMsg{Msg: m, dead: &store.dead} }
+		wrap := func(m jetstream.Msg) jetstream.Msg { return &crashMsg{Msg: m, dead: &store.Dead} }
 		if fetch > 0 {
 			for pctx.Err() == nil {
 				batch, err := pcons.Fetch(fetch, jetstream.FetchMaxWait(50*time.Millisecond))
@@ -203,7 +203,7 @@ func testFleet(t *testing.T, fetch int) {
 	defer mu.Unlock()
 	prevented := map[string]int{}
 	unconfirmed.Range(func(k, _ any) bool {
-		prevented[k.(unconfirmedKey).key]++
+		prevented[k.(crashstore.Lease).Key]++
 		return true
 	})
 	inspect := newStore(t, rc, pfx, "inspector", ttl)
@@ -236,52 +236,6 @@ func testFleet(t *testing.T, fetch int) {
 		messages, len(keys), processes, stops, crashBefore, crashAfter, after, doubles, restarts.Load()-processes)
 }
 
-var errCrashed = errors.New("test: process crashed")
-
-type unconfirmedKey struct {
-	key   string
-	token int64
-}
-
-// crashable is a process's view of the store: once dead, every call fails,
-// as if the process had died: its lease is neither renewed nor forgotten
-// nor confirmed. A Confirm it fails is counted in unconfirmed, once per
-// lease: that success's effect was applied and is not recorded.
-type crashable struct {
-	idem.Store
-	dead        atomic.Bool
-	unconfirmed *sync.Map
-}
-
-func (c *crashable) Claim(ctx context.Context, k string, fp []byte) (idem.Claim, error) {
-	if c.dead.Load() {
-		return idem.Claim{}, errCrashed
-	}
-	return c.Store.Claim(ctx, k, fp)
-}
-
-func (c *crashable) Renew(ctx context.Context, l *idem.Lease) error {
-	if c.dead.Load() {
-		return errCrashed
-	}
-	return c.Store.Renew(ctx, l)
-}
-
-func (c *crashable) Confirm(ctx context.Context, l *idem.Lease, r []byte) error {
-	if c.dead.Load() {
-		c.unconfirmed.Store(unconfirmedKey{l.Key, l.Token}, struct{}{})
-		return errCrashed
-	}
-	return c.Store.Confirm(ctx, l, r)
-}
-
-func (c *crashable) Forget(ctx context.Context, l *idem.Lease) error {
-	if c.dead.Load() {
-		return errCrashed
-	}
-	return c.Store.Forget(ctx, l)
-}
-
 // crashMsg is a message as the process sees it: dead with its store, so
 // that a crashed process settles nothing and sends no InProgress.
 type crashMsg struct {
@@ -302,7 +256,7 @@ func (m *crashMsg) TermWithReason(r string) error {
 
 func (m *crashMsg) or(f func() error) error {
 	if m.dead.Load() {
-		return errCrashed
+		return crashstore.ErrCrashed
 	}
 	return f()
 }

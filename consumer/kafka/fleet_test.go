@@ -2,7 +2,6 @@ package kafka_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -10,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer/kafka"
+	"github.com/idemgo/idem/internal/crashstore"
 	"github.com/idemgo/idem/internal/testenv"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
@@ -59,7 +58,7 @@ func TestFleetKafka(t *testing.T) {
 	kc.ControlKey(int16(kmsg.OffsetCommit), func(req kmsg.Request) (kmsg.Response, error, bool) {
 		if _, dead := deadMembers.Load(req.(*kmsg.OffsetCommitRequest).MemberID); dead {
 			kc.KeepControl()
-			return nil, errCrashed, true
+			return nil, crashstore.ErrCrashed, true
 		}
 		return nil, nil, false
 	})
@@ -68,19 +67,19 @@ func TestFleetKafka(t *testing.T) {
 	effects := map[string]int{}
 	faults := map[string]int{} // closes and crashes per message, at most 2
 	var closes, crashBefore, crashAfterRolls int
-	var unconfirmed sync.Map // unconfirmedKey -> struct{}
+	var unconfirmed sync.Map // crashstore.Lease -> struct{}
 	ctx, cancelAll := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancelAll()
 
 	run := func(name string) {
-		store := &crashable{Store: newStore(t, rc, pfx, name, ttl), unconfirmed: &unconfirmed}
+		store := &crashstore.BatchStore{Store: crashstore.Store{Store: newStore(t, rc, pfx, name, ttl), Unconfirmed: &unconfirmed}}
 		var c *kafka.Consumer
 		var closing sync.Once
 		closeAsync := func() { closing.Do(func() { go c.Close() }) }
 		crash := func() {
 			member, _ := c.Client().GroupMetadata()
 			deadMembers.Store(member, true)
-			store.dead.Store(true)
+			store.Dead.Store(true)
 		}
 		h := func(hctx context.Context, r *kgo.Record) error {
 			if err := hctx.Err(); err != nil {
@@ -104,7 +103,7 @@ func TestFleetKafka(t *testing.T) {
 				mu.Unlock()
 				crash()
 				closeAsync()
-				return errCrashed
+				return crashstore.ErrCrashed
 			}
 			effects[id]++
 			if few && roll < 0.09 {
@@ -160,7 +159,7 @@ func TestFleetKafka(t *testing.T) {
 	defer mu.Unlock()
 	prevented := map[string]int{}
 	unconfirmed.Range(func(k, _ any) bool {
-		prevented[k.(unconfirmedKey).key]++
+		prevented[k.(crashstore.Lease).Key]++
 		return true
 	})
 	inspect := newStore(t, rc, pfx, "inspector", ttl)
@@ -211,67 +210,4 @@ func produceAll(t testing.TB, kc interface{ ListenAddrs() []string }, rs []*kgo.
 		ends[r.Record.Partition] = max(ends[r.Record.Partition], r.Record.Offset+1)
 	}
 	return ends
-}
-
-var errCrashed = errors.New("test: consumer crashed")
-
-type unconfirmedKey struct {
-	key   string
-	token int64
-}
-
-// crashable is a consumer process's view of the store: once dead, every
-// call fails, as if the process had died: its lease is neither renewed nor
-// forgotten nor confirmed. A Confirm it fails is counted in unconfirmed,
-// once per lease: that success's effect was applied and is not recorded.
-type crashable struct {
-	idem.Store
-	dead        atomic.Bool
-	unconfirmed *sync.Map
-}
-
-func (c *crashable) Claim(ctx context.Context, k string, fp []byte) (idem.Claim, error) {
-	if c.dead.Load() {
-		return idem.Claim{}, errCrashed
-	}
-	return c.Store.Claim(ctx, k, fp)
-}
-
-func (c *crashable) ClaimBatch(ctx context.Context, keys []string, fps [][]byte) ([]idem.Claim, error) {
-	if c.dead.Load() {
-		return nil, errCrashed
-	}
-	return c.Store.(idem.Batcher).ClaimBatch(ctx, keys, fps)
-}
-
-func (c *crashable) Renew(ctx context.Context, l *idem.Lease) error {
-	if c.dead.Load() {
-		return errCrashed
-	}
-	return c.Store.Renew(ctx, l)
-}
-
-func (c *crashable) Confirm(ctx context.Context, l *idem.Lease, r []byte) error {
-	if c.dead.Load() {
-		c.unconfirmed.Store(unconfirmedKey{l.Key, l.Token}, struct{}{})
-		return errCrashed
-	}
-	return c.Store.Confirm(ctx, l, r)
-}
-
-func (c *crashable) ConfirmBatch(ctx context.Context, ls []*idem.Lease, rs [][]byte) error {
-	if c.dead.Load() {
-		for _, l := range ls {
-			c.unconfirmed.Store(unconfirmedKey{l.Key, l.Token}, struct{}{})
-		}
-		return errCrashed
-	}
-	return c.Store.(idem.Batcher).ConfirmBatch(ctx, ls, rs)
-}
-
-func (c *crashable) Forget(ctx context.Context, l *idem.Lease) error {
-	if c.dead.Load() {
-		return errCrashed
-	}
-	return c.Store.Forget(ctx, l)
 }

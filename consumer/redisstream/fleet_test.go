@@ -2,7 +2,6 @@ package redisstream_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"sync"
@@ -10,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer/redisstream"
+	"github.com/idemgo/idem/internal/crashstore"
 	"github.com/idemgo/idem/internal/testenv"
 	"github.com/redis/go-redis/v9"
 )
@@ -50,7 +49,7 @@ func TestFleetRedisStream(t *testing.T) {
 	effects := map[string]int{}
 	faults := map[string]int{} // stops and crashes per message, at most 2
 	var stops, crashBefore, crashAfterRolls int
-	var unconfirmed sync.Map // "key/token" -> struct{}: a success whose Confirm met a dead store
+	var unconfirmed sync.Map // crashstore.Lease -> struct{}: a success whose Confirm met a dead store
 	var roll = func() float64 { return rand.Float64() }
 
 	ctx, cancelAll := context.WithTimeout(context.Background(), 30*time.Second)
@@ -60,8 +59,8 @@ func TestFleetRedisStream(t *testing.T) {
 	reader := func(name string) {
 		rctx, stop := context.WithCancel(ctx)
 		defer stop()
-		store := &crashable{Store: newStore(t, c, pfx, name, ttl), unconfirmed: &unconfirmed}
-		client := &crashClient{Client: c, dead: &store.dead}
+		store := &crashstore.BatchStore{Store: crashstore.Store{Store: newStore(t, c, pfx, name, ttl), Unconfirmed: &unconfirmed}}
+		client := &crashClient{Client: c, dead: &store.Dead}
 		h := func(hctx context.Context, m redis.XMessage) error {
 			if err := hctx.Err(); err != nil {
 				return err // a handler that sees its context end does no more
@@ -80,15 +79,15 @@ func TestFleetRedisStream(t *testing.T) {
 			case few && r < 0.06:
 				faults[id]++
 				crashBefore++
-				store.dead.Store(true)
+				store.Dead.Store(true)
 				stop()
-				return errCrashed
+				return crashstore.ErrCrashed
 			}
 			effects[id]++
 			if few && r < 0.09 {
 				faults[id]++
 				crashAfterRolls++
-				store.dead.Store(true) // the effect is applied; the confirm will not be
+				store.Dead.Store(true) // the effect is applied; the confirm will not be
 				stop()
 			}
 			return nil
@@ -130,7 +129,7 @@ func TestFleetRedisStream(t *testing.T) {
 	defer mu.Unlock()
 	prevented := map[string]int{}
 	unconfirmed.Range(func(k, _ any) bool {
-		prevented[k.(unconfirmedKey).key]++
+		prevented[k.(crashstore.Lease).Key]++
 		return true
 	})
 	inspect := newStore(t, c, pfx, "inspector", ttl)
@@ -163,69 +162,6 @@ func TestFleetRedisStream(t *testing.T) {
 		messages, len(ids), readers, stops, crashBefore, crashAfterRolls, after, doubles, restarts.Load())
 }
 
-var errCrashed = errors.New("test: reader crashed")
-
-type unconfirmedKey struct {
-	key   string
-	token int64
-}
-
-// crashable is a reader process's view of the store: once dead, every call
-// fails, as if the process had died: its lease is neither renewed nor
-// forgotten nor confirmed. A Confirm it fails is counted in unconfirmed,
-// once per lease: that success's effect was applied and is not recorded.
-type crashable struct {
-	idem.Store
-	dead        atomic.Bool
-	unconfirmed *sync.Map
-}
-
-func (c *crashable) Claim(ctx context.Context, k string, fp []byte) (idem.Claim, error) {
-	if c.dead.Load() {
-		return idem.Claim{}, errCrashed
-	}
-	return c.Store.Claim(ctx, k, fp)
-}
-
-func (c *crashable) ClaimBatch(ctx context.Context, keys []string, fps [][]byte) ([]idem.Claim, error) {
-	if c.dead.Load() {
-		return nil, errCrashed
-	}
-	return c.Store.(idem.Batcher).ClaimBatch(ctx, keys, fps)
-}
-
-func (c *crashable) Renew(ctx context.Context, l *idem.Lease) error {
-	if c.dead.Load() {
-		return errCrashed
-	}
-	return c.Store.Renew(ctx, l)
-}
-
-func (c *crashable) Confirm(ctx context.Context, l *idem.Lease, r []byte) error {
-	if c.dead.Load() {
-		c.unconfirmed.Store(unconfirmedKey{l.Key, l.Token}, struct{}{})
-		return errCrashed
-	}
-	return c.Store.Confirm(ctx, l, r)
-}
-
-func (c *crashable) ConfirmBatch(ctx context.Context, ls []*idem.Lease, rs [][]byte) error {
-	if c.dead.Load() {
-		for _, l := range ls {
-			c.unconfirmed.Store(unconfirmedKey{l.Key, l.Token}, struct{}{})
-		}
-		return errCrashed
-	}
-	return c.Store.(idem.Batcher).ConfirmBatch(ctx, ls, rs)
-}
-
-func (c *crashable) Forget(ctx context.Context, l *idem.Lease) error {
-	if c.dead.Load() {
-		return errCrashed
-	}
-	return c.Store.Forget(ctx, l)
-}
-
 // crashClient is the reader process's connection to the stream: dead with
 // its store, so that a crashed reader acks nothing.
 type crashClient struct {
@@ -236,7 +172,7 @@ type crashClient struct {
 func (c *crashClient) XGroupCreateMkStream(ctx context.Context, stream, group, start string) *redis.StatusCmd {
 	if c.dead.Load() {
 		cmd := redis.NewStatusCmd(ctx)
-		cmd.SetErr(errCrashed)
+		cmd.SetErr(crashstore.ErrCrashed)
 		return cmd
 	}
 	return c.Client.XGroupCreateMkStream(ctx, stream, group, start)
@@ -245,7 +181,7 @@ func (c *crashClient) XGroupCreateMkStream(ctx context.Context, stream, group, s
 func (c *crashClient) XReadGroup(ctx context.Context, a *redis.XReadGroupArgs) *redis.XStreamSliceCmd {
 	if c.dead.Load() {
 		cmd := redis.NewXStreamSliceCmd(ctx)
-		cmd.SetErr(errCrashed)
+		cmd.SetErr(crashstore.ErrCrashed)
 		return cmd
 	}
 	return c.Client.XReadGroup(ctx, a)
@@ -254,7 +190,7 @@ func (c *crashClient) XReadGroup(ctx context.Context, a *redis.XReadGroupArgs) *
 func (c *crashClient) XAutoClaim(ctx context.Context, a *redis.XAutoClaimArgs) *redis.XAutoClaimCmd {
 	if c.dead.Load() {
 		cmd := redis.NewXAutoClaimCmd(ctx)
-		cmd.SetErr(errCrashed)
+		cmd.SetErr(crashstore.ErrCrashed)
 		return cmd
 	}
 	return c.Client.XAutoClaim(ctx, a)
@@ -263,7 +199,7 @@ func (c *crashClient) XAutoClaim(ctx context.Context, a *redis.XAutoClaimArgs) *
 func (c *crashClient) XAck(ctx context.Context, stream, group string, ids ...string) *redis.IntCmd {
 	if c.dead.Load() {
 		cmd := redis.NewIntCmd(ctx)
-		cmd.SetErr(errCrashed)
+		cmd.SetErr(crashstore.ErrCrashed)
 		return cmd
 	}
 	return c.Client.XAck(ctx, stream, group, ids...)
