@@ -16,6 +16,13 @@ import (
 	"github.com/idemgo/idem/internal/testenv"
 )
 
+// fleetConfirmBudget is how long the wrapper retries a Confirm: half the
+// 300 ms lease. A crashed process's confirms fail at once and give up at
+// the end of it; a live one's must not time out on a loaded machine (at
+// 20 ms, a CI run had confirms cut off, work done and not recorded, and
+// so double effects no crash explained).
+const fleetConfirmBudget = 150 * time.Millisecond
+
 // A fleet of 8 workers over an in-process queue that duplicates messages,
 // redelivers after lost acks, and "crashes" workers mid-handler: a crashed
 // worker's store stops answering (its lease is abandoned, never forgotten)
@@ -119,7 +126,7 @@ func runFleet(t *testing.T, newStore func(worker string) idem.Store, inspect ide
 					store.Dead.Store(true)
 				}
 				return nil
-			}, consumer.Options[string]{ConfirmBudget: 20 * time.Millisecond})
+			}, consumer.Options[string]{ConfirmBudget: fleetConfirmBudget})
 		inProgress := 0
 		for {
 			var id string

@@ -18,6 +18,13 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
+// fleetConfirmBudget is how long the wrapper retries a Confirm: half the
+// 300 ms lease. A crashed process's confirms fail at once and give up at
+// the end of it; a live one's must not time out on a loaded machine (at
+// 20 ms, a CI run had confirms cut off, work done and not recorded, and
+// so double effects no crash explained).
+const fleetConfirmBudget = 150 * time.Millisecond
+
 // A fleet of 4 consumer processes on one durable pull consumer, over a
 // stream where every message is published at least twice (a producer's
 // retries, keyed by an Order-Id header: under Nats-Msg-Id, JetStream's
@@ -131,7 +138,7 @@ func testFleet(t *testing.T, fetch int) {
 		}
 		hd, err := idemjs.NewHandler(store, h, idemjs.Options{KeyHeader: "Order-Id",
 			MinDelay: 10 * time.Millisecond, MaxDelay: ttl / 2, ProgressInterval: ttl / 3,
-			ConfirmBudget: 20 * time.Millisecond, Logger: quiet,
+			ConfirmBudget: fleetConfirmBudget, Logger: quiet,
 			OnSettle: func(m jetstream.Msg, s idemjs.Settlement) {
 				if s.Action != idemjs.Ack || s.SettleErr != nil {
 					return

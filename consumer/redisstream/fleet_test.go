@@ -15,6 +15,13 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
+// fleetConfirmBudget is how long the wrapper retries a Confirm: half the
+// 300 ms lease. A crashed process's confirms fail at once and give up at
+// the end of it; a live one's must not time out on a loaded machine (at
+// 20 ms, a CI run had confirms cut off, work done and not recorded, and
+// so double effects no crash explained).
+const fleetConfirmBudget = 150 * time.Millisecond
+
 // A fleet of 4 readers of one group, over a stream where every message is
 // added at least twice (a producer's duplicates), while readers are stopped
 // mid-handler (their context cancelled: the store still answers, the claim
@@ -94,7 +101,7 @@ func TestFleetRedisStream(t *testing.T) {
 		}
 		r, err := redisstream.NewReader(client, store, h, redisstream.Options{Stream: stream, Group: "g",
 			Consumer: name, KeyField: "id", Count: 16, Block: 50 * time.Millisecond, MinIdle: ttl,
-			ConfirmBudget: 20 * time.Millisecond, Logger: quiet})
+			ConfirmBudget: fleetConfirmBudget, Logger: quiet})
 		if err != nil {
 			t.Error(err)
 			return
