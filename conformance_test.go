@@ -49,8 +49,8 @@ func TestMemoryStoreConformance(t *testing.T) {
 		var once sync.Once
 		return storetest.Backend{
 			Open: func(o idem.Options) (idem.Store, error) {
-				once.Do(func() { m = idem.NewMemoryStoreClock(idem.Options{}, clock.Now) })
-				return m.Share(o), nil
+				once.Do(func() { m = must(idem.NewMemoryStoreClock(idem.Options{}, clock.Now)) })
+				return m.Share(o)
 			},
 			Advance: clock.Advance,
 			Now:     clock.Now,
@@ -256,7 +256,7 @@ func checkRefusedBeforeIO(t *testing.T, s idem.Store, io func() int64) {
 func TestSecurityOversizedInputsBeforeIO(t *testing.T) {
 	o := idem.Options{MaxResultBytes: maxResult}
 	t.Run("memory", func(t *testing.T) {
-		s := idem.NewMemoryStore(o)
+		s := memStore(o)
 		checkRefusedBeforeIO(t, s, func() int64 { return 0 })
 		// Refused is not truncated: the 1024-byte prefix of the long key
 		// was not claimed in its place.
@@ -356,4 +356,18 @@ func TestSecurityStoreDownIsError(t *testing.T) {
 			}
 		})
 	}
+}
+
+// memStore is idem.NewMemoryStore for tests, whose options are valid.
+func memStore(o idem.Options) *idem.MemoryStore {
+	return must(idem.NewMemoryStore(o))
+}
+
+// must returns v, or panics with err: for constructors given options a
+// test knows are valid.
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }

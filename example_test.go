@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log"
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
@@ -58,7 +59,10 @@ func chargeCard(ctx context.Context, orderID string) (string, error) {
 // second is told to come back later, and sees who holds the key.
 func ExampleStore_Claim_inProgress() {
 	ctx := context.Background()
-	store := idem.NewMemoryStore(idem.Options{Worker: "worker-1"})
+	store, err := idem.NewMemoryStore(idem.Options{Worker: "worker-1"})
+	if err != nil {
+		log.Fatal(err)
+	}
 
 	first, _ := store.Claim(ctx, "msg-42", []byte("body-hash"))
 	second, _ := store.Claim(ctx, "msg-42", []byte("body-hash"))
@@ -77,7 +81,10 @@ func ExampleStore_Claim_inProgress() {
 // found, and the first request's result is never replayed to the second.
 func ExampleStore_Claim_fingerprintMismatch() {
 	ctx := context.Background()
-	store := idem.NewMemoryStore(idem.Options{})
+	store, err := idem.NewMemoryStore(idem.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
 
 	c, _ := store.Claim(ctx, "refund-7", []byte("amount=10"))
 	_ = store.Confirm(ctx, c.Lease, []byte("refunded 10"))
@@ -125,7 +132,10 @@ func ExampleRedisStore_ClaimBatch() {
 // context when the lease is lost.
 func ExampleKeepAlive() {
 	ctx := context.Background()
-	store := idem.NewMemoryStore(idem.Options{LeaseTTL: 300 * time.Millisecond})
+	store, err := idem.NewMemoryStore(idem.Options{LeaseTTL: 300 * time.Millisecond})
+	if err != nil {
+		log.Fatal(err)
+	}
 	c, _ := store.Claim(ctx, "job-7", nil)
 
 	work, stop := idem.KeepAlive(ctx, store, c.Lease)

@@ -10,6 +10,10 @@ import (
 
 // checkKey rejects what no store may hold, before any I/O.
 func (o *Options) checkKey(key string) error {
+	if o.MaxKeyBytes == 0 {
+		// Only a store that no constructor made has unresolved options.
+		return errZeroStore
+	}
 	if key == "" {
 		return fmt.Errorf("%w: empty key", ErrInvalidKey)
 	}

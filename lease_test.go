@@ -48,7 +48,10 @@ func (f *flakyStore) counts() (renews, fails int) {
 
 func TestKeepAliveRetriesTransientErrors(t *testing.T) {
 	const ttl = 300 * time.Millisecond
-	mem := NewMemoryStore(Options{LeaseTTL: ttl})
+	mem, err := NewMemoryStore(Options{LeaseTTL: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
 	f := &flakyStore{Store: mem}
 	c, err := mem.Claim(t.Context(), "k", nil)
 	if err != nil {
@@ -76,7 +79,10 @@ func TestKeepAliveRetriesTransientErrors(t *testing.T) {
 
 func TestKeepAliveGivesUpWhenTheLeaseRunsOut(t *testing.T) {
 	const ttl = 300 * time.Millisecond
-	mem := NewMemoryStore(Options{LeaseTTL: ttl})
+	mem, err := NewMemoryStore(Options{LeaseTTL: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
 	f := &flakyStore{Store: mem, failing: true}
 	c, err := mem.Claim(t.Context(), "k", nil)
 	if err != nil {
@@ -100,7 +106,10 @@ func TestKeepAliveGivesUpWhenTheLeaseRunsOut(t *testing.T) {
 }
 
 func TestKeepAliveStop(t *testing.T) {
-	mem := NewMemoryStore(Options{LeaseTTL: 30 * time.Millisecond})
+	mem, err := NewMemoryStore(Options{LeaseTTL: 30 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
 	f := &flakyStore{Store: mem}
 	c, _ := mem.Claim(t.Context(), "k", nil)
 	work, stop := KeepAlive(t.Context(), f, c.Lease)
@@ -118,7 +127,10 @@ func TestKeepAliveStop(t *testing.T) {
 }
 
 func TestKeepAliveMistakesPanicAtOnce(t *testing.T) {
-	mem := NewMemoryStore(Options{})
+	mem, err := NewMemoryStore(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	c, _ := mem.Claim(t.Context(), "k", nil)
 	for _, tt := range []struct {
 		name string
@@ -142,7 +154,10 @@ func TestKeepAliveMistakesPanicAtOnce(t *testing.T) {
 }
 
 func TestLeaseFrom(t *testing.T) {
-	mem := NewMemoryStore(Options{})
+	mem, err := NewMemoryStore(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	c, _ := mem.Claim(t.Context(), "k", nil)
 	if _, ok := LeaseFrom(t.Context()); ok {
 		t.Error("LeaseFrom(a plain context) = ok; want false")

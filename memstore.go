@@ -3,6 +3,7 @@ package idem
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -39,36 +40,47 @@ type memRecord struct {
 	expires     time.Time
 }
 
-// NewMemoryStore returns an empty MemoryStore. It panics if o is invalid
-// (a negative duration), as regexp.MustCompile does: options are fixed by the
-// program, so a bad one is a programming error.
-func NewMemoryStore(o Options) *MemoryStore {
+// NewMemoryStore returns an empty MemoryStore, or an error naming the
+// option at fault when o is invalid (a negative duration, a Retention
+// shorter than the LeaseTTL).
+func NewMemoryStore(o Options) (*MemoryStore, error) {
 	return NewMemoryStoreClock(o, time.Now)
 }
 
 // NewMemoryStoreClock is NewMemoryStore with the clock that judges expiry,
 // so that a test can move time instead of sleeping. now must be safe for
-// concurrent use and never go backwards.
-func NewMemoryStoreClock(o Options, now func() time.Time) *MemoryStore {
+// concurrent use and never go backwards; a nil now is an error.
+func NewMemoryStoreClock(o Options, now func() time.Time) (*MemoryStore, error) {
 	o, err := o.withDefaults()
 	if err != nil {
-		panic(err)
+		return nil, err
 	}
 	if now == nil {
-		panic("idem: NewMemoryStoreClock with a nil clock")
+		return nil, errors.New("idem: NewMemoryStoreClock: now is nil; pass time.Now or a test clock")
 	}
-	return &MemoryStore{o: o, data: &memData{now: now, recs: make(map[string]*memRecord), nextCap: 1024}}
+	return &MemoryStore{o: o, data: &memData{now: now, recs: make(map[string]*memRecord), nextCap: 1024}}, nil
 }
 
 // Share returns a store over m's records with its own options (another
 // Worker name, lease or retention), as separate processes would share one
-// Redis. It panics on invalid options, as NewMemoryStore does.
-func (m *MemoryStore) Share(o Options) *MemoryStore {
+// Redis, or an error naming the option at fault.
+func (m *MemoryStore) Share(o Options) (*MemoryStore, error) {
+	if err := m.usable(); err != nil {
+		return nil, err
+	}
 	o, err := o.withDefaults()
 	if err != nil {
-		panic(err)
+		return nil, err
 	}
-	return &MemoryStore{o: o, data: m.data}
+	return &MemoryStore{o: o, data: m.data}, nil
+}
+
+// usable refuses a MemoryStore that no constructor made.
+func (m *MemoryStore) usable() error {
+	if m == nil || m.data == nil {
+		return errZeroStore
+	}
+	return nil
 }
 
 // live returns the key's record if it has not expired, deleting it if it has.

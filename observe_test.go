@@ -147,7 +147,7 @@ func observedStores(t *testing.T, o idem.Options) map[string]idem.Store {
 	so := storeopts.SQL(o, sqlstore.SQLite)
 	so.Table = sqltest.UniqueTable()
 	ss := sqltest.NewStore(t, db, so)
-	return map[string]idem.Store{"memory": idem.NewMemoryStore(o), "redis": rs, "sqlite": ss}
+	return map[string]idem.Store{"memory": memStore(o), "redis": rs, "sqlite": ss}
 }
 
 // Every store reports one event per operation, with the keyed hash of the
@@ -253,7 +253,7 @@ func takeOverSequence(t *testing.T, st idem.Store, rec *recorder, expire func())
 func TestClaimTakeOverMemory(t *testing.T) {
 	clock := &fakeClock{now: time.Now()}
 	rec := &recorder{}
-	st := idem.NewMemoryStoreClock(idem.Options{LeaseTTL: time.Second, Observer: rec}, clock.Now)
+	st := must(idem.NewMemoryStoreClock(idem.Options{LeaseTTL: time.Second, Observer: rec}, clock.Now))
 	takeOverSequence(t, st, rec, func() { clock.Advance(2 * time.Second) })
 }
 
@@ -322,7 +322,7 @@ func TestRevealKeys(t *testing.T) {
 	for _, reveal := range []bool{false, true} {
 		var logs strings.Builder
 		logger := slog.New(slog.NewTextHandler(&logs, nil))
-		st := idem.NewMemoryStore(idem.Options{RevealKeys: reveal, Logger: logger, LeaseTTL: time.Millisecond, Retention: time.Hour})
+		st := memStore(idem.Options{RevealKeys: reveal, Logger: logger, LeaseTTL: time.Millisecond, Retention: time.Hour})
 		_, err := st.Lookup(t.Context(), key)
 		if !errors.Is(err, idem.ErrNotFound) {
 			t.Fatalf("Lookup = %v; want ErrNotFound", err)

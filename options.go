@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -59,6 +60,10 @@ const (
 	DefaultMaxKeyBytes    = 1024
 	DefaultMaxResultBytes = 1 << 20
 )
+
+// errZeroStore is what every operation of a store's zero value answers: its
+// options were never resolved, so no check or default can be trusted.
+var errZeroStore = errors.New("idem: a zero-value store: make it with NewRedisStore, NewMemoryStore or sqlstore.New")
 
 // withDefaults validates o and fills in its defaults. Each error names the
 // one field at fault.

@@ -27,7 +27,11 @@ func ExampleNew() {
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprint(w, "order created")
 	})
-	idempotent, err := middleware.New(middleware.Options{Store: idem.NewMemoryStore(idem.Options{})})
+	store, err := idem.NewMemoryStore(idem.Options{}) // a RedisStore in production
+	if err != nil {
+		log.Fatal(err)
+	}
+	idempotent, err := middleware.New(middleware.Options{Store: store})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -34,8 +34,8 @@ func TestObserverAllocations(t *testing.T) {
 	nop := func(context.Context, string) error { return nil }
 	id := func(s string) string { return s }
 	measure := func(opts consumer.Options[string]) (one, dup, batch float64) {
-		h := consumer.Idempotent(idem.NewMemoryStore(idem.Options{}), id, nop, opts)
-		b := consumer.Batch(idem.NewMemoryStore(idem.Options{}), id, nop, opts)
+		h := consumer.Idempotent(memStore(idem.Options{}), id, nop, opts)
+		b := consumer.Batch(memStore(idem.Options{}), id, nop, opts)
 		i := 0
 		_ = h(ctx, "m1")
 		one = testing.AllocsPerRun(200, func() { i++; _ = h(ctx, "m"+strconv.Itoa(i)) })

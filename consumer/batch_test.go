@@ -102,12 +102,12 @@ func (s *spyStore) asStore() idem.Store {
 }
 
 func TestBatchMemory(t *testing.T) {
-	s := idem.NewMemoryStore(idem.Options{})
+	s := memStore(idem.Options{})
 	batchCase(t, s, spy(s))
 }
 
 func TestBatchPlainStore(t *testing.T) {
-	s := idem.NewMemoryStore(idem.Options{})
+	s := memStore(idem.Options{})
 	// Hiding the Batcher methods: the batch form claims one by one.
 	batchCase(t, s, spy(struct{ idem.Store }{s}))
 }
@@ -122,7 +122,7 @@ func TestBatchMiniredis(t *testing.T) {
 }
 
 func TestBatchConcurrencyBound(t *testing.T) {
-	s := idem.NewMemoryStore(idem.Options{})
+	s := memStore(idem.Options{})
 	var now, peak atomic.Int64
 	h := consumer.Batch(s, msgKey, func(context.Context, msg) error {
 		n := now.Add(1)
@@ -152,7 +152,7 @@ func TestBatchConcurrencyBound(t *testing.T) {
 
 func TestBatchPanicSettlesThenReraises(t *testing.T) {
 	ctx := context.Background()
-	s := idem.NewMemoryStore(idem.Options{})
+	s := memStore(idem.Options{})
 	h := consumer.Batch(s, msgKey, func(_ context.Context, m msg) error {
 		if m.Body == "panic" {
 			panic("kaput")
@@ -178,7 +178,7 @@ func TestBatchPanicSettlesThenReraises(t *testing.T) {
 
 func TestBatchConfirmRetriesOnlyFailed(t *testing.T) {
 	ctx := context.Background()
-	sp := spy(idem.NewMemoryStore(idem.Options{}))
+	sp := spy(memStore(idem.Options{}))
 	sp.setFail("confirm_batch", func(n int) error {
 		if n == 1 {
 			return errDown
@@ -204,7 +204,7 @@ func TestBatchConfirmRetriesOnlyFailed(t *testing.T) {
 }
 
 func TestBatchClaimFails(t *testing.T) {
-	sp := spy(idem.NewMemoryStore(idem.Options{}))
+	sp := spy(memStore(idem.Options{}))
 	sp.setFail("claim_batch", func(int) error { return errDown })
 	ran := false
 	h := consumer.Batch(sp.asStore(), msgKey, func(context.Context, msg) error { ran = true; return nil })
@@ -216,7 +216,7 @@ func TestBatchClaimFails(t *testing.T) {
 
 func TestBatchKeepsWaitingLeasesAlive(t *testing.T) {
 	ctx := context.Background()
-	s := idem.NewMemoryStore(idem.Options{LeaseTTL: 60 * time.Millisecond})
+	s := memStore(idem.Options{LeaseTTL: 60 * time.Millisecond})
 	var ev events
 	h := consumer.Batch(s, msgKey, func(context.Context, msg) error {
 		time.Sleep(30 * time.Millisecond)
@@ -237,7 +237,7 @@ func TestBatchKeepsWaitingLeasesAlive(t *testing.T) {
 
 func TestBatchLeaseLost(t *testing.T) {
 	ctx := context.Background()
-	s := idem.NewMemoryStore(idem.Options{LeaseTTL: 60 * time.Millisecond})
+	s := memStore(idem.Options{LeaseTTL: 60 * time.Millisecond})
 	var ev events
 	var cause error
 	h := consumer.Batch(s, msgKey, func(ctx context.Context, m msg) error {
@@ -260,7 +260,7 @@ func TestBatchLeaseLost(t *testing.T) {
 }
 
 func TestBatchOversizedKeyFailsAlone(t *testing.T) {
-	s := idem.NewMemoryStore(idem.Options{MaxKeyBytes: 16})
+	s := memStore(idem.Options{MaxKeyBytes: 16})
 	h := consumer.Batch(s, msgKey, func(context.Context, msg) error { return nil })
 	errs := h(context.Background(), []msg{{ID: "ok-1"}, {ID: strings.Repeat("x", 17)}, {ID: "ok-2"}})
 	if errs[0] != nil || !errors.Is(errs[1], idem.ErrInvalidKey) || errs[2] != nil {
@@ -274,8 +274,8 @@ func TestBatchOversizedKeyFailsAlone(t *testing.T) {
 // plain store.
 func TestBatchAlreadyConfirmed(t *testing.T) {
 	for name, s := range map[string]idem.Store{
-		"batcher": idem.NewMemoryStore(idem.Options{LeaseTTL: 60 * time.Millisecond}),
-		"plain":   struct{ idem.Store }{idem.NewMemoryStore(idem.Options{LeaseTTL: 60 * time.Millisecond})},
+		"batcher": memStore(idem.Options{LeaseTTL: 60 * time.Millisecond}),
+		"plain":   struct{ idem.Store }{memStore(idem.Options{LeaseTTL: 60 * time.Millisecond})},
 	} {
 		t.Run(name, func(t *testing.T) {
 			var ev events
@@ -326,7 +326,7 @@ func (s *lostReplies) ConfirmBatch(ctx context.Context, ls []*idem.Lease, rs [][
 // items whose confirmation failed for a reason another attempt may mend
 // are sent again.
 func TestBatchConfirmRetriesPastAFinalItem(t *testing.T) {
-	s := &lostReplies{MemoryStore: idem.NewMemoryStore(idem.Options{})}
+	s := &lostReplies{MemoryStore: memStore(idem.Options{})}
 	var ev events
 	h := consumer.Batch(s, msgKey, func(context.Context, msg) error { return nil },
 		consumer.Options[msg]{Hook: ev.hook, ConfirmBudget: time.Second})

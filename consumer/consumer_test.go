@@ -17,7 +17,7 @@ import (
 
 func TestIdempotentOnceThenDuplicate(t *testing.T) {
 	ctx := context.Background()
-	s := idem.NewMemoryStore(idem.Options{})
+	s := memStore(idem.Options{})
 	var ev events
 	var runs atomic.Int64
 	var token int64
@@ -58,7 +58,7 @@ func TestIdempotentOnceThenDuplicate(t *testing.T) {
 
 func TestIdempotentErrorForgets(t *testing.T) {
 	ctx := context.Background()
-	s := idem.NewMemoryStore(idem.Options{})
+	s := memStore(idem.Options{})
 	boom := errors.New("boom")
 	var runs atomic.Int64
 	h := consumer.Idempotent(s, msgKey, func(ctx context.Context, m msg) error {
@@ -83,7 +83,7 @@ func TestIdempotentErrorForgets(t *testing.T) {
 
 func TestIdempotentPanicForgetsAndReraises(t *testing.T) {
 	ctx := context.Background()
-	s := idem.NewMemoryStore(idem.Options{})
+	s := memStore(idem.Options{})
 	h := consumer.Idempotent(s, msgKey, func(ctx context.Context, m msg) error { panic("kaput") })
 	func() {
 		defer func() {
@@ -101,7 +101,7 @@ func TestIdempotentPanicForgetsAndReraises(t *testing.T) {
 
 func TestIdempotentInProgress(t *testing.T) {
 	ctx := context.Background()
-	s := idem.NewMemoryStore(idem.Options{})
+	s := memStore(idem.Options{})
 	var ev events
 	held, _ := s.Claim(ctx, "busy", nil)
 	ran := false
@@ -117,7 +117,7 @@ func TestIdempotentInProgress(t *testing.T) {
 
 func TestIdempotentStoreErrorAndBadKey(t *testing.T) {
 	ctx := context.Background()
-	s := spy(idem.NewMemoryStore(idem.Options{}))
+	s := spy(memStore(idem.Options{}))
 	ran := false
 	h := consumer.Idempotent(s, msgKey, func(context.Context, msg) error { ran = true; return nil })
 
@@ -135,7 +135,7 @@ func TestIdempotentStoreErrorAndBadKey(t *testing.T) {
 
 func TestIdempotentLeaseLost(t *testing.T) {
 	ctx := context.Background()
-	s := idem.NewMemoryStore(idem.Options{LeaseTTL: 60 * time.Millisecond})
+	s := memStore(idem.Options{LeaseTTL: 60 * time.Millisecond})
 	var ev events
 	var cause error
 	h := consumer.Idempotent(s, msgKey, func(ctx context.Context, m msg) error {
@@ -161,7 +161,7 @@ func TestIdempotentLeaseLost(t *testing.T) {
 
 func TestIdempotentConfirmRetried(t *testing.T) {
 	ctx := context.Background()
-	s := spy(idem.NewMemoryStore(idem.Options{}))
+	s := spy(memStore(idem.Options{}))
 	s.setFail("confirm", func(n int) error {
 		if n < 3 {
 			return errDown
@@ -179,7 +179,7 @@ func TestIdempotentConfirmRetried(t *testing.T) {
 
 func TestIdempotentConfirmFails(t *testing.T) {
 	ctx := context.Background()
-	s := spy(idem.NewMemoryStore(idem.Options{}))
+	s := spy(memStore(idem.Options{}))
 	s.setFail("confirm", func(int) error { return errDown })
 	var ev events
 	h := consumer.Idempotent(s, msgKey, func(context.Context, msg) error { return nil },
@@ -198,7 +198,7 @@ func TestIdempotentConfirmFails(t *testing.T) {
 }
 
 func TestIdempotentConfirmDetachedFromCancel(t *testing.T) {
-	s := idem.NewMemoryStore(idem.Options{})
+	s := memStore(idem.Options{})
 	ctx, cancel := context.WithCancel(context.Background())
 	h := consumer.Idempotent(s, msgKey, func(context.Context, msg) error {
 		cancel() // the consumer shuts down after the work is done
@@ -214,7 +214,7 @@ func TestIdempotentConfirmDetachedFromCancel(t *testing.T) {
 
 func TestIdempotentFingerprint(t *testing.T) {
 	ctx := context.Background()
-	s := idem.NewMemoryStore(idem.Options{})
+	s := memStore(idem.Options{})
 	h := consumer.Idempotent(s, msgKey, func(context.Context, msg) error { return nil },
 		consumer.Options[msg]{Fingerprint: func(m msg) []byte { return []byte(m.Body) }})
 	if err := h(ctx, msg{ID: "k", Body: "a"}); err != nil {
@@ -242,8 +242,8 @@ func TestIdempotentFingerprint(t *testing.T) {
 // per item, whether the store claims the batch in one call or not.
 func TestFingerprintMismatchObserved(t *testing.T) {
 	for name, open := range map[string]func(t *testing.T) idem.Store{
-		"memory": func(*testing.T) idem.Store { return idem.NewMemoryStore(idem.Options{}) },
-		"plain":  func(*testing.T) idem.Store { return struct{ idem.Store }{idem.NewMemoryStore(idem.Options{})} },
+		"memory": func(*testing.T) idem.Store { return memStore(idem.Options{}) },
+		"plain":  func(*testing.T) idem.Store { return struct{ idem.Store }{memStore(idem.Options{})} },
 		"miniredis": func(t *testing.T) idem.Store {
 			s, err := idem.NewRedisStore(redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()}), idem.RedisOptions{})
 			if err != nil {
@@ -344,7 +344,7 @@ func takeOver(t *testing.T, ctx context.Context, s idem.Store) int64 {
 // work was done twice, and leaves the first confirmation in place.
 func TestIdempotentAlreadyConfirmed(t *testing.T) {
 	ctx := context.Background()
-	s := idem.NewMemoryStore(idem.Options{LeaseTTL: 60 * time.Millisecond})
+	s := memStore(idem.Options{LeaseTTL: 60 * time.Millisecond})
 	var ev events
 	var mine, kept int64
 	h := consumer.Idempotent(s, msgKey, func(ctx context.Context, m msg) error {
@@ -365,4 +365,18 @@ func TestIdempotentAlreadyConfirmed(t *testing.T) {
 	if r, err := s.Lookup(ctx, "twice"); err != nil || !r.Confirmed || r.Token != kept {
 		t.Fatalf("Lookup = %+v, %v; want the other delivery's confirmation (token %d) kept", r, err, kept)
 	}
+}
+
+// memStore is idem.NewMemoryStore for tests, whose options are valid.
+func memStore(o idem.Options) *idem.MemoryStore {
+	return must(idem.NewMemoryStore(o))
+}
+
+// must returns v, or panics with err: for constructors given options a
+// test knows are valid.
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log"
 	"strconv"
 
 	"github.com/idemgo/idem"
@@ -20,7 +21,10 @@ type Order struct {
 // while another holds the order is told to come back later.
 func ExampleIdempotent() {
 	ctx := context.Background()
-	store := idem.NewMemoryStore(idem.Options{}) // a RedisStore in production
+	store, err := idem.NewMemoryStore(idem.Options{}) // a RedisStore in production
+	if err != nil {
+		log.Fatal(err)
+	}
 
 	charge := consumer.Idempotent(store, func(o Order) string { return "charge:" + o.ID },
 		func(ctx context.Context, o Order) error {
@@ -33,7 +37,7 @@ func ExampleIdempotent() {
 	fmt.Println(charge(ctx, Order{"o-1", 42})) // redelivery: acked, not charged
 
 	held, _ := store.Claim(ctx, "charge:o-2", nil) // another consumer is at work on o-2
-	err := charge(ctx, Order{"o-2", 7})
+	err = charge(ctx, Order{"o-2", 7})
 	fmt.Println(errors.Is(err, idem.ErrInProgress), held.Outcome)
 	// Output:
 	// charging o-1 42 (token 1)
@@ -48,7 +52,10 @@ func ExampleIdempotent() {
 // skipped duplicates.
 func ExampleIdempotent_options() {
 	ctx := context.Background()
-	store := idem.NewMemoryStore(idem.Options{})
+	store, err := idem.NewMemoryStore(idem.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
 	charge := consumer.Idempotent(store, func(o Order) string { return "charge:" + o.ID },
 		func(ctx context.Context, o Order) error {
 			fmt.Printf("charging %s %d\n", o.ID, o.Amount)
@@ -63,7 +70,7 @@ func ExampleIdempotent_options() {
 
 	fmt.Println(charge(ctx, Order{"o-1", 42}))
 	fmt.Println(charge(ctx, Order{"o-1", 42})) // the same order again: skipped
-	err := charge(ctx, Order{"o-1", 7})        // another order under o-1's key
+	err = charge(ctx, Order{"o-1", 7})        // another order under o-1's key
 	fmt.Println(errors.Is(err, idem.ErrFingerprintMismatch))
 	// Output:
 	// charging o-1 42
@@ -77,7 +84,10 @@ func ExampleIdempotent_options() {
 // call, one result per message.
 func ExampleBatch() {
 	ctx := context.Background()
-	store := idem.NewMemoryStore(idem.Options{})
+	store, err := idem.NewMemoryStore(idem.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
 	handle := consumer.Batch(store, func(o Order) string { return o.ID },
 		func(ctx context.Context, o Order) error {
 			if o.Amount < 0 {

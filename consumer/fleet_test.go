@@ -34,9 +34,9 @@ const fleetConfirmBudget = 150 * time.Millisecond
 const fleetTTL = 300 * time.Millisecond
 
 func TestFleetMemory(t *testing.T) {
-	shared := idem.NewMemoryStore(idem.Options{})
+	shared := memStore(idem.Options{})
 	runFleet(t, func(worker string) idem.Store {
-		return shared.Share(idem.Options{Worker: worker, LeaseTTL: fleetTTL})
+		return must(shared.Share(idem.Options{Worker: worker, LeaseTTL: fleetTTL}))
 	}, shared)
 }
 

@@ -25,7 +25,7 @@ func panicked(f func()) (msg string) {
 // would surface far from where it was made (a nil store in KeepAlive's
 // goroutine, a nil handler after its message was claimed).
 func TestWrapperMistakesPanic(t *testing.T) {
-	store := idem.NewMemoryStore(idem.Options{})
+	store := memStore(idem.Options{})
 	nop := func(context.Context, msg) error { return nil }
 	o := consumer.Options[msg]{}
 	type args struct {

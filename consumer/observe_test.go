@@ -40,7 +40,7 @@ func TestObserverMessageEvents(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	store := idem.NewMemoryStore(idem.Options{})
+	store := memStore(idem.Options{})
 	obs := &obstest.Log{}
 	h := consumer.Idempotent(store, msgKey, failing, consumer.Options[msg]{Observer: obs, KeyHasher: hasher})
 	ctx := context.Background()
@@ -67,7 +67,7 @@ func TestObserverMessageEvents(t *testing.T) {
 // calls run outside any message.
 func TestObserverBatchEvents(t *testing.T) {
 	obs := &obstest.Starter{}
-	store := idem.NewMemoryStore(idem.Options{Observer: obs})
+	store := memStore(idem.Options{Observer: obs})
 	ctx := context.Background()
 	if err := consumer.Idempotent(store, msgKey, failing)(ctx, msg{ID: "done"}); err != nil {
 		t.Fatal(err)
@@ -115,7 +115,7 @@ func TestObserverBatchEvents(t *testing.T) {
 // error; the store's events nest in the started message.
 func TestObserverNotRecorded(t *testing.T) {
 	obs := &obstest.Starter{}
-	s := spy(idem.NewMemoryStore(idem.Options{Observer: obs}))
+	s := spy(memStore(idem.Options{Observer: obs}))
 	s.setFail("confirm", func(int) error { return errDown })
 	h := consumer.Idempotent(s, msgKey, failing, consumer.Options[msg]{Observer: obs, ConfirmBudget: 20 * time.Millisecond})
 	if err := h(context.Background(), msg{ID: "k"}); !errors.Is(err, consumer.ErrNotRecorded) {
@@ -139,7 +139,7 @@ func TestObserverNotRecorded(t *testing.T) {
 // retried (the answer is final).
 func TestObserverAlreadyConfirmed(t *testing.T) {
 	obs := &obstest.Log{}
-	s := spy(idem.NewMemoryStore(idem.Options{}))
+	s := spy(memStore(idem.Options{}))
 	s.setFail("confirm", func(int) error { return fmt.Errorf("%w: confirm of k", idem.ErrAlreadyConfirmed) })
 	var ev events
 	h := consumer.Idempotent(s, msgKey, failing, consumer.Options[msg]{Observer: obs, Hook: ev.hook})

@@ -102,7 +102,7 @@ func TestSecurityConsumerFailClosed(t *testing.T) {
 			return st
 		},
 		"claim errors": func(t *testing.T) idem.Store {
-			s := spy(idem.NewMemoryStore(idem.Options{}))
+			s := spy(memStore(idem.Options{}))
 			s.setFail("claim", func(int) error { return errDown })
 			return s
 		},

@@ -5,6 +5,7 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
+	"log"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -44,7 +45,10 @@ func send(h http.Handler, path, key, body string) {
 // endpoint, so a key is scoped to "POST /orders". A retry replays; a reuse
 // of the key for another order is refused.
 func ExampleNew() {
-	store := idem.NewMemoryStore(idem.Options{}) // RedisStore in production
+	store, err := idem.NewMemoryStore(idem.Options{}) // RedisStore in production
+	if err != nil {
+		log.Fatal(err)
+	}
 	orders := 0
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /orders", func(w http.ResponseWriter, r *http.Request) {
@@ -147,7 +151,10 @@ func ExampleNew_transactional() {
 // With chi, the middleware sits inside the route (r.With), where chi knows
 // the route pattern, and Options.Route reads it.
 func ExampleNew_chi() {
-	store := idem.NewMemoryStore(idem.Options{})
+	store, err := idem.NewMemoryStore(idem.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
 	idempotent, err := middleware.New(middleware.Options{
 		Store: store,
 		Route: func(r *http.Request) string { return chi.RouteContext(r.Context()).RoutePattern() },
@@ -174,7 +181,10 @@ func ExampleNew_chi() {
 // A webhook delivered twice is handled once: Options.Key takes the key from
 // the event id the sender puts in a header.
 func ExampleOptions_key() {
-	store := idem.NewMemoryStore(idem.Options{})
+	store, err := idem.NewMemoryStore(idem.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
 	idempotent, _ := middleware.New(middleware.Options{
 		Store:    store,
 		Required: true,
@@ -205,7 +215,10 @@ func ExampleOptions_key() {
 // endpoint instead, so a key reused on another endpoint is another record,
 // never a 422.
 func ExampleNew_chiUse() {
-	store := idem.NewMemoryStore(idem.Options{})
+	store, err := idem.NewMemoryStore(idem.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
 	idempotent, err := middleware.New(middleware.Options{
 		Store: store,
 		Route: func(r *http.Request) string { return chi.RouteContext(r.Context()).RoutePattern() },
@@ -232,7 +245,10 @@ func ExampleNew_chiUse() {
 // "POST /invoices/{id}/pay", so one key on two endpoints is two records,
 // and one key on two invoices is a different request (422).
 func ExampleNew_serveMux() {
-	store := idem.NewMemoryStore(idem.Options{})
+	store, err := idem.NewMemoryStore(idem.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
 	idempotent, err := middleware.New(middleware.Options{Store: store})
 	if err != nil {
 		panic(err)

@@ -279,7 +279,7 @@ func TestFingerprintExported(t *testing.T) {
 			{"inside the route", inside, inside},
 			{"wrapping the mux", nil, wrapping},
 		} {
-			store := idem.NewMemoryStore(idem.Options{})
+			store := memStore(idem.Options{})
 			mw, err := New(Options{Store: store})
 			if err != nil {
 				t.Fatal(err)

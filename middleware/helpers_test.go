@@ -71,7 +71,7 @@ func (s *countingStore) claimedKeys() []string {
 
 // newCounting returns a countingStore over a fresh MemoryStore.
 func newCounting() *countingStore {
-	return &countingStore{Store: idem.NewMemoryStore(idem.Options{})}
+	return &countingStore{Store: memStore(idem.Options{})}
 }
 
 // newMiniredisStore returns a RedisStore on a fresh miniredis.
@@ -168,4 +168,18 @@ func wantProblem(t *testing.T, w *httptest.ResponseRecorder, status int, typ str
 	if strings.Contains(w.Body.String(), "secret") || strings.Contains(w.Body.String(), "idem:") {
 		t.Errorf("problem body %q shows internal error text", w.Body)
 	}
+}
+
+// memStore is idem.NewMemoryStore for tests, whose options are valid.
+func memStore(o idem.Options) *idem.MemoryStore {
+	return must(idem.NewMemoryStore(o))
+}
+
+// must returns v, or panics with err: for constructors given options a
+// test knows are valid.
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }

@@ -20,7 +20,7 @@ func TestObserverRequestEvents(t *testing.T) {
 	}
 	obs := &obstest.Log{}
 	b := newBlocker()
-	h := mustNew(t, Options{Store: idem.NewMemoryStore(idem.Options{}), Observer: obs, KeyHasher: hasher,
+	h := mustNew(t, Options{Store: memStore(idem.Options{}), Observer: obs, KeyHasher: hasher,
 		LockTimeout: 20 * time.Millisecond}, b)
 
 	first := make(chan int)
@@ -113,7 +113,7 @@ func TestObserverStoreErrors(t *testing.T) {
 // observed on it too.
 func TestObserverStarter(t *testing.T) {
 	obs := &obstest.Starter{}
-	store := idem.NewMemoryStore(idem.Options{Observer: obs})
+	store := memStore(idem.Options{Observer: obs})
 	var handlerInside bool
 	next := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		op, ok := obstest.StartedOp(r.Context())
@@ -146,7 +146,7 @@ func TestObserverStarter(t *testing.T) {
 // A panic still ends its request's event.
 func TestObserverPanic(t *testing.T) {
 	obs := &obstest.Log{}
-	h := mustNew(t, Options{Store: idem.NewMemoryStore(idem.Options{}), Observer: obs},
+	h := mustNew(t, Options{Store: memStore(idem.Options{}), Observer: obs},
 		http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic("boom") }))
 	func() {
 		defer func() { _ = recover() }()
@@ -157,7 +157,7 @@ func TestObserverPanic(t *testing.T) {
 		t.Errorf("events %+v; want one, Claimed, without an error (the handler's failure is its own)", got)
 	}
 	// A panic before the claim (here in Scope) is reported as such.
-	h = mustNew(t, Options{Store: idem.NewMemoryStore(idem.Options{}), Observer: obs,
+	h = mustNew(t, Options{Store: memStore(idem.Options{}), Observer: obs,
 		Scope: func(*http.Request) (string, error) { panic("scope") }}, &counter{})
 	func() {
 		defer func() { _ = recover() }()

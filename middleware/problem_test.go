@@ -212,7 +212,7 @@ func TestProblemAnswers(t *testing.T) {
 
 // #17: a damaged record is ours, not retryable: the work was done.
 func TestProblemRecordDamaged(t *testing.T) {
-	mem := idem.NewMemoryStore(idem.Options{})
+	mem := memStore(idem.Options{})
 	ctx := context.Background()
 	h := mustNew(t, Options{Store: mem}, &counter{})
 	do(h, req{key: "k", body: "{}"})
@@ -221,7 +221,7 @@ func TestProblemRecordDamaged(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Lookup(%q) = %v", key, err)
 	}
-	mem2 := idem.NewMemoryStore(idem.Options{})
+	mem2 := memStore(idem.Options{})
 	cl, _ := mem2.Claim(ctx, key, rec.Fingerprint)
 	_ = mem2.Confirm(ctx, cl.Lease, []byte{1, 0, 0})
 	runSequence(t, Options{Store: mem2}, []step{

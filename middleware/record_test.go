@@ -47,7 +47,7 @@ func TestLargeResponse(t *testing.T) {
 // A result the store finds too large is recorded again without its body:
 // the work is done, whatever the size of its answer.
 func TestResultTooLargeForStore(t *testing.T) {
-	s := &countingStore{Store: idem.NewMemoryStore(idem.Options{MaxResultBytes: 200})}
+	s := &countingStore{Store: memStore(idem.Options{MaxResultBytes: 200})}
 	runs := 0
 	h := mustNew(t, Options{Store: s}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runs++
@@ -65,7 +65,7 @@ func TestResultTooLargeForStore(t *testing.T) {
 // A recorded response that does not decode is a 500 problem, never a panic
 // and never a second run.
 func TestDamagedRecord(t *testing.T) {
-	mem := idem.NewMemoryStore(idem.Options{})
+	mem := memStore(idem.Options{})
 	s := &countingStore{Store: mem}
 	var c counter
 	h := mustNew(t, Options{Store: s}, &c)
@@ -76,7 +76,7 @@ func TestDamagedRecord(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Record garbage under the same key and fingerprint.
-	mem2 := idem.NewMemoryStore(idem.Options{})
+	mem2 := memStore(idem.Options{})
 	cl, _ := mem2.Claim(context.Background(), key, rec.Fingerprint)
 	_ = mem2.Confirm(context.Background(), cl.Lease, []byte{1, 0, 0})
 	h2 := mustNew(t, Options{Store: mem2}, &c)
@@ -94,7 +94,7 @@ func TestDamagedRecord(t *testing.T) {
 func TestRecordStopsAtLeaseEnd(t *testing.T) {
 	const ttl = 300 * time.Millisecond
 	stores := map[string]func(t *testing.T) idem.Store{
-		"memory": func(t *testing.T) idem.Store { return idem.NewMemoryStore(idem.Options{LeaseTTL: ttl}) },
+		"memory": func(t *testing.T) idem.Store { return memStore(idem.Options{LeaseTTL: ttl}) },
 		"redis": func(t *testing.T) idem.Store {
 			st, err := idem.NewRedisStore(testenv.Redis(t), idem.RedisOptions{LeaseTTL: ttl, Prefix: uniqueName("idem-mw-") + ":"})
 			if err != nil {
@@ -221,7 +221,7 @@ func TestRecordFormatCompatible(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			mem := idem.NewMemoryStore(idem.Options{})
+			mem := memStore(idem.Options{})
 			ctx := context.Background()
 			cl, err := mem.Claim(ctx, storeKey("", "POST", "/orders", "k"), fp)
 			if err != nil {

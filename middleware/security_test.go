@@ -33,7 +33,7 @@ type secBackend struct {
 func secBackends() map[string]func(t *testing.T) secBackend {
 	return map[string]func(t *testing.T) secBackend{
 		"memory": func(t *testing.T) secBackend {
-			s := idem.NewMemoryStore(idem.Options{})
+			s := memStore(idem.Options{})
 			return secBackend{Options{Store: s}, s}
 		},
 		"redis": func(t *testing.T) secBackend {
@@ -242,7 +242,7 @@ func TestSecurityReplayHeaderAllowlist(t *testing.T) {
 	}
 	// No spelling lets a credential into the allowlist.
 	for _, name := range []string{"SET-COOKIE", "set-cookie", "authorization", "Www-Authenticate", "PROXY-AUTHENTICATE", "Set-Cookie "} {
-		if _, err := New(Options{Store: idem.NewMemoryStore(idem.Options{}), ReplayHeaders: []string{"Location", name}}); err == nil {
+		if _, err := New(Options{Store: memStore(idem.Options{}), ReplayHeaders: []string{"Location", name}}); err == nil {
 			t.Errorf("New(ReplayHeaders holding %q) = nil error; want credentials refused", name)
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log"
 	"net/http/httptest"
 	"strings"
 
@@ -28,7 +29,10 @@ func Example_prometheus() {
 	if err != nil {
 		panic(err)
 	}
-	store := idem.NewMemoryStore(idem.Options{Observer: obs})
+	store, err := idem.NewMemoryStore(idem.Options{Observer: obs})
+	if err != nil {
+		log.Fatal(err)
+	}
 	ctx := context.Background()
 	cl, _ := store.Claim(ctx, "order-17", nil)
 	_ = store.Confirm(ctx, cl.Lease, nil)

@@ -67,7 +67,7 @@ func post(t *testing.T, h http.Handler, key, body string) int {
 func TestMiddlewareOnMemoryStore(t *testing.T) {
 	s := newSDK(t)
 	hasher, _ := idem.NewKeyHasher([]byte("a secret the fleet shares"))
-	store := idem.NewMemoryStore(idem.Options{Observer: s.obs, KeyHasher: hasher})
+	store := memStore(idem.Options{Observer: s.obs, KeyHasher: hasher})
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		_, span := s.tp.Tracer("app").Start(r.Context(), "app.create_order")
 		span.End()
@@ -176,7 +176,7 @@ func reqStartOf(spans []sdktrace.ReadOnlySpan, c sdktrace.ReadOnlySpan) time.Tim
 // its context carries a recording span; it is counted either way.
 func TestStoreOutsideSpans(t *testing.T) {
 	s := newSDK(t)
-	store := idem.NewMemoryStore(idem.Options{Observer: s.obs})
+	store := memStore(idem.Options{Observer: s.obs})
 	ctx := context.Background()
 	if _, err := store.Claim(ctx, "bare", nil); err != nil {
 		t.Fatal(err)
@@ -303,7 +303,7 @@ func TestStoreFailureOnRedis(t *testing.T) {
 // A claim that replaced an expired one is counted and marked on its span.
 func TestTakeOverOnMemoryStore(t *testing.T) {
 	s := newSDK(t)
-	store := idem.NewMemoryStore(idem.Options{Observer: s.obs, LeaseTTL: 20 * time.Millisecond})
+	store := memStore(idem.Options{Observer: s.obs, LeaseTTL: 20 * time.Millisecond})
 	ctx := context.Background()
 	if _, err := store.Claim(ctx, "crashed", nil); err != nil {
 		t.Fatal(err)
@@ -324,4 +324,18 @@ func TestTakeOverOnMemoryStore(t *testing.T) {
 	if got := s.count(t, "idem.takeovers", map[string]string{"op": "claim"}); got != 1 {
 		t.Errorf("idem.takeovers = %d; want 1", got)
 	}
+}
+
+// memStore is idem.NewMemoryStore for tests, whose options are valid.
+func memStore(o idem.Options) *idem.MemoryStore {
+	return must(idem.NewMemoryStore(o))
+}
+
+// must returns v, or panics with err: for constructors given options a
+// test knows are valid.
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }

@@ -28,7 +28,7 @@ func post(t *testing.T, h http.Handler, key, body string) *httptest.ResponseReco
 // flight, a 422 for a key reused with another body, and one charge per key.
 func TestServeReplayConflictMismatch(t *testing.T) {
 	t.Parallel()
-	h, err := newPaymentsAPI(idem.NewMemoryStore(idem.Options{}), 300*time.Millisecond, 50*time.Millisecond, nil)
+	h, err := newPaymentsAPI(memStore(idem.Options{}), 300*time.Millisecond, 50*time.Millisecond, nil)
 	if err != nil {
 		t.Fatalf("newPaymentsAPI = %v", err)
 	}
@@ -72,7 +72,7 @@ func TestServeReplayConflictMismatch(t *testing.T) {
 // A bad payment is answered 400, and the answer is recorded like any other.
 func TestServeBadPayment(t *testing.T) {
 	t.Parallel()
-	h, err := newPaymentsAPI(idem.NewMemoryStore(idem.Options{}), 0, time.Second, nil)
+	h, err := newPaymentsAPI(memStore(idem.Options{}), 0, time.Second, nil)
 	if err != nil {
 		t.Fatalf("newPaymentsAPI = %v", err)
 	}
@@ -108,7 +108,7 @@ func TestServeCurlHelp(t *testing.T) {
 func TestServeMetrics(t *testing.T) {
 	t.Parallel()
 	reg := &metrics.Registry{}
-	h, err := newPaymentsAPI(idem.NewMemoryStore(idem.Options{Observer: reg}), 0, 50*time.Millisecond, reg)
+	h, err := newPaymentsAPI(memStore(idem.Options{Observer: reg}), 0, 50*time.Millisecond, reg)
 	if err != nil {
 		t.Fatalf("newPaymentsAPI = %v", err)
 	}
@@ -133,4 +133,18 @@ func TestServeMetrics(t *testing.T) {
 			t.Errorf("GET /metrics lacks %q:\n%s", want, w.Body)
 		}
 	}
+}
+
+// memStore is idem.NewMemoryStore for tests, whose options are valid.
+func memStore(o idem.Options) *idem.MemoryStore {
+	return must(idem.NewMemoryStore(o))
+}
+
+// must returns v, or panics with err: for constructors given options a
+// test knows are valid.
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }

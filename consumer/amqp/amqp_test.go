@@ -85,7 +85,7 @@ func delivery(a *acker, id string) amqp091.Delivery {
 
 func TestHandlerSettlements(t *testing.T) {
 	ctx := context.Background()
-	store := idem.NewMemoryStore(idem.Options{})
+	store := memStore(idem.Options{})
 	var logs bytes.Buffer
 	st := newSettlements()
 	fail := errors.New("handler failed")
@@ -148,7 +148,7 @@ func TestHandlerSettlements(t *testing.T) {
 }
 
 func TestHandlerNotRecordedIsAcked(t *testing.T) {
-	store := unconfirmable{idem.NewMemoryStore(idem.Options{})}
+	store := unconfirmable{memStore(idem.Options{})}
 	st := newSettlements()
 	h := idemamqp.Handler(store, func(context.Context, amqp091.Delivery) error { return nil },
 		idemamqp.Options{OnSettle: st.on, Logger: slog.New(slog.DiscardHandler), ConfirmBudget: 20 * time.Millisecond})
@@ -162,7 +162,7 @@ func TestHandlerNotRecordedIsAcked(t *testing.T) {
 // Work whose confirmation lost to another delivery's is done: acked, and
 // the hook hears it was done twice.
 func TestHandlerAlreadyConfirmedIsAcked(t *testing.T) {
-	store := confirmedElsewhere{idem.NewMemoryStore(idem.Options{})}
+	store := confirmedElsewhere{memStore(idem.Options{})}
 	st := newSettlements()
 	var kinds []consumer.Kind
 	h := idemamqp.Handler(store, func(context.Context, amqp091.Delivery) error { return nil },
@@ -192,7 +192,7 @@ func (unconfirmable) Confirm(context.Context, *idem.Lease, []byte) error {
 }
 
 func TestHandlerPanicNacks(t *testing.T) {
-	store := idem.NewMemoryStore(idem.Options{})
+	store := memStore(idem.Options{})
 	st := newSettlements()
 	h := idemamqp.Handler(store, func(context.Context, amqp091.Delivery) error { panic("kaput") },
 		idemamqp.Options{OnSettle: st.on})
@@ -211,7 +211,7 @@ func TestHandlerPanicNacks(t *testing.T) {
 }
 
 func TestHandlerNackDoesNotBlock(t *testing.T) {
-	store := idem.NewMemoryStore(idem.Options{})
+	store := memStore(idem.Options{})
 	st := newSettlements()
 	const delay = 300 * time.Millisecond
 	h := idemamqp.Handler(store, func(context.Context, amqp091.Delivery) error { return errors.New("fail") },
@@ -238,7 +238,7 @@ func TestHandlerKeyHasher(t *testing.T) {
 	var hooked []string
 	long := strings.Repeat("k", 2000) // over MaxKeyBytes: rejected
 	st := newSettlements()
-	h := idemamqp.Handler(idem.NewMemoryStore(idem.Options{}), func(context.Context, amqp091.Delivery) error { return nil },
+	h := idemamqp.Handler(memStore(idem.Options{}), func(context.Context, amqp091.Delivery) error { return nil },
 		idemamqp.Options{OnSettle: st.on, Logger: slog.New(slog.NewTextHandler(&logs, nil)), KeyHasher: hasher,
 			Key: func(d *amqp091.Delivery) string {
 				if d.MessageId == "too-long" {
@@ -272,7 +272,7 @@ func TestHandlerKeyHasher(t *testing.T) {
 func TestHandlerFingerprintMismatchRejected(t *testing.T) {
 	st := newSettlements()
 	runs := 0
-	h := idemamqp.Handler(idem.NewMemoryStore(idem.Options{}), func(context.Context, amqp091.Delivery) error { runs++; return nil },
+	h := idemamqp.Handler(memStore(idem.Options{}), func(context.Context, amqp091.Delivery) error { runs++; return nil },
 		idemamqp.Options{OnSettle: st.on, Logger: slog.New(slog.DiscardHandler),
 			Fingerprint: func(d *amqp091.Delivery) []byte { return d.Body }})
 	a := &acker{}
@@ -295,7 +295,7 @@ func TestHandlerFingerprintMismatchRejected(t *testing.T) {
 // A mistake in building the handler panics at once, in the caller's
 // goroutine, naming what is wrong, rather than on the first delivery.
 func TestHandlerMistakesPanic(t *testing.T) {
-	store := idem.NewMemoryStore(idem.Options{})
+	store := memStore(idem.Options{})
 	nop := func(context.Context, amqp091.Delivery) error { return nil }
 	for _, tc := range []struct {
 		name  string
@@ -327,4 +327,18 @@ func TestHandlerMistakesPanic(t *testing.T) {
 			}
 		})
 	}
+}
+
+// memStore is idem.NewMemoryStore for tests, whose options are valid.
+func memStore(o idem.Options) *idem.MemoryStore {
+	return must(idem.NewMemoryStore(o))
+}
+
+// must returns v, or panics with err: for constructors given options a
+// test knows are valid.
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }

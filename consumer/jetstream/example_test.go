@@ -138,7 +138,11 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	h, err := idemjs.NewHandler(idem.NewMemoryStore(idem.Options{}), func(ctx context.Context, m jetstream.Msg) error {
+	store, err := idem.NewMemoryStore(idem.Options{}) // a RedisStore in production
+	if err != nil {
+		log.Fatal(err)
+	}
+	h, err := idemjs.NewHandler(store, func(ctx context.Context, m jetstream.Msg) error {
 		fmt.Println("charged", string(m.Data()))
 		return nil
 	}, idemjs.Options{KeyHeader: "Order-Id", OnSettle: func(m jetstream.Msg, s idemjs.Settlement) {

@@ -210,7 +210,7 @@ func TestInProgressKeepsAckWait(t *testing.T) {
 
 // Options mistakes are refused by NewHandler, naming the field.
 func TestOptionsRefused(t *testing.T) {
-	store := idem.NewMemoryStore(idem.Options{})
+	store := memStore(idem.Options{})
 	h := func(context.Context, jetstream.Msg) error { return nil }
 	for _, c := range []struct {
 		o     idemjs.Options
@@ -340,4 +340,18 @@ func TestHandlePanic(t *testing.T) {
 	if len(st.all) != 2 || st.all[0].Action != idemjs.Nak || st.all[0].Delay != 0 || st.all[1].Action != idemjs.Ack {
 		t.Errorf("settlements %+v; want an immediate Nak, then an Ack", st.all)
 	}
+}
+
+// memStore is idem.NewMemoryStore for tests, whose options are valid.
+func memStore(o idem.Options) *idem.MemoryStore {
+	return must(idem.NewMemoryStore(o))
+}
+
+// must returns v, or panics with err: for constructors given options a
+// test knows are valid.
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }

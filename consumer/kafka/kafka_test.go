@@ -287,7 +287,7 @@ func TestKeys(t *testing.T) {
 
 // Mistakes are refused at construction, naming the field.
 func TestOptionsMistakes(t *testing.T) {
-	s := idem.NewMemoryStore(idem.Options{})
+	s := memStore(idem.Options{})
 	h := func(context.Context, *kgo.Record) error { return nil }
 	ok := kafka.Options{Group: "g", Topics: []string{topic}, Client: []kgo.Opt{kgo.SeedBrokers("127.0.0.1:1")}}
 	for field, mod := range map[string]func(*kafka.Options){
@@ -327,4 +327,18 @@ func TestOptionsMistakes(t *testing.T) {
 			f()
 		}()
 	}
+}
+
+// memStore is idem.NewMemoryStore for tests, whose options are valid.
+func memStore(o idem.Options) *idem.MemoryStore {
+	return must(idem.NewMemoryStore(o))
+}
+
+// must returns v, or panics with err: for constructors given options a
+// test knows are valid.
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }

@@ -188,7 +188,7 @@ func TestReaderFingerprintMismatchRejected(t *testing.T) {
 // Mistakes are refused by NewReader, naming the field; a nil client, store
 // or handler panics, as consumer.Idempotent's do.
 func TestNewReaderMistakes(t *testing.T) {
-	store := idem.NewMemoryStore(idem.Options{})
+	store := memStore(idem.Options{})
 	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // never dialled
 	defer c.Close()
 	h := func(context.Context, redis.XMessage) error { return nil }
@@ -236,4 +236,18 @@ func TestNewReaderMistakes(t *testing.T) {
 			tc.call()
 		}()
 	}
+}
+
+// memStore is idem.NewMemoryStore for tests, whose options are valid.
+func memStore(o idem.Options) *idem.MemoryStore {
+	return must(idem.NewMemoryStore(o))
+}
+
+// must returns v, or panics with err: for constructors given options a
+// test knows are valid.
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }

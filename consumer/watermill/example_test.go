@@ -3,6 +3,7 @@ package watermill_test
 import (
 	"context"
 	"fmt"
+	"log"
 
 	"github.com/ThreeDotsLabs/watermill"
 	"github.com/ThreeDotsLabs/watermill/message"
@@ -14,8 +15,11 @@ import (
 // A router handler behind the deduplicating middleware: an event published
 // twice is handled once (use a RedisStore to deduplicate across instances).
 func ExampleMiddleware() {
-	store := idem.NewMemoryStore(idem.Options{})
+	store, err := idem.NewMemoryStore(idem.Options{})
 	// Publish returns once the message is acked: the output's order is fixed.
+	if err != nil {
+		log.Fatal(err)
+	}
 	pubsub := gochannel.NewGoChannel(gochannel.Config{BlockPublishUntilSubscriberAck: true}, watermill.NopLogger{})
 	router, _ := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
 

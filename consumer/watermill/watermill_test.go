@@ -19,7 +19,7 @@ import (
 )
 
 func TestMiddlewareDirect(t *testing.T) {
-	store := idem.NewMemoryStore(idem.Options{})
+	store := memStore(idem.Options{})
 	runs := 0
 	h := idemwatermill.Middleware(store, idemwatermill.Options{})(func(msg *message.Message) ([]*message.Message, error) {
 		runs++
@@ -51,7 +51,7 @@ func TestMiddlewareDirect(t *testing.T) {
 }
 
 func TestMiddlewareMetadataKeyAndFailure(t *testing.T) {
-	store := idem.NewMemoryStore(idem.Options{})
+	store := memStore(idem.Options{})
 	fail := errors.New("handler failed")
 	runs := 0
 	h := idemwatermill.Middleware(store, idemwatermill.Options{MetadataKey: "event_id"})(
@@ -151,7 +151,7 @@ func testRouter(t *testing.T, store idem.Store) {
 }
 
 func TestRouterMemory(t *testing.T) {
-	testRouter(t, idem.NewMemoryStore(idem.Options{}))
+	testRouter(t, memStore(idem.Options{}))
 }
 
 func TestRouterRedis(t *testing.T) {
@@ -169,7 +169,7 @@ func TestRouterRedis(t *testing.T) {
 // confirms; then it is acked as a duplicate without running.
 func TestRouterInProgressNacked(t *testing.T) {
 	ctx := context.Background()
-	store := idem.NewMemoryStore(idem.Options{})
+	store := memStore(idem.Options{})
 	held, err := store.Claim(ctx, "held", nil)
 	if err != nil {
 		t.Fatal(err)
@@ -221,7 +221,7 @@ func TestRouterInProgressNacked(t *testing.T) {
 // queue), never acked as a duplicate.
 func TestMiddlewareFingerprint(t *testing.T) {
 	runs := 0
-	h := idemwatermill.Middleware(idem.NewMemoryStore(idem.Options{}), idemwatermill.Options{
+	h := idemwatermill.Middleware(memStore(idem.Options{}), idemwatermill.Options{
 		Fingerprint: func(msg *message.Message) []byte { return msg.Payload },
 	})(func(*message.Message) ([]*message.Message, error) { runs++; return nil, nil })
 	if _, err := h(message.NewMessage("k", []byte("a"))); err != nil {
@@ -238,7 +238,7 @@ func TestMiddlewareFingerprint(t *testing.T) {
 // A mistake in building the middleware panics at once, in the caller's
 // goroutine, naming what is wrong, rather than on the first message.
 func TestMiddlewareMistakesPanic(t *testing.T) {
-	store := idem.NewMemoryStore(idem.Options{})
+	store := memStore(idem.Options{})
 	nop := func(*message.Message) ([]*message.Message, error) { return nil, nil }
 	for _, tc := range []struct {
 		name  string
@@ -269,4 +269,18 @@ func TestMiddlewareMistakesPanic(t *testing.T) {
 			}
 		})
 	}
+}
+
+// memStore is idem.NewMemoryStore for tests, whose options are valid.
+func memStore(o idem.Options) *idem.MemoryStore {
+	return must(idem.NewMemoryStore(o))
+}
+
+// must returns v, or panics with err: for constructors given options a
+// test knows are valid.
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }

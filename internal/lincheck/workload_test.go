@@ -16,11 +16,11 @@ import (
 
 // memWorkload runs clients on one MemoryStore, through wrap.
 func memWorkload(i int, cut float64, wrap func(s idem.Store, worker string) idem.Store) Workload {
-	m := idem.NewMemoryStore(idem.Options{LeaseTTL: time.Hour})
+	m := memStore(idem.Options{LeaseTTL: time.Hour})
 	w := Workload{Ops: 20, Cut: cut, Batch: 0.3}
 	for c := range 5 {
 		worker := fmt.Sprintf("w%d", c/2) // two clients per worker
-		w.Clients = append(w.Clients, Client{Store: wrap(m.Share(idem.Options{LeaseTTL: time.Hour, Worker: worker}), worker), Worker: worker})
+		w.Clients = append(w.Clients, Client{Store: wrap(must(m.Share(idem.Options{LeaseTTL: time.Hour, Worker: worker})), worker), Worker: worker})
 	}
 	for k := range 3 {
 		w.Keys = append(w.Keys, fmt.Sprintf("h%d\x00{k%d}", i, k))
@@ -377,4 +377,18 @@ func (s naiveStore) Lookup(_ context.Context, key string) (*idem.Record, error) 
 		return nil, idem.ErrNotFound
 	}
 	return r.record(key, !d.now(dropFingerprint)), nil
+}
+
+// memStore is idem.NewMemoryStore for tests, whose options are valid.
+func memStore(o idem.Options) *idem.MemoryStore {
+	return must(idem.NewMemoryStore(o))
+}
+
+// must returns v, or panics with err: for constructors given options a
+// test knows are valid.
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }

@@ -110,8 +110,8 @@ func linOptions(worker string) idem.Options {
 }
 
 func TestLinearizableMemoryStore(t *testing.T) {
-	m := idem.NewMemoryStore(idem.Options{})
-	checkLinearizable(t, linFast, func(worker string) idem.Store { return m.Share(linOptions(worker)) })
+	m := memStore(idem.Options{})
+	checkLinearizable(t, linFast, func(worker string) idem.Store { return must(m.Share(linOptions(worker))) })
 }
 
 // linRedis opens RedisStores under one fresh prefix on c. c must respect
@@ -171,4 +171,18 @@ func TestLinearizableSQLStoreSQLite(t *testing.T) {
 		}
 		return s
 	})
+}
+
+// memStore is idem.NewMemoryStore for tests, whose options are valid.
+func memStore(o idem.Options) *idem.MemoryStore {
+	return must(idem.NewMemoryStore(o))
+}
+
+// must returns v, or panics with err: for constructors given options a
+// test knows are valid.
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }

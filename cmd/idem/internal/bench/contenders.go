@@ -274,7 +274,11 @@ VALUES ($1, 'C', $2, $3, $4, NULL, now(), now() + interval '30 seconds') ON CONF
 		Name: NameReplayMemory, Group: GroupHTTP,
 		Versus: []string{NameBare},
 		Open: func(ctx context.Context, e *Env) (*Instance, error) {
-			return replay(e, idem.NewMemoryStore(idem.Options{Retention: retention}))
+			store, err := idem.NewMemoryStore(idem.Options{Retention: retention})
+			if err != nil {
+				return nil, err
+			}
+			return replay(e, store)
 		},
 	},
 }
