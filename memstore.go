@@ -344,3 +344,8 @@ func (m *MemoryStore) ConfirmBatch(ctx context.Context, leases []*Lease, results
 	}
 	return nil
 }
+
+// MaxResultBytes returns the largest result Confirm accepts (the option
+// resolved to its default), so that a wrapper recording responses can
+// refuse, where it is configured, a limit the store would not hold.
+func (m *MemoryStore) MaxResultBytes() int { return m.o.MaxResultBytes }

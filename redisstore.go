@@ -781,3 +781,8 @@ func appendField(b []byte, s string) []byte {
 	b = append(b, ':')
 	return append(b, s...)
 }
+
+// MaxResultBytes returns the largest result Confirm accepts (the option
+// resolved to its default), so that a wrapper recording responses can
+// refuse, where it is configured, a limit the store would not hold.
+func (s *RedisStore) MaxResultBytes() int { return s.o.MaxResultBytes }

@@ -484,3 +484,8 @@ func leaseKey(l *idem.Lease) string {
 	}
 	return l.Key
 }
+
+// MaxResultBytes returns the largest result Confirm accepts (the option
+// resolved to its default), so that a wrapper recording responses can
+// refuse, where it is configured, a limit the store would not hold.
+func (s *Store) MaxResultBytes() int { return s.o.MaxResultBytes }
