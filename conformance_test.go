@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/google/uuid"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgo/idem"
@@ -43,19 +44,7 @@ func (c *fakeClock) Advance(d time.Duration) {
 }
 
 func TestMemoryStoreConformance(t *testing.T) {
-	storetest.Run(t, func(t *testing.T) storetest.Backend {
-		clock := &fakeClock{now: time.Now()}
-		var m *idem.MemoryStore
-		var once sync.Once
-		return storetest.Backend{
-			Open: func(o idem.Options) (idem.Store, error) {
-				once.Do(func() { m = must(idem.NewMemoryStoreClock(idem.Options{}, clock.Now)) })
-				return m.Share(o)
-			},
-			Advance: clock.Advance,
-			Now:     clock.Now,
-		}
-	})
+	storetest.Run(t, func(*testing.T) storetest.Backend { return storetest.MemoryBackend() })
 }
 
 func TestRedisStoreConformanceMiniredis(t *testing.T) {
@@ -187,9 +176,9 @@ func checkRefusedBeforeIO(t *testing.T, s idem.Store, io func() int64) {
 	long := strings.Repeat("k", idem.DefaultMaxKeyBytes+1)
 	bigFP := make([]byte, idem.MaxFingerprintBytes+1)
 	bigResult := make([]byte, maxResult+1)
-	good := &idem.Lease{Key: "sec-ok", Token: 1, Owner: "w"}
-	longLease := &idem.Lease{Key: long, Token: 1, Owner: "w"}
-	emptyLease := &idem.Lease{Key: "", Token: 1, Owner: "w"}
+	good := claimLease(t, s)
+	longLease, emptyLease := *good, *good
+	longLease.Key, emptyLease.Key = long, ""
 	type call struct {
 		name string
 		do   func() error
@@ -202,9 +191,9 @@ func checkRefusedBeforeIO(t *testing.T, s idem.Store, io func() int64) {
 		{"Claim(1025-byte fingerprint)", func() error { _, err := s.Claim(ctx, "sec-ok", bigFP); return err }, idem.ErrTooLarge, "fingerprint of 1025 bytes exceeds"},
 		{"Lookup(1025-byte key)", func() error { _, err := s.Lookup(ctx, long); return err }, idem.ErrInvalidKey, "exceeds MaxKeyBytes"},
 		{"Lookup(empty key)", func() error { _, err := s.Lookup(ctx, ""); return err }, idem.ErrInvalidKey, "empty key"},
-		{"Renew(1025-byte key)", func() error { return s.Renew(ctx, longLease) }, idem.ErrInvalidKey, "exceeds MaxKeyBytes"},
-		{"Forget(empty key)", func() error { return s.Forget(ctx, emptyLease) }, idem.ErrInvalidKey, "empty key"},
-		{"Confirm(1025-byte key)", func() error { return s.Confirm(ctx, longLease, nil) }, idem.ErrInvalidKey, "exceeds MaxKeyBytes"},
+		{"Renew(1025-byte key)", func() error { return s.Renew(ctx, &longLease) }, idem.ErrInvalidKey, "exceeds MaxKeyBytes"},
+		{"Forget(empty key)", func() error { return s.Forget(ctx, &emptyLease) }, idem.ErrInvalidKey, "empty key"},
+		{"Confirm(1025-byte key)", func() error { return s.Confirm(ctx, &longLease, nil) }, idem.ErrInvalidKey, "exceeds MaxKeyBytes"},
 		{"Confirm(oversized result)", func() error { return s.Confirm(ctx, good, bigResult) }, idem.ErrTooLarge, "exceeds MaxResultBytes"},
 		{"Confirm(nil lease)", func() error { return s.Confirm(ctx, nil, nil) }, idem.ErrInvalidLease, "nil *Lease"},
 	}
@@ -317,30 +306,46 @@ func TestSecurityOversizedInputsBeforeIO(t *testing.T) {
 func TestSecurityStoreDownIsError(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	stores := map[string]func(t *testing.T) idem.Store{
-		"redis": func(t *testing.T) idem.Store {
+	// Each store comes with a lease of its home, granted by a live store
+	// of the same kind and prefix or table: the dead store must fail on
+	// the way to its server, not refuse the lease.
+	stores := map[string]func(t *testing.T) (idem.Store, *idem.Lease){
+		"redis": func(t *testing.T) (idem.Store, *idem.Lease) {
 			s, err := idem.NewRedisStore(testenv.DeadRedis(t), idem.RedisOptions{AllowEviction: true})
 			if err != nil {
 				t.Fatalf("NewRedisStore(AllowEviction) = %v; want a store, no I/O yet", err)
 			}
-			return s
+			c := redis.NewClient(&redis.Options{Addr: miniredis.RunT(t).Addr()})
+			live, err := idem.NewRedisStore(c, idem.RedisOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return s, claimLease(t, live)
 		},
 	}
 	for name, open := range sqlBackends(t) {
-		stores[name] = func(t *testing.T) idem.Store {
+		stores[name] = func(t *testing.T) (idem.Store, *idem.Lease) {
 			db, _, d := open(t)
-			s, err := sqlstore.New(db, sqlstore.Options{Dialect: d, Table: sqltest.UniqueTable()})
+			table := sqltest.UniqueTable()
+			s, err := sqlstore.New(db, sqlstore.Options{Dialect: d, Table: table})
 			if err != nil {
 				t.Fatalf("sqlstore.New = %v", err)
 			}
 			_ = db.Close() // the database is gone from here on
-			return s
+			ldb, _ := sqltest.SQLite(t)
+			live, err := sqlstore.New(ldb, sqlstore.Options{Dialect: sqlstore.SQLite, Table: table})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := live.CreateSchema(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+			return s, claimLease(t, live)
 		}
 	}
 	for name, open := range stores {
 		t.Run(name, func(t *testing.T) {
-			s := open(t)
-			l := &idem.Lease{Key: "k", Token: 1, Owner: "w"}
+			s, l := open(t)
 			cl, err := s.Claim(ctx, "k", nil)
 			if err == nil || cl.Outcome != 0 || cl.Lease != nil {
 				t.Errorf("Claim = %v, %v; want an error and no outcome", cl.Outcome, err)
@@ -370,4 +375,14 @@ func must[T any](v T, err error) T {
 		panic(err)
 	}
 	return v
+}
+
+// claimLease claims a key of its own on s and returns the lease.
+func claimLease(t *testing.T, s idem.Store) *idem.Lease {
+	t.Helper()
+	c, err := s.Claim(context.Background(), "lease-"+uuid.NewString(), nil)
+	if err != nil || c.Outcome != idem.Claimed {
+		t.Fatalf("Claim = %v, %v; want claimed", c.Outcome, err)
+	}
+	return c.Lease
 }

@@ -58,7 +58,9 @@ func NewMemoryStoreClock(o Options, now func() time.Time) (*MemoryStore, error) 
 	if now == nil {
 		return nil, errors.New("idem: NewMemoryStoreClock: now is nil; pass time.Now or a test clock")
 	}
-	return &MemoryStore{o: o, data: &memData{now: now, recs: make(map[string]*memRecord), nextCap: 1024}}, nil
+	d := &memData{now: now, recs: make(map[string]*memRecord), nextCap: 1024}
+	o.home = fmt.Sprintf("MemoryStore %p", d)
+	return &MemoryStore{o: o, data: d}, nil
 }
 
 // Share returns a store over m's records with its own options (another
@@ -72,6 +74,7 @@ func (m *MemoryStore) Share(o Options) (*MemoryStore, error) {
 	if err != nil {
 		return nil, err
 	}
+	o.home = m.o.home
 	return &MemoryStore{o: o, data: m.data}, nil
 }
 
@@ -165,14 +168,8 @@ func (m *MemoryStore) claimLocked(key string, fingerprint []byte) Claim {
 	}
 	d.recs[key] = r
 	d.wrote(now)
-	return Claim{Outcome: Claimed, TakeOver: takeOver, Lease: &Lease{
-		Key:         key,
-		Token:       r.token,
-		Owner:       r.owner,
-		TTL:         m.o.LeaseTTL,
-		Expires:     r.expires,
-		Fingerprint: bytes.Clone(fingerprint),
-	}}
+	return Claim{Outcome: Claimed, TakeOver: takeOver,
+		Lease: newLease(m.o.home, key, r.token, r.owner, m.o.LeaseTTL, r.expires, bytes.Clone(fingerprint))}
 }
 
 // holds reports whether r is l's own live claim.
@@ -253,7 +250,7 @@ func (m *MemoryStore) confirmLocked(l *Lease, result []byte) (late bool, err err
 func (m *MemoryStore) Forget(ctx context.Context, l *Lease) (err error) {
 	start := time.Now()
 	defer func() { m.o.observe(ctx, Event{Op: OpForget, Err: err}, leaseKey(l), start) }()
-	if err := m.o.checkLease(l); err != nil {
+	if err := m.o.checkForget(l); err != nil {
 		return err
 	}
 	if err := ctx.Err(); err != nil {

@@ -51,6 +51,9 @@ type Options struct {
 	// failures limits the Logger's store-failure lines; shared by the
 	// copies of these options a store makes.
 	failures *logLimit
+	// home names the records' home of the store these options were
+	// resolved for (see grant); set by each constructor.
+	home string
 }
 
 // Defaults of Options.
@@ -121,8 +124,36 @@ func ms(d time.Duration) int64 {
 }
 
 // checkLease validates a lease given back to a store, before any I/O: one
-// that no Claim returned would record work nobody claimed.
+// that no Claim returned, or that another store granted, would record work
+// nobody claimed here; one its holder forgot is lost (the caller said the
+// work did not happen).
 func (o *Options) checkLease(l *Lease) error {
+	if err := o.checkGrant(l); err != nil {
+		return err
+	}
+	if l.grant.forgotten.Load() {
+		return fmt.Errorf("%w: %s token %d was forgotten by its holder", ErrLeaseLost, o.keyName(l.Key), l.Token)
+	}
+	return nil
+}
+
+// checkForget validates the lease given to Forget and marks it forgotten,
+// before any I/O: whatever the store answers, the caller has said that the
+// work did not happen. Forget itself may be repeated (after a transient
+// failure), so a forgotten lease is not refused here.
+func (o *Options) checkForget(l *Lease) error {
+	if err := o.checkGrant(l); err != nil {
+		return err
+	}
+	l.grant.forgotten.Store(true)
+	return nil
+}
+
+// checkGrant refuses a lease that this store's home did not grant.
+func (o *Options) checkGrant(l *Lease) error {
+	if o.MaxKeyBytes == 0 {
+		return errZeroStore
+	}
 	switch {
 	case l == nil:
 		return fmt.Errorf("%w: nil *Lease", ErrInvalidLease)
@@ -130,6 +161,10 @@ func (o *Options) checkLease(l *Lease) error {
 		return fmt.Errorf("%w: Token %d (a Lease comes from Claim)", ErrInvalidLease, l.Token)
 	case l.Owner == "":
 		return fmt.Errorf("%w: empty Owner (a Lease comes from Claim)", ErrInvalidLease)
+	case l.grant == nil:
+		return fmt.Errorf("%w: a Lease made by hand; a Lease comes from Claim", ErrInvalidLease)
+	case l.grant.store != o.home:
+		return fmt.Errorf("%w: granted by %s, given to %s", ErrInvalidLease, l.grant.store, o.home)
 	}
 	return o.checkKey(l.Key)
 }
@@ -241,13 +276,26 @@ type Core struct {
 }
 
 // NewCore validates o and resolves its defaults, as every store's
-// constructor does: an error names the one field at fault.
-func NewCore(o Options) (*Core, error) {
+// constructor does: an error names the one field at fault. home names
+// where the store keeps its records (its kind and table, say
+// `sqlstore table "idem_keys"`): a Core accepts only leases granted by a
+// Core of the same home (Lease), and refuses others with ErrInvalidLease.
+func NewCore(home string, o Options) (*Core, error) {
+	if home == "" {
+		return nil, errors.New("idem: NewCore: home is empty; name the store's kind and place")
+	}
 	o, err := o.withDefaults()
 	if err != nil {
 		return nil, err
 	}
+	o.home = home
 	return &Core{o: o}, nil
+}
+
+// Lease returns a new lease granted by this Core's home: Claim's lease.
+// fingerprint is kept as given (not copied).
+func (c *Core) Lease(key string, token int64, ttl time.Duration, expires time.Time, fingerprint []byte) *Lease {
+	return newLease(c.o.home, key, token, c.o.Worker, ttl, expires, fingerprint)
 }
 
 // Options returns the resolved options: every default filled in, Worker
@@ -263,9 +311,15 @@ func (c *Core) CheckClaim(key string, fingerprint []byte) error {
 	return c.o.checkClaim(key, fingerprint)
 }
 
-// CheckLease returns ErrInvalidLease for a lease no Claim returned, and
-// checks its key.
+// CheckLease returns ErrInvalidLease for a lease that no Claim of this
+// Core's home returned, ErrLeaseLost for one its holder forgot, and checks
+// its key: Renew's and Confirm's check.
 func (c *Core) CheckLease(l *Lease) error { return c.o.checkLease(l) }
+
+// CheckForget is Forget's check: ErrInvalidLease as CheckLease, and it
+// marks l forgotten (later Renew and Confirm of l are ErrLeaseLost)
+// whatever the store then answers.
+func (c *Core) CheckForget(l *Lease) error { return c.o.checkForget(l) }
 
 // CheckResult checks Confirm's lease and result (ErrTooLarge over
 // MaxResultBytes).

@@ -298,7 +298,7 @@ func TestRedisBadInputBeforeIO(t *testing.T) {
 		t.Fatalf("NewRedisStore: %v", err)
 	}
 	ctx := context.Background()
-	lease := &Lease{Key: "k", Token: 1, Owner: "w", TTL: time.Second}
+	lease := grantedLease(s, "k", 1, "w")
 	long := strings.Repeat("k", 17)
 	for _, tt := range []struct {
 		name string
@@ -314,12 +314,12 @@ func TestRedisBadInputBeforeIO(t *testing.T) {
 		{"Lookup(empty)", func() error { _, err := s.Lookup(ctx, ""); return err }, ErrInvalidKey},
 		{"Lookup(long)", func() error { _, err := s.Lookup(ctx, long); return err }, ErrInvalidKey},
 		{"Confirm(big result)", func() error { return s.Confirm(ctx, lease, make([]byte, 9)) }, ErrTooLarge},
-		{"Confirm(empty key)", func() error { return s.Confirm(ctx, &Lease{Token: 1, Owner: "w"}, nil) }, ErrInvalidKey},
+		{"Confirm(empty key)", func() error { return s.Confirm(ctx, grantedLease(s, "", 1, "w"), nil) }, ErrInvalidKey},
 		{"Confirm(nil)", func() error { return s.Confirm(ctx, nil, nil) }, nil},
 		{"Renew(nil)", func() error { return s.Renew(ctx, nil) }, nil},
 		{"Forget(nil)", func() error { return s.Forget(ctx, nil) }, nil},
-		{"Renew(long key)", func() error { return s.Renew(ctx, &Lease{Key: long, Token: 1, Owner: "w"}) }, ErrInvalidKey},
-		{"Forget(empty key)", func() error { return s.Forget(ctx, &Lease{Token: 1, Owner: "w"}) }, ErrInvalidKey},
+		{"Renew(long key)", func() error { return s.Renew(ctx, grantedLease(s, long, 1, "w")) }, ErrInvalidKey},
+		{"Forget(empty key)", func() error { return s.Forget(ctx, grantedLease(s, "", 1, "w")) }, ErrInvalidKey},
 		{"ClaimBatch(one empty)", func() error { _, err := s.ClaimBatch(ctx, []string{"a", ""}, nil); return err }, ErrInvalidKey},
 		{"ClaimBatch(fingerprints short)", func() error {
 			_, err := s.ClaimBatch(ctx, []string{"a", "b"}, [][]byte{nil})
@@ -414,18 +414,19 @@ func checkDamaged(t *testing.T, s *RedisStore, c *redis.Client, key, value strin
 	if err := c.Set(ctx, rk, value, time.Minute).Err(); err != nil {
 		t.Fatalf("SET %q: %v", rk, err)
 	}
-	lease := &Lease{Key: key, Token: 12, Owner: s.o.Worker, TTL: time.Second}
+	// Each operation gets a lease of its own: Forget's is forgotten.
+	lease := func() *Lease { return grantedLease(s, key, 12, s.o.Worker) }
 	for _, tt := range []struct {
 		name string
 		op   func() error
 	}{
 		{"Claim", func() error { _, err := s.Claim(ctx, key, nil); return err }},
-		{"Renew", func() error { return s.Renew(ctx, lease) }},
-		{"Confirm", func() error { return s.Confirm(ctx, lease, []byte("r")) }},
-		{"Forget", func() error { return s.Forget(ctx, lease) }},
+		{"Renew", func() error { return s.Renew(ctx, lease()) }},
+		{"Confirm", func() error { return s.Confirm(ctx, lease(), []byte("r")) }},
+		{"Forget", func() error { return s.Forget(ctx, lease()) }},
 		{"Lookup", func() error { _, err := s.Lookup(ctx, key); return err }},
 		{"ClaimBatch", func() error { _, err := s.ClaimBatch(ctx, []string{key}, nil); return err }},
-		{"ConfirmBatch", func() error { return s.ConfirmBatch(ctx, []*Lease{lease}, nil) }},
+		{"ConfirmBatch", func() error { return s.ConfirmBatch(ctx, []*Lease{lease()}, nil) }},
 	} {
 		err := func() (err error) {
 			defer func() {
@@ -629,5 +630,39 @@ func TestRedisLostReply(t *testing.T) {
 				}
 			})
 		})
+	}
+}
+
+// grantedLease is a lease as s would grant it, for a test that needs one
+// on a record it wrote by hand.
+func grantedLease(s *RedisStore, key string, token int64, owner string) *Lease {
+	return newLease(s.o.home, key, token, owner, time.Second, time.Now().Add(time.Second), nil)
+}
+
+// A lease belongs to the Redis records of its Prefix: another prefix's
+// store, on the same Redis, refuses it before any write.
+func TestRedisLeaseOfAnotherPrefix(t *testing.T) {
+	_, c := newMiniredisClient(t)
+	ctx := context.Background()
+	a, err := NewRedisStore(c, RedisOptions{Prefix: "a:"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := NewRedisStore(c, RedisOptions{Prefix: "b:"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cl, err := a.Claim(ctx, "k", nil)
+	if err != nil || cl.Outcome != Claimed {
+		t.Fatalf("Claim = %v, %v; want claimed", cl.Outcome, err)
+	}
+	if err := b.Confirm(ctx, cl.Lease, []byte("r")); !errors.Is(err, ErrInvalidLease) {
+		t.Errorf("Confirm on Prefix b: of a lease of Prefix a: = %v; want ErrInvalidLease", err)
+	}
+	if n, err := c.Exists(ctx, b.redisKey("k")).Result(); err != nil || n != 0 {
+		t.Errorf("after the refused Confirm, Prefix b: holds %d records (%v); want 0", n, err)
+	}
+	if err := a.Confirm(ctx, cl.Lease, []byte("r")); err != nil {
+		t.Errorf("Confirm on its own store = %v; want nil", err)
 	}
 }

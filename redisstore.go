@@ -186,6 +186,7 @@ func NewRedisStore(c redis.UniversalClient, o RedisOptions) (*RedisStore, error)
 	if o.Prefix == "" {
 		o.Prefix = DefaultPrefix
 	}
+	opts.home = "RedisStore Prefix " + strconv.Quote(o.Prefix)
 	if strings.ContainsAny(o.Prefix, "{}") {
 		return nil, fmt.Errorf("idem: Prefix %q must not contain '{' or '}' (the hash tag after it is idem's)", o.Prefix)
 	}
@@ -550,14 +551,8 @@ func (s *RedisStore) parseClaim(key string, fingerprint []byte, start time.Time,
 
 // claimed is the Claim of a new lease on key; left is what remains of it.
 func (s *RedisStore) claimed(key string, tok int64, left time.Duration, fingerprint []byte, start time.Time) Claim {
-	return Claim{Outcome: Claimed, Lease: &Lease{
-		Key:         key,
-		Token:       tok,
-		Owner:       s.o.Worker,
-		TTL:         s.o.LeaseTTL,
-		Expires:     start.Add(left),
-		Fingerprint: bytes.Clone(fingerprint),
-	}}
+	return Claim{Outcome: Claimed,
+		Lease: newLease(s.o.home, key, tok, s.o.Worker, s.o.LeaseTTL, start.Add(left), bytes.Clone(fingerprint))}
 }
 
 // parseRecord reads the {state, token, pttl, fingerprint, result|owner}
@@ -692,7 +687,7 @@ func (s *RedisStore) confirmed(ctx context.Context, l *Lease, v any) (late bool,
 func (s *RedisStore) Forget(ctx context.Context, l *Lease) (err error) {
 	start := time.Now()
 	defer func() { s.o.observe(ctx, Event{Op: OpForget, Err: err}, leaseKey(l), start) }()
-	if err := s.o.checkLease(l); err != nil {
+	if err := s.o.checkForget(l); err != nil {
 		return err
 	}
 	v, _, err := s.run(ctx, forgetScript, l.Key, heldPrefix(l), strconv.FormatInt(l.Token, 10))

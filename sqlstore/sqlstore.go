@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"time"
 
 	"github.com/idemgo/idem"
@@ -120,10 +121,6 @@ func New(db *sql.DB, o Options) (*Store, error) {
 	if db == nil {
 		return nil, errors.New("sqlstore: New with a nil *sql.DB")
 	}
-	core, err := idem.NewCore(o.shared())
-	if err != nil {
-		return nil, err
-	}
 	if o.Dialect != Postgres && o.Dialect != SQLite {
 		return nil, errDialect(o.Dialect)
 	}
@@ -131,6 +128,12 @@ func New(db *sql.DB, o Options) (*Store, error) {
 		o.Table = DefaultTable
 	}
 	t, err := parseTable(o.Table)
+	if err != nil {
+		return nil, err
+	}
+	// Leases are this table's: another table's, or another kind of
+	// store's, are refused (a Confirm would record a key never claimed here).
+	core, err := idem.NewCore("sqlstore table "+strconv.Quote(o.Table), o.shared())
 	if err != nil {
 		return nil, err
 	}
@@ -276,10 +279,8 @@ func (s *Store) upsert(ctx context.Context, q sqlQuerier, key, fp []byte, tok *i
 // claimed is the Claim of a successful upsert; prev is the row's state
 // before it ("" when there was none).
 func (s *Store) claimed(key string, fp []byte, tok int64, prev string, start time.Time) idem.Claim {
-	return idem.Claim{Outcome: idem.Claimed, TakeOver: prev == "C", Lease: &idem.Lease{
-		Key: key, Token: tok, Owner: s.o.Worker, TTL: s.o.LeaseTTL,
-		Expires: start.Add(s.o.LeaseTTL), Fingerprint: bytes.Clone(fp),
-	}}
+	return idem.Claim{Outcome: idem.Claimed, TakeOver: prev == "C",
+		Lease: s.core.Lease(key, tok, s.o.LeaseTTL, start.Add(s.o.LeaseTTL), bytes.Clone(fp))}
 }
 
 // found answers a claim of a key with a live record: Duplicate or
@@ -441,7 +442,7 @@ func (s *Store) confirmIn(ctx context.Context, q sqlQuerier, l *idem.Lease, resu
 func (s *Store) Forget(ctx context.Context, l *idem.Lease) (err error) {
 	start := time.Now()
 	defer func() { s.core.Observe(ctx, idem.Event{Op: idem.OpForget, Err: err}, leaseKey(l), start) }()
-	if err := s.core.CheckLease(l); err != nil {
+	if err := s.core.CheckForget(l); err != nil {
 		return err
 	}
 	ok, err := s.exec(ctx, s.db, s.q.forget, []byte(l.Key), l.Owner, l.Token)

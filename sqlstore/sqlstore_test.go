@@ -157,6 +157,10 @@ func TestInvalidInputBeforeIO(t *testing.T) {
 	// from validation, before any.
 	db, _ := sqltest.SQLite(t)
 	st := sqltest.NewStore(t, db, sqlstore.Options{Dialect: sqlstore.SQLite, MaxResultBytes: 4})
+	c, err := st.Claim(t.Context(), "k", nil)
+	if err != nil || c.Outcome != idem.Claimed {
+		t.Fatalf("Claim = %v, %v; want claimed", c.Outcome, err)
+	}
 	_ = db.Close()
 	ctx := t.Context()
 	big := strings.Repeat("k", idem.DefaultMaxKeyBytes+1)
@@ -166,7 +170,7 @@ func TestInvalidInputBeforeIO(t *testing.T) {
 	if _, err := st.Lookup(ctx, big); !errors.Is(err, idem.ErrInvalidKey) {
 		t.Errorf("Lookup of a %d-byte key = %v; want ErrInvalidKey", len(big), err)
 	}
-	if err := st.Confirm(ctx, &idem.Lease{Key: "k", Token: 1, Owner: "w"}, []byte("12345")); !errors.Is(err, idem.ErrTooLarge) {
+	if err := st.Confirm(ctx, c.Lease, []byte("12345")); !errors.Is(err, idem.ErrTooLarge) {
 		t.Errorf("Confirm of a 5-byte result, MaxResultBytes 4 = %v; want ErrTooLarge", err)
 	}
 	if _, err := st.ClaimBatch(ctx, []string{"a", ""}, nil); !errors.Is(err, idem.ErrInvalidKey) {

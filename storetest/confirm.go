@@ -77,13 +77,13 @@ func confirmAfterTakeOver(s *suite) {
 	if err := b.Renew(ctx(s), second.Lease); !isErr(err, idem.ErrLeaseLost) {
 		s.Errorf("Renew of the overtaken lease = %v; want ErrLeaseLost (its work is already done)", err)
 	}
-	if err := b.Forget(ctx(s), second.Lease); !isErr(err, idem.ErrLeaseLost) {
-		s.Errorf("Forget of the overtaken lease = %v; want ErrLeaseLost, never deleting the confirmation", err)
-	}
 	// b's work was done too, and its result cannot be the one kept: b must
 	// be told, or it would answer its caller as if it were.
 	if err := b.Confirm(ctx(s), second.Lease, []byte("from-b")); !isErr(err, idem.ErrAlreadyConfirmed) {
 		s.Errorf("Confirm of the overtaken lease after the first confirmed = %v; want ErrAlreadyConfirmed", err)
+	}
+	if err := b.Forget(ctx(s), second.Lease); !isErr(err, idem.ErrLeaseLost) {
+		s.Errorf("Forget of the overtaken lease = %v; want ErrLeaseLost, never deleting the confirmation", err)
 	}
 	d = s.claim(a, k, "fp", idem.Duplicate)
 	checkConfirmation(s, d.Record, first.Lease, "from-a")

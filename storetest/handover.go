@@ -142,18 +142,18 @@ func forgetTwiceAndStaleRenew(s *suite) {
 	s.wait(lease / 4)
 	stale := []struct {
 		st   idem.Store
-		l    idem.Lease
+		l    *idem.Lease
 		what string
 	}{
-		{a, *first.Lease, "the overtaken lease"},
-		{a, idem.Lease{Key: k, Token: second.Lease.Token, Owner: "w1", TTL: lease}, "the holder's token with another owner"},
-		{b, idem.Lease{Key: k, Token: first.Lease.Token, Owner: "w2", TTL: lease}, "the holder's owner with the old token"},
+		{a, first.Lease, "the overtaken lease"},
+		{a, s.forge(a, k, second.Lease.Token, "w1"), "the holder's token with another owner"},
+		{b, s.forge(b, k, first.Lease.Token, "w2"), "the holder's owner with the old token"},
 	}
 	for _, x := range stale {
-		if err := x.st.Renew(ctx(s), &x.l); !isErr(err, idem.ErrLeaseLost) {
+		if err := x.st.Renew(ctx(s), x.l); !isErr(err, idem.ErrLeaseLost) {
 			s.Errorf("Renew of %s = %v; want ErrLeaseLost", x.what, err)
 		}
-		if err := x.st.Forget(ctx(s), &x.l); !isErr(err, idem.ErrLeaseLost) {
+		if err := x.st.Forget(ctx(s), x.l); !isErr(err, idem.ErrLeaseLost) {
 			s.Errorf("Forget of %s = %v; want ErrLeaseLost", x.what, err)
 		}
 	}

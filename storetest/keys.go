@@ -78,7 +78,7 @@ func keysInvalid(s *suite) {
 		if _, err := c.st.Lookup(ctx(s), c.key); !isErr(err, idem.ErrInvalidKey) {
 			s.Errorf("Lookup of a %d-byte key = %v; want ErrInvalidKey", len(c.key), err)
 		}
-		l := &idem.Lease{Key: c.key, Token: 1, Owner: "w1"}
+		l := s.forge(c.st, c.key, 1, "w1")
 		if err := c.st.Confirm(ctx(s), l, nil); !isErr(err, idem.ErrInvalidKey) {
 			s.Errorf("Confirm of a lease with a %d-byte key = %v; want ErrInvalidKey", len(c.key), err)
 		}

@@ -27,6 +27,7 @@ package storetest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -37,9 +38,11 @@ import (
 // Backend is a store implementation under test.
 type Backend struct {
 	// Open returns a store with the given options over the backend's
-	// records. Stores opened from one Backend share their records, as
-	// processes sharing one Redis or one database do; each has its own
-	// options (Worker, LeaseTTL, ...).
+	// records. Stores opened from one Backend MUST share their records, as
+	// processes sharing one Redis or one database do (most checks open two
+	// workers and fail without it); each has its own options (Worker,
+	// LeaseTTL, ...). For a MemoryStore that means Share of one store, not
+	// a NewMemoryStore per call: see MemoryBackend.
 	Open func(o idem.Options) (idem.Store, error)
 	// Advance moves the backend's clock forward by d: miniredis's
 	// FastForward, a MemoryStore's injected clock. Nil: the suite waits in
@@ -116,6 +119,7 @@ type suite struct {
 	b Backend
 
 	mu      sync.Mutex
+	donors  int           // leases forge has taken
 	virtual time.Duration // the advances so far, on a backend whose clock the suite controls
 	epoch   time.Time     // the check's start, on one whose clock runs by itself
 	took    time.Duration // the real time of the last call made through claim or lookup
@@ -191,6 +195,23 @@ func ctx(s *suite) context.Context { return s.Context() }
 
 // key returns a key unique to this check.
 func (s *suite) key(suffix string) string { return s.Name() + "/" + suffix }
+
+// forge returns a lease that st's backend granted, for a key of the
+// suite's own, rewritten to key, token and owner: a lease of this backend
+// that no Claim of key returned, so that the store's own answer to it is
+// checked, not the local check of a lease made by hand.
+func (s *suite) forge(st idem.Store, key string, token int64, owner string) *idem.Lease {
+	s.Helper()
+	s.mu.Lock()
+	s.donors++
+	n := s.donors
+	s.mu.Unlock()
+	// Short, as a store with a small MaxKeyBytes needs; the backend is
+	// the check's own.
+	l := *s.claim(st, fmt.Sprintf("donor-%d", n), "", idem.Claimed).Lease
+	l.Key, l.Token, l.Owner = key, token, owner
+	return &l
+}
 
 // claim calls Claim and fails the check on an error or an unexpected outcome.
 func (s *suite) claim(st idem.Store, key string, fp string, want idem.Outcome) idem.Claim {

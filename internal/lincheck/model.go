@@ -75,7 +75,26 @@ type Input struct {
 	Lease LeaseRef
 	// Result is Confirm's result.
 	Result string
+	// Forgot says whether the lease given to Confirm or Renew had been
+	// forgotten: a store refuses such a lease locally (ErrLeaseLost, no
+	// effect), from the moment its Forget is called.
+	Forgot Forgot
 }
+
+// Forgot is what a call knew of a Forget of its lease (or of a copy of it).
+type Forgot uint8
+
+const (
+	// NotForgotten: no Forget of the lease began before the call returned.
+	NotForgotten Forgot = iota
+	// MaybeForgotten: a Forget began before the call returned, but had not
+	// returned when the call began: the call may or may not have seen it.
+	// In a batch, an item whose batch holds a lease so forgotten.
+	MaybeForgotten
+	// Forgotten: a Forget of the lease returned before the call began; the
+	// call must be refused. In a batch, an item whose batch holds one.
+	Forgotten
+)
 
 // Err classifies a call's error.
 type Err uint8
@@ -204,6 +223,17 @@ func step(s State, in Input, out Output) (bool, State) {
 	if out.Malformed != "" {
 		return false, s
 	}
+	if in.Kind == Confirm || in.Kind == Renew {
+		// A forgotten lease is refused before any I/O: the caller said the
+		// work did not happen, and another holder's claim is never touched.
+		switch {
+		case in.Forgot == Forgotten:
+			// Unknown too: a call cut short after the store refused it.
+			return out.Err == LeaseLost || out.Err == Unknown, s
+		case in.Forgot == MaybeForgotten && out.Err == LeaseLost:
+			return true, s
+		}
+	}
 	if out.Err == Unknown {
 		return true, apply(s, in)
 	}
@@ -314,6 +344,18 @@ func reports(s State, key string, out Output) (bool, State) {
 	return out.Token == s.Token, s
 }
 
+// String describes f after a call, as describe prints it: nothing when
+// the lease was not forgotten.
+func (f Forgot) String() string {
+	switch f {
+	case MaybeForgotten:
+		return " (its Forget in flight)"
+	case Forgotten:
+		return " (after its Forget)"
+	}
+	return ""
+}
+
 // String describes the state for porcupine's visualization.
 func (s State) String() string {
 	tok := strconv.FormatInt(s.Token, 10)
@@ -335,9 +377,9 @@ func describe(in Input, out Output) string {
 	case Claim:
 		call = fmt.Sprintf("Claim(%q, fp %q) by %s", in.Key, in.Fingerprint, in.Worker)
 	case Confirm:
-		call = fmt.Sprintf("Confirm(%q, %s, %q)", in.Key, in.Lease, in.Result)
+		call = fmt.Sprintf("Confirm(%q, %s, %q)%s", in.Key, in.Lease, in.Result, in.Forgot)
 	case Forget, Renew:
-		call = fmt.Sprintf("%v(%q, %s)", in.Kind, in.Key, in.Lease)
+		call = fmt.Sprintf("%v(%q, %s)%s", in.Kind, in.Key, in.Lease, in.Forgot)
 	default:
 		call = fmt.Sprintf("%v(%q)", in.Kind, in.Key)
 	}

@@ -41,6 +41,12 @@ func confirmIn(token int64, owner, fp, result string) Input {
 
 var lookupIn = Input{Kind: Lookup}
 
+// forgotten is in made with a lease whose Forget is f to it.
+func forgotten(in Input, f Forgot) Input {
+	in.Forgot = f
+	return in
+}
+
 func claimRec(token int64, owner, fp string) Output {
 	return Output{Key: "k", Token: token, Owner: owner, Fingerprint: fp}
 }
@@ -259,6 +265,22 @@ func TestModel(t *testing.T) {
 			add(0, 1, claimIn("a", "f"), claimedOut(5, "a", "f")).
 			add(2, 0, confirmIn(5, "a", "f", "r"), Output{}).
 			add(6, 7, lookupIn, doneRec(5, "f", "s")), false},
+		{"confirm after its own forget overwrites the next holder", seq{}.
+			add(0, 1, claimIn("a", "f"), claimedOut(5, "a", "f")).
+			add(2, 3, leaseIn(Forget, 5, "a", "f"), ok).
+			add(4, 5, claimIn("b", "f"), claimedOut(6, "b", "f")).
+			add(6, 7, forgotten(confirmIn(5, "a", "f", "r"), Forgotten), ok), false},
+		{"confirm after its own forget refused", seq{}.
+			add(0, 1, claimIn("a", "f"), claimedOut(5, "a", "f")).
+			add(2, 3, leaseIn(Forget, 5, "a", "f"), ok).
+			add(4, 5, claimIn("b", "f"), claimedOut(6, "b", "f")).
+			add(6, 7, forgotten(confirmIn(5, "a", "f", "r"), Forgotten), lost).
+			add(8, 9, leaseIn(Renew, 6, "b", "f"), ok), true},
+		{"confirm racing its own forget may go either way", seq{}.
+			add(0, 1, claimIn("a", "f"), claimedOut(5, "a", "f")).
+			add(2, 6, leaseIn(Forget, 5, "a", "f"), lost).
+			add(3, 5, forgotten(confirmIn(5, "a", "f", "r"), MaybeForgotten), ok).
+			add(7, 8, lookupIn, doneRec(5, "f", "r")), true},
 		{"malformed answer", seq{}.add(0, 1, claimIn("a", "f"), Output{Malformed: "Claimed without a lease"}), false},
 		{"keys are checked apart", seq{}.
 			add(0, 10, claimIn("a", "f"), claimedOut(5, "a", "f")).

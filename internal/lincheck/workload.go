@@ -63,6 +63,74 @@ type History struct {
 type pool struct {
 	mu     sync.Mutex
 	leases map[string][]*idem.Lease
+	// origin maps a forged lease to the lease it was copied from: copies
+	// share what their store knows of a lease (its Forget), so they share
+	// its forget marks here.
+	origin  map[*idem.Lease]*idem.Lease
+	forgets map[*idem.Lease]*forgetMark
+}
+
+// forgetMark is what the workload knows of the Forgets of one lease.
+type forgetMark struct{ begun, returned bool }
+
+// forged records that f was copied from l.
+func (p *pool) forged(f, l *idem.Lease) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if o, ok := p.origin[l]; ok {
+		l = o
+	}
+	p.origin[f] = l
+}
+
+// mark returns l's forget marks, creating them. The caller holds p.mu.
+func (p *pool) mark(l *idem.Lease) *forgetMark {
+	if o, ok := p.origin[l]; ok {
+		l = o
+	}
+	m := p.forgets[l]
+	if m == nil {
+		m = &forgetMark{}
+		p.forgets[l] = m
+	}
+	return m
+}
+
+// forgetting runs a Forget of l, marking when it began and returned.
+func (p *pool) forgetting(l *idem.Lease, forget func() error) error {
+	p.mu.Lock()
+	m := p.mark(l)
+	m.begun = true
+	p.mu.Unlock()
+	err := forget()
+	p.mu.Lock()
+	m.returned = true
+	p.mu.Unlock()
+	return err
+}
+
+// forgot runs call with l and says what it could have known of l's Forget.
+func (p *pool) forgot(ls []*idem.Lease, call func()) Forgot {
+	p.mu.Lock()
+	before := NotForgotten
+	for _, l := range ls {
+		if p.mark(l).returned {
+			before = Forgotten
+		}
+	}
+	p.mu.Unlock()
+	call()
+	if before == Forgotten {
+		return Forgotten
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, l := range ls {
+		if p.mark(l).begun {
+			return MaybeForgotten
+		}
+	}
+	return NotForgotten
 }
 
 func (p *pool) add(l *idem.Lease) {
@@ -133,7 +201,8 @@ func (w Workload) Run(seed uint64) *History {
 		w.Timeout = 10 * time.Second
 	}
 	r := &recorder{start: time.Now(), clients: len(w.Clients)}
-	p := &pool{leases: map[string][]*idem.Lease{}}
+	p := &pool{leases: map[string][]*idem.Lease{}, origin: map[*idem.Lease]*idem.Lease{},
+		forgets: map[*idem.Lease]*forgetMark{}}
 	var wg sync.WaitGroup
 	for i, c := range w.Clients {
 		wg.Go(func() {
@@ -168,7 +237,9 @@ func (w Workload) call(r *recorder, p *pool, i int, c Client, rng *rand.Rand, ow
 			l = p.pick(key, rng)
 		}
 		if l != nil && rng.IntN(10) == 0 {
-			l = forge(l, rng)
+			f := forge(l, rng)
+			p.forged(f, l)
+			l = f
 		}
 		if l == nil {
 			n = 0 // nothing to present yet: claim instead
@@ -189,9 +260,6 @@ func (w Workload) call(r *recorder, p *pool, i int, c Client, rng *rand.Rand, ow
 			case cl.Outcome == idem.Claimed && cl.Lease != nil:
 				own[key] = cl.Lease
 				p.add(cl.Lease)
-			case cl.Outcome == idem.InProgress && cl.Record != nil:
-				rec := cl.Record
-				p.add(&idem.Lease{Key: key, Token: rec.Token, Owner: rec.Owner, Fingerprint: rec.Fingerprint})
 			}
 			return claimOutput(cl, err), err
 		})
@@ -199,20 +267,23 @@ func (w Workload) call(r *recorder, p *pool, i int, c Client, rng *rand.Rand, ow
 		w.confirmBatch(ctx, r, p, i, b, rng, l)
 	case n < 45:
 		result := randomResult(rng)
-		in := Input{Kind: Confirm, Key: key, Lease: ref(l), Result: string(result)}
-		r.record(ctx, i, in, func(ctx context.Context) (Output, error) {
-			err := c.Store.Confirm(ctx, l, result)
-			return errOutput(err), err
+		ins := []Input{{Kind: Confirm, Key: key, Lease: ref(l), Result: string(result)}}
+		r.recordBatch(ctx, i, ins, func(ctx context.Context) ([]Output, error) {
+			var err error
+			ins[0].Forgot = p.forgot([]*idem.Lease{l}, func() { err = c.Store.Confirm(ctx, l, result) })
+			return []Output{errOutput(err)}, err
 		})
 	case n < 58:
 		r.record(ctx, i, Input{Kind: Forget, Key: key, Lease: ref(l)}, func(ctx context.Context) (Output, error) {
-			err := c.Store.Forget(ctx, l)
+			err := p.forgetting(l, func() error { return c.Store.Forget(ctx, l) })
 			return errOutput(err), err
 		})
 	case n < 70:
-		r.record(ctx, i, Input{Kind: Renew, Key: key, Lease: ref(l)}, func(ctx context.Context) (Output, error) {
-			err := c.Store.Renew(ctx, l)
-			return errOutput(err), err
+		ins := []Input{{Kind: Renew, Key: key, Lease: ref(l)}}
+		r.recordBatch(ctx, i, ins, func(ctx context.Context) ([]Output, error) {
+			var err error
+			ins[0].Forgot = p.forgot([]*idem.Lease{l}, func() { err = c.Store.Renew(ctx, l) })
+			return []Output{errOutput(err)}, err
 		})
 	default:
 		r.record(ctx, i, Input{Kind: Lookup, Key: key}, func(ctx context.Context) (Output, error) {
@@ -250,9 +321,6 @@ func (w Workload) claimBatch(ctx context.Context, r *recorder, p *pool, i int, c
 				case cl.Outcome == idem.Claimed && cl.Lease != nil:
 					own[keys[j]] = cl.Lease
 					p.add(cl.Lease)
-				case cl.Outcome == idem.InProgress && cl.Record != nil:
-					rec := cl.Record
-					p.add(&idem.Lease{Key: keys[j], Token: rec.Token, Owner: rec.Owner, Fingerprint: rec.Fingerprint})
 				}
 			}
 		}
@@ -281,7 +349,13 @@ func (w Workload) confirmBatch(ctx context.Context, r *recorder, p *pool, i int,
 		ins[j] = Input{Kind: Confirm, Key: m.Key, Lease: ref(m), Result: string(results[j])}
 	}
 	r.recordBatch(ctx, i, ins, func(ctx context.Context) ([]Output, error) {
-		err := b.ConfirmBatch(ctx, leases, results)
+		var err error
+		// A forgotten lease fails the whole batch before any I/O, so each
+		// item may see the Forget of any lease of the batch.
+		forgot := p.forgot(leases, func() { err = b.ConfirmBatch(ctx, leases, results) })
+		for j := range ins {
+			ins[j].Forgot = forgot
+		}
 		errs := itemErrors(err, len(leases))
 		outs := make([]Output, len(leases))
 		for j, e := range errs {

@@ -218,7 +218,7 @@ func TestBrokenStoresCaught(t *testing.T) {
 		t.Run(b.name, func(t *testing.T) {
 			caught(t, 100, nil, func() func(string) idem.Store {
 				d := &naive{recs: map[string]*naiveRec{}, bug: b.bug}
-				return func(worker string) idem.Store { return naiveStore{d: d, worker: worker} }
+				return func(worker string) idem.Store { return newNaiveStore(d, worker) }
 			})
 		})
 	}
@@ -227,7 +227,7 @@ func TestBrokenStoresCaught(t *testing.T) {
 	t.Run("no bug", func(t *testing.T) {
 		Verify(t, 50, 0, func(i int) Workload {
 			d := &naive{recs: map[string]*naiveRec{}}
-			return memWorkload(i, 0, func(_ idem.Store, worker string) idem.Store { return naiveStore{d: d, worker: worker} })
+			return memWorkload(i, 0, func(_ idem.Store, worker string) idem.Store { return newNaiveStore(d, worker) })
 		})
 	})
 }
@@ -265,9 +265,18 @@ type naiveRec struct {
 	result      []byte
 }
 
+// naiveStore is one worker's view of a naive store. Its leases are
+// granted and checked by an idem.Core, as a Store of one's own would be:
+// a lease forgotten, or made by hand, is refused before the records are
+// touched.
 type naiveStore struct {
 	d      *naive
 	worker string
+	core   *idem.Core
+}
+
+func newNaiveStore(d *naive, worker string) naiveStore {
+	return naiveStore{d: d, worker: worker, core: must(idem.NewCore("naive store", idem.Options{Worker: worker}))}
 }
 
 // now reports whether the bug strikes this time (every other chance).
@@ -317,7 +326,7 @@ func (s naiveStore) Claim(_ context.Context, key string, fp []byte) (idem.Claim,
 		tok = 1
 	}
 	d.recs[key] = &naiveRec{token: tok, owner: s.worker, fingerprint: fp}
-	return idem.Claim{Outcome: idem.Claimed, Lease: &idem.Lease{Key: key, Token: tok, Owner: s.worker, Fingerprint: fp}}, nil
+	return idem.Claim{Outcome: idem.Claimed, Lease: s.core.Lease(key, tok, time.Hour, time.Now().Add(time.Hour), fp)}, nil
 }
 
 func (d *naive) holds(l *idem.Lease) bool {
@@ -326,6 +335,9 @@ func (d *naive) holds(l *idem.Lease) bool {
 }
 
 func (s naiveStore) Renew(_ context.Context, l *idem.Lease) error {
+	if err := s.core.CheckLease(l); err != nil {
+		return err
+	}
 	d := s.d
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -336,6 +348,9 @@ func (s naiveStore) Renew(_ context.Context, l *idem.Lease) error {
 }
 
 func (s naiveStore) Confirm(_ context.Context, l *idem.Lease, result []byte) error {
+	if err := s.core.CheckLease(l); err != nil {
+		return err
+	}
 	d := s.d
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -354,6 +369,9 @@ func (s naiveStore) Confirm(_ context.Context, l *idem.Lease, result []byte) err
 }
 
 func (s naiveStore) Forget(_ context.Context, l *idem.Lease) error {
+	if err := s.core.CheckForget(l); err != nil {
+		return err
+	}
 	d := s.d
 	d.mu.Lock()
 	defer d.mu.Unlock()
