@@ -264,8 +264,14 @@ func TestSecurityOversizedInputsBeforeIO(t *testing.T) {
 		if err != nil {
 			t.Fatalf("NewRedisStore = %v", err)
 		}
+		if n := io.N.Load(); n != 0 {
+			t.Fatalf("NewRedisStore sent %d commands; want none (the server is checked on first contact)", n)
+		}
+		if _, err := s.Lookup(context.Background(), "sec-probe"); !errors.Is(err, idem.ErrNotFound) {
+			t.Fatalf("Lookup = %v; want ErrNotFound", err)
+		}
 		if io.N.Load() == 0 {
-			t.Fatalf("the hook saw nothing of NewRedisStore's CONFIG GET; want it to count what the client sends")
+			t.Fatalf("the hook saw nothing of the first contact and a Lookup; want it to count what the client sends")
 		}
 		checkRefusedBeforeIO(t, s, io.N.Load)
 	})

@@ -103,8 +103,8 @@
 // Redis replicates asynchronously. A failover can lose a claim or a
 // confirmation written just before it; the work of a lost confirmation will
 // be done again by the next delivery. A Redis that evicts keys forgets work
-// the same way, which is why [NewRedisStore] refuses any maxmemory-policy
-// but noeviction unless told otherwise.
+// the same way, which is why a [RedisStore] refuses, on first contact, any
+// maxmemory-policy but noeviction unless told otherwise ([ErrEviction]).
 //
 // A lease is a promise kept by time: a worker that stalls (a long GC pause,
 // a frozen VM) past its lease without noticing can still be working when

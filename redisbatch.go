@@ -53,6 +53,10 @@ func (s *RedisStore) ClaimBatch(ctx context.Context, keys []string, fingerprints
 	if len(keys) == 0 {
 		return []Claim{}, nil
 	}
+	sent, err := s.contact(ctx, start)
+	if err != nil {
+		return nil, fmt.Errorf("idem: claim batch: %w", err)
+	}
 	fp := func(i int) []byte {
 		if f := at(fingerprints, i); f != nil {
 			return f
@@ -83,7 +87,7 @@ func (s *RedisStore) ClaimBatch(ctx context.Context, keys []string, fingerprints
 	cmds, _ := s.pipeline(ctx, calls)
 	each(calls, cmds, nil, func(i int, v any, err, _ error) {
 		if err == nil {
-			cs[i], err = s.parseClaim(keys[i], fp(i), start, v)
+			cs[i], err = s.parseClaim(keys[i], fp(i), sent, v)
 		} else {
 			err = s.fail("claim", keys[i], err)
 		}
@@ -108,6 +112,9 @@ func (s *RedisStore) ConfirmBatch(ctx context.Context, leases []*Lease, results 
 	}
 	if len(leases) == 0 {
 		return nil
+	}
+	if err := s.ready(ctx); err != nil {
+		return fmt.Errorf("idem: confirm batch: %w", err)
 	}
 	var calls []scriptCall
 	if s.shared() {

@@ -99,7 +99,9 @@ type RedisOptions struct {
 	// Redis with others. No '{' or '}'. Default "idem:".
 	Prefix string
 	// AllowEviction accepts a Redis whose maxmemory-policy may evict keys
-	// (an evicted record is work done twice). Default false: refused.
+	// (an evicted record is work done twice). It only allows eviction: the
+	// other checks of first contact still run. Default false: refused
+	// (ErrEviction).
 	AllowEviction bool
 	// AutoPipeline sends the calls of concurrent goroutines to Redis
 	// together, one pipeline per connection (see the package documentation,
@@ -108,10 +110,12 @@ type RedisOptions struct {
 	// WaitReplicas makes Confirm wait, in the same round trip, until this
 	// many replicas have the confirmation; fewer within WaitTimeout is
 	// ErrNotReplicated, the confirmation recorded on the master. Not
-	// negative. Default 0: no wait.
+	// negative, and not above the replicas a master has when first
+	// contacted (ErrTooFewReplicas). Default 0: no wait.
 	WaitReplicas int
 	// WaitTimeout bounds the wait for replicas; shorter than the client's
-	// ReadTimeout. Default 1s when WaitReplicas is set.
+	// ReadTimeout, and only with WaitReplicas. Default 1s when WaitReplicas
+	// is set.
 	WaitTimeout time.Duration
 }
 
@@ -165,16 +169,19 @@ type RedisStore struct {
 	cluster  *redis.ClusterClient
 	reloaded atomic.Int64
 
-	waitReplicas int // RedisOptions.WaitReplicas
-	waitTimeout  time.Duration
+	waitReplicas  int // RedisOptions.WaitReplicas
+	waitTimeout   time.Duration
+	allowEviction bool
+
+	probe probe // the server's check on first contact
 }
 
-// NewRedisStore returns a store on c. It checks Redis's maxmemory-policy (on
-// every master of a cluster, with CONFIG GET or, where CONFIG is refused as
-// on managed services, INFO memory) and refuses one that may evict keys
-// unless o.AllowEviction is set; only a server that answers neither is
-// accepted, with a warning to o.Logger. An unreachable Redis is an error. Invalid
-// options (negative durations, braces in the prefix) are errors.
+// NewRedisStore returns a store on c. It does no I/O, so a service can
+// start before its Redis: the server is checked on first contact (see
+// Check), and every call fails with the named finding until the server is
+// fit. Invalid options are errors naming the field: negative durations,
+// braces in the prefix, WaitTimeout without WaitReplicas, limits beyond
+// what a Redis string can hold.
 func NewRedisStore(c redis.UniversalClient, o RedisOptions) (*RedisStore, error) {
 	if c == nil || isNilClient(c) {
 		return nil, errors.New("idem: NewRedisStore with a nil client")
@@ -195,6 +202,19 @@ func NewRedisStore(c redis.UniversalClient, o RedisOptions) (*RedisStore, error)
 	}
 	if o.WaitTimeout < 0 {
 		return nil, fmt.Errorf("idem: negative WaitTimeout %v", o.WaitTimeout)
+	}
+	if o.WaitTimeout > 0 && o.WaitReplicas == 0 {
+		return nil, fmt.Errorf("idem: WaitTimeout %v without WaitReplicas: set WaitReplicas, or leave WaitTimeout 0", o.WaitTimeout)
+	}
+	// A record is one Redis string, whose size the server bounds
+	// (proto-max-bulk-len, 512 MiB by default): a limit above it would
+	// accept a result that no Confirm can write.
+	if opts.MaxResultBytes > maxRedisResult {
+		return nil, fmt.Errorf("idem: MaxResultBytes %d exceeds %d, what a Redis string holds with the record around it",
+			opts.MaxResultBytes, maxRedisResult)
+	}
+	if maxKey := (maxRedisString - len(o.Prefix) - 2) / 3; opts.MaxKeyBytes > maxKey {
+		return nil, fmt.Errorf("idem: MaxKeyBytes %d exceeds %d, what a Redis key name holds once escaped", opts.MaxKeyBytes, maxKey)
 	}
 	if o.WaitReplicas > 0 {
 		if o.WaitTimeout == 0 {
@@ -228,13 +248,8 @@ func NewRedisStore(c redis.UniversalClient, o RedisOptions) (*RedisStore, error)
 	if o.WaitReplicas > 0 {
 		s.waitReplicas, s.waitTimeout = o.WaitReplicas, o.WaitTimeout
 	}
-	if !o.AllowEviction {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := s.checkEviction(ctx); err != nil {
-			return nil, err
-		}
-	}
+	s.allowEviction = o.AllowEviction
+	s.probe.gate = make(chan struct{}, 1)
 	return s, nil
 }
 
@@ -261,67 +276,6 @@ func readTimeout(c redis.UniversalClient) time.Duration {
 		return c.Options().ReadTimeout
 	}
 	return 0
-}
-
-// checkEviction refuses a Redis that may evict keys. The policy is read
-// with CONFIG GET and, where CONFIG is refused (renamed or forbidden, as on
-// managed services), from INFO memory; only when neither answers is the
-// store made, with a warning.
-func (s *RedisStore) checkEviction(ctx context.Context) error {
-	check := func(ctx context.Context, c redis.Cmdable) error {
-		policy, err := evictionPolicy(ctx, c)
-		if errors.Is(err, errPolicyUnknown) {
-			if s.o.Logger != nil {
-				s.o.Logger.LogAttrs(ctx, slog.LevelWarn,
-					"idem: cannot read Redis maxmemory-policy; make sure it is noeviction, or records may be evicted and work done twice",
-					slog.String("error", err.Error()))
-			}
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("idem: checking Redis maxmemory-policy: %w", err)
-		}
-		if policy != "noeviction" {
-			return fmt.Errorf("idem: Redis maxmemory-policy is %q: an evicted record is work done twice; "+
-				"set it to noeviction, or set RedisOptions.AllowEviction to accept the risk", policy)
-		}
-		return nil
-	}
-	if cc, ok := s.c.(*redis.ClusterClient); ok {
-		return cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return check(ctx, c) })
-	}
-	return check(ctx, s.c)
-}
-
-var errPolicyUnknown = errors.New("neither CONFIG GET nor INFO memory names the policy")
-
-// evictionPolicy reads c's maxmemory-policy: errPolicyUnknown when the
-// server answers neither CONFIG GET nor INFO memory with it, another error
-// when it cannot be asked at all.
-func evictionPolicy(ctx context.Context, c redis.Cmdable) (string, error) {
-	policy, err := c.ConfigGet(ctx, "maxmemory-policy").Result()
-	var refused redis.Error
-	switch {
-	case err == nil:
-		if p, ok := policy["maxmemory-policy"]; ok {
-			return p, nil
-		}
-	case !errors.As(err, &refused):
-		return "", err
-	}
-	info, err := c.Info(ctx, "memory").Result()
-	switch {
-	case errors.As(err, &refused):
-		return "", fmt.Errorf("%w (INFO: %v)", errPolicyUnknown, err)
-	case err != nil:
-		return "", err
-	}
-	for line := range strings.SplitSeq(info, "\r\n") {
-		if p, ok := strings.CutPrefix(line, "maxmemory_policy:"); ok {
-			return p, nil
-		}
-	}
-	return "", errPolicyUnknown
 }
 
 // redisKey returns the Redis key name holding key's record.
@@ -356,6 +310,9 @@ func (s *RedisStore) appendAttempt(b []byte) []byte {
 // AutoPipeline in the next pipeline. A confirm with WaitReplicas is followed
 // by WAIT in the same pipeline; waitErr is its verdict.
 func (s *RedisStore) run(ctx context.Context, script *luaScript, key string, args ...any) (v any, waitErr, err error) {
+	if err := s.ready(ctx); err != nil {
+		return nil, nil, err
+	}
 	if s.auto != nil {
 		return s.auto.do(ctx, script, s.redisKey(key), args)
 	}
@@ -457,12 +414,16 @@ func (s *RedisStore) Claim(ctx context.Context, key string, fingerprint []byte) 
 	if err := s.o.checkClaim(key, fingerprint); err != nil {
 		return Claim{}, err
 	}
+	sent, err := s.contact(ctx, start)
+	if err != nil {
+		return Claim{}, s.fail("claim", key, err)
+	}
 	var buf [40]byte
 	v, _, err := s.run(ctx, claimScript, key, s.leaseMs, claimTail(s.o.Worker, s.appendAttempt(buf[:0]), fingerprint))
 	if err != nil {
 		return Claim{}, s.fail("claim", key, err)
 	}
-	return s.parseClaim(key, fingerprint, start, v)
+	return s.parseClaim(key, fingerprint, sent, v)
 }
 
 // The scripts' answers (scripts/*.lua, named there as here).
@@ -714,6 +675,10 @@ func (s *RedisStore) Lookup(ctx context.Context, key string) (rec *Record, err e
 	if err := s.o.checkKey(key); err != nil {
 		return nil, err
 	}
+	sent, err := s.contact(ctx, start)
+	if err != nil {
+		return nil, s.fail("lookup", key, err)
+	}
 	v, _, err := s.run(ctx, lookupScript, key)
 	if errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("%w: %s", ErrNotFound, s.o.keyName(key))
@@ -728,7 +693,7 @@ func (s *RedisStore) Lookup(ctx context.Context, key string) (rec *Record, err e
 	if !ok {
 		return nil, s.badReply("lookup", key, v)
 	}
-	return s.parseRecord(key, start, a)
+	return s.parseRecord(key, sent, a)
 }
 
 // The parts of a Redis record (format in scripts/record.lua) that the client

@@ -465,6 +465,16 @@ func TestRedisWaitReplicas(t *testing.T) {
 					Observer:     events,
 					WaitReplicas: tt.replicas, WaitTimeout: tt.timeout, AutoPipeline: auto,
 				})
+				if tt.want != nil {
+					// First contact refuses a master with fewer replicas
+					// than asked, naming the count.
+					if _, err := s.Claim(ctx, uuid.NewString(), nil); !errors.Is(err, ErrTooFewReplicas) ||
+						!strings.Contains(err.Error(), "has 1 connected replicas") {
+						t.Errorf("Claim with WaitReplicas %d on a master with 1 replica = %v; want ErrTooFewReplicas naming 1", tt.replicas, err)
+					}
+					// What follows is a replica lost after first contact.
+					lostReplicaAfterContact(s)
+				}
 				h := &tripCounter{}
 				c.AddHook(h)
 				loadScripts(t, c)
@@ -511,7 +521,8 @@ func TestRedisWaitReplicas(t *testing.T) {
 }
 
 // TestRedisWaitReplicasCluster: the test cluster's masters have no
-// replicas, so a wait for one times out with ErrNotReplicated — after the
+// replicas, which first contact refuses; past it (as if they lost their
+// replicas later), a wait for one times out with ErrNotReplicated — after the
 // confirm and its WAIT went to the master owning each key, one pipeline per
 // master.
 func TestRedisWaitReplicasCluster(t *testing.T) {
@@ -519,6 +530,10 @@ func TestRedisWaitReplicasCluster(t *testing.T) {
 	ctx := context.Background()
 	for _, auto := range []bool{false, true} {
 		s := newTestRedisStore(t, c, RedisOptions{WaitReplicas: 1, WaitTimeout: 20 * time.Millisecond, AutoPipeline: auto})
+		if err := s.Check(ctx); !errors.Is(err, ErrTooFewReplicas) {
+			t.Errorf("Check with WaitReplicas 1 on masters without replicas = %v; want ErrTooFewReplicas", err)
+		}
+		lostReplicaAfterContact(s)
 		loadScripts(t, c)
 		keys := uuidKeys(30)
 		leases := claimAllOK(t, s, keys, nil)
@@ -574,18 +589,32 @@ func TestRedisEvictionPolicy(t *testing.T) {
 			t.Errorf("restoring maxmemory-policy noeviction: %v", err)
 		}
 	})
-	_, err = NewRedisStore(c, RedisOptions{Prefix: testenv.UniquePrefix()})
-	if err == nil || !strings.Contains(err.Error(), "allkeys-lru") {
-		t.Errorf("NewRedisStore on allkeys-lru = %v; want an error naming the policy", err)
+	s, err := NewRedisStore(c, RedisOptions{Prefix: testenv.UniquePrefix()})
+	if err != nil {
+		t.Fatalf("NewRedisStore = %v; want a store (it does no I/O)", err)
 	}
-	if _, err := NewRedisStore(c, RedisOptions{Prefix: testenv.UniquePrefix(), AllowEviction: true}); err != nil {
-		t.Errorf("NewRedisStore on allkeys-lru with AllowEviction = %v; want nil", err)
+	// Refused at first contact, by every call, until the server is fixed.
+	for range 2 {
+		if _, err := s.Claim(ctx, "k", nil); !errors.Is(err, ErrEviction) || !strings.Contains(err.Error(), "allkeys-lru") {
+			t.Errorf("Claim on allkeys-lru = %v; want ErrEviction naming the policy", err)
+		}
+	}
+	if err := s.Check(ctx); !errors.Is(err, ErrEviction) {
+		t.Errorf("Check on allkeys-lru = %v; want ErrEviction", err)
+	}
+	allowed := newTestRedisStore(t, c, RedisOptions{Prefix: testenv.UniquePrefix(), AllowEviction: true})
+	if _, err := allowed.Claim(ctx, "k", nil); err != nil {
+		t.Errorf("Claim on allkeys-lru with AllowEviction = %v; want nil", err)
 	}
 	if err := c.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err(); err != nil {
 		t.Fatalf("restoring maxmemory-policy noeviction: %v", err)
 	}
-	if _, err := NewRedisStore(c, RedisOptions{Prefix: testenv.UniquePrefix()}); err != nil {
-		t.Errorf("NewRedisStore on noeviction = %v; want nil", err)
+	// Fixed: Check says so at once, and the calls go through.
+	if err := s.Check(ctx); err != nil {
+		t.Errorf("Check on noeviction = %v; want nil", err)
+	}
+	if _, err := s.Claim(ctx, "k", nil); err != nil {
+		t.Errorf("Claim on noeviction = %v; want nil", err)
 	}
 }
 
@@ -612,9 +641,9 @@ func TestRedisEvictionPolicyCluster(t *testing.T) {
 			t.Errorf("restoring maxmemory-policy noeviction on %s: %v", one.Options().Addr, err)
 		}
 	})
-	_, err := NewRedisStore(c, RedisOptions{Prefix: testenv.UniquePrefix()})
-	if err == nil || !strings.Contains(err.Error(), "volatile-ttl") {
-		t.Errorf("NewRedisStore on a cluster with one volatile-ttl master = %v; want an error naming the policy", err)
+	s := newTestRedisStore(t, c, RedisOptions{Prefix: testenv.UniquePrefix()})
+	if err := s.Check(ctx); !errors.Is(err, ErrEviction) || !strings.Contains(err.Error(), "volatile-ttl") {
+		t.Errorf("Check on a cluster with one volatile-ttl master = %v; want ErrEviction naming the policy", err)
 	}
 }
 
@@ -633,31 +662,31 @@ func TestRedisEvictionPolicyConfigRefused(t *testing.T) {
 		if err := c.ConfigGet(context.Background(), "maxmemory-policy").Err(); err == nil {
 			t.Fatalf("CONFIG GET answered on a server with CONFIG renamed; want it refused")
 		}
-		_, err := NewRedisStore(c, RedisOptions{Prefix: testenv.UniquePrefix()})
+		err := newTestRedisStore(t, c, RedisOptions{}).Check(context.Background())
 		switch {
-		case tt.refused && (err == nil || !strings.Contains(err.Error(), tt.policy)):
-			t.Errorf("NewRedisStore on %s with CONFIG refused = %v; want an error naming the policy", tt.policy, err)
+		case tt.refused && (!errors.Is(err, ErrEviction) || !strings.Contains(err.Error(), tt.policy)):
+			t.Errorf("Check on %s with CONFIG refused = %v; want ErrEviction naming the policy", tt.policy, err)
 		case !tt.refused && err != nil:
-			t.Errorf("NewRedisStore on %s with CONFIG refused = %v; want nil", tt.policy, err)
+			t.Errorf("Check on %s with CONFIG refused = %v; want nil", tt.policy, err)
 		}
 	}
 }
 
 // TestRedisEvictionPolicyUnreadable: miniredis answers neither CONFIG nor
-// INFO memory with the policy: the store is made, with a warning.
+// INFO memory with the policy: the store works, with a warning.
 func TestRedisEvictionPolicyUnreadable(t *testing.T) {
 	t.Parallel()
 	_, c := newMiniredisClient(t)
 	if err := c.ConfigGet(context.Background(), "maxmemory-policy").Err(); err == nil {
 		t.Fatalf("miniredis answered CONFIG GET; this test needs a server that refuses it")
 	}
-	if _, err := NewRedisStore(c, RedisOptions{}); err != nil {
-		t.Errorf("NewRedisStore on a server refusing CONFIG, no Logger = %v; want nil", err)
+	if err := newTestRedisStore(t, c, RedisOptions{}).Check(context.Background()); err != nil {
+		t.Errorf("Check on a server refusing CONFIG, no Logger = %v; want nil", err)
 	}
 	var logs bytes.Buffer
 	logger := slog.New(slog.NewTextHandler(&logs, nil))
-	if _, err := NewRedisStore(c, RedisOptions{Logger: logger}); err != nil {
-		t.Errorf("NewRedisStore on a server refusing CONFIG = %v; want nil", err)
+	if err := newTestRedisStore(t, c, RedisOptions{Logger: logger}).Check(context.Background()); err != nil {
+		t.Errorf("Check on a server refusing CONFIG = %v; want nil", err)
 	}
 	if got := logs.String(); !strings.Contains(got, "level=WARN") || !strings.Contains(got, "maxmemory-policy") {
 		t.Errorf("log = %q; want a warning about maxmemory-policy", got)
@@ -697,6 +726,9 @@ func TestRedisOptionsRefused(t *testing.T) {
 		{"negative WaitTimeout", c, RedisOptions{WaitReplicas: 1, WaitTimeout: -time.Second}, "negative WaitTimeout -1s"},
 		{"sub-millisecond WaitTimeout", c, RedisOptions{WaitReplicas: 1, WaitTimeout: time.Microsecond}, "WaitTimeout 1µs must be at least 1ms"},
 		{"WaitTimeout not below ReadTimeout", c, RedisOptions{WaitReplicas: 1, WaitTimeout: c.Options().ReadTimeout}, "must be shorter than the client's ReadTimeout"},
+		{"WaitTimeout without WaitReplicas", c, RedisOptions{WaitTimeout: time.Second}, "WaitTimeout 1s without WaitReplicas"},
+		{"MaxResultBytes beyond a Redis string", c, RedisOptions{MaxResultBytes: 1 << 30}, "MaxResultBytes 1073741824 exceeds"},
+		{"MaxKeyBytes beyond a Redis key", c, RedisOptions{MaxKeyBytes: 1 << 28}, "MaxKeyBytes 268435456 exceeds"},
 	} {
 		s, err := func() (s *RedisStore, err error) {
 			defer func() {
@@ -760,3 +792,8 @@ func TestRedisUniversalClient(t *testing.T) {
 		})
 	}
 }
+
+// lostReplicaAfterContact lets s past its first-contact check, as if the
+// replicas it counted then were lost since: what WaitReplicas must still
+// report, with ErrNotReplicated, on every Confirm.
+func lostReplicaAfterContact(s *RedisStore) { s.probe.passed.Store(true) }

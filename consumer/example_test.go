@@ -70,7 +70,7 @@ func ExampleIdempotent_options() {
 
 	fmt.Println(charge(ctx, Order{"o-1", 42}))
 	fmt.Println(charge(ctx, Order{"o-1", 42})) // the same order again: skipped
-	err = charge(ctx, Order{"o-1", 7})        // another order under o-1's key
+	err = charge(ctx, Order{"o-1", 7})         // another order under o-1's key
 	fmt.Println(errors.Is(err, idem.ErrFingerprintMismatch))
 	// Output:
 	// charging o-1 42

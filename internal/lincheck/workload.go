@@ -73,6 +73,21 @@ type pool struct {
 // forgetMark is what the workload knows of the Forgets of one lease.
 type forgetMark struct{ begun, returned bool }
 
+// holder adds a lease that names the holder of key's live claim (rec, as
+// InProgress reported it) but that its holder never gave anyone: a store
+// must treat it as the stranger it is. It is one of the client's own leases
+// rewritten (a lease made by hand would be refused before the store looked
+// at the record), so it shares that lease's forget marks.
+func (p *pool) holder(key string, rec *idem.Record, own map[string]*idem.Lease) {
+	for _, donor := range own {
+		f := *donor
+		f.Key, f.Token, f.Owner, f.Fingerprint = key, rec.Token, rec.Owner, rec.Fingerprint
+		p.forged(&f, donor)
+		p.add(&f)
+		return
+	}
+}
+
 // forged records that f was copied from l.
 func (p *pool) forged(f, l *idem.Lease) {
 	p.mu.Lock()
@@ -260,6 +275,8 @@ func (w Workload) call(r *recorder, p *pool, i int, c Client, rng *rand.Rand, ow
 			case cl.Outcome == idem.Claimed && cl.Lease != nil:
 				own[key] = cl.Lease
 				p.add(cl.Lease)
+			case cl.Outcome == idem.InProgress && cl.Record != nil:
+				p.holder(key, cl.Record, own)
 			}
 			return claimOutput(cl, err), err
 		})
@@ -321,6 +338,8 @@ func (w Workload) claimBatch(ctx context.Context, r *recorder, p *pool, i int, c
 				case cl.Outcome == idem.Claimed && cl.Lease != nil:
 					own[keys[j]] = cl.Lease
 					p.add(cl.Lease)
+				case cl.Outcome == idem.InProgress && cl.Record != nil:
+					p.holder(keys[j], cl.Record, own)
 				}
 			}
 		}

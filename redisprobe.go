@@ -1,0 +1,247 @@
+package idem
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// What a server may be found to lack on first contact (see
+// RedisStore.Check). Each is returned, wrapped with what was found, by
+// every call until the server is fixed.
+var (
+	// ErrEviction: Redis's maxmemory-policy may evict keys, and an evicted
+	// record is work done twice. Set it to noeviction, or accept the risk
+	// with RedisOptions.AllowEviction.
+	ErrEviction = errors.New("idem: Redis may evict records")
+	// ErrTooFewReplicas: a master has fewer replicas than
+	// RedisOptions.WaitReplicas, so every Confirm would wait WaitTimeout
+	// and fail with ErrNotReplicated.
+	ErrTooFewReplicas = errors.New("idem: Redis has fewer replicas than WaitReplicas")
+)
+
+// Bounds of what one Redis string holds: the server refuses a bulk string
+// over proto-max-bulk-len, 512 MiB by default. A record holds the result
+// with the token, owner and fingerprint around it.
+const (
+	maxRedisString = 512 << 20
+	maxRedisResult = maxRedisString - 4096
+)
+
+// probeRetry is how long a finding about the server stands before a call
+// checks the server again: long enough that a misconfigured server does
+// not get a probe per call, short enough that fixing it takes effect
+// at once for a person watching.
+const probeRetry = time.Second
+
+// probe is a RedisStore's check of its server: run once, on first
+// contact, then never again while it holds (one atomic load per call).
+type probe struct {
+	passed atomic.Bool
+	gate   chan struct{} // one probe at a time; the others wait for its verdict
+	found  error         // the last finding (guarded by gate)
+	at     time.Time     // when it was found (guarded by gate)
+	warned atomic.Bool   // persistence off was logged
+}
+
+// ready runs the server check unless it has passed: every call's first
+// step, free after the first contact.
+func (s *RedisStore) ready(ctx context.Context) error {
+	if s.probe.passed.Load() {
+		return nil
+	}
+	return s.check(ctx, false)
+}
+
+// contact is ready for the calls that reckon expiries from their start:
+// it returns the time to reckon from, start or, when the check ran, its
+// end, so that a first contact's probe does not shorten the estimates.
+func (s *RedisStore) contact(ctx context.Context, start time.Time) (time.Time, error) {
+	if s.probe.passed.Load() {
+		return start, nil
+	}
+	if err := s.check(ctx, false); err != nil {
+		return start, err
+	}
+	return time.Now(), nil
+}
+
+// Check runs the checks of first contact now, whether or not they passed
+// before, and returns what they found: nil when the server is fit, an error
+// wrapping ErrEviction or ErrTooFewReplicas for a server that is not, or
+// the error of a server that cannot be reached. Made for readiness probes;
+// a store checks its server by itself on first contact, so calling Check
+// is never required.
+//
+// The checks: maxmemory-policy is noeviction (unless AllowEviction), read
+// with CONFIG GET or, where CONFIG is refused as on managed services, INFO
+// memory, and accepted with a warning to the Logger when neither answers;
+// each master has at least WaitReplicas connected replicas. A server
+// without persistence (no AOF, no RDB snapshots) loses every record on a
+// restart: it is logged once as a warning, not refused.
+func (s *RedisStore) Check(ctx context.Context) error {
+	if err := s.o.checkKey("k"); err != nil {
+		return err // a zero-value store
+	}
+	return s.check(ctx, true)
+}
+
+// check runs the probe; again is set by Check, to run it even after it
+// passed. A finding stands for probeRetry; an error reaching the server
+// does not stand (the next call tries again).
+func (s *RedisStore) check(ctx context.Context, again bool) error {
+	select {
+	case s.probe.gate <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-s.probe.gate }()
+	if !again {
+		if s.probe.passed.Load() {
+			return nil
+		}
+		if s.probe.found != nil && time.Since(s.probe.at) < probeRetry {
+			return s.probe.found
+		}
+	}
+	err := s.runProbe(ctx)
+	switch {
+	case err == nil:
+		s.probe.found = nil
+		s.probe.passed.Store(true)
+	case errors.Is(err, ErrEviction), errors.Is(err, ErrTooFewReplicas):
+		s.probe.found, s.probe.at = err, time.Now()
+		s.probe.passed.Store(false)
+	}
+	return err
+}
+
+// runProbe checks every master (one Redis, the Sentinel's master, or each
+// master of a cluster).
+func (s *RedisStore) runProbe(ctx context.Context) error {
+	if cc, ok := s.c.(*redis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+			return s.probeNode(ctx, c, c.Options().Addr)
+		})
+	}
+	return s.probeNode(ctx, s.c, "")
+}
+
+// probeNode checks one master; addr names it in findings on a cluster.
+func (s *RedisStore) probeNode(ctx context.Context, c redis.Cmdable, addr string) error {
+	on := ""
+	if addr != "" {
+		on = " on " + addr
+	}
+	if !s.allowEviction {
+		policy, err := evictionPolicy(ctx, c)
+		switch {
+		case errors.Is(err, errPolicyUnknown):
+			s.warn(ctx, "idem: cannot read Redis maxmemory-policy; make sure it is noeviction, or records may be evicted and work done twice",
+				slog.String("error", err.Error()))
+		case err != nil:
+			return fmt.Errorf("idem: checking Redis maxmemory-policy%s: %w", on, err)
+		case policy != "noeviction":
+			return fmt.Errorf("%w: maxmemory-policy is %q%s; set it to noeviction, or set RedisOptions.AllowEviction to accept the risk",
+				ErrEviction, policy, on)
+		}
+	}
+	if s.waitReplicas > 0 {
+		n, err := connectedReplicas(ctx, c)
+		if err != nil {
+			return fmt.Errorf("idem: checking Redis replicas%s: %w", on, err)
+		}
+		if n < s.waitReplicas {
+			return fmt.Errorf("%w: WaitReplicas %d, and the master%s has %d connected replicas",
+				ErrTooFewReplicas, s.waitReplicas, on, n)
+		}
+	}
+	if !s.probe.warned.Load() && !persistent(ctx, c) && s.probe.warned.CompareAndSwap(false, true) {
+		s.warn(ctx, "idem: Redis persists nothing (appendonly no, no save points): a restart loses every record, and the work of each may be done again")
+	}
+	return nil
+}
+
+// warn logs a warning about the server to the Logger, if any.
+func (s *RedisStore) warn(ctx context.Context, msg string, attrs ...slog.Attr) {
+	if s.o.Logger != nil {
+		s.o.Logger.LogAttrs(ctx, slog.LevelWarn, msg, attrs...)
+	}
+}
+
+var errPolicyUnknown = errors.New("neither CONFIG GET nor INFO memory names the policy")
+
+// evictionPolicy reads c's maxmemory-policy: errPolicyUnknown when the
+// server answers neither CONFIG GET nor INFO memory with it, another error
+// when it cannot be asked at all.
+func evictionPolicy(ctx context.Context, c redis.Cmdable) (string, error) {
+	policy, err := c.ConfigGet(ctx, "maxmemory-policy").Result()
+	var refused redis.Error
+	switch {
+	case err == nil:
+		if p, ok := policy["maxmemory-policy"]; ok {
+			return p, nil
+		}
+	case !errors.As(err, &refused):
+		return "", err
+	}
+	info, err := c.Info(ctx, "memory").Result()
+	switch {
+	case errors.As(err, &refused):
+		return "", fmt.Errorf("%w (INFO: %v)", errPolicyUnknown, err)
+	case err != nil:
+		return "", err
+	}
+	if p, ok := infoField(info, "maxmemory_policy"); ok {
+		return p, nil
+	}
+	return "", errPolicyUnknown
+}
+
+// connectedReplicas reads how many replicas are connected to master c.
+func connectedReplicas(ctx context.Context, c redis.Cmdable) (int, error) {
+	info, err := c.Info(ctx, "replication").Result()
+	if err != nil {
+		return 0, err
+	}
+	v, ok := infoField(info, "connected_slaves")
+	if !ok {
+		return 0, errors.New("INFO replication has no connected_slaves")
+	}
+	return strconv.Atoi(v)
+}
+
+// persistent reports whether c keeps its data across a restart: AOF on, or
+// at least one RDB save point. A server that will not say (CONFIG refused)
+// is taken as persistent: the warning is for what is known.
+func persistent(ctx context.Context, c redis.Cmdable) bool {
+	cfg, err := c.ConfigGet(ctx, "appendonly").Result()
+	if err != nil {
+		return true
+	}
+	if cfg["appendonly"] == "yes" {
+		return true
+	}
+	cfg, err = c.ConfigGet(ctx, "save").Result()
+	if err != nil {
+		return true
+	}
+	return strings.TrimSpace(cfg["save"]) != ""
+}
+
+// infoField returns the value of field in an INFO reply.
+func infoField(info, field string) (string, bool) {
+	for line := range strings.SplitSeq(info, "\r\n") {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
+			return v, true
+		}
+	}
+	return "", false
+}
