@@ -8,9 +8,20 @@
 // recorded response, with Idempotent-Replayed: true, and the handler does
 // not run again, on any process that shares the store.
 //
-//	idempotent, err := middleware.New(middleware.Options{Store: store})
+//	idempotent, err := middleware.New(middleware.Options{
+//		Store: store,
+//		Scope: func(r *http.Request) (string, error) { // the tenant, from the authenticated principal
+//			return accountFrom(r.Context())
+//		},
+//	})
 //	...
-//	http.ListenAndServe(addr, idempotent(mux))
+//	http.ListenAndServe(addr, authenticate(idempotent(mux)))
+//
+// New asks for a decision on tenants: a Scope, or SingleTenant: true for a
+// service with one. A recorded response goes only to the tenant it
+// belongs to: a client that learns another tenant's key (from a proxy
+// log, a shared trace) and sends the same request gets its own answer,
+// never the other's receipt.
 //
 // # Answers
 //
@@ -60,29 +71,42 @@
 // request that did the work, Original-Request: its request id, with
 // Options.RequestIDHeader.
 //
-// # Keys, routes and fingerprints
+// # Keys, scopes and fingerprints
 //
 // The header's value is an RFC 8941 string ("...") or, for Stripe-style
 // clients, a bare run of RFC 8941 token characters; "abc" and abc are the
-// same key. The record's key joins the scope (Options.Scope: the tenant),
-// the method, the route pattern and the client's key in an injective,
-// length-prefixed encoding, so tenants and endpoints never share a record.
+// same key. The record's key joins the scope (Options.Scope: the tenant;
+// "" with SingleTenant) and the client's key, in an injective,
+// length-prefixed encoding, so that tenants never share a record.
 //
-// The route is Options.Route's when set (for routers other than
-// http.ServeMux), or the path when it returns "", as chi's RoutePattern
-// does under r.Use, before routing (see ExampleNew_chiUse; chi's own
-// package is also named middleware: import one under an alias).
-// Otherwise it is r.Pattern when the middleware sits inside a ServeMux
-// route (ExampleNew_serveMux); when it wraps a whole mux (Options.Mux, or
-// the *http.ServeMux it wraps directly), the pattern that mux's Handler(r)
-// reports, which is what r.Pattern would have been inside the route
-// (ExampleNew); else the path.
+// The record's key holds nothing of the route: one key from one tenant
+// maps to one record however the middleware is mounted, around a
+// ServeMux, around a wrapper of it, inside each route, under
+// http.StripPrefix, under chi's Use or With. A retry that spans a deploy
+// which changed only the wrapping is answered with the recorded response,
+// never run twice.
 //
 // The fingerprint tells a retry from a different request reusing the key:
-// SHA-256 over the method, route, path and query, content type and body.
-// A multipart body counts by its fields and its files' names and sizes, so
-// a retried upload with a new boundary is still a retry. [Fingerprint]
-// computes the same for a handler that calls the SQL store's Run itself.
+// SHA-256 over the method, the request target as the client sent it
+// (r.RequestURI: path and query), the content type and the body. The
+// method and the target make a key reused on another endpoint, or on
+// another resource (/orders/2 after /orders/1), a 422, as Stripe answers.
+// They are read the same in every mounting, which a route pattern is not:
+// a ServeMux's pattern is known inside the route and around the mux, not
+// around a wrapper of it; chi's is "" under Use; http.StripPrefix changes
+// r.URL.Path but not r.RequestURI. A retry sends the same target, so it
+// has the same fingerprint wherever the middleware sits. A multipart body
+// counts by its fields and its files' names and sizes, so a retried upload
+// with a new boundary is still a retry. [Fingerprint] computes the same
+// for a handler that calls the SQL store's Run itself; Options.Fingerprint
+// replaces what is computed of the content type and body, never the method
+// and target.
+//
+// Records written by earlier versions, whose key also held the method and
+// a route, are not read: they need no migration and expire with their
+// retention. A retry that spans the upgrade finds no record and runs the
+// handler again, as one whose record expired would: clients retry within
+// seconds or minutes, so upgrade when few requests are in flight.
 //
 // # Bodies
 //
@@ -103,8 +127,8 @@
 //
 // Replays carry only the headers of Options.ReplayHeaders; Set-Cookie,
 // Authorization, WWW-Authenticate and Proxy-Authenticate are never replayed
-// (New refuses them): a replay goes to whoever holds the key, and
-// credentials must not go with it.
+// (New refuses them): a replay goes to whoever holds the key in the scope,
+// and credentials must not go with it.
 //
 // # Lease mode
 //
@@ -169,8 +193,8 @@
 //     ran; Duplicate, a replay; InProgress, another request held the key,
 //     and this one answered 409 or its client left while waiting.
 //   - Took is the whole request, handler included.
-//   - KeyHash is the hash of the key as stored (scope, method, route and
-//     client key), by Options.KeyHasher.
+//   - KeyHash is the hash of the key as stored (scope and client key), by
+//     Options.KeyHasher.
 //   - Err is the idempotency layer's answer, not the handler's: nil when it
 //     did its part, even for a 5xx the handler answered; idem.ErrInvalidKey
 //     or idem.ErrTooLarge (Class invalid) for a request refused before any

@@ -2,7 +2,6 @@ package middleware
 
 import (
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -38,8 +37,12 @@ const (
 // New returns the middleware that Options describe, or an error when they
 // hold a mistake: the error names the field at fault and the value given
 // (a negative duration or size, a header name that is not a token, a
-// credential header in ReplayHeaders, a field that is never read, ...), or
-// Store and Tx when neither or both are set.
+// credential header in ReplayHeaders, a field that is never read, ...), Store and Tx when
+// neither or both are set, and Scope when neither Scope nor SingleTenant
+// is set, or both.
+//
+// The middleware's records are the same however it is mounted: around a
+// router, around a wrapper of one, inside each route, under chi's Use.
 //
 // The returned function is safe to call many times and its handlers are safe
 // for concurrent use.
@@ -49,18 +52,13 @@ func New(o Options) (func(http.Handler) http.Handler, error) {
 		return nil, err
 	}
 	return func(next http.Handler) http.Handler {
-		mux := c.Mux
-		if m, ok := next.(*http.ServeMux); ok && mux == nil {
-			mux = m
-		}
-		return &handler{c: c, next: next, mux: mux}
+		return &handler{c: c, next: next}
 	}, nil
 }
 
 type handler struct {
 	c    *config
 	next http.Handler
-	mux  *http.ServeMux
 }
 
 // ServeHTTP handles one request: everything up to the fingerprint makes no
@@ -167,7 +165,6 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, key string, p *P
 			return result{err: errKeyRefused}
 		}
 	}
-	route := c.route(r, h.mux)
 	var body *spool
 	var err error
 	if r.ContentLength > c.MaxBodyBytes {
@@ -186,19 +183,17 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, key string, p *P
 	defer body.Close()
 	var fp []byte
 	if c.Fingerprint != nil {
-		fp, err = c.Fingerprint(r, route, body.Reader())
+		if fp, err = c.Fingerprint(r, body.Reader()); err == nil {
+			fp = withEndpoint(r, fp)
+		}
 	} else {
-		fp, err = fingerprint(r, route, body.Reader)
+		fp, err = fingerprint(r, body.Reader)
 	}
 	if err != nil {
 		h.fail(w, r, problem(kindBodyUnreadable, "", err))
 		return result{err: errBodyRefused}
 	}
-	if len(fp) > idem.MaxFingerprintBytes {
-		sum := sha256.Sum256(fp) // a store refuses a longer one
-		fp = sum[:]
-	}
-	sk := storeKey(scope, r.Method, route, key)
+	sk := storeKey(scope, key)
 	var res result
 	if c.Tx != nil {
 		res = h.serveTx(w, r, key, sk, fp, body)

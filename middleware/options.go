@@ -19,8 +19,9 @@ import (
 )
 
 // Options configure the middleware. The zero value of every field means its
-// documented default; exactly one of Store and Tx must be set. New refuses
-// a mistake in any field with an error that names the field.
+// documented default; exactly one of Store and Tx must be set, and exactly
+// one of Scope and SingleTenant. New refuses a mistake in any field with an
+// error that names the field.
 type Options struct {
 	// Store holds the records in lease mode: the handler runs under a
 	// lease and its response is confirmed afterwards (see Lease mode in the
@@ -56,22 +57,22 @@ type Options struct {
 	// bounded by MaxKeyBytes too. Default: the Header's value, an RFC 8941
 	// string or a bare token.
 	Key func(*http.Request) (string, error)
-	// Scope names the tenant the request acts for (an account id, an API
-	// key's id), so that one tenant's key never replays another's. An error
-	// answers 400 unless the Error hook decides otherwise. Default: one
-	// scope for every request.
+	// Scope names the tenant the request acts for, taken from its
+	// authenticated principal (an account id, an API key's id; never from
+	// what the client merely claims), so that one tenant's key never
+	// replays another's response: the record's key is the scope and the
+	// client's key. An error answers 400 unless the Error hook decides
+	// otherwise; return one for a request without a principal rather than
+	// a scope that every such request shares. Set Scope or SingleTenant:
+	// New refuses neither and both. Default: none.
 	Scope func(*http.Request) (string, error)
-	// Route names the endpoint for routers other than http.ServeMux (chi:
-	// chi.RouteContext(r.Context()).RoutePattern(), the middleware inside
-	// the route, where the pattern is known); "" means the path. Default:
-	// r.Pattern inside a ServeMux route, else the pattern the wrapped mux
-	// reports (Mux), else the path.
-	Route func(*http.Request) string
-	// Mux is the ServeMux whose pattern names the route when the
-	// middleware wraps it through other handlers. Not with Route, which
-	// replaces it. Default: the handler the middleware wraps, when it is a
-	// *http.ServeMux.
-	Mux *http.ServeMux
+	// SingleTenant states that the service has one tenant: every request
+	// shares one scope, so that whoever sends a recorded key with the same
+	// request receives its recorded response. Only for a service whose
+	// callers all act for one party (an internal service, a single
+	// account's API). Set Scope or SingleTenant: New refuses neither and
+	// both. Default false.
+	SingleTenant bool
 	// LockTimeout bounds how long a request waits for another request of
 	// the same key in flight before answering 409 with Retry-After.
 	// Default 5s.
@@ -84,7 +85,7 @@ type Options struct {
 	RetryAfter time.Duration
 	// MaxKeyBytes bounds the client's key (from Header or Key), in bytes;
 	// a longer one is 400. The store's own MaxKeyBytes bounds the whole
-	// record key (scope, method, route and client key). Default 255.
+	// record key (scope and client key). Default 255.
 	MaxKeyBytes int
 	// MaxBodyBytes bounds a covered request's body, read before the
 	// handler runs (see Bodies in the package documentation); a longer
@@ -105,13 +106,15 @@ type Options struct {
 	// response not kept releases the key, so that a retry runs the handler
 	// again. Default: every status below 500.
 	Keep func(status int) bool
-	// Fingerprint computes the request's fingerprint from the request, its
-	// route and a fresh reader over its body (the handler still gets the
-	// whole body). One over idem.MaxFingerprintBytes is replaced by its
-	// SHA-256; an error answers 400. Default: SHA-256 over method, route,
-	// path and query, content type and body (multipart: the fields and the
-	// files' names and sizes).
-	Fingerprint func(r *http.Request, route string, body io.Reader) ([]byte, error)
+	// Fingerprint computes what tells two requests to one endpoint apart,
+	// from the request and a fresh reader over its body (the handler still
+	// gets the whole body); an error answers 400. The middleware joins it
+	// to the method and the request target (SHA-256 over the three), so
+	// that a key reused on another endpoint is a 422 whatever it returns.
+	// Default: SHA-256 over the method, the request target, the content
+	// type and the body (multipart: the fields and the files' names and
+	// sizes), as Fingerprint computes it.
+	Fingerprint func(r *http.Request, body io.Reader) ([]byte, error)
 	// Error writes an error response. It may change everything about it,
 	// the status included. Default: WriteProblem.
 	Error func(w http.ResponseWriter, r *http.Request, p *Problem)
@@ -194,6 +197,14 @@ func (o Options) config() (*config, error) {
 	case o.Store != nil && o.Tx != nil:
 		return nil, errors.New("middleware: both Store (lease mode) and Tx (transactional mode) are set; set one")
 	}
+	switch {
+	case o.Scope == nil && !o.SingleTenant:
+		// One scope for every request by default would let a client that
+		// learns another's key receive its recorded response.
+		return nil, errors.New("middleware: Scope: nil, and SingleTenant is false; set Scope to name each request's tenant from its authenticated principal, or SingleTenant: true when the service has one tenant")
+	case o.Scope != nil && o.SingleTenant:
+		return nil, errors.New("middleware: SingleTenant: true, and Scope is set; set one: Scope names each request's tenant, SingleTenant says there is one")
+	}
 	if o.Header != "" && o.Key != nil {
 		return nil, fmt.Errorf("middleware: Header: %q is never read: the Key func supplies the key", o.Header)
 	}
@@ -204,9 +215,6 @@ func (o Options) config() (*config, error) {
 	o.Header = textproto.CanonicalMIMEHeaderKey(o.Header)
 	if err := o.checkRequestID(); err != nil {
 		return nil, err
-	}
-	if o.Mux != nil && o.Route != nil {
-		return nil, errors.New("middleware: Mux: a *http.ServeMux that is never consulted: the Route func names the route")
 	}
 	if o.LockTimeout < 0 {
 		return nil, fmt.Errorf("middleware: LockTimeout: %v is negative; 0 means the default, %v", o.LockTimeout, DefaultLockTimeout)

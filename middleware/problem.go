@@ -54,7 +54,7 @@ const (
 	// TypeBodyUnreadable (400): the body could not be read to its end.
 	TypeBodyUnreadable = "https://pkg.go.dev/github.com/idemgo/idem/middleware#TypeBodyUnreadable"
 	// TypeFingerprintMismatch (422): the key was used for a different
-	// request (method, route, content type or body). It wins over
+	// request (method, request target, content type or body). It wins over
 	// TypeInProgress. The draft's section 2.2.
 	TypeFingerprintMismatch = draft + "#section-2.2"
 	// TypeInProgress (409, with Retry-After): a request with the key is

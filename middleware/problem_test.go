@@ -204,6 +204,7 @@ func TestProblemAnswers(t *testing.T) {
 				}
 				o := c.opts
 				o.Store = s
+				o.SingleTenant = o.Scope == nil
 				runSequence(t, o, c.steps)
 			})
 		})
@@ -214,9 +215,9 @@ func TestProblemAnswers(t *testing.T) {
 func TestProblemRecordDamaged(t *testing.T) {
 	mem := memStore(idem.Options{})
 	ctx := context.Background()
-	h := mustNew(t, Options{Store: mem}, &counter{})
+	h := mustNew(t, Options{SingleTenant: true, Store: mem}, &counter{})
 	do(h, req{key: "k", body: "{}"})
-	key := storeKey("", http.MethodPost, "/orders", "k")
+	key := storeKey("", "k")
 	rec, err := mem.Lookup(ctx, key)
 	if err != nil {
 		t.Fatalf("Lookup(%q) = %v", key, err)
@@ -224,7 +225,7 @@ func TestProblemRecordDamaged(t *testing.T) {
 	mem2 := memStore(idem.Options{})
 	cl, _ := mem2.Claim(ctx, key, rec.Fingerprint)
 	_ = mem2.Confirm(ctx, cl.Lease, []byte{1, 0, 0})
-	runSequence(t, Options{Store: mem2}, []step{
+	runSequence(t, Options{SingleTenant: true, Store: mem2}, []step{
 		{q: req{key: "k", body: "{}"}, want: &answer{status: 500, typ: TypeRecordDamaged}},
 	})
 }
@@ -244,9 +245,10 @@ func TestProblemInstanceCorrelates(t *testing.T) {
 	s := newCounting()
 	s.claimErr = errStoreDown
 	h := mustNew(t, Options{
-		Store:    s,
-		Logger:   slog.New(slog.NewJSONHandler(&logs, nil)),
-		Observer: obs,
+		Store:        s,
+		SingleTenant: true,
+		Logger:       slog.New(slog.NewJSONHandler(&logs, nil)),
+		Observer:     obs,
 		Error: func(w http.ResponseWriter, r *http.Request, p *Problem) {
 			hooked = append(hooked, p.Instance)
 			WriteProblem(w, r, p)

@@ -22,7 +22,7 @@ func TestLargeResponse(t *testing.T) {
 	eachStore(t, func(t *testing.T, s *countingStore) {
 		runs := 0
 		big := strings.Repeat("x", 1000)
-		h := mustNew(t, Options{Store: s, MaxResponseBytes: 100}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := mustNew(t, Options{SingleTenant: true, Store: s, MaxResponseBytes: 100}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			runs++
 			w.Header().Set("Location", "/reports/1")
 			w.WriteHeader(http.StatusCreated)
@@ -49,7 +49,7 @@ func TestLargeResponse(t *testing.T) {
 func TestResultTooLargeForStore(t *testing.T) {
 	s := &countingStore{Store: memStore(idem.Options{MaxResultBytes: 200})}
 	runs := 0
-	h := mustNew(t, Options{Store: s}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := mustNew(t, Options{SingleTenant: true, Store: s}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runs++
 		_, _ = w.Write(bytes.Repeat([]byte("y"), 500))
 	}))
@@ -68,7 +68,7 @@ func TestDamagedRecord(t *testing.T) {
 	mem := memStore(idem.Options{})
 	s := &countingStore{Store: mem}
 	var c counter
-	h := mustNew(t, Options{Store: s}, &c)
+	h := mustNew(t, Options{SingleTenant: true, Store: s}, &c)
 	do(h, req{key: "k", body: "{}"})
 	key := s.claimedKeys()[0]
 	rec, err := mem.Lookup(context.Background(), key)
@@ -79,7 +79,7 @@ func TestDamagedRecord(t *testing.T) {
 	mem2 := memStore(idem.Options{})
 	cl, _ := mem2.Claim(context.Background(), key, rec.Fingerprint)
 	_ = mem2.Confirm(context.Background(), cl.Lease, []byte{1, 0, 0})
-	h2 := mustNew(t, Options{Store: mem2}, &c)
+	h2 := mustNew(t, Options{SingleTenant: true, Store: mem2}, &c)
 	wantProblem(t, do(h2, req{key: "k", body: "{}"}), 500, TypeRecordDamaged)
 	if c.runs.Load() != 1 {
 		t.Errorf("handler ran %d times; want 1", c.runs.Load())
@@ -109,7 +109,7 @@ func TestRecordStopsAtLeaseEnd(t *testing.T) {
 				s := &countingStore{Store: open(t)}
 				s.confirmErr.Store(1 << 20) // the store is down once the work is done
 				var c counter
-				h := mustNew(t, Options{Store: s, RecordTimeout: 10 * time.Second}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				h := mustNew(t, Options{SingleTenant: true, Store: s, RecordTimeout: 10 * time.Second}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 					time.Sleep(work)
 					c.ServeHTTP(w, r)
 				}))
@@ -140,8 +140,8 @@ func TestRecordStopsAtLeaseEnd(t *testing.T) {
 // with one over 255 bytes, records none.
 func TestOriginalRequest(t *testing.T) {
 	modes := map[string]func(t *testing.T) Options{
-		"lease": func(t *testing.T) Options { return Options{Store: newCounting()} },
-		"tx":    func(t *testing.T) Options { return Options{Tx: newTxEnv(t, sqlstore.SQLite).store} },
+		"lease": func(t *testing.T) Options { return Options{SingleTenant: true, Store: newCounting()} },
+		"tx":    func(t *testing.T) Options { return Options{SingleTenant: true, Tx: newTxEnv(t, sqlstore.SQLite).store} },
 	}
 	for name, mode := range modes {
 		t.Run(name, func(t *testing.T) {
@@ -217,20 +217,20 @@ func TestRecordFormatCompatible(t *testing.T) {
 			var c counter
 			q := req{key: "k", body: "{}"}
 			r := q.build()
-			fp, err := fingerprint(r, r.URL.Path, func() io.Reader { return strings.NewReader(q.body) })
+			fp, err := fingerprint(r, func() io.Reader { return strings.NewReader(q.body) })
 			if err != nil {
 				t.Fatal(err)
 			}
 			mem := memStore(idem.Options{})
 			ctx := context.Background()
-			cl, err := mem.Claim(ctx, storeKey("", "POST", "/orders", "k"), fp)
+			cl, err := mem.Claim(ctx, storeKey("", "k"), fp)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if err := mem.Confirm(ctx, cl.Lease, tc.record); err != nil {
 				t.Fatal(err)
 			}
-			h := mustNew(t, Options{Store: mem, RequestIDHeader: "X-Request-Id"}, &c)
+			h := mustNew(t, Options{SingleTenant: true, Store: mem, RequestIDHeader: "X-Request-Id"}, &c)
 			w := do(h, q)
 			hd := w.Header()
 			if w.Code != 201 || hd.Get(HeaderReplayed) != "true" || hd.Get("Location") != "/orders/7" ||
