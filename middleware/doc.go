@@ -130,6 +130,14 @@
 // (New refuses them): a replay goes to whoever holds the key in the scope,
 // and credentials must not go with it.
 //
+// A record must fit the store's MaxResultBytes: New checks that
+// MaxResponseBytes and RecordOverhead (8 KiB for the status, the request id
+// and the replayed headers) fit it together, and lowers the default
+// MaxResponseBytes to fit, so that a body of MaxResponseBytes is always
+// recorded whole. A response whose replayed headers are over
+// RecordOverhead is recorded without its body when the whole would not
+// fit.
+//
 // # Lease mode
 //
 // With Options.Store, the request claims its key under a lease

@@ -37,7 +37,8 @@ const (
 // New returns the middleware that Options describe, or an error when they
 // hold a mistake: the error names the field at fault and the value given
 // (a negative duration or size, a header name that is not a token, a
-// credential header in ReplayHeaders, a field that is never read, ...), Store and Tx when
+// credential header in ReplayHeaders, a field that is never read, a
+// MaxResponseBytes the store cannot record, ...), Store and Tx when
 // neither or both are set, and Scope when neither Scope nor SingleTenant
 // is set, or both.
 //
@@ -305,7 +306,7 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, l *idem.Lease, bod
 // returns the last error when no Confirm succeeded.
 func (h *handler) confirm(r *http.Request, l *idem.Lease, end time.Time, rec *recorder) error {
 	resp := h.response(r, rec)
-	result := httprecord.Encode(resp)
+	result := h.encode(resp)
 	err := h.record(r, end, func(ctx context.Context) error {
 		err := h.c.Store.Confirm(ctx, l, result)
 		if errors.Is(err, idem.ErrTooLarge) && !resp.BodyOmitted {
@@ -416,6 +417,19 @@ func (h *handler) response(r *http.Request, rec *recorder) *httprecord.Response 
 		resp.Body = rec.body.mem.Bytes() // the spool holds MaxResponseBytes in memory
 	}
 	return resp
+}
+
+// encode encodes resp for the store, without its body when the whole
+// would be over the store's MaxResultBytes: replayed headers over
+// RecordOverhead take the body's room, and the work must be recorded as
+// done whatever the size of its answer.
+func (h *handler) encode(resp *httprecord.Response) []byte {
+	b := httprecord.Encode(resp)
+	if h.c.maxResult > 0 && len(b) > h.c.maxResult && !resp.BodyOmitted {
+		resp.Body, resp.BodyOmitted = nil, true
+		b = httprecord.Encode(resp)
+	}
+	return b
 }
 
 // replay answers with a recorded response, its headers filtered by

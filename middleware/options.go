@@ -93,9 +93,12 @@ type Options struct {
 	MaxBodyBytes int64
 	// MaxResponseBytes bounds the response body that is recorded for
 	// replay. A longer response is still sent whole and recorded as done,
-	// without its body (replays carry Idempotent-Body-Omitted: true). The
-	// encoded record (body plus status and headers) must also fit the
-	// store's MaxResultBytes. Default 512 KiB.
+	// without its body (replays carry Idempotent-Body-Omitted: true). With
+	// a store that reports its MaxResultBytes (idem.MemoryStore,
+	// idem.RedisStore, sqlstore.Store: a MaxResultBytes() int method), New
+	// refuses a MaxResponseBytes that would not fit it with RecordOverhead
+	// beside, so that a body of MaxResponseBytes is always recorded whole.
+	// Default 512 KiB, or less to fit the store's MaxResultBytes.
 	MaxResponseBytes int
 	// ReplayHeaders are the response headers recorded and replayed, each
 	// a header field name listed once, in any case. Set-Cookie,
@@ -156,6 +159,14 @@ const (
 	DefaultRecordTimeout    = 10 * time.Second
 )
 
+// RecordOverhead is the room a recorded response takes besides its body:
+// its version, flags and status, the request id, and the replayed
+// headers, up to 8 KiB of them. New checks that MaxResponseBytes and
+// RecordOverhead fit the store's MaxResultBytes together. A response whose
+// replayed headers are larger still is recorded without its body when the
+// whole would not fit.
+const RecordOverhead = 8 << 10
+
 // DefaultReplayHeaders are the response headers replayed by default: those
 // that describe the representation or the created resource.
 var DefaultReplayHeaders = []string{
@@ -175,6 +186,9 @@ type config struct {
 	methods    map[string]bool
 	replay     []string // canonical names
 	retryAfter string   // RetryAfter in whole seconds, as sent
+	// maxResult is the store's MaxResultBytes, 0 when the store does not
+	// report it.
+	maxResult int
 	// running holds the store keys whose handler runs inside a Run, for
 	// telling a busy database from a key in flight (tx.go).
 	running sync.Map // string -> bool
@@ -239,7 +253,10 @@ func (o Options) config() (*config, error) {
 	o.RetryAfter = cmp.Or(o.RetryAfter, DefaultRetryAfter)
 	o.MaxKeyBytes = cmp.Or(o.MaxKeyBytes, DefaultMaxKeyBytes)
 	o.MaxBodyBytes = cmp.Or(o.MaxBodyBytes, DefaultMaxBodyBytes)
-	o.MaxResponseBytes = cmp.Or(o.MaxResponseBytes, DefaultMaxResponseBytes)
+	maxResult, err := o.fitResponse()
+	if err != nil {
+		return nil, err
+	}
 	if o.Keep == nil {
 		o.Keep = func(status int) bool { return status < 500 }
 	}
@@ -255,7 +272,40 @@ func (o Options) config() (*config, error) {
 		return nil, err
 	}
 	secs := (o.RetryAfter + time.Second - 1) / time.Second
-	return &config{Options: o, methods: methods, replay: replay, retryAfter: strconv.FormatInt(int64(secs), 10)}, nil
+	return &config{Options: o, methods: methods, replay: replay, retryAfter: strconv.FormatInt(int64(secs), 10), maxResult: maxResult}, nil
+}
+
+// resultLimiter is a store that reports the largest result it records:
+// idem.MemoryStore, idem.RedisStore and sqlstore.Store are.
+type resultLimiter interface{ MaxResultBytes() int }
+
+// fitResponse sets MaxResponseBytes, when zero, to its default or less,
+// so that a body of that size and RecordOverhead fit the store's
+// MaxResultBytes, and refuses one set above that. It returns the store's
+// MaxResultBytes, 0 when the store does not report it. A response body
+// of MaxResponseBytes that the store refused would be replayed without its
+// body for no reason the user could see at New.
+func (o *Options) fitResponse() (int, error) {
+	field, store := "Store", any(o.Store)
+	if o.Tx != nil {
+		field, store = "Tx", o.Tx
+	}
+	l, ok := store.(resultLimiter)
+	if !ok {
+		o.MaxResponseBytes = cmp.Or(o.MaxResponseBytes, DefaultMaxResponseBytes)
+		return 0, nil
+	}
+	maxResult := l.MaxResultBytes()
+	room := maxResult - RecordOverhead
+	switch {
+	case room <= 0:
+		return 0, fmt.Errorf("middleware: %s: its MaxResultBytes %d leaves no room for a response body beside RecordOverhead %d (the record's status and headers); give the store a MaxResultBytes above %d", field, maxResult, RecordOverhead, RecordOverhead)
+	case o.MaxResponseBytes == 0:
+		o.MaxResponseBytes = min(DefaultMaxResponseBytes, room)
+	case o.MaxResponseBytes > room:
+		return 0, fmt.Errorf("middleware: MaxResponseBytes: %d exceeds the store's MaxResultBytes %d less RecordOverhead %d (the record's status and headers); at most %d", o.MaxResponseBytes, maxResult, RecordOverhead, room)
+	}
+	return maxResult, nil
 }
 
 // checkRequestID checks Options.RequestIDHeader and makes it canonical;

@@ -27,6 +27,7 @@ import (
 func TestNewRefuses(t *testing.T) {
 	st := newCounting()
 	scope := func(*http.Request) (string, error) { return "t", nil }
+	mib := memStore(idem.Options{MaxResultBytes: 1 << 20})
 	key := func(*http.Request) (string, error) { return "k", nil }
 	for _, tc := range []struct {
 		name  string
@@ -60,6 +61,14 @@ func TestNewRefuses(t *testing.T) {
 		{"negative key bytes", Options{SingleTenant: true, Store: st, MaxKeyBytes: -1}, "MaxKeyBytes", []string{"-1"}},
 		{"negative body", Options{SingleTenant: true, Store: st, MaxBodyBytes: -2}, "MaxBodyBytes", []string{"-2"}},
 		{"negative response", Options{SingleTenant: true, Store: st, MaxResponseBytes: -3}, "MaxResponseBytes", []string{"-3"}},
+		{"response over the store's", Options{SingleTenant: true, Store: mib, MaxResponseBytes: 2 << 20}, "MaxResponseBytes",
+			[]string{"middleware: MaxResponseBytes: 2097152 exceeds the store's MaxResultBytes 1048576", "at most 1040384"}},
+		{"response at the store's, no room for headers", Options{SingleTenant: true, Store: mib, MaxResponseBytes: 1 << 20}, "MaxResponseBytes",
+			[]string{"1048576", "RecordOverhead 8192"}},
+		{"response over the tx store's", Options{SingleTenant: true, Tx: &limitedTx{max: 64 << 10}, MaxResponseBytes: 64 << 10}, "MaxResponseBytes",
+			[]string{"65536", "at most 57344"}},
+		{"store too small for a record", Options{SingleTenant: true, Store: memStore(idem.Options{MaxResultBytes: 4 << 10})}, "Store",
+			[]string{"MaxResultBytes 4096", "RecordOverhead 8192"}},
 
 		{"method not a token", Options{SingleTenant: true, Store: st, Methods: []string{"PO ST"}}, "Methods", []string{`"PO ST"`}},
 		{"method empty", Options{SingleTenant: true, Store: st, Methods: []string{"POST", ""}}, "Methods", []string{`""`}},
@@ -110,8 +119,9 @@ func TestNewAccepts(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, o := range map[string]Options{
-		"store only": {Store: st, SingleTenant: true},
-		"tx only":    {Tx: &txStub{}, SingleTenant: true},
+		"store only":           {Store: st, SingleTenant: true},
+		"tx only":              {Tx: &txStub{}, SingleTenant: true},
+		"at the store's limit": {Store: memStore(idem.Options{MaxResultBytes: 1 << 20}), SingleTenant: true, MaxResponseBytes: 1<<20 - RecordOverhead},
 		"every field": {
 			Store: st, Header: "x-request-key", Required: true, RequestIDHeader: "x-request-id",
 			Methods: []string{"PUT", "M-SEARCH"}, Scope: func(*http.Request) (string, error) { return "t", nil },
@@ -130,6 +140,28 @@ func TestNewAccepts(t *testing.T) {
 	} {
 		if _, err := New(o); err != nil {
 			t.Errorf("New(%s) = %v; want no error", name, err)
+		}
+	}
+}
+
+// Without MaxResponseBytes, the default fits the store: a store whose
+// MaxResultBytes is under the default's needs gets a smaller one, so that
+// a response of that size is recorded whole.
+func TestMaxResponseBytesDefaultFitsStore(t *testing.T) {
+	for _, tc := range []struct {
+		store idem.Store
+		want  int
+	}{
+		{memStore(idem.Options{}), DefaultMaxResponseBytes},
+		{memStore(idem.Options{MaxResultBytes: 64 << 10}), 64<<10 - RecordOverhead},
+		{newCounting(), DefaultMaxResponseBytes}, // does not report its limit
+	} {
+		c, err := Options{Store: tc.store, SingleTenant: true}.config()
+		if err != nil {
+			t.Fatalf("config(%T) = %v", tc.store, err)
+		}
+		if c.MaxResponseBytes != tc.want {
+			t.Errorf("MaxResponseBytes with %T = %d; want %d", tc.store, c.MaxResponseBytes, tc.want)
 		}
 	}
 }
@@ -162,3 +194,12 @@ func (*txStub) Run(context.Context, string, []byte, func(context.Context, *sql.T
 }
 
 func (*txStub) Lookup(context.Context, string) (*idem.Record, error) { panic("txStub.Lookup") }
+
+// limitedTx is a txStub that reports its MaxResultBytes, as sqlstore.Store
+// does.
+type limitedTx struct {
+	txStub
+	max int
+}
+
+func (s *limitedTx) MaxResultBytes() int { return s.max }

@@ -250,3 +250,62 @@ func TestRecordFormatCompatible(t *testing.T) {
 		})
 	}
 }
+
+// limitedStore is a countingStore that reports the MaxResultBytes of the
+// store it counts, as the stores of this module do.
+type limitedStore struct {
+	*countingStore
+	max int
+}
+
+func (s *limitedStore) MaxResultBytes() int { return s.max }
+
+// #25, deliver 4: a response body of MaxResponseBytes is recorded whole,
+// with its replayed headers and request id beside it (RecordOverhead);
+// replayed headers larger than that take the body's room, and the record
+// goes without its body at the first Confirm, not after one the store
+// refused.
+func TestResponseAtMaxFits(t *testing.T) {
+	const max = 64 << 10
+	for _, tc := range []struct {
+		name    string
+		link    int // bytes of the Link header
+		omitted bool
+	}{
+		{"headers within RecordOverhead", RecordOverhead - 1024, false},
+		{"headers over RecordOverhead", 2 * RecordOverhead, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := &limitedStore{countingStore: &countingStore{Store: memStore(idem.Options{MaxResultBytes: max})}, max: max}
+			body := bytes.Repeat([]byte("z"), max-RecordOverhead) // the default MaxResponseBytes here
+			link := "<" + strings.Repeat("l", tc.link) + ">"
+			runs := 0
+			h := mustNew(t, Options{SingleTenant: true, Store: s, RequestIDHeader: "X-Request-Id"}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				runs++
+				w.Header().Set("Location", "/reports/1")
+				w.Header().Set("Link", link)
+				w.Header().Set("Content-Type", "application/octet-stream")
+				_, _ = w.Write(body)
+			}))
+			id := map[string]string{"X-Request-Id": strings.Repeat("r", 255)}
+			if w := do(h, req{key: "k", body: "{}", header: id}); w.Code != 200 || w.Body.Len() != len(body) {
+				t.Fatalf("first = %d with %d bytes; want 200 with %d", w.Code, w.Body.Len(), len(body))
+			}
+			confirms := s.calls.Load() - 1 // the Claim
+			w := do(h, req{key: "k", body: "{}"})
+			omitted := w.Header().Get(HeaderBodyOmitted) == "true"
+			if w.Code != 200 || w.Header().Get(HeaderReplayed) != "true" || runs != 1 || omitted != tc.omitted {
+				t.Fatalf("replay = %d %d bytes, body omitted %t, after %d runs; want a replay, body omitted %t, 1 run", w.Code, w.Body.Len(), omitted, runs, tc.omitted)
+			}
+			if !tc.omitted && !bytes.Equal(w.Body.Bytes(), body) {
+				t.Errorf("replay's body = %d bytes; want the %d recorded", w.Body.Len(), len(body))
+			}
+			if w.Header().Get("Link") != link {
+				t.Errorf("replay's Link = %d bytes; want the %d recorded", len(w.Header().Get("Link")), len(link))
+			}
+			if confirms != 1 {
+				t.Errorf("store calls after the claim = %d; want 1 Confirm, none refused", confirms)
+			}
+		})
+	}
+}

@@ -228,9 +228,11 @@ func TestTxInFlight(t *testing.T) {
 
 // In transactional mode a record over the store's MaxResultBytes rolls the
 // work back and answers 500: the work is undone, so a retry may run it.
+// Only replayed headers beyond RecordOverhead can make it so: without its
+// body the record would still not fit.
 func TestTxResultTooLarge(t *testing.T) {
 	e := newTxEnv(t, sqlstore.SQLite)
-	small, err := sqlstore.New(e.db, sqlstore.Options{Dialect: sqlstore.SQLite, Table: uniqueName("idemtest_"), MaxResultBytes: 64})
+	small, err := sqlstore.New(e.db, sqlstore.Options{Dialect: sqlstore.SQLite, Table: uniqueName("idemtest_"), MaxResultBytes: 2 * RecordOverhead})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -240,7 +242,7 @@ func TestTxResultTooLarge(t *testing.T) {
 	var runs atomic.Int64
 	inner := e.orderHandler(&runs)
 	h := mustNew(t, Options{SingleTenant: true, Tx: small}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Link", "<"+strings.Repeat("x", 100)+">")
+		w.Header().Set("Link", "<"+strings.Repeat("x", 2*RecordOverhead)+">")
 		inner.ServeHTTP(w, r)
 	}))
 	wantProblem(t, do(h, req{key: "k", body: "big"}), 500, TypeResponseTooLarge)
