@@ -32,6 +32,7 @@
 //	same key, same request, done                       the recorded response, Idempotent-Replayed: true
 //	same key, different request (done or in flight)    422; this wins over 409
 //	same key while the first is in flight              wait up to LockTimeout, then replay, or 409 + Retry-After
+//	handler answers what a retry may change            nothing recorded, key released (see Keep rules)
 //	handler answers 5xx, or panics                     nothing recorded, key released: a retry runs the handler
 //	store unavailable                                  503; the handler does not run (fail closed)
 //	body over MaxBodyBytes                             413, before any store call
@@ -107,6 +108,39 @@
 // retention. A retry that spans the upgrade finds no record and runs the
 // handler again, as one whose record expired would: clients retry within
 // seconds or minutes, so upgrade when few requests are in flight.
+//
+// # Keep rules
+//
+// A response is recorded, and replayed to every retry of its key for the
+// store's retention, only when a retry of the same request could not
+// change it (DefaultKeep, Options.Keep). An answer that says the work did
+// not happen, and may happen on a later try, releases the key instead: the
+// retry runs the handler. Recording it would poison the key: the client's
+// retry (which the client package's transport makes for 409 and 429) would
+// get the same refusal for the whole retention.
+//
+//	status                   kept  why
+//	2xx                      yes   the work was done: its answer is the one to replay
+//	3xx                      yes   the answer says where the result is (Location)
+//	400 406 410 411 413 414  yes   the request itself is at fault (malformed, too large, gone for
+//	415 417 422 428 431            good, unprocessable): the same request gets the same answer
+//	401 403 407              no    credentials: the client may sign in again, or be granted access
+//	404 405 421              no    the request reached no endpoint that acts (a router's answer, a
+//	                               resource that may exist later): nothing was done
+//	408 425 429              no    timing: too slow, too early, too fast; the same request may
+//	                               succeed later (the client transport retries 429)
+//	409 423                  no    the resource is busy or in a conflicting state
+//	                               (the client transport retries 409)
+//	402 412 416 424 426 451  no    something besides the request decides (a payment, the resource's
+//	                               version or length, another request, the protocol, the law)
+//	other 4xx, 1xx, 600-999  no    a meaning the middleware does not know
+//	5xx                      no    the server failed: a retry runs the handler
+//
+// A replay carries the recorded status, the headers of
+// Options.ReplayHeaders, among them those a kept status needs (Location,
+// Content-Location, Content-Range, Accept-*, Retry-After, Allow for a Keep
+// that records a 405), and the body. A Keep of one's own may record more:
+// a 402 card decline, say, to answer a retry of the payment with it.
 //
 // # Bodies
 //

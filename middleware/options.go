@@ -107,7 +107,9 @@ type Options struct {
 	ReplayHeaders []string
 	// Keep reports whether a response with this status is recorded. A
 	// response not kept releases the key, so that a retry runs the handler
-	// again. Default: every status below 500.
+	// again: keep only answers that a retry of the same request cannot
+	// change (see Keep rules in the package documentation). Default:
+	// DefaultKeep.
 	Keep func(status int) bool
 	// Fingerprint computes what tells two requests to one endpoint apart,
 	// from the request and a fresh reader over its body (the handler still
@@ -168,11 +170,15 @@ const (
 const RecordOverhead = 8 << 10
 
 // DefaultReplayHeaders are the response headers replayed by default: those
-// that describe the representation or the created resource.
+// that describe the representation or the created resource, and those a
+// status needs to be acted on: Location (201, 3xx), Content-Range (206),
+// Accept, Accept-Encoding, Accept-Patch and Accept-Post (415), Allow (405)
+// and Retry-After (413, 429, 503), for a Keep that records them.
 var DefaultReplayHeaders = []string{
+	"Accept", "Accept-Encoding", "Accept-Patch", "Accept-Post", "Allow",
 	"Cache-Control", "Content-Disposition", "Content-Encoding", "Content-Language",
-	"Content-Location", "Content-Type", "ETag", "Expires", "Last-Modified",
-	"Link", "Location", "Vary",
+	"Content-Location", "Content-Range", "Content-Type", "ETag", "Expires", "Last-Modified",
+	"Link", "Location", "Retry-After", "Vary",
 }
 
 // neverReplayed are headers that carry credentials or challenges.
@@ -258,7 +264,7 @@ func (o Options) config() (*config, error) {
 		return nil, err
 	}
 	if o.Keep == nil {
-		o.Keep = func(status int) bool { return status < 500 }
+		o.Keep = DefaultKeep
 	}
 	if o.Error == nil {
 		o.Error = WriteProblem
