@@ -51,7 +51,7 @@
 //
 //	status  type                                retryable  key             case
 //	400     draft 2.1, TypeKeyMissing           false      -               no key, with Options.Required
-//	400     draft 2.1, TypeKeyInvalid           false      if well-formed  malformed, repeated, too long, or refused by the store
+//	400     draft 2.1, TypeKeyInvalid           false      always          empty, malformed, repeated, too long, or refused by the store
 //	400     TypeScopeInvalid                    false      -               Options.Scope returned an error
 //	400     TypeBodyUnreadable                  false      -               the body could not be read
 //	413     TypeBodyTooLarge                    false      -               the body is over MaxBodyBytes
@@ -63,7 +63,9 @@
 //
 // "draft 2.1" is the URI of section 2.1 of the draft
 // (https://datatracker.ietf.org/doc/html/draft-ietf-httpapi-idempotency-key-header-07#section-2.1);
-// "key" is the idempotency_key member.
+// "key" is the idempotency_key member: the client's key when it is
+// well-formed, and "" where the table says always and the key is empty or
+// not shown (malformed, too long, repeated).
 //
 // Two choices differ, deliberately, from some other implementations. Two
 // different keys are two operations, even with the same body: never a 409,

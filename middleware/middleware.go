@@ -210,16 +210,16 @@ func (h *handler) clientKey(r *http.Request) (string, *Problem) {
 	if h.c.Key == nil {
 		k, err := headerKey(r.Header, h.c.Header, h.c.MaxKeyBytes)
 		if err != nil {
-			return "", problem(kindKeyInvalid, "The "+h.c.Header+" header is invalid: "+err.Error()+".", err)
+			return "", keyProblem(kindKeyInvalid, "", "The "+h.c.Header+" header is invalid: "+err.Error()+".", err)
 		}
 		return k, nil
 	}
 	k, err := h.c.Key(r)
 	if err != nil {
-		return "", problem(kindKeyInvalid, "", err)
+		return "", keyProblem(kindKeyInvalid, "", "", err)
 	}
 	if len(k) > h.c.MaxKeyBytes {
-		return "", problem(kindKeyInvalid, "The key is too long.", errKeyTooLong)
+		return "", keyProblem(kindKeyInvalid, "", "The key is too long.", errKeyTooLong)
 	}
 	return k, nil
 }

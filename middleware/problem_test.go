@@ -22,7 +22,8 @@ type answer struct {
 	header    map[string]string
 	typ       string
 	retryable bool
-	key       string // idempotency_key; "" means absent
+	key       string // idempotency_key; "" means absent, unless keyEmpty
+	keyEmpty  bool   // idempotency_key is present and ""
 	detail    string // a substring of detail, when set
 }
 
@@ -109,6 +110,9 @@ func checkAnswer(t *testing.T, i int, w *httptest.ResponseRecorder, want answer)
 		t.Errorf("request %d: retryable = %v; want %v (status %d)", i, p.Retryable, want.retryable, want.status)
 	}
 	switch {
+	case want.keyEmpty && (p.Key == nil || *p.Key != ""):
+		t.Errorf("request %d: idempotency_key = %v; want \"\"", i, p.Key)
+	case want.keyEmpty:
 	case want.key == "" && p.Key != nil:
 		t.Errorf("request %d: idempotency_key = %q; want it absent", i, *p.Key)
 	case want.key != "" && (p.Key == nil || *p.Key != want.key):
@@ -160,10 +164,16 @@ func TestProblemAnswers(t *testing.T) {
 			{q: req{body: `{}`}, want: &answer{status: 400, typ: sec21}},
 		}},
 		{name: "key malformed", steps: []step{
-			{q: req{key: "a b", body: `{}`}, want: &answer{status: 400, typ: sec21}},
+			{q: req{key: "a b", body: `{}`}, want: &answer{status: 400, typ: sec21, keyEmpty: true}},
 		}},
 		{name: "key repeated", steps: []step{
-			{q: req{keys: []string{"a", "b"}, body: `{}`}, want: &answer{status: 400, typ: sec21}},
+			{q: req{keys: []string{"a", "b"}, body: `{}`}, want: &answer{status: 400, typ: sec21, keyEmpty: true}},
+		}},
+		// The last of the public idempot.dev scenarios: the 400 for an
+		// empty key names the key too, as the empty string.
+		{name: "key empty", steps: []step{
+			{q: req{keys: []string{""}, body: `{}`}, want: &answer{status: 400, typ: sec21, keyEmpty: true, detail: "empty"}},
+			{q: req{keys: []string{`""`}, body: `{}`}, want: &answer{status: 400, typ: sec21, keyEmpty: true, detail: "empty"}},
 		}},
 		{name: "key refused by the store", opts: Options{Scope: longScope}, steps: []step{
 			{q: req{key: "k-1", body: `{}`}, want: &answer{status: 400, typ: sec21, key: "k-1"}},
