@@ -31,7 +31,7 @@ func ExampleNew() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	idempotent, err := middleware.New(middleware.Options{Store: store})
+	idempotent, err := middleware.New(middleware.Options{Store: store, SingleTenant: true})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -42,7 +42,7 @@ func newRig(t *testing.T, mo middleware.Options) *rig {
 	if err != nil {
 		t.Fatalf("NewRedisStore = %v", err)
 	}
-	mo.Store = st
+	mo.Store, mo.SingleTenant = st, true
 	mw, err := middleware.New(mo)
 	if err != nil {
 		t.Fatalf("middleware.New = %v", err)

@@ -62,8 +62,8 @@ func TestObserverAllocations(t *testing.T) {
 		{"replay", false, baseReplayAllocs},
 		{"first-write", true, baseFirstWriteAllocs},
 	} {
-		off := allocsPerRequest(t, mustNew(t, Options{Store: memStore(idem.Options{})}, next), c.fresh)
-		on := allocsPerRequest(t, mustNew(t, Options{Store: memStore(idem.Options{}), Observer: nopObserver{}}, next), c.fresh)
+		off := allocsPerRequest(t, mustNew(t, Options{SingleTenant: true, Store: memStore(idem.Options{})}, next), c.fresh)
+		on := allocsPerRequest(t, mustNew(t, Options{SingleTenant: true, Store: memStore(idem.Options{}), Observer: nopObserver{}}, next), c.fresh)
 		t.Logf("%s: %.0f allocs without an Observer (%.0f before the change), %.0f with one", c.name, off, c.base, on)
 		if off > c.base {
 			t.Errorf("%s: %.0f allocs per request without an Observer; want at most %.0f, as before events existed", c.name, off, c.base)

@@ -8,9 +8,20 @@
 // recorded response, with Idempotent-Replayed: true, and the handler does
 // not run again, on any process that shares the store.
 //
-//	idempotent, err := middleware.New(middleware.Options{Store: store})
+//	idempotent, err := middleware.New(middleware.Options{
+//		Store: store,
+//		Scope: func(r *http.Request) (string, error) { // the tenant, from the authenticated principal
+//			return accountFrom(r.Context())
+//		},
+//	})
 //	...
-//	http.ListenAndServe(addr, idempotent(mux))
+//	http.ListenAndServe(addr, authenticate(idempotent(mux)))
+//
+// New asks for a decision on tenants: a Scope, or SingleTenant: true for a
+// service with one. A recorded response goes only to the tenant it
+// belongs to: a client that learns another tenant's key (from a proxy
+// log, a shared trace) and sends the same request gets its own answer,
+// never the other's receipt.
 //
 // # Answers
 //
@@ -21,6 +32,7 @@
 //	same key, same request, done                       the recorded response, Idempotent-Replayed: true
 //	same key, different request (done or in flight)    422; this wins over 409
 //	same key while the first is in flight              wait up to LockTimeout, then replay, or 409 + Retry-After
+//	handler answers what a retry may change            nothing recorded, key released (see Keep rules)
 //	handler answers 5xx, or panics                     nothing recorded, key released: a retry runs the handler
 //	store unavailable                                  503; the handler does not run (fail closed)
 //	body over MaxBodyBytes                             413, before any store call
@@ -39,7 +51,7 @@
 //
 //	status  type                                retryable  key             case
 //	400     draft 2.1, TypeKeyMissing           false      -               no key, with Options.Required
-//	400     draft 2.1, TypeKeyInvalid           false      if well-formed  malformed, repeated, too long, or refused by the store
+//	400     draft 2.1, TypeKeyInvalid           false      always          empty, malformed, repeated, too long, or refused by the store
 //	400     TypeScopeInvalid                    false      -               Options.Scope returned an error
 //	400     TypeBodyUnreadable                  false      -               the body could not be read
 //	413     TypeBodyTooLarge                    false      -               the body is over MaxBodyBytes
@@ -51,7 +63,9 @@
 //
 // "draft 2.1" is the URI of section 2.1 of the draft
 // (https://datatracker.ietf.org/doc/html/draft-ietf-httpapi-idempotency-key-header-07#section-2.1);
-// "key" is the idempotency_key member.
+// "key" is the idempotency_key member: the client's key when it is
+// well-formed, and "" where the table says always and the key is empty or
+// not shown (malformed, too long, repeated).
 //
 // Two choices differ, deliberately, from some other implementations. Two
 // different keys are two operations, even with the same body: never a 409,
@@ -60,29 +74,75 @@
 // request that did the work, Original-Request: its request id, with
 // Options.RequestIDHeader.
 //
-// # Keys, routes and fingerprints
+// # Keys, scopes and fingerprints
 //
 // The header's value is an RFC 8941 string ("...") or, for Stripe-style
 // clients, a bare run of RFC 8941 token characters; "abc" and abc are the
-// same key. The record's key joins the scope (Options.Scope: the tenant),
-// the method, the route pattern and the client's key in an injective,
-// length-prefixed encoding, so tenants and endpoints never share a record.
+// same key. The record's key joins the scope (Options.Scope: the tenant;
+// "" with SingleTenant) and the client's key, in an injective,
+// length-prefixed encoding, so that tenants never share a record.
 //
-// The route is Options.Route's when set (for routers other than
-// http.ServeMux), or the path when it returns "", as chi's RoutePattern
-// does under r.Use, before routing (see ExampleNew_chiUse; chi's own
-// package is also named middleware: import one under an alias).
-// Otherwise it is r.Pattern when the middleware sits inside a ServeMux
-// route (ExampleNew_serveMux); when it wraps a whole mux (Options.Mux, or
-// the *http.ServeMux it wraps directly), the pattern that mux's Handler(r)
-// reports, which is what r.Pattern would have been inside the route
-// (ExampleNew); else the path.
+// The record's key holds nothing of the route: one key from one tenant
+// maps to one record however the middleware is mounted, around a
+// ServeMux, around a wrapper of it, inside each route, under
+// http.StripPrefix, under chi's Use or With. A retry that spans a deploy
+// which changed only the wrapping is answered with the recorded response,
+// never run twice.
 //
 // The fingerprint tells a retry from a different request reusing the key:
-// SHA-256 over the method, route, path and query, content type and body.
-// A multipart body counts by its fields and its files' names and sizes, so
-// a retried upload with a new boundary is still a retry. [Fingerprint]
-// computes the same for a handler that calls the SQL store's Run itself.
+// SHA-256 over the method, the request target as the client sent it
+// (r.RequestURI: path and query), the content type and the body. The
+// method and the target make a key reused on another endpoint, or on
+// another resource (/orders/2 after /orders/1), a 422, as Stripe answers.
+// They are read the same in every mounting, which a route pattern is not:
+// a ServeMux's pattern is known inside the route and around the mux, not
+// around a wrapper of it; chi's is "" under Use; http.StripPrefix changes
+// r.URL.Path but not r.RequestURI. A retry sends the same target, so it
+// has the same fingerprint wherever the middleware sits. A multipart body
+// counts by its fields and its files' names and sizes, so a retried upload
+// with a new boundary is still a retry. [Fingerprint] computes the same
+// for a handler that calls the SQL store's Run itself; Options.Fingerprint
+// replaces what is computed of the content type and body, never the method
+// and target.
+//
+// Records written by earlier versions, whose key also held the method and
+// a route, are not read: they need no migration and expire with their
+// retention. A retry that spans the upgrade finds no record and runs the
+// handler again, as one whose record expired would: clients retry within
+// seconds or minutes, so upgrade when few requests are in flight.
+//
+// # Keep rules
+//
+// A response is recorded, and replayed to every retry of its key for the
+// store's retention, only when a retry of the same request could not
+// change it (DefaultKeep, Options.Keep). An answer that says the work did
+// not happen, and may happen on a later try, releases the key instead: the
+// retry runs the handler. Recording it would poison the key: the client's
+// retry (which the client package's transport makes for 409 and 429) would
+// get the same refusal for the whole retention.
+//
+//	status                   kept  why
+//	2xx                      yes   the work was done: its answer is the one to replay
+//	3xx                      yes   the answer says where the result is (Location)
+//	400 406 410 411 413 414  yes   the request itself is at fault (malformed, too large, gone for
+//	415 417 422 428 431            good, unprocessable): the same request gets the same answer
+//	401 403 407              no    credentials: the client may sign in again, or be granted access
+//	404 405 421              no    the request reached no endpoint that acts (a router's answer, a
+//	                               resource that may exist later): nothing was done
+//	408 425 429              no    timing: too slow, too early, too fast; the same request may
+//	                               succeed later (the client transport retries 429)
+//	409 423                  no    the resource is busy or in a conflicting state
+//	                               (the client transport retries 409)
+//	402 412 416 424 426 451  no    something besides the request decides (a payment, the resource's
+//	                               version or length, another request, the protocol, the law)
+//	other 4xx, 1xx, 600-999  no    a meaning the middleware does not know
+//	5xx                      no    the server failed: a retry runs the handler
+//
+// A replay carries the recorded status, the headers of
+// Options.ReplayHeaders, among them those a kept status needs (Location,
+// Content-Location, Content-Range, Accept-*, Retry-After, Allow for a Keep
+// that records a 405), and the body. A Keep of one's own may record more:
+// a 402 card decline, say, to answer a retry of the payment with it.
 //
 // # Bodies
 //
@@ -103,8 +163,16 @@
 //
 // Replays carry only the headers of Options.ReplayHeaders; Set-Cookie,
 // Authorization, WWW-Authenticate and Proxy-Authenticate are never replayed
-// (New refuses them): a replay goes to whoever holds the key, and
-// credentials must not go with it.
+// (New refuses them): a replay goes to whoever holds the key in the scope,
+// and credentials must not go with it.
+//
+// A record must fit the store's MaxResultBytes: New checks that
+// MaxResponseBytes and RecordOverhead (8 KiB for the status, the request id
+// and the replayed headers) fit it together, and lowers the default
+// MaxResponseBytes to fit, so that a body of MaxResponseBytes is always
+// recorded whole. A response whose replayed headers are over
+// RecordOverhead is recorded without its body when the whole would not
+// fit.
 //
 // # Lease mode
 //
@@ -169,8 +237,8 @@
 //     ran; Duplicate, a replay; InProgress, another request held the key,
 //     and this one answered 409 or its client left while waiting.
 //   - Took is the whole request, handler included.
-//   - KeyHash is the hash of the key as stored (scope, method, route and
-//     client key), by Options.KeyHasher.
+//   - KeyHash is the hash of the key as stored (scope and client key), by
+//     Options.KeyHasher.
 //   - Err is the idempotency layer's answer, not the handler's: nil when it
 //     did its part, even for a 5xx the handler answered; idem.ErrInvalidKey
 //     or idem.ErrTooLarge (Class invalid) for a request refused before any

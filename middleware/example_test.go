@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log"
 	"net/http"
@@ -20,10 +21,44 @@ import (
 	_ "modernc.org/sqlite" // database/sql driver "sqlite"
 )
 
-// send posts body with an Idempotency-Key (none for "") to h and prints
-// the answer.
+// accountKey is the context key under which authenticate puts the
+// caller's account.
+type accountKey struct{}
+
+// authenticate stands for the service's own authentication: it puts the
+// account that the request's credentials name into its context.
+func authenticate(next http.Handler) http.Handler {
+	accounts := map[string]string{"Bearer tok_alice": "acct_alice", "Bearer tok_bob": "acct_bob"}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		account, ok := accounts[r.Header.Get("Authorization")]
+		if !ok {
+			http.Error(w, "unauthorized", http.StatusUnauthorized)
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), accountKey{}, account)))
+	})
+}
+
+// tenant is the middleware's Scope: the account that authentication
+// found, never anything the client merely states.
+func tenant(r *http.Request) (string, error) {
+	account, ok := r.Context().Value(accountKey{}).(string)
+	if !ok {
+		return "", errors.New("no authenticated account")
+	}
+	return account, nil
+}
+
+// send posts body as alice with an Idempotency-Key (none for "") to h and
+// prints the answer.
 func send(h http.Handler, path, key, body string) {
+	sendAs(h, "tok_alice", path, key, body)
+}
+
+// sendAs is send with the credentials of token.
+func sendAs(h http.Handler, token, path, key, body string) {
 	r := httptest.NewRequest("POST", path, strings.NewReader(body))
+	r.Header.Set("Authorization", "Bearer "+token)
 	if key != "" {
 		r.Header.Set("Idempotency-Key", key)
 	}
@@ -41,9 +76,10 @@ func send(h http.Handler, path, key, body string) {
 	fmt.Printf("%d replayed=%q %s\n", w.Code, w.Header().Get(middleware.HeaderReplayed), strings.TrimSpace(w.Body.String()))
 }
 
-// The middleware wraps a whole http.ServeMux: the mux's pattern names the
-// endpoint, so a key is scoped to "POST /orders". A retry replays; a reuse
-// of the key for another order is refused.
+// The middleware wraps a whole http.ServeMux, behind the service's
+// authentication, and Scope names the tenant from the authenticated
+// account. A retry replays; a reuse of the key for another order is
+// refused; another tenant's request with the same key is its own.
 func ExampleNew() {
 	store, err := idem.NewMemoryStore(idem.Options{}) // RedisStore in production
 	if err != nil {
@@ -57,28 +93,30 @@ func ExampleNew() {
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, `{"order":%d}`, orders)
 	})
-	idempotent, err := middleware.New(middleware.Options{Store: store})
+	idempotent, err := middleware.New(middleware.Options{Store: store, Scope: tenant})
 	if err != nil {
 		panic(err)
 	}
-	h := idempotent(mux)
+	h := authenticate(idempotent(mux))
 
 	send(h, "/orders", "8e03978e", `{"sku":"tea"}`)
-	send(h, "/orders", "8e03978e", `{"sku":"tea"}`) // the client retries
-	send(h, "/orders", "8e03978e", `{"sku":"mug"}`) // the key reused for another order
+	send(h, "/orders", "8e03978e", `{"sku":"tea"}`)              // the client retries
+	send(h, "/orders", "8e03978e", `{"sku":"mug"}`)              // the key reused for another order
+	sendAs(h, "tok_bob", "/orders", "8e03978e", `{"sku":"tea"}`) // another tenant, the same key
 	fmt.Println("orders placed:", orders)
 	// Output:
 	// 201 replayed="" {"order":1}
 	// 201 replayed="true" {"order":1}
 	// 422 https://datatracker.ietf.org/doc/html/draft-ietf-httpapi-idempotency-key-header-07#section-2.2 retryable=false idempotency_key="8e03978e" instance=urn:uuid:...=true
-	// orders placed: 1
+	// 201 replayed="" {"order":2}
+	// orders placed: 2
 }
 
 // In transactional mode the handler's own SQL and the record of its
 // response commit in one transaction: the order is stored once however
 // often the client retries, and a 5xx would roll both back. A request
 // without a key runs without the middleware's transaction: the handler
-// opens its own.
+// opens its own. This service has one tenant, which SingleTenant states.
 func ExampleNew_transactional() {
 	dir, err := os.MkdirTemp("", "idem-example")
 	if err != nil {
@@ -127,7 +165,7 @@ func ExampleNew_transactional() {
 		w.WriteHeader(http.StatusCreated)
 		fmt.Fprintf(w, `{"order":%d}`, id)
 	})
-	idempotent, err := middleware.New(middleware.Options{Tx: store})
+	idempotent, err := middleware.New(middleware.Options{Tx: store, SingleTenant: true})
 	if err != nil {
 		panic(err)
 	}
@@ -148,22 +186,20 @@ func ExampleNew_transactional() {
 	// orders stored: 2
 }
 
-// With chi, the middleware sits inside the route (r.With), where chi knows
-// the route pattern, and Options.Route reads it.
+// With chi, the middleware can sit inside a route (r.With), behind the
+// service's authentication.
 func ExampleNew_chi() {
 	store, err := idem.NewMemoryStore(idem.Options{})
 	if err != nil {
 		log.Fatal(err)
 	}
-	idempotent, err := middleware.New(middleware.Options{
-		Store: store,
-		Route: func(r *http.Request) string { return chi.RouteContext(r.Context()).RoutePattern() },
-	})
+	idempotent, err := middleware.New(middleware.Options{Store: store, Scope: tenant})
 	if err != nil {
 		panic(err)
 	}
 	payments := 0
 	r := chi.NewRouter()
+	r.Use(authenticate)
 	r.With(idempotent).Post("/invoices/{id}/pay", func(w http.ResponseWriter, r *http.Request) {
 		payments++
 		fmt.Fprintf(w, `{"invoice":%q,"payment":%d}`, chi.URLParam(r, "id"), payments)
@@ -179,16 +215,18 @@ func ExampleNew_chi() {
 }
 
 // A webhook delivered twice is handled once: Options.Key takes the key from
-// the event id the sender puts in a header.
+// the event id the sender puts in a header. The endpoint has one sender,
+// which SingleTenant states.
 func ExampleOptions_key() {
 	store, err := idem.NewMemoryStore(idem.Options{})
 	if err != nil {
 		log.Fatal(err)
 	}
 	idempotent, _ := middleware.New(middleware.Options{
-		Store:    store,
-		Required: true,
-		Key:      func(r *http.Request) (string, error) { return r.Header.Get("Webhook-Id"), nil },
+		Store:        store,
+		SingleTenant: true,
+		Required:     true,
+		Key:          func(r *http.Request) (string, error) { return r.Header.Get("Webhook-Id"), nil },
 	})
 	handled := 0
 	h := idempotent(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -210,46 +248,42 @@ func ExampleOptions_key() {
 }
 
 // With chi's own middleware package imported under an alias (both are
-// named middleware), the middleware can sit under r.Use, for every route.
-// There chi has not routed yet and RoutePattern is "": the path names the
-// endpoint instead, so a key reused on another endpoint is another record,
-// never a 422.
+// named middleware), the middleware can sit under r.Use, for every route,
+// before chi has routed. The record a key maps to does not depend on where
+// the middleware sits: the method and the request target are part of the
+// fingerprint, so a key reused on another endpoint is refused (422).
 func ExampleNew_chiUse() {
 	store, err := idem.NewMemoryStore(idem.Options{})
 	if err != nil {
 		log.Fatal(err)
 	}
-	idempotent, err := middleware.New(middleware.Options{
-		Store: store,
-		Route: func(r *http.Request) string { return chi.RouteContext(r.Context()).RoutePattern() },
-	})
+	idempotent, err := middleware.New(middleware.Options{Store: store, Scope: tenant})
 	if err != nil {
 		panic(err)
 	}
 	r := chi.NewRouter()
-	r.Use(chimw.RequestID, idempotent)
+	r.Use(chimw.RequestID, authenticate, idempotent)
 	r.Post("/orders", func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, `{"order":1}`) })
 	r.Post("/refunds", func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, `{"refund":1}`) })
 
 	send(r, "/orders", "k-1", `{}`)
+	send(r, "/orders", "k-1", `{}`)  // the client retries
 	send(r, "/refunds", "k-1", `{}`) // the same key on another endpoint
-	send(r, "/refunds", "k-1", `{}`)
 	// Output:
 	// 200 replayed="" {"order":1}
-	// 200 replayed="" {"refund":1}
-	// 200 replayed="true" {"refund":1}
+	// 200 replayed="true" {"order":1}
+	// 422 https://datatracker.ietf.org/doc/html/draft-ietf-httpapi-idempotency-key-header-07#section-2.2 retryable=false idempotency_key="k-1" instance=urn:uuid:...=true
 }
 
-// With http.ServeMux the middleware can also sit inside each route, where
-// the mux has routed and r.Pattern names the endpoint: a key is scoped to
-// "POST /invoices/{id}/pay", so one key on two endpoints is two records,
-// and one key on two invoices is a different request (422).
+// With http.ServeMux the middleware can also sit inside each route. A key
+// names one request wherever it is sent: one key on two invoices, or on
+// two endpoints, is refused (422).
 func ExampleNew_serveMux() {
 	store, err := idem.NewMemoryStore(idem.Options{})
 	if err != nil {
 		log.Fatal(err)
 	}
-	idempotent, err := middleware.New(middleware.Options{Store: store})
+	idempotent, err := middleware.New(middleware.Options{Store: store, Scope: tenant})
 	if err != nil {
 		panic(err)
 	}
@@ -263,16 +297,19 @@ func ExampleNew_serveMux() {
 		refunds++
 		fmt.Fprintf(w, `{"invoice":%q,"refund":%d}`, r.PathValue("id"), refunds)
 	})))
+	h := authenticate(mux)
 
-	send(mux, "/invoices/7/pay", "k-7", `{}`)
-	send(mux, "/invoices/7/pay", "k-7", `{}`)    // the client retries
-	send(mux, "/invoices/7/refund", "k-7", `{}`) // the same key on another endpoint
-	send(mux, "/invoices/8/pay", "k-7", `{}`)    // the key reused for another invoice
+	send(h, "/invoices/7/pay", "k-7", `{}`)
+	send(h, "/invoices/7/pay", "k-7", `{}`)    // the client retries
+	send(h, "/invoices/7/refund", "k-7", `{}`) // the same key on another endpoint
+	send(h, "/invoices/8/pay", "k-7", `{}`)    // the key reused for another invoice
+	send(h, "/invoices/7/refund", "k-8", `{}`) // a refund with its own key
 	fmt.Println("payments:", payments, "refunds:", refunds)
 	// Output:
 	// 200 replayed="" {"invoice":"7","payment":1}
 	// 200 replayed="true" {"invoice":"7","payment":1}
-	// 200 replayed="" {"invoice":"7","refund":1}
 	// 422 https://datatracker.ietf.org/doc/html/draft-ietf-httpapi-idempotency-key-header-07#section-2.2 retryable=false idempotency_key="k-7" instance=urn:uuid:...=true
+	// 422 https://datatracker.ietf.org/doc/html/draft-ietf-httpapi-idempotency-key-header-07#section-2.2 retryable=false idempotency_key="k-7" instance=urn:uuid:...=true
+	// 200 replayed="" {"invoice":"7","refund":1}
 	// payments: 1 refunds: 1
 }

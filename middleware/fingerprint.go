@@ -16,16 +16,13 @@ import (
 
 // Fingerprint returns r's fingerprint as the middleware computes it by
 // default (no Options.Fingerprint), for a handler that calls the SQL
-// store's Run itself: SHA-256 over the method, the route, the path and
-// query, the content type and the body; a multipart body by its fields and
-// its files' names and sizes, so that a retried upload with a new boundary
-// has the same fingerprint.
-//
-// The route is r.Pattern, which is what the middleware reads by default
-// inside a ServeMux route and, wrapping a whole mux, what that mux's
-// Handler(r) reports; "" (another router) means the path, as for an empty
-// Options.Route. With a Route that names another pattern, the middleware's
-// fingerprint differs from this one.
+// store's Run itself: SHA-256 over the method, the request target as the
+// client sent it (path and query), the content type and the body; a
+// multipart body by its fields and its files' names and sizes, so that a
+// retried upload with a new boundary has the same fingerprint. It is the
+// same wherever it is computed: in a handler, inside a route, or around a
+// whole router (see Keys, scopes and fingerprints in the package
+// documentation).
 //
 // Fingerprint reads r.Body to its end and gives it back intact: r.Body is
 // replaced by a reader of the same bytes from the start, so the handler
@@ -39,17 +36,24 @@ func Fingerprint(r *http.Request) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	route := r.Pattern
-	if route == "" {
-		route = r.URL.Path
-	}
-	fp, err := fingerprint(r, route, body.Reader)
+	fp, err := fingerprint(r, body.Reader)
 	if err != nil {
 		_ = body.Close()
 		return nil, err
 	}
 	r.Body = &spoolReadCloser{Reader: body.Reader(), spool: body}
 	return fp, nil
+}
+
+// target is r's request target as the client sent it: r.RequestURI,
+// which no handler in between rewrites (http.StripPrefix changes r.URL,
+// not it), or, for a request built by hand without one, r.URL's path and
+// query. A retry sends the same target wherever the middleware sits.
+func target(r *http.Request) string {
+	if r.RequestURI != "" {
+		return r.RequestURI
+	}
+	return r.URL.RequestURI()
 }
 
 // spoolReadCloser is a body given back by Fingerprint: its Close removes
@@ -61,14 +65,18 @@ type spoolReadCloser struct {
 
 func (b *spoolReadCloser) Close() error { return b.spool.Close() }
 
-// fingerprint is the default Options.Fingerprint: SHA-256 over the method,
-// the route, the request target (path and query), the content type and the
-// body. Each part but the last (the body) is length-prefixed, so no two
-// requests share the input.
+// fingerprint is the default Options.Fingerprint: SHA-256 over the
+// method, the request target (path and query, as sent), the content type
+// and the body. Each part but the last (the body) is length-prefixed, so
+// no two requests share the input.
 //
-// The route scopes the record (one per endpoint); the target tells apart
-// requests within it, so that a key reused on /orders/2 after /orders/1 is
-// a different request (422), not a replay of the first.
+// The method and the target are what tells one endpoint from another: the
+// store key holds only the scope and the client's key, so a key reused on
+// another endpoint, or on another resource of one (/orders/2 after
+// /orders/1), is a different request (422), not a replay of the first. No
+// route pattern is part of it: a ServeMux pattern is known inside the
+// route and around the mux, not around a wrapper of it, nor under chi's
+// Use, and the same request must have the same fingerprint in each.
 //
 // The content type is its media type and parameters in a canonical form
 // (lower-case, parameters sorted), so that a retry whose client spells the
@@ -78,7 +86,7 @@ func (b *spoolReadCloser) Close() error { return b.spool.Close() }
 // often new part headers; what it means is the same, and the file bytes
 // are not read into memory. A multipart body that does not parse is
 // fingerprinted as bytes.
-func fingerprint(r *http.Request, route string, open func() io.Reader) ([]byte, error) {
+func fingerprint(r *http.Request, open func() io.Reader) ([]byte, error) {
 	f := fingerprinters.Get().(*fingerprinter)
 	h := f.h
 	h.Reset()
@@ -92,8 +100,7 @@ func fingerprint(r *http.Request, route string, open func() io.Reader) ([]byte, 
 		fingerprinters.Put(f)
 	}()
 	head = appendField(head, r.Method)
-	head = appendField(head, route)
-	head = appendField(head, r.URL.RequestURI())
+	head = appendField(head, target(r))
 	ct := r.Header.Get("Content-Type")
 	if simpleMediaType(ct) {
 		// The common case, "application/json": ParseMediaType would
@@ -250,4 +257,19 @@ func multipartFingerprint(h hash.Hash, body io.Reader, boundary string) ([]byte,
 		}
 		h.Write(v.Sum(nil))
 	}
+}
+
+// withEndpoint is the fingerprint of r from fp, what Options.Fingerprint
+// returned: SHA-256 over the method, the request target and fp, so that a
+// custom fingerprint that reads only the body still tells one endpoint
+// from another (a key reused on another endpoint is a 422, never a replay
+// of this one's response).
+func withEndpoint(r *http.Request, fp []byte) []byte {
+	h := sha256.New()
+	var b []byte
+	b = appendField(b, r.Method)
+	b = appendField(b, target(r))
+	h.Write(b)
+	h.Write(fp)
+	return h.Sum(nil)
 }

@@ -60,7 +60,7 @@ func (u *uploadHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func TestMultipart(t *testing.T) {
 	s := newCounting()
 	var u uploadHandler
-	h := mustNew(t, Options{Store: s}, &u)
+	h := mustNew(t, Options{SingleTenant: true, Store: s}, &u)
 	send := func(boundary, note string, size int) *httptest.ResponseRecorder {
 		ct, body := multipartBody(t, boundary, note, size)
 		r := httptest.NewRequest("POST", "/uploads", bytes.NewReader(body))
@@ -96,7 +96,7 @@ func TestMultipart(t *testing.T) {
 func TestBodyLimit(t *testing.T) {
 	s := newCounting()
 	var c counter
-	h := mustNew(t, Options{Store: s, MaxBodyBytes: 10}, &c)
+	h := mustNew(t, Options{SingleTenant: true, Store: s, MaxBodyBytes: 10}, &c)
 	wantProblem(t, do(h, req{key: "k", body: "12345678901"}), 413, TypeBodyTooLarge)
 	if s.calls.Load() != 0 || c.runs.Load() != 0 {
 		t.Errorf("store calls %d, runs %d after a 413; want 0 and 0", s.calls.Load(), c.runs.Load())
@@ -141,7 +141,7 @@ func TestFingerprintContentType(t *testing.T) {
 	fp := func(ct string) string {
 		r := httptest.NewRequest("POST", "/x", nil)
 		r.Header.Set("Content-Type", ct)
-		b, err := fingerprint(r, "/x", func() io.Reader { return strings.NewReader("{}") })
+		b, err := fingerprint(r, func() io.Reader { return strings.NewReader("{}") })
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -157,11 +157,12 @@ func TestFingerprintContentType(t *testing.T) {
 
 // Options.Fingerprint replaces the default: here only the "amount" matters,
 // so a retry whose JSON is spelled differently replays; a long fingerprint
-// is hashed to fit the store.
+// is hashed to fit the store; and the method and target still count, so
+// the key reused on another endpoint is a 422.
 func TestFingerprintOption(t *testing.T) {
 	s := newCounting()
 	var c counter
-	h := mustNew(t, Options{Store: s, Fingerprint: func(r *http.Request, route string, body io.Reader) ([]byte, error) {
+	h := mustNew(t, Options{SingleTenant: true, Store: s, Fingerprint: func(r *http.Request, body io.Reader) ([]byte, error) {
 		var v struct{ Amount int }
 		if err := json.NewDecoder(body).Decode(&v); err != nil {
 			return nil, err
@@ -173,6 +174,7 @@ func TestFingerprintOption(t *testing.T) {
 		t.Errorf("same amount = %d %v; want a replay", w.Code, w.Header())
 	}
 	wantProblem(t, do(h, req{key: "k", body: `{"amount":6}`}), 422, TypeFingerprintMismatch)
+	wantProblem(t, do(h, req{key: "k", path: "/refunds", body: `{"amount":5}`}), 422, TypeFingerprintMismatch)
 	wantProblem(t, do(h, req{key: "k2", body: `not json`}), 400, TypeBodyUnreadable)
 	if c.runs.Load() != 1 {
 		t.Errorf("handler ran %d times; want 1", c.runs.Load())
@@ -187,7 +189,7 @@ func (failingReader) Read([]byte) (int, error) { return 0, errors.New("connectio
 func TestBodyUnreadable(t *testing.T) {
 	s := newCounting()
 	var c counter
-	h := mustNew(t, Options{Store: s}, &c)
+	h := mustNew(t, Options{SingleTenant: true, Store: s}, &c)
 	r := httptest.NewRequest("POST", "/orders", io.MultiReader(strings.NewReader("{"), failingReader{}))
 	r.Header.Set("Idempotency-Key", "k")
 	w := httptest.NewRecorder()
@@ -280,7 +282,7 @@ func TestFingerprintExported(t *testing.T) {
 			{"wrapping the mux", nil, wrapping},
 		} {
 			store := memStore(idem.Options{})
-			mw, err := New(Options{Store: store})
+			mw, err := New(Options{SingleTenant: true, Store: store})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -298,7 +300,7 @@ func TestFingerprintExported(t *testing.T) {
 				m.mux.Handle(pattern, mw(handler))
 			}
 			h.ServeHTTP(httptest.NewRecorder(), newReq())
-			rec, err := store.Lookup(context.Background(), storeKey("", "POST", pattern, "fp-"+tc.name))
+			rec, err := store.Lookup(context.Background(), storeKey("", "fp-"+tc.name))
 			if err != nil {
 				t.Fatalf("%s, %s: Lookup = %v", tc.name, m.name, err)
 			}

@@ -73,7 +73,7 @@ func FuzzParseKey(f *testing.F) {
 func TestHeaderAndMethods(t *testing.T) {
 	s := newCounting()
 	var c counter
-	h := mustNew(t, Options{Store: s, Header: "x-request-key", Methods: []string{"PUT"}}, &c)
+	h := mustNew(t, Options{SingleTenant: true, Store: s, Header: "x-request-key", Methods: []string{"PUT"}}, &c)
 	for range 2 {
 		do(h, req{method: "PUT", body: "{}", header: map[string]string{"X-Request-Key": "k"}})
 	}

@@ -8,28 +8,25 @@ import (
 )
 
 func TestStoreKeyInjective(t *testing.T) {
-	parts := [][4]string{
-		{"a:b", "POST", "/x", "c"},
-		{"a", "POST", "/x", "b:c"},
-		{"", "POST", "/x", "a:bc"},
-		{"a", "POST", "/x:", "bc"},
-		{"1:a", "POST", "/x", "c"},
-		{"", "POST1:", "/x", "c"},
-		{"t", "POST", "/x", "c"},
-		{"t", "PATCH", "/x", "c"},
-		{"t", "POST", "/y", "c"},
-		{"h1", "", "", "k"},
-		{"", "", "", "h1k"},
+	parts := [][2]string{
+		{"a:b", "c"},
+		{"a", "b:c"},
+		{"", "a:bc"},
+		{"1:a", "c"},
+		{"", "1:a1:c"},
+		{"t", "c"},
+		{"h2", "k"},
+		{"", "h2k"},
 	}
-	seen := map[string][4]string{}
+	seen := map[string][2]string{}
 	for _, p := range parts {
-		k := storeKey(p[0], p[1], p[2], p[3])
+		k := storeKey(p[0], p[1])
 		if q, ok := seen[k]; ok {
 			t.Errorf("storeKey(%q) = storeKey(%q) = %q; want distinct keys", p, q, k)
 		}
 		seen[k] = p
 	}
-	if got, want := storeKey("", "POST", "/orders", "abc"), "h10:4:POST7:/orders3:abc"; got != want {
+	if got, want := storeKey("acme", "abc"), "h24:acme3:abc"; got != want {
 		t.Errorf("storeKey = %q; want %q (the documented encoding)", got, want)
 	}
 }
@@ -64,82 +61,12 @@ func TestScopeSeparatesTenants(t *testing.T) {
 	}
 }
 
-// Wrapping a whole ServeMux: the route is the mux's pattern, so one key on
-// two endpoints is two records, and one key on two resources of one
-// endpoint is a different request (422).
-func TestRouteFromWrappedMux(t *testing.T) {
-	s := newCounting()
-	var c counter
-	mux := http.NewServeMux()
-	mux.Handle("POST /orders/{id}", &c)
-	mux.Handle("POST /refunds/{id}", &c)
-	h := mustNew(t, Options{Store: s}, mux)
-
-	if w := do(h, req{key: "k", path: "/orders/1", body: "{}"}); w.Code != 201 {
-		t.Fatalf("POST /orders/1 = %d; want 201", w.Code)
-	}
-	if w := do(h, req{key: "k", path: "/refunds/1", body: "{}"}); w.Code != 201 || w.Header().Get(HeaderReplayed) != "" {
-		t.Errorf("POST /refunds/1 = %d %v; want its own 201, not a replay", w.Code, w.Header())
-	}
-	wantProblem(t, do(h, req{key: "k", path: "/orders/2", body: "{}"}), 422, TypeFingerprintMismatch)
-	keys := s.claimedKeys()
-	if len(keys) != 3 || !strings.Contains(keys[0], "POST /orders/{id}") || !strings.Contains(keys[1], "POST /refunds/{id}") {
-		t.Errorf("store keys = %q; want the mux's patterns in them", keys)
-	}
-	if c.runs.Load() != 2 {
-		t.Errorf("handler ran %d times; want 2", c.runs.Load())
-	}
-}
-
-// Inside a ServeMux route the middleware sees r.Pattern; a Route option
-// wins over it; without either the path names the route.
-func TestRouteSources(t *testing.T) {
-	for name, tc := range map[string]struct {
-		route func(*http.Request) string
-		inMux bool
-		mux   bool // the middleware wraps a handler that calls the mux
-		want  string
-	}{
-		"r.Pattern":    {inMux: true, want: "POST /items/{id}"},
-		"Route option": {inMux: true, route: func(*http.Request) string { return "custom" }, want: "6:custom"},
-		"path":         {want: "/items/9"},
-		"empty Route":  {route: func(*http.Request) string { return "" }, want: "8:/items/9"}, // chi under r.Use (#17)
-		"Mux option":   {mux: true, want: "POST /items/{id}"},
-	} {
-		t.Run(name, func(t *testing.T) {
-			s := newCounting()
-			o := Options{Store: s, Route: tc.route}
-			var h http.Handler = &counter{}
-			if tc.mux {
-				mux := http.NewServeMux()
-				mux.Handle("POST /items/{id}", h)
-				o.Mux = mux
-				h = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { mux.ServeHTTP(w, r) })
-			}
-			mw, err := New(o)
-			if err != nil {
-				t.Fatal(err)
-			}
-			h = mw(h)
-			if tc.inMux {
-				mux := http.NewServeMux()
-				mux.Handle("POST /items/{id}", h)
-				h = mux
-			}
-			do(h, req{key: "k", path: "/items/9", body: "{}"})
-			if keys := s.claimedKeys(); len(keys) != 1 || !strings.Contains(keys[0], tc.want) {
-				t.Errorf("store keys = %q; want one holding %q", keys, tc.want)
-			}
-		})
-	}
-}
-
 // The Key option takes the key from elsewhere: a webhook's event id
 // deduplicates redeliveries.
 func TestKeyOption(t *testing.T) {
 	eachStore(t, func(t *testing.T, s *countingStore) {
 		var c counter
-		h := mustNew(t, Options{Store: s, Key: func(r *http.Request) (string, error) {
+		h := mustNew(t, Options{SingleTenant: true, Store: s, Key: func(r *http.Request) (string, error) {
 			id := r.Header.Get("Webhook-Id")
 			if strings.ContainsRune(id, ' ') {
 				return "", errors.New("secret: bad id")

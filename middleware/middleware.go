@@ -2,7 +2,6 @@ package middleware
 
 import (
 	"context"
-	"crypto/sha256"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -38,8 +37,13 @@ const (
 // New returns the middleware that Options describe, or an error when they
 // hold a mistake: the error names the field at fault and the value given
 // (a negative duration or size, a header name that is not a token, a
-// credential header in ReplayHeaders, a field that is never read, ...), or
-// Store and Tx when neither or both are set.
+// credential header in ReplayHeaders, a field that is never read, a
+// MaxResponseBytes the store cannot record, ...), Store and Tx when
+// neither or both are set, and Scope when neither Scope nor SingleTenant
+// is set, or both.
+//
+// The middleware's records are the same however it is mounted: around a
+// router, around a wrapper of one, inside each route, under chi's Use.
 //
 // The returned function is safe to call many times and its handlers are safe
 // for concurrent use.
@@ -49,18 +53,13 @@ func New(o Options) (func(http.Handler) http.Handler, error) {
 		return nil, err
 	}
 	return func(next http.Handler) http.Handler {
-		mux := c.Mux
-		if m, ok := next.(*http.ServeMux); ok && mux == nil {
-			mux = m
-		}
-		return &handler{c: c, next: next, mux: mux}
+		return &handler{c: c, next: next}
 	}, nil
 }
 
 type handler struct {
 	c    *config
 	next http.Handler
-	mux  *http.ServeMux
 }
 
 // ServeHTTP handles one request: everything up to the fingerprint makes no
@@ -167,7 +166,6 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, key string, p *P
 			return result{err: errKeyRefused}
 		}
 	}
-	route := c.route(r, h.mux)
 	var body *spool
 	var err error
 	if r.ContentLength > c.MaxBodyBytes {
@@ -186,19 +184,17 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, key string, p *P
 	defer body.Close()
 	var fp []byte
 	if c.Fingerprint != nil {
-		fp, err = c.Fingerprint(r, route, body.Reader())
+		if fp, err = c.Fingerprint(r, body.Reader()); err == nil {
+			fp = withEndpoint(r, fp)
+		}
 	} else {
-		fp, err = fingerprint(r, route, body.Reader)
+		fp, err = fingerprint(r, body.Reader)
 	}
 	if err != nil {
 		h.fail(w, r, problem(kindBodyUnreadable, "", err))
 		return result{err: errBodyRefused}
 	}
-	if len(fp) > idem.MaxFingerprintBytes {
-		sum := sha256.Sum256(fp) // a store refuses a longer one
-		fp = sum[:]
-	}
-	sk := storeKey(scope, r.Method, route, key)
+	sk := storeKey(scope, key)
 	var res result
 	if c.Tx != nil {
 		res = h.serveTx(w, r, key, sk, fp, body)
@@ -214,16 +210,16 @@ func (h *handler) clientKey(r *http.Request) (string, *Problem) {
 	if h.c.Key == nil {
 		k, err := headerKey(r.Header, h.c.Header, h.c.MaxKeyBytes)
 		if err != nil {
-			return "", problem(kindKeyInvalid, "The "+h.c.Header+" header is invalid: "+err.Error()+".", err)
+			return "", keyProblem(kindKeyInvalid, "", "The "+h.c.Header+" header is invalid: "+err.Error()+".", err)
 		}
 		return k, nil
 	}
 	k, err := h.c.Key(r)
 	if err != nil {
-		return "", problem(kindKeyInvalid, "", err)
+		return "", keyProblem(kindKeyInvalid, "", "", err)
 	}
 	if len(k) > h.c.MaxKeyBytes {
-		return "", problem(kindKeyInvalid, "The key is too long.", errKeyTooLong)
+		return "", keyProblem(kindKeyInvalid, "", "The key is too long.", errKeyTooLong)
 	}
 	return k, nil
 }
@@ -310,7 +306,7 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, l *idem.Lease, bod
 // returns the last error when no Confirm succeeded.
 func (h *handler) confirm(r *http.Request, l *idem.Lease, end time.Time, rec *recorder) error {
 	resp := h.response(r, rec)
-	result := httprecord.Encode(resp)
+	result := h.encode(resp)
 	err := h.record(r, end, func(ctx context.Context) error {
 		err := h.c.Store.Confirm(ctx, l, result)
 		if errors.Is(err, idem.ErrTooLarge) && !resp.BodyOmitted {
@@ -421,6 +417,19 @@ func (h *handler) response(r *http.Request, rec *recorder) *httprecord.Response 
 		resp.Body = rec.body.mem.Bytes() // the spool holds MaxResponseBytes in memory
 	}
 	return resp
+}
+
+// encode encodes resp for the store, without its body when the whole
+// would be over the store's MaxResultBytes: replayed headers over
+// RecordOverhead take the body's room, and the work must be recorded as
+// done whatever the size of its answer.
+func (h *handler) encode(resp *httprecord.Response) []byte {
+	b := httprecord.Encode(resp)
+	if h.c.maxResult > 0 && len(b) > h.c.maxResult && !resp.BodyOmitted {
+		resp.Body, resp.BodyOmitted = nil, true
+		b = httprecord.Encode(resp)
+	}
+	return b
 }
 
 // replay answers with a recorded response, its headers filtered by

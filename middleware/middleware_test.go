@@ -38,7 +38,7 @@ func runOf(t *testing.T, body string) int {
 func TestPassThroughWithoutKey(t *testing.T) {
 	eachStore(t, func(t *testing.T, s *countingStore) {
 		var c counter
-		h := mustNew(t, Options{Store: s}, &c)
+		h := mustNew(t, Options{SingleTenant: true, Store: s}, &c)
 		for i := range 2 {
 			w := do(h, req{body: `{}`})
 			if w.Code != 201 || w.Header().Get(HeaderReplayed) != "" {
@@ -63,7 +63,7 @@ func TestPassThroughWithoutKey(t *testing.T) {
 func TestRequiredKeyMissing(t *testing.T) {
 	s := newCounting()
 	var c counter
-	h := mustNew(t, Options{Store: s, Required: true}, &c)
+	h := mustNew(t, Options{SingleTenant: true, Store: s, Required: true}, &c)
 	wantProblem(t, do(h, req{body: `{}`}), 400, TypeKeyMissing)
 	if c.runs.Load() != 0 || s.calls.Load() != 0 {
 		t.Errorf("handler runs %d, store calls %d; want 0 and 0", c.runs.Load(), s.calls.Load())
@@ -92,7 +92,7 @@ func TestInvalidKeyBeforeStore(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			s := newCounting()
 			var c counter
-			h := mustNew(t, Options{Store: s}, &c)
+			h := mustNew(t, Options{SingleTenant: true, Store: s}, &c)
 			q.body = `{}`
 			wantProblem(t, do(h, q), 400, TypeKeyInvalid)
 			if c.runs.Load() != 0 || s.calls.Load() != 0 {
@@ -107,7 +107,7 @@ func TestInvalidKeyBeforeStore(t *testing.T) {
 func TestFirstThenReplay(t *testing.T) {
 	eachStore(t, func(t *testing.T, s *countingStore) {
 		var c counter
-		h := mustNew(t, Options{Store: s}, &c)
+		h := mustNew(t, Options{SingleTenant: true, Store: s}, &c)
 		first := do(h, req{key: "order-1", body: `{"amount":5}`})
 		if first.Code != 201 || first.Header().Get("Set-Cookie") == "" || first.Header().Get(HeaderReplayed) != "" {
 			t.Fatalf("first = %d %v; want 201 with the handler's own headers, not replayed", first.Code, first.Header())
@@ -136,7 +136,7 @@ func TestFirstThenReplay(t *testing.T) {
 func TestFingerprintMismatch(t *testing.T) {
 	eachStore(t, func(t *testing.T, s *countingStore) {
 		var c counter
-		h := mustNew(t, Options{Store: s}, &c)
+		h := mustNew(t, Options{SingleTenant: true, Store: s}, &c)
 		do(h, req{key: "k", body: `{"amount":5}`})
 		wantProblem(t, do(h, req{key: "k", body: `{"amount":6}`}), 422, TypeFingerprintMismatch)
 		wantProblem(t, do(h, req{key: "k", body: `{"amount":5}`, header: map[string]string{"Content-Type": "text/plain"}}), 422, TypeFingerprintMismatch)
@@ -172,7 +172,7 @@ func TestInFlight(t *testing.T) {
 	eachStore(t, func(t *testing.T, s *countingStore) {
 		b := newBlocker()
 		lock := 150 * time.Millisecond
-		h := mustNew(t, Options{Store: s, LockTimeout: lock}, b)
+		h := mustNew(t, Options{SingleTenant: true, Store: s, LockTimeout: lock}, b)
 		first := make(chan int)
 		go func() { first <- do(h, req{key: "k", body: `{"a":1}`}).Code }()
 		<-b.started
@@ -194,7 +194,7 @@ func TestInFlight(t *testing.T) {
 		}
 
 		// A waiter with a long LockTimeout replays once the first is done.
-		hw := mustNew(t, Options{Store: s, LockTimeout: 5 * time.Second}, b)
+		hw := mustNew(t, Options{SingleTenant: true, Store: s, LockTimeout: 5 * time.Second}, b)
 		waiter := make(chan *http.Response)
 		go func() { waiter <- do(hw, req{key: "k", body: `{"a":1}`}).Result() }()
 		time.Sleep(50 * time.Millisecond) // let it poll at least once
@@ -217,7 +217,7 @@ func TestInFlight(t *testing.T) {
 func TestServerErrorForgets(t *testing.T) {
 	eachStore(t, func(t *testing.T, s *countingStore) {
 		var runs int
-		h := mustNew(t, Options{Store: s}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := mustNew(t, Options{SingleTenant: true, Store: s}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			runs++
 			if runs == 1 {
 				http.Error(w, "database down", http.StatusInternalServerError)
@@ -241,7 +241,7 @@ func TestServerErrorForgets(t *testing.T) {
 func TestPanicForgets(t *testing.T) {
 	eachStore(t, func(t *testing.T, s *countingStore) {
 		var runs int
-		h := mustNew(t, Options{Store: s}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := mustNew(t, Options{SingleTenant: true, Store: s}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			runs++
 			if runs == 1 {
 				panic("boom")
@@ -273,7 +273,7 @@ func TestStoreDown(t *testing.T) {
 		s := newCounting()
 		s.claimErr = errStoreDown
 		var c counter
-		h := mustNew(t, Options{Store: s}, &c)
+		h := mustNew(t, Options{SingleTenant: true, Store: s}, &c)
 		w := do(h, req{key: "k", body: "{}"})
 		wantProblem(t, w, 503, TypeStoreUnavailable)
 		if w.Header().Get("Retry-After") == "" || c.runs.Load() != 0 {
@@ -283,7 +283,7 @@ func TestStoreDown(t *testing.T) {
 	t.Run("redis gone", func(t *testing.T) {
 		st, srv := newMiniredisStore(t)
 		var c counter
-		h := mustNew(t, Options{Store: st}, &c)
+		h := mustNew(t, Options{SingleTenant: true, Store: st}, &c)
 		srv.Close()
 		wantProblem(t, do(h, req{key: "k", body: "{}"}), 503, TypeStoreUnavailable)
 		if c.runs.Load() != 0 {
@@ -300,7 +300,7 @@ func TestRecordDetachedAndRetried(t *testing.T) {
 		var c counter
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		h := mustNew(t, Options{Store: s}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := mustNew(t, Options{SingleTenant: true, Store: s}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			l, ok := idem.LeaseFrom(r.Context())
 			if !ok || l.Token <= 0 {
 				t.Errorf("LeaseFrom = %v, %v; want the lease, with a token", l, ok)
@@ -324,7 +324,7 @@ func TestRecordDetachedAndRetried(t *testing.T) {
 func TestKeep(t *testing.T) {
 	s := newCounting()
 	runs := 0
-	h := mustNew(t, Options{Store: s, Keep: func(status int) bool { return status < 400 }}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := mustNew(t, Options{SingleTenant: true, Store: s, Keep: func(status int) bool { return status < 400 }}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runs++
 		if runs == 1 {
 			http.Error(w, "card declined", http.StatusPaymentRequired)
@@ -347,7 +347,7 @@ func TestKeep(t *testing.T) {
 func TestConcurrentRetries(t *testing.T) {
 	eachStore(t, func(t *testing.T, s *countingStore) {
 		b := newBlocker()
-		h := mustNew(t, Options{Store: s}, b)
+		h := mustNew(t, Options{SingleTenant: true, Store: s}, b)
 		const n = 8
 		var wg sync.WaitGroup
 		codes, bodies := make([]int, n), make([]string, n)

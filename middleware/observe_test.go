@@ -20,7 +20,7 @@ func TestObserverRequestEvents(t *testing.T) {
 	}
 	obs := &obstest.Log{}
 	b := newBlocker()
-	h := mustNew(t, Options{Store: memStore(idem.Options{}), Observer: obs, KeyHasher: hasher,
+	h := mustNew(t, Options{SingleTenant: true, Store: memStore(idem.Options{}), Observer: obs, KeyHasher: hasher,
 		LockTimeout: 20 * time.Millisecond}, b)
 
 	first := make(chan int)
@@ -49,7 +49,7 @@ func TestObserverRequestEvents(t *testing.T) {
 		}
 	}
 
-	sk := storeKey("", http.MethodPost, "/orders", "k1")
+	sk := storeKey("", "k1")
 	want := []struct {
 		outcome idem.Outcome
 		class   idem.ErrorClass
@@ -86,13 +86,13 @@ func TestObserverStoreErrors(t *testing.T) {
 	obs := &obstest.Log{}
 	s := newCounting()
 	s.claimErr = errStoreDown
-	h := mustNew(t, Options{Store: s, Observer: obs}, &counter{})
+	h := mustNew(t, Options{SingleTenant: true, Store: s, Observer: obs}, &counter{})
 	if w := do(h, req{key: "k", body: `{}`}); w.Code != 503 {
 		t.Fatalf("store down = %d; want 503", w.Code)
 	}
 	s.claimErr = nil
 	s.confirmErr.Store(1 << 20) // every Confirm fails
-	h = mustNew(t, Options{Store: s, Observer: obs, RecordTimeout: 30 * time.Millisecond}, &counter{})
+	h = mustNew(t, Options{SingleTenant: true, Store: s, Observer: obs, RecordTimeout: 30 * time.Millisecond}, &counter{})
 	if w := do(h, req{key: "k2", body: `{}`}); w.Code != 201 {
 		t.Fatalf("unrecorded = %d; want 201 (the work was done)", w.Code)
 	}
@@ -120,7 +120,7 @@ func TestObserverStarter(t *testing.T) {
 		handlerInside = ok && op == idem.OpRequest
 		w.WriteHeader(201)
 	})
-	h := mustNew(t, Options{Store: store, Observer: obs}, next)
+	h := mustNew(t, Options{SingleTenant: true, Store: store, Observer: obs}, next)
 	if w := do(h, req{key: "k", body: `{}`}); w.Code != 201 {
 		t.Fatalf("status %d", w.Code)
 	}
@@ -146,7 +146,7 @@ func TestObserverStarter(t *testing.T) {
 // A panic still ends its request's event.
 func TestObserverPanic(t *testing.T) {
 	obs := &obstest.Log{}
-	h := mustNew(t, Options{Store: memStore(idem.Options{}), Observer: obs},
+	h := mustNew(t, Options{SingleTenant: true, Store: memStore(idem.Options{}), Observer: obs},
 		http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic("boom") }))
 	func() {
 		defer func() { _ = recover() }()

@@ -19,8 +19,9 @@ import (
 )
 
 // Options configure the middleware. The zero value of every field means its
-// documented default; exactly one of Store and Tx must be set. New refuses
-// a mistake in any field with an error that names the field.
+// documented default; exactly one of Store and Tx must be set, and exactly
+// one of Scope and SingleTenant. New refuses a mistake in any field with an
+// error that names the field.
 type Options struct {
 	// Store holds the records in lease mode: the handler runs under a
 	// lease and its response is confirmed afterwards (see Lease mode in the
@@ -56,22 +57,22 @@ type Options struct {
 	// bounded by MaxKeyBytes too. Default: the Header's value, an RFC 8941
 	// string or a bare token.
 	Key func(*http.Request) (string, error)
-	// Scope names the tenant the request acts for (an account id, an API
-	// key's id), so that one tenant's key never replays another's. An error
-	// answers 400 unless the Error hook decides otherwise. Default: one
-	// scope for every request.
+	// Scope names the tenant the request acts for, taken from its
+	// authenticated principal (an account id, an API key's id; never from
+	// what the client merely claims), so that one tenant's key never
+	// replays another's response: the record's key is the scope and the
+	// client's key. An error answers 400 unless the Error hook decides
+	// otherwise; return one for a request without a principal rather than
+	// a scope that every such request shares. Set Scope or SingleTenant:
+	// New refuses neither and both. Default: none.
 	Scope func(*http.Request) (string, error)
-	// Route names the endpoint for routers other than http.ServeMux (chi:
-	// chi.RouteContext(r.Context()).RoutePattern(), the middleware inside
-	// the route, where the pattern is known); "" means the path. Default:
-	// r.Pattern inside a ServeMux route, else the pattern the wrapped mux
-	// reports (Mux), else the path.
-	Route func(*http.Request) string
-	// Mux is the ServeMux whose pattern names the route when the
-	// middleware wraps it through other handlers. Not with Route, which
-	// replaces it. Default: the handler the middleware wraps, when it is a
-	// *http.ServeMux.
-	Mux *http.ServeMux
+	// SingleTenant states that the service has one tenant: every request
+	// shares one scope, so that whoever sends a recorded key with the same
+	// request receives its recorded response. Only for a service whose
+	// callers all act for one party (an internal service, a single
+	// account's API). Set Scope or SingleTenant: New refuses neither and
+	// both. Default false.
+	SingleTenant bool
 	// LockTimeout bounds how long a request waits for another request of
 	// the same key in flight before answering 409 with Retry-After.
 	// Default 5s.
@@ -84,7 +85,7 @@ type Options struct {
 	RetryAfter time.Duration
 	// MaxKeyBytes bounds the client's key (from Header or Key), in bytes;
 	// a longer one is 400. The store's own MaxKeyBytes bounds the whole
-	// record key (scope, method, route and client key). Default 255.
+	// record key (scope and client key). Default 255.
 	MaxKeyBytes int
 	// MaxBodyBytes bounds a covered request's body, read before the
 	// handler runs (see Bodies in the package documentation); a longer
@@ -92,9 +93,12 @@ type Options struct {
 	MaxBodyBytes int64
 	// MaxResponseBytes bounds the response body that is recorded for
 	// replay. A longer response is still sent whole and recorded as done,
-	// without its body (replays carry Idempotent-Body-Omitted: true). The
-	// encoded record (body plus status and headers) must also fit the
-	// store's MaxResultBytes. Default 512 KiB.
+	// without its body (replays carry Idempotent-Body-Omitted: true). With
+	// a store that reports its MaxResultBytes (idem.MemoryStore,
+	// idem.RedisStore, sqlstore.Store: a MaxResultBytes() int method), New
+	// refuses a MaxResponseBytes that would not fit it with RecordOverhead
+	// beside, so that a body of MaxResponseBytes is always recorded whole.
+	// Default 512 KiB, or less to fit the store's MaxResultBytes.
 	MaxResponseBytes int
 	// ReplayHeaders are the response headers recorded and replayed, each
 	// a header field name listed once, in any case. Set-Cookie,
@@ -103,15 +107,19 @@ type Options struct {
 	ReplayHeaders []string
 	// Keep reports whether a response with this status is recorded. A
 	// response not kept releases the key, so that a retry runs the handler
-	// again. Default: every status below 500.
+	// again: keep only answers that a retry of the same request cannot
+	// change (see Keep rules in the package documentation). Default:
+	// DefaultKeep.
 	Keep func(status int) bool
-	// Fingerprint computes the request's fingerprint from the request, its
-	// route and a fresh reader over its body (the handler still gets the
-	// whole body). One over idem.MaxFingerprintBytes is replaced by its
-	// SHA-256; an error answers 400. Default: SHA-256 over method, route,
-	// path and query, content type and body (multipart: the fields and the
-	// files' names and sizes).
-	Fingerprint func(r *http.Request, route string, body io.Reader) ([]byte, error)
+	// Fingerprint computes what tells two requests to one endpoint apart,
+	// from the request and a fresh reader over its body (the handler still
+	// gets the whole body); an error answers 400. The middleware joins it
+	// to the method and the request target (SHA-256 over the three), so
+	// that a key reused on another endpoint is a 422 whatever it returns.
+	// Default: SHA-256 over the method, the request target, the content
+	// type and the body (multipart: the fields and the files' names and
+	// sizes), as Fingerprint computes it.
+	Fingerprint func(r *http.Request, body io.Reader) ([]byte, error)
 	// Error writes an error response. It may change everything about it,
 	// the status included. Default: WriteProblem.
 	Error func(w http.ResponseWriter, r *http.Request, p *Problem)
@@ -153,12 +161,24 @@ const (
 	DefaultRecordTimeout    = 10 * time.Second
 )
 
+// RecordOverhead is the room a recorded response takes besides its body:
+// its version, flags and status, the request id, and the replayed
+// headers, up to 8 KiB of them. New checks that MaxResponseBytes and
+// RecordOverhead fit the store's MaxResultBytes together. A response whose
+// replayed headers are larger still is recorded without its body when the
+// whole would not fit.
+const RecordOverhead = 8 << 10
+
 // DefaultReplayHeaders are the response headers replayed by default: those
-// that describe the representation or the created resource.
+// that describe the representation or the created resource, and those a
+// status needs to be acted on: Location (201, 3xx), Content-Range (206),
+// Accept, Accept-Encoding, Accept-Patch and Accept-Post (415), Allow (405)
+// and Retry-After (413, 429, 503), for a Keep that records them.
 var DefaultReplayHeaders = []string{
+	"Accept", "Accept-Encoding", "Accept-Patch", "Accept-Post", "Allow",
 	"Cache-Control", "Content-Disposition", "Content-Encoding", "Content-Language",
-	"Content-Location", "Content-Type", "ETag", "Expires", "Last-Modified",
-	"Link", "Location", "Vary",
+	"Content-Location", "Content-Range", "Content-Type", "ETag", "Expires", "Last-Modified",
+	"Link", "Location", "Retry-After", "Vary",
 }
 
 // neverReplayed are headers that carry credentials or challenges.
@@ -172,6 +192,9 @@ type config struct {
 	methods    map[string]bool
 	replay     []string // canonical names
 	retryAfter string   // RetryAfter in whole seconds, as sent
+	// maxResult is the store's MaxResultBytes, 0 when the store does not
+	// report it.
+	maxResult int
 	// running holds the store keys whose handler runs inside a Run, for
 	// telling a busy database from a key in flight (tx.go).
 	running sync.Map // string -> bool
@@ -194,6 +217,14 @@ func (o Options) config() (*config, error) {
 	case o.Store != nil && o.Tx != nil:
 		return nil, errors.New("middleware: both Store (lease mode) and Tx (transactional mode) are set; set one")
 	}
+	switch {
+	case o.Scope == nil && !o.SingleTenant:
+		// One scope for every request by default would let a client that
+		// learns another's key receive its recorded response.
+		return nil, errors.New("middleware: Scope: nil, and SingleTenant is false; set Scope to name each request's tenant from its authenticated principal, or SingleTenant: true when the service has one tenant")
+	case o.Scope != nil && o.SingleTenant:
+		return nil, errors.New("middleware: SingleTenant: true, and Scope is set; set one: Scope names each request's tenant, SingleTenant says there is one")
+	}
 	if o.Header != "" && o.Key != nil {
 		return nil, fmt.Errorf("middleware: Header: %q is never read: the Key func supplies the key", o.Header)
 	}
@@ -204,9 +235,6 @@ func (o Options) config() (*config, error) {
 	o.Header = textproto.CanonicalMIMEHeaderKey(o.Header)
 	if err := o.checkRequestID(); err != nil {
 		return nil, err
-	}
-	if o.Mux != nil && o.Route != nil {
-		return nil, errors.New("middleware: Mux: a *http.ServeMux that is never consulted: the Route func names the route")
 	}
 	if o.LockTimeout < 0 {
 		return nil, fmt.Errorf("middleware: LockTimeout: %v is negative; 0 means the default, %v", o.LockTimeout, DefaultLockTimeout)
@@ -231,9 +259,12 @@ func (o Options) config() (*config, error) {
 	o.RetryAfter = cmp.Or(o.RetryAfter, DefaultRetryAfter)
 	o.MaxKeyBytes = cmp.Or(o.MaxKeyBytes, DefaultMaxKeyBytes)
 	o.MaxBodyBytes = cmp.Or(o.MaxBodyBytes, DefaultMaxBodyBytes)
-	o.MaxResponseBytes = cmp.Or(o.MaxResponseBytes, DefaultMaxResponseBytes)
+	maxResult, err := o.fitResponse()
+	if err != nil {
+		return nil, err
+	}
 	if o.Keep == nil {
-		o.Keep = func(status int) bool { return status < 500 }
+		o.Keep = DefaultKeep
 	}
 	if o.Error == nil {
 		o.Error = WriteProblem
@@ -247,7 +278,40 @@ func (o Options) config() (*config, error) {
 		return nil, err
 	}
 	secs := (o.RetryAfter + time.Second - 1) / time.Second
-	return &config{Options: o, methods: methods, replay: replay, retryAfter: strconv.FormatInt(int64(secs), 10)}, nil
+	return &config{Options: o, methods: methods, replay: replay, retryAfter: strconv.FormatInt(int64(secs), 10), maxResult: maxResult}, nil
+}
+
+// resultLimiter is a store that reports the largest result it records:
+// idem.MemoryStore, idem.RedisStore and sqlstore.Store are.
+type resultLimiter interface{ MaxResultBytes() int }
+
+// fitResponse sets MaxResponseBytes, when zero, to its default or less,
+// so that a body of that size and RecordOverhead fit the store's
+// MaxResultBytes, and refuses one set above that. It returns the store's
+// MaxResultBytes, 0 when the store does not report it. A response body
+// of MaxResponseBytes that the store refused would be replayed without its
+// body for no reason the user could see at New.
+func (o *Options) fitResponse() (int, error) {
+	field, store := "Store", any(o.Store)
+	if o.Tx != nil {
+		field, store = "Tx", o.Tx
+	}
+	l, ok := store.(resultLimiter)
+	if !ok {
+		o.MaxResponseBytes = cmp.Or(o.MaxResponseBytes, DefaultMaxResponseBytes)
+		return 0, nil
+	}
+	maxResult := l.MaxResultBytes()
+	room := maxResult - RecordOverhead
+	switch {
+	case room <= 0:
+		return 0, fmt.Errorf("middleware: %s: its MaxResultBytes %d leaves no room for a response body beside RecordOverhead %d (the record's status and headers); give the store a MaxResultBytes above %d", field, maxResult, RecordOverhead, RecordOverhead)
+	case o.MaxResponseBytes == 0:
+		o.MaxResponseBytes = min(DefaultMaxResponseBytes, room)
+	case o.MaxResponseBytes > room:
+		return 0, fmt.Errorf("middleware: MaxResponseBytes: %d exceeds the store's MaxResultBytes %d less RecordOverhead %d (the record's status and headers); at most %d", o.MaxResponseBytes, maxResult, RecordOverhead, room)
+	}
+	return maxResult, nil
 }
 
 // checkRequestID checks Options.RequestIDHeader and makes it canonical;

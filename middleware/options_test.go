@@ -26,7 +26,8 @@ import (
 // fails.
 func TestNewRefuses(t *testing.T) {
 	st := newCounting()
-	route := func(*http.Request) string { return "/r" }
+	scope := func(*http.Request) (string, error) { return "t", nil }
+	mib := memStore(idem.Options{MaxResultBytes: 1 << 20})
 	key := func(*http.Request) (string, error) { return "k", nil }
 	for _, tc := range []struct {
 		name  string
@@ -35,43 +36,53 @@ func TestNewRefuses(t *testing.T) {
 		want  []string // what else it says: the value given, ...
 	}{
 		{"no store", Options{}, "", []string{"neither", "Store", "lease mode", "Tx", "transactional mode"}},
-		{"both stores", Options{Store: st, Tx: &txStub{}}, "", []string{"both", "Store", "lease mode", "Tx", "transactional mode"}},
-		{"typed-nil store", Options{Store: (*idem.RedisStore)(nil)}, "Store", []string{"(*idem.RedisStore)(nil)"}},
-		{"typed-nil store, tx set", Options{Store: (*idem.MemoryStore)(nil), Tx: &txStub{}}, "Store", []string{"(*idem.MemoryStore)(nil)"}},
-		{"typed-nil tx", Options{Tx: (*sqlstore.Store)(nil)}, "Tx", []string{"(*sqlstore.Store)(nil)"}},
-		{"typed-nil tx, store set", Options{Store: st, Tx: (*txStub)(nil)}, "Tx", []string{"(*middleware.txStub)(nil)"}},
-		{"typed-nil observer", Options{Store: st, Observer: (*obstest.Log)(nil)}, "Observer", []string{"(*obstest.Log)(nil)"}},
+		{"both stores", Options{SingleTenant: true, Store: st, Tx: &txStub{}}, "", []string{"both", "Store", "lease mode", "Tx", "transactional mode"}},
+		{"typed-nil store", Options{SingleTenant: true, Store: (*idem.RedisStore)(nil)}, "Store", []string{"(*idem.RedisStore)(nil)"}},
+		{"typed-nil store, tx set", Options{SingleTenant: true, Store: (*idem.MemoryStore)(nil), Tx: &txStub{}}, "Store", []string{"(*idem.MemoryStore)(nil)"}},
+		{"typed-nil tx", Options{SingleTenant: true, Tx: (*sqlstore.Store)(nil)}, "Tx", []string{"(*sqlstore.Store)(nil)"}},
+		{"typed-nil tx, store set", Options{SingleTenant: true, Store: st, Tx: (*txStub)(nil)}, "Tx", []string{"(*middleware.txStub)(nil)"}},
+		{"typed-nil observer", Options{SingleTenant: true, Store: st, Observer: (*obstest.Log)(nil)}, "Observer", []string{"(*obstest.Log)(nil)"}},
 
-		{"bad header", Options{Store: st, Header: "Idempotency Key"}, "Header", []string{`"Idempotency Key"`}},
-		{"header with key", Options{Store: st, Header: "X-Key", Key: key}, "Header", []string{`"X-Key"`, "never read"}},
-		{"mux with route", Options{Store: st, Mux: http.NewServeMux(), Route: route}, "Mux", []string{"never consulted"}},
-		{"request id not a token", Options{Store: st, RequestIDHeader: "X-Request Id"}, "RequestIDHeader", []string{`"X-Request Id"`}},
-		{"request id is the key's", Options{Store: st, RequestIDHeader: "idempotency-key"}, "RequestIDHeader", []string{`"idempotency-key"`, "idempotency key"}},
-		{"request id is the key's header", Options{Store: st, Header: "X-Key", RequestIDHeader: "x-key"}, "RequestIDHeader", []string{`"x-key"`}},
-		{"request id is credentials", Options{Store: st, RequestIDHeader: "Authorization"}, "RequestIDHeader", []string{`"Authorization"`, "credentials"}},
-		{"request id is a cookie", Options{Store: st, RequestIDHeader: "cookie"}, "RequestIDHeader", []string{`"cookie"`, "credentials"}},
+		{"bad header", Options{SingleTenant: true, Store: st, Header: "Idempotency Key"}, "Header", []string{`"Idempotency Key"`}},
+		{"header with key", Options{SingleTenant: true, Store: st, Header: "X-Key", Key: key}, "Header", []string{`"X-Key"`, "never read"}},
+		{"no scope", Options{Store: st}, "Scope", []string{"nil", "SingleTenant", "authenticated principal", "one tenant"}},
+		{"no scope, tx", Options{Tx: &txStub{}}, "Scope", []string{"SingleTenant"}},
+		{"scope and single tenant", Options{Store: st, Scope: scope, SingleTenant: true}, "SingleTenant", []string{"Scope"}},
+		{"request id not a token", Options{SingleTenant: true, Store: st, RequestIDHeader: "X-Request Id"}, "RequestIDHeader", []string{`"X-Request Id"`}},
+		{"request id is the key's", Options{SingleTenant: true, Store: st, RequestIDHeader: "idempotency-key"}, "RequestIDHeader", []string{`"idempotency-key"`, "idempotency key"}},
+		{"request id is the key's header", Options{SingleTenant: true, Store: st, Header: "X-Key", RequestIDHeader: "x-key"}, "RequestIDHeader", []string{`"x-key"`}},
+		{"request id is credentials", Options{SingleTenant: true, Store: st, RequestIDHeader: "Authorization"}, "RequestIDHeader", []string{`"Authorization"`, "credentials"}},
+		{"request id is a cookie", Options{SingleTenant: true, Store: st, RequestIDHeader: "cookie"}, "RequestIDHeader", []string{`"cookie"`, "credentials"}},
 
-		{"negative lock", Options{Store: st, LockTimeout: -time.Second}, "LockTimeout", []string{"-1s"}},
-		{"negative record", Options{Store: st, RecordTimeout: -time.Millisecond}, "RecordTimeout", []string{"-1ms"}},
-		{"negative retry-after", Options{Store: st, RetryAfter: -time.Second}, "RetryAfter", []string{"-1s"}},
-		{"retry-after over 1h", Options{Store: st, RetryAfter: 2 * time.Hour}, "RetryAfter", []string{"2h0m0s"}},
-		{"negative key bytes", Options{Store: st, MaxKeyBytes: -1}, "MaxKeyBytes", []string{"-1"}},
-		{"negative body", Options{Store: st, MaxBodyBytes: -2}, "MaxBodyBytes", []string{"-2"}},
-		{"negative response", Options{Store: st, MaxResponseBytes: -3}, "MaxResponseBytes", []string{"-3"}},
+		{"negative lock", Options{SingleTenant: true, Store: st, LockTimeout: -time.Second}, "LockTimeout", []string{"-1s"}},
+		{"negative record", Options{SingleTenant: true, Store: st, RecordTimeout: -time.Millisecond}, "RecordTimeout", []string{"-1ms"}},
+		{"negative retry-after", Options{SingleTenant: true, Store: st, RetryAfter: -time.Second}, "RetryAfter", []string{"-1s"}},
+		{"retry-after over 1h", Options{SingleTenant: true, Store: st, RetryAfter: 2 * time.Hour}, "RetryAfter", []string{"2h0m0s"}},
+		{"negative key bytes", Options{SingleTenant: true, Store: st, MaxKeyBytes: -1}, "MaxKeyBytes", []string{"-1"}},
+		{"negative body", Options{SingleTenant: true, Store: st, MaxBodyBytes: -2}, "MaxBodyBytes", []string{"-2"}},
+		{"negative response", Options{SingleTenant: true, Store: st, MaxResponseBytes: -3}, "MaxResponseBytes", []string{"-3"}},
+		{"response over the store's", Options{SingleTenant: true, Store: mib, MaxResponseBytes: 2 << 20}, "MaxResponseBytes",
+			[]string{"middleware: MaxResponseBytes: 2097152 exceeds the store's MaxResultBytes 1048576", "at most 1040384"}},
+		{"response at the store's, no room for headers", Options{SingleTenant: true, Store: mib, MaxResponseBytes: 1 << 20}, "MaxResponseBytes",
+			[]string{"1048576", "RecordOverhead 8192"}},
+		{"response over the tx store's", Options{SingleTenant: true, Tx: &limitedTx{max: 64 << 10}, MaxResponseBytes: 64 << 10}, "MaxResponseBytes",
+			[]string{"65536", "at most 57344"}},
+		{"store too small for a record", Options{SingleTenant: true, Store: memStore(idem.Options{MaxResultBytes: 4 << 10})}, "Store",
+			[]string{"MaxResultBytes 4096", "RecordOverhead 8192"}},
 
-		{"method not a token", Options{Store: st, Methods: []string{"PO ST"}}, "Methods", []string{`"PO ST"`}},
-		{"method empty", Options{Store: st, Methods: []string{"POST", ""}}, "Methods", []string{`""`}},
-		{"method lower case", Options{Store: st, Methods: []string{"post"}}, "Methods",
+		{"method not a token", Options{SingleTenant: true, Store: st, Methods: []string{"PO ST"}}, "Methods", []string{`"PO ST"`}},
+		{"method empty", Options{SingleTenant: true, Store: st, Methods: []string{"POST", ""}}, "Methods", []string{`""`}},
+		{"method lower case", Options{SingleTenant: true, Store: st, Methods: []string{"post"}}, "Methods",
 			[]string{`middleware: Methods: "post" never matches a request; HTTP methods are case-sensitive, use "POST"`}},
-		{"method mixed case", Options{Store: st, Methods: []string{"PUT", "Patch"}}, "Methods", []string{`"Patch"`, `use "PATCH"`}},
-		{"method twice", Options{Store: st, Methods: []string{"POST", "PUT", "POST"}}, "Methods", []string{`"POST"`, "twice"}},
+		{"method mixed case", Options{SingleTenant: true, Store: st, Methods: []string{"PUT", "Patch"}}, "Methods", []string{`"Patch"`, `use "PATCH"`}},
+		{"method twice", Options{SingleTenant: true, Store: st, Methods: []string{"POST", "PUT", "POST"}}, "Methods", []string{`"POST"`, "twice"}},
 
-		{"replay not a token", Options{Store: st, ReplayHeaders: []string{"Set-Cookie "}}, "ReplayHeaders", []string{`"Set-Cookie "`}},
-		{"set-cookie replayed", Options{Store: st, ReplayHeaders: []string{"set-cookie"}}, "ReplayHeaders", []string{`"set-cookie"`, "credentials"}},
-		{"auth replayed", Options{Store: st, ReplayHeaders: []string{"Content-Type", "Authorization"}}, "ReplayHeaders", []string{`"Authorization"`}},
-		{"challenge replayed", Options{Store: st, ReplayHeaders: []string{"WWW-Authenticate"}}, "ReplayHeaders", []string{`"WWW-Authenticate"`}},
-		{"proxy challenge replayed", Options{Store: st, ReplayHeaders: []string{"proxy-authenticate"}}, "ReplayHeaders", []string{`"proxy-authenticate"`}},
-		{"replay header twice", Options{Store: st, ReplayHeaders: []string{"Location", "ETag", "location"}}, "ReplayHeaders", []string{`"location"`, "twice"}},
+		{"replay not a token", Options{SingleTenant: true, Store: st, ReplayHeaders: []string{"Set-Cookie "}}, "ReplayHeaders", []string{`"Set-Cookie "`}},
+		{"set-cookie replayed", Options{SingleTenant: true, Store: st, ReplayHeaders: []string{"set-cookie"}}, "ReplayHeaders", []string{`"set-cookie"`, "credentials"}},
+		{"auth replayed", Options{SingleTenant: true, Store: st, ReplayHeaders: []string{"Content-Type", "Authorization"}}, "ReplayHeaders", []string{`"Authorization"`}},
+		{"challenge replayed", Options{SingleTenant: true, Store: st, ReplayHeaders: []string{"WWW-Authenticate"}}, "ReplayHeaders", []string{`"WWW-Authenticate"`}},
+		{"proxy challenge replayed", Options{SingleTenant: true, Store: st, ReplayHeaders: []string{"proxy-authenticate"}}, "ReplayHeaders", []string{`"proxy-authenticate"`}},
+		{"replay header twice", Options{SingleTenant: true, Store: st, ReplayHeaders: []string{"Location", "ETag", "location"}}, "ReplayHeaders", []string{`"location"`, "twice"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := New(tc.o)
@@ -108,27 +119,49 @@ func TestNewAccepts(t *testing.T) {
 		t.Fatal(err)
 	}
 	for name, o := range map[string]Options{
-		"store only": {Store: st},
-		"tx only":    {Tx: &txStub{}},
+		"store only":           {Store: st, SingleTenant: true},
+		"tx only":              {Tx: &txStub{}, SingleTenant: true},
+		"at the store's limit": {Store: memStore(idem.Options{MaxResultBytes: 1 << 20}), SingleTenant: true, MaxResponseBytes: 1<<20 - RecordOverhead},
 		"every field": {
 			Store: st, Header: "x-request-key", Required: true, RequestIDHeader: "x-request-id",
 			Methods: []string{"PUT", "M-SEARCH"}, Scope: func(*http.Request) (string, error) { return "t", nil },
-			Mux: http.NewServeMux(), LockTimeout: time.Second, MaxKeyBytes: 64,
+			LockTimeout: time.Second, MaxKeyBytes: 64,
 			MaxBodyBytes: 1 << 10, MaxResponseBytes: 1 << 10, ReplayHeaders: []string{"location", "ETag"},
 			Keep:  func(int) bool { return true },
 			Error: WriteProblem, RecordTimeout: time.Second, KeyHasher: hasher,
 			Observer: &obstest.Log{}, Logger: slog.New(slog.DiscardHandler),
-			Fingerprint: func(*http.Request, string, io.Reader) ([]byte, error) { return []byte("f"), nil },
+			Fingerprint: func(*http.Request, io.Reader) ([]byte, error) { return []byte("f"), nil },
 		},
-		"key and route": {
-			Store: st, Key: func(*http.Request) (string, error) { return "k", nil },
-			Route: func(*http.Request) string { return "/r" },
+		"key": {
+			Store: st, SingleTenant: true, Key: func(*http.Request) (string, error) { return "k", nil },
 			// With Key, the Idempotency-Key header is free for another use.
 			RequestIDHeader: "Idempotency-Key",
 		},
 	} {
 		if _, err := New(o); err != nil {
 			t.Errorf("New(%s) = %v; want no error", name, err)
+		}
+	}
+}
+
+// Without MaxResponseBytes, the default fits the store: a store whose
+// MaxResultBytes is under the default's needs gets a smaller one, so that
+// a response of that size is recorded whole.
+func TestMaxResponseBytesDefaultFitsStore(t *testing.T) {
+	for _, tc := range []struct {
+		store idem.Store
+		want  int
+	}{
+		{memStore(idem.Options{}), DefaultMaxResponseBytes},
+		{memStore(idem.Options{MaxResultBytes: 64 << 10}), 64<<10 - RecordOverhead},
+		{newCounting(), DefaultMaxResponseBytes}, // does not report its limit
+	} {
+		c, err := Options{Store: tc.store, SingleTenant: true}.config()
+		if err != nil {
+			t.Fatalf("config(%T) = %v", tc.store, err)
+		}
+		if c.MaxResponseBytes != tc.want {
+			t.Errorf("MaxResponseBytes with %T = %d; want %d", tc.store, c.MaxResponseBytes, tc.want)
 		}
 	}
 }
@@ -161,3 +194,12 @@ func (*txStub) Run(context.Context, string, []byte, func(context.Context, *sql.T
 }
 
 func (*txStub) Lookup(context.Context, string) (*idem.Record, error) { panic("txStub.Lookup") }
+
+// limitedTx is a txStub that reports its MaxResultBytes, as sqlstore.Store
+// does.
+type limitedTx struct {
+	txStub
+	max int
+}
+
+func (s *limitedTx) MaxResultBytes() int { return s.max }

@@ -26,11 +26,31 @@ type Problem struct {
 	// Retryable reports whether the same request, sent again unchanged
 	// (same key), may succeed: true for 409 and 503, false otherwise.
 	Retryable bool `json:"retryable"`
-	// IdempotencyKey is the client's key, on the key's errors (400 for a
-	// key the store refuses, 409, 422) when it is well-formed: printable
-	// ASCII, as a header key always is. Empty otherwise.
+	// IdempotencyKey is the client's key, on the key's errors (400
+	// TypeKeyInvalid, 409, 422) when it is well-formed: printable ASCII, as
+	// a header key always is. On those errors the idempotency_key member is
+	// always written, "" for a key that is empty or not shown (malformed,
+	// too long, repeated); on other problems it is written only when not
+	// empty.
 	IdempotencyKey string `json:"idempotency_key,omitempty"`
 	Err            error  `json:"-"`
+	// keyMember makes the idempotency_key member written even when empty:
+	// a client told its key is invalid reads which key was meant.
+	keyMember bool
+}
+
+// MarshalJSON writes p as the problem details object WriteProblem sends:
+// its members as tagged, and idempotency_key also when empty on the key's
+// errors.
+func (p Problem) MarshalJSON() ([]byte, error) {
+	type plain Problem // without this method
+	if p.IdempotencyKey != "" || !p.keyMember {
+		return json.Marshal(plain(p))
+	}
+	return json.Marshal(struct {
+		plain
+		IdempotencyKey string `json:"idempotency_key"` // shallower: wins over plain's
+	}{plain: plain(p)})
 }
 
 // draft is the IETF draft that defines the Idempotency-Key header; its
@@ -54,7 +74,7 @@ const (
 	// TypeBodyUnreadable (400): the body could not be read to its end.
 	TypeBodyUnreadable = "https://pkg.go.dev/github.com/idemgo/idem/middleware#TypeBodyUnreadable"
 	// TypeFingerprintMismatch (422): the key was used for a different
-	// request (method, route, content type or body). It wins over
+	// request (method, request target, content type or body). It wins over
 	// TypeInProgress. The draft's section 2.2.
 	TypeFingerprintMismatch = draft + "#section-2.2"
 	// TypeInProgress (409, with Retry-After): a request with the key is
@@ -118,9 +138,10 @@ func problem(k kind, detail string, err error) *Problem {
 }
 
 // keyProblem is problem for a case about the client's key, which it
-// carries when it is well-formed.
+// carries when it is well-formed ("" otherwise).
 func keyProblem(k kind, key, detail string, err error) *Problem {
 	p := problem(k, detail, err)
+	p.keyMember = true
 	if printable(key) {
 		p.IdempotencyKey = key
 	}

@@ -22,7 +22,8 @@ type answer struct {
 	header    map[string]string
 	typ       string
 	retryable bool
-	key       string // idempotency_key; "" means absent
+	key       string // idempotency_key; "" means absent, unless keyEmpty
+	keyEmpty  bool   // idempotency_key is present and ""
 	detail    string // a substring of detail, when set
 }
 
@@ -109,6 +110,9 @@ func checkAnswer(t *testing.T, i int, w *httptest.ResponseRecorder, want answer)
 		t.Errorf("request %d: retryable = %v; want %v (status %d)", i, p.Retryable, want.retryable, want.status)
 	}
 	switch {
+	case want.keyEmpty && (p.Key == nil || *p.Key != ""):
+		t.Errorf("request %d: idempotency_key = %v; want \"\"", i, p.Key)
+	case want.keyEmpty:
 	case want.key == "" && p.Key != nil:
 		t.Errorf("request %d: idempotency_key = %q; want it absent", i, *p.Key)
 	case want.key != "" && (p.Key == nil || *p.Key != want.key):
@@ -160,10 +164,16 @@ func TestProblemAnswers(t *testing.T) {
 			{q: req{body: `{}`}, want: &answer{status: 400, typ: sec21}},
 		}},
 		{name: "key malformed", steps: []step{
-			{q: req{key: "a b", body: `{}`}, want: &answer{status: 400, typ: sec21}},
+			{q: req{key: "a b", body: `{}`}, want: &answer{status: 400, typ: sec21, keyEmpty: true}},
 		}},
 		{name: "key repeated", steps: []step{
-			{q: req{keys: []string{"a", "b"}, body: `{}`}, want: &answer{status: 400, typ: sec21}},
+			{q: req{keys: []string{"a", "b"}, body: `{}`}, want: &answer{status: 400, typ: sec21, keyEmpty: true}},
+		}},
+		// The last of the public idempot.dev scenarios: the 400 for an
+		// empty key names the key too, as the empty string.
+		{name: "key empty", steps: []step{
+			{q: req{keys: []string{""}, body: `{}`}, want: &answer{status: 400, typ: sec21, keyEmpty: true, detail: "empty"}},
+			{q: req{keys: []string{`""`}, body: `{}`}, want: &answer{status: 400, typ: sec21, keyEmpty: true, detail: "empty"}},
 		}},
 		{name: "key refused by the store", opts: Options{Scope: longScope}, steps: []step{
 			{q: req{key: "k-1", body: `{}`}, want: &answer{status: 400, typ: sec21, key: "k-1"}},
@@ -204,6 +214,7 @@ func TestProblemAnswers(t *testing.T) {
 				}
 				o := c.opts
 				o.Store = s
+				o.SingleTenant = o.Scope == nil
 				runSequence(t, o, c.steps)
 			})
 		})
@@ -214,9 +225,9 @@ func TestProblemAnswers(t *testing.T) {
 func TestProblemRecordDamaged(t *testing.T) {
 	mem := memStore(idem.Options{})
 	ctx := context.Background()
-	h := mustNew(t, Options{Store: mem}, &counter{})
+	h := mustNew(t, Options{SingleTenant: true, Store: mem}, &counter{})
 	do(h, req{key: "k", body: "{}"})
-	key := storeKey("", http.MethodPost, "/orders", "k")
+	key := storeKey("", "k")
 	rec, err := mem.Lookup(ctx, key)
 	if err != nil {
 		t.Fatalf("Lookup(%q) = %v", key, err)
@@ -224,7 +235,7 @@ func TestProblemRecordDamaged(t *testing.T) {
 	mem2 := memStore(idem.Options{})
 	cl, _ := mem2.Claim(ctx, key, rec.Fingerprint)
 	_ = mem2.Confirm(ctx, cl.Lease, []byte{1, 0, 0})
-	runSequence(t, Options{Store: mem2}, []step{
+	runSequence(t, Options{SingleTenant: true, Store: mem2}, []step{
 		{q: req{key: "k", body: "{}"}, want: &answer{status: 500, typ: TypeRecordDamaged}},
 	})
 }
@@ -244,9 +255,10 @@ func TestProblemInstanceCorrelates(t *testing.T) {
 	s := newCounting()
 	s.claimErr = errStoreDown
 	h := mustNew(t, Options{
-		Store:    s,
-		Logger:   slog.New(slog.NewJSONHandler(&logs, nil)),
-		Observer: obs,
+		Store:        s,
+		SingleTenant: true,
+		Logger:       slog.New(slog.NewJSONHandler(&logs, nil)),
+		Observer:     obs,
 		Error: func(w http.ResponseWriter, r *http.Request, p *Problem) {
 			hooked = append(hooked, p.Instance)
 			WriteProblem(w, r, p)

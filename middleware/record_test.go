@@ -22,7 +22,7 @@ func TestLargeResponse(t *testing.T) {
 	eachStore(t, func(t *testing.T, s *countingStore) {
 		runs := 0
 		big := strings.Repeat("x", 1000)
-		h := mustNew(t, Options{Store: s, MaxResponseBytes: 100}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		h := mustNew(t, Options{SingleTenant: true, Store: s, MaxResponseBytes: 100}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			runs++
 			w.Header().Set("Location", "/reports/1")
 			w.WriteHeader(http.StatusCreated)
@@ -49,7 +49,7 @@ func TestLargeResponse(t *testing.T) {
 func TestResultTooLargeForStore(t *testing.T) {
 	s := &countingStore{Store: memStore(idem.Options{MaxResultBytes: 200})}
 	runs := 0
-	h := mustNew(t, Options{Store: s}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := mustNew(t, Options{SingleTenant: true, Store: s}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		runs++
 		_, _ = w.Write(bytes.Repeat([]byte("y"), 500))
 	}))
@@ -68,7 +68,7 @@ func TestDamagedRecord(t *testing.T) {
 	mem := memStore(idem.Options{})
 	s := &countingStore{Store: mem}
 	var c counter
-	h := mustNew(t, Options{Store: s}, &c)
+	h := mustNew(t, Options{SingleTenant: true, Store: s}, &c)
 	do(h, req{key: "k", body: "{}"})
 	key := s.claimedKeys()[0]
 	rec, err := mem.Lookup(context.Background(), key)
@@ -79,7 +79,7 @@ func TestDamagedRecord(t *testing.T) {
 	mem2 := memStore(idem.Options{})
 	cl, _ := mem2.Claim(context.Background(), key, rec.Fingerprint)
 	_ = mem2.Confirm(context.Background(), cl.Lease, []byte{1, 0, 0})
-	h2 := mustNew(t, Options{Store: mem2}, &c)
+	h2 := mustNew(t, Options{SingleTenant: true, Store: mem2}, &c)
 	wantProblem(t, do(h2, req{key: "k", body: "{}"}), 500, TypeRecordDamaged)
 	if c.runs.Load() != 1 {
 		t.Errorf("handler ran %d times; want 1", c.runs.Load())
@@ -109,7 +109,7 @@ func TestRecordStopsAtLeaseEnd(t *testing.T) {
 				s := &countingStore{Store: open(t)}
 				s.confirmErr.Store(1 << 20) // the store is down once the work is done
 				var c counter
-				h := mustNew(t, Options{Store: s, RecordTimeout: 10 * time.Second}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				h := mustNew(t, Options{SingleTenant: true, Store: s, RecordTimeout: 10 * time.Second}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 					time.Sleep(work)
 					c.ServeHTTP(w, r)
 				}))
@@ -140,8 +140,8 @@ func TestRecordStopsAtLeaseEnd(t *testing.T) {
 // with one over 255 bytes, records none.
 func TestOriginalRequest(t *testing.T) {
 	modes := map[string]func(t *testing.T) Options{
-		"lease": func(t *testing.T) Options { return Options{Store: newCounting()} },
-		"tx":    func(t *testing.T) Options { return Options{Tx: newTxEnv(t, sqlstore.SQLite).store} },
+		"lease": func(t *testing.T) Options { return Options{SingleTenant: true, Store: newCounting()} },
+		"tx":    func(t *testing.T) Options { return Options{SingleTenant: true, Tx: newTxEnv(t, sqlstore.SQLite).store} },
 	}
 	for name, mode := range modes {
 		t.Run(name, func(t *testing.T) {
@@ -217,20 +217,20 @@ func TestRecordFormatCompatible(t *testing.T) {
 			var c counter
 			q := req{key: "k", body: "{}"}
 			r := q.build()
-			fp, err := fingerprint(r, r.URL.Path, func() io.Reader { return strings.NewReader(q.body) })
+			fp, err := fingerprint(r, func() io.Reader { return strings.NewReader(q.body) })
 			if err != nil {
 				t.Fatal(err)
 			}
 			mem := memStore(idem.Options{})
 			ctx := context.Background()
-			cl, err := mem.Claim(ctx, storeKey("", "POST", "/orders", "k"), fp)
+			cl, err := mem.Claim(ctx, storeKey("", "k"), fp)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if err := mem.Confirm(ctx, cl.Lease, tc.record); err != nil {
 				t.Fatal(err)
 			}
-			h := mustNew(t, Options{Store: mem, RequestIDHeader: "X-Request-Id"}, &c)
+			h := mustNew(t, Options{SingleTenant: true, Store: mem, RequestIDHeader: "X-Request-Id"}, &c)
 			w := do(h, q)
 			hd := w.Header()
 			if w.Code != 201 || hd.Get(HeaderReplayed) != "true" || hd.Get("Location") != "/orders/7" ||
@@ -246,6 +246,65 @@ func TestRecordFormatCompatible(t *testing.T) {
 			}
 			if len(hd) != want {
 				t.Errorf("replay headers = %v; want Content-Type, Location, %s and Original-Request when recorded, only", hd, HeaderReplayed)
+			}
+		})
+	}
+}
+
+// limitedStore is a countingStore that reports the MaxResultBytes of the
+// store it counts, as the stores of this module do.
+type limitedStore struct {
+	*countingStore
+	max int
+}
+
+func (s *limitedStore) MaxResultBytes() int { return s.max }
+
+// #25, deliver 4: a response body of MaxResponseBytes is recorded whole,
+// with its replayed headers and request id beside it (RecordOverhead);
+// replayed headers larger than that take the body's room, and the record
+// goes without its body at the first Confirm, not after one the store
+// refused.
+func TestResponseAtMaxFits(t *testing.T) {
+	const max = 64 << 10
+	for _, tc := range []struct {
+		name    string
+		link    int // bytes of the Link header
+		omitted bool
+	}{
+		{"headers within RecordOverhead", RecordOverhead - 1024, false},
+		{"headers over RecordOverhead", 2 * RecordOverhead, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := &limitedStore{countingStore: &countingStore{Store: memStore(idem.Options{MaxResultBytes: max})}, max: max}
+			body := bytes.Repeat([]byte("z"), max-RecordOverhead) // the default MaxResponseBytes here
+			link := "<" + strings.Repeat("l", tc.link) + ">"
+			runs := 0
+			h := mustNew(t, Options{SingleTenant: true, Store: s, RequestIDHeader: "X-Request-Id"}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				runs++
+				w.Header().Set("Location", "/reports/1")
+				w.Header().Set("Link", link)
+				w.Header().Set("Content-Type", "application/octet-stream")
+				_, _ = w.Write(body)
+			}))
+			id := map[string]string{"X-Request-Id": strings.Repeat("r", 255)}
+			if w := do(h, req{key: "k", body: "{}", header: id}); w.Code != 200 || w.Body.Len() != len(body) {
+				t.Fatalf("first = %d with %d bytes; want 200 with %d", w.Code, w.Body.Len(), len(body))
+			}
+			confirms := s.calls.Load() - 1 // the Claim
+			w := do(h, req{key: "k", body: "{}"})
+			omitted := w.Header().Get(HeaderBodyOmitted) == "true"
+			if w.Code != 200 || w.Header().Get(HeaderReplayed) != "true" || runs != 1 || omitted != tc.omitted {
+				t.Fatalf("replay = %d %d bytes, body omitted %t, after %d runs; want a replay, body omitted %t, 1 run", w.Code, w.Body.Len(), omitted, runs, tc.omitted)
+			}
+			if !tc.omitted && !bytes.Equal(w.Body.Bytes(), body) {
+				t.Errorf("replay's body = %d bytes; want the %d recorded", w.Body.Len(), len(body))
+			}
+			if w.Header().Get("Link") != link {
+				t.Errorf("replay's Link = %d bytes; want the %d recorded", len(w.Header().Get("Link")), len(link))
+			}
+			if confirms != 1 {
+				t.Errorf("store calls after the claim = %d; want 1 Confirm, none refused", confirms)
 			}
 		})
 	}

@@ -63,7 +63,7 @@ func TestRealRedis(t *testing.T) {
 		w.WriteHeader(201)
 		_, _ = w.Write([]byte("run " + strconv.FormatInt(n, 10)))
 	})
-	mw, err := New(Options{Store: st, LockTimeout: 200 * time.Millisecond})
+	mw, err := New(Options{SingleTenant: true, Store: st, LockTimeout: 200 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +120,7 @@ func BenchmarkMiddleware(b *testing.B) {
 		w.WriteHeader(201)
 		_, _ = w.Write([]byte(`{"id":"ord_123","status":"created"}`))
 	})
-	mw, err := New(Options{Store: st})
+	mw, err := New(Options{SingleTenant: true, Store: st})
 	if err != nil {
 		b.Fatal(err)
 	}

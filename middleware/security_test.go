@@ -34,19 +34,19 @@ func secBackends() map[string]func(t *testing.T) secBackend {
 	return map[string]func(t *testing.T) secBackend{
 		"memory": func(t *testing.T) secBackend {
 			s := memStore(idem.Options{})
-			return secBackend{Options{Store: s}, s}
+			return secBackend{Options{SingleTenant: true, Store: s}, s}
 		},
 		"redis": func(t *testing.T) secBackend {
 			s := realRedisStore(t)
-			return secBackend{Options{Store: s}, s}
+			return secBackend{Options{SingleTenant: true, Store: s}, s}
 		},
 		"postgres": func(t *testing.T) secBackend {
 			s := newTxEnv(t, sqlstore.Postgres).store
-			return secBackend{Options{Store: s}, s}
+			return secBackend{Options{SingleTenant: true, Store: s}, s}
 		},
 		"postgres-tx": func(t *testing.T) secBackend {
 			s := newTxEnv(t, sqlstore.Postgres).store
-			return secBackend{Options{Tx: s}, s}
+			return secBackend{Options{SingleTenant: true, Tx: s}, s}
 		},
 	}
 }
@@ -93,7 +93,7 @@ func TestSecurityTenantIsolation(t *testing.T) {
 			b := open(t)
 			e := &tenantEcho{started: make(chan struct{}), release: make(chan struct{})}
 			o := b.opts
-			o.Scope = tenantScope
+			o.SingleTenant, o.Scope = false, tenantScope
 			o.LockTimeout = 50 * time.Millisecond
 			h := mustNew(t, o, e)
 			send := func(tenant, key, body string) (int, string, string) {
@@ -217,7 +217,7 @@ func TestSecurityReplayHeaderAllowlist(t *testing.T) {
 
 			// What is stored holds no credential either: a store is read
 			// by operators and tools, not only by this middleware.
-			rec, err := b.store.Lookup(context.Background(), storeKey("", "POST", "/orders", "k"))
+			rec, err := b.store.Lookup(context.Background(), storeKey("", "k"))
 			if err != nil || !rec.Confirmed {
 				t.Fatalf("Lookup of the record = %v, %v; want the confirmation", rec, err)
 			}
@@ -242,7 +242,7 @@ func TestSecurityReplayHeaderAllowlist(t *testing.T) {
 	}
 	// No spelling lets a credential into the allowlist.
 	for _, name := range []string{"SET-COOKIE", "set-cookie", "authorization", "Www-Authenticate", "PROXY-AUTHENTICATE", "Set-Cookie "} {
-		if _, err := New(Options{Store: memStore(idem.Options{}), ReplayHeaders: []string{"Location", name}}); err == nil {
+		if _, err := New(Options{SingleTenant: true, Store: memStore(idem.Options{}), ReplayHeaders: []string{"Location", name}}); err == nil {
 			t.Errorf("New(ReplayHeaders holding %q) = nil error; want credentials refused", name)
 		}
 	}
@@ -265,7 +265,7 @@ func TestSecurityOversizedBeforeIO(t *testing.T) {
 	var ran counter
 	o := Options{Store: st, MaxBodyBytes: 1024, Scope: tenantScope}
 	h := mustNew(t, o, &ran)
-	withKey := mustNew(t, Options{Store: st, Key: func(r *http.Request) (string, error) { return r.Header.Get("Webhook-Id"), nil }}, &ran)
+	withKey := mustNew(t, Options{SingleTenant: true, Store: st, Key: func(r *http.Request) (string, error) { return r.Header.Get("Webhook-Id"), nil }}, &ran)
 	tenant := map[string]string{tenantHeader: "t"}
 	hugeTenant := map[string]string{tenantHeader: strings.Repeat("t", 1000)}
 	for _, tc := range []struct {
@@ -344,13 +344,13 @@ func closedSQLStore(t *testing.T) *sqlstore.Store {
 // Retry-After, the handler never runs, no internal error text is shown.
 func TestSecurityFailClosed(t *testing.T) {
 	for name, o := range map[string]func(t *testing.T) Options{
-		"redis down":       func(t *testing.T) Options { return Options{Store: deadRedisStore(t)} },
-		"postgres closed":  func(t *testing.T) Options { return Options{Store: closedSQLStore(t)} },
-		"postgres-tx down": func(t *testing.T) Options { return Options{Tx: closedSQLStore(t)} },
+		"redis down":       func(t *testing.T) Options { return Options{SingleTenant: true, Store: deadRedisStore(t)} },
+		"postgres closed":  func(t *testing.T) Options { return Options{SingleTenant: true, Store: closedSQLStore(t)} },
+		"postgres-tx down": func(t *testing.T) Options { return Options{SingleTenant: true, Tx: closedSQLStore(t)} },
 		"claim errors": func(t *testing.T) Options {
 			s := newCounting()
 			s.claimErr = context.DeadlineExceeded // a store timeout, not the client's
-			return Options{Store: s}
+			return Options{SingleTenant: true, Store: s}
 		},
 	} {
 		t.Run(name, func(t *testing.T) {

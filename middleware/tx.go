@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/internal/httprecord"
 	"github.com/idemgo/idem/sqlstore"
 )
 
@@ -63,7 +62,7 @@ func (h *handler) serveTx(w http.ResponseWriter, r *http.Request, key, sk string
 			if !h.c.Keep(rec.status) {
 				return nil, errNotKept
 			}
-			return httprecord.Encode(h.response(r, rec)), nil
+			return h.encode(h.response(r, rec)), nil
 		})
 		switch {
 		case err == nil && replayed:

@@ -8,7 +8,7 @@
 //
 //	obs, err := idemotel.New(idemotel.Options{})
 //	store, err := idem.NewRedisStore(client, idem.RedisOptions{Observer: obs})
-//	mw, err := middleware.New(middleware.Options{Store: store, Observer: obs})
+//	mw, err := middleware.New(middleware.Options{Store: store, Scope: tenant, Observer: obs})
 //	handle := consumer.Idempotent(store, key, h, consumer.Options[Order]{Observer: obs})
 //
 // # Metrics

@@ -73,7 +73,7 @@ func TestMiddlewareOnMemoryStore(t *testing.T) {
 		span.End()
 		w.WriteHeader(201)
 	})
-	mw, err := middleware.New(middleware.Options{Store: store, Observer: s.obs, KeyHasher: hasher})
+	mw, err := middleware.New(middleware.Options{Store: store, SingleTenant: true, Observer: s.obs, KeyHasher: hasher})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -100,7 +100,7 @@ func (c *cli) demoHTTP(args []string) int {
 	if err != nil {
 		return c.fail("demo http", exitUsage, err)
 	}
-	if d.mw, err = middleware.New(middleware.Options{Store: s}); err != nil {
+	if d.mw, err = middleware.New(middleware.Options{Store: s, SingleTenant: true}); err != nil {
 		return c.fail("demo http", exitUsage, err)
 	}
 	d.store = b.desc

@@ -26,18 +26,19 @@ confirmed: the work is done), the owner of a live claim, the fencing token,
 when the lease or the retention ends, the fingerprint (hex) and the size of
 the stored result. A key without a live record (never claimed, forgotten, or
 expired) exits 1. KEY is the store key as given to Claim; the middleware's
-keys look like h1<len>:<scope><len>:<method><len>:<route><len>:<client key>,
-e.g. 'h10:4:POST14:POST /payments5:pay-1'. --hex reads KEY as hex, for keys
+keys look like h2<len>:<scope><len>:<client key>, e.g. 'h20:5:pay-1'
+(earlier versions': h1<len>:<scope><len>:<method><len>:<route><len>:<client
+key>). --hex reads KEY as hex, for keys
 that are not text. Expiry is the store's answer converted to this machine's
 clock: an estimate.
 
 --http 'METHOD ROUTE' finds the middleware's record from what the client
 sent: KEY is then the client's Idempotency-Key (its content: abc for "abc"),
-ROUTE the route pattern as the middleware named it (a ServeMux pattern such
-as 'POST /payments', a chi pattern, or the path), and --scope the tenant
-that Options.Scope returned. Both 'POST /payments' and '/payments' are
-tried as the route, as ServeMux patterns are written with or without their
-method. --result prints the recorded response: status, replayed headers,
+and --scope the tenant that Options.Scope returned; the record's key holds
+only these two. METHOD ROUTE finds the records of earlier versions, whose
+key held the route as the middleware named it (a ServeMux pattern such as
+'POST /payments', a chi pattern, or the path): both 'POST /payments' and
+'/payments' are tried as the route. --result prints the recorded response: status, replayed headers,
 the request id of the request that did the work, and body.`
 
 // inspection is inspect's --json output: one object, stable field names.
@@ -145,8 +146,9 @@ func (c *cli) inspect(args []string) int {
 }
 
 // httpKeys returns the store keys the middleware may have recorded for a
-// client's key sent to route ('METHOD ROUTE') in scope: the route as
-// given, a ServeMux pattern with its method, first, then without it.
+// client's key in scope: the key of today's middleware (scope and key
+// only), then those of earlier versions, which held route ('METHOD
+// ROUTE'): a ServeMux pattern with its method, then without it.
 func httpKeys(route, scope, key string) ([]string, error) {
 	method, path, ok := strings.Cut(strings.TrimSpace(route), " ")
 	path = strings.TrimSpace(path)
@@ -154,8 +156,9 @@ func httpKeys(route, scope, key string) ([]string, error) {
 		return nil, fmt.Errorf("--http: %q is not 'METHOD ROUTE', e.g. 'POST /payments'", route)
 	}
 	return []string{
-		httprecord.Key(scope, method, method+" "+path, key),
-		httprecord.Key(scope, method, path, key),
+		httprecord.Key(scope, key),
+		httprecord.KeyV1(scope, method, method+" "+path, key),
+		httprecord.KeyV1(scope, method, path, key),
 	}, nil
 }
 

@@ -152,7 +152,8 @@ func newPaymentsAPI(store idem.Store, delay, lockTimeout time.Duration, reg *met
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /payments", api.create)
 	mux.HandleFunc("GET /payments", api.list)
-	mo := middleware.Options{Store: store, LockTimeout: lockTimeout}
+	// The example API has no accounts: one tenant.
+	mo := middleware.Options{Store: store, SingleTenant: true, LockTimeout: lockTimeout}
 	if reg != nil {
 		mo.Observer = reg
 		mux.HandleFunc("GET /metrics", func(w http.ResponseWriter, _ *http.Request) {

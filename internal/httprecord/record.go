@@ -12,19 +12,35 @@ import (
 	"strconv"
 )
 
-// Key joins scope, method, route and the client's key into the key the
-// store holds:
+// Key joins scope and the client's key into the key the store holds:
 //
-//	"h1" then, for each part, its length in decimal, ':', and its bytes
+//	"h2" then, for each part, its length in decimal, ':', and its bytes
 //
-// e.g. "h10:4:POST7:/orders3:abc". Every part is length-prefixed, so the
-// encoding is injective: ("a:b", "c") and ("a", "b:c") never meet, one
-// tenant's key never replays another's, and one key used on two endpoints is
-// two records. "h1" names the encoding's version, so that a later one cannot
-// collide with it.
-func Key(scope, method, route, key string) string {
-	n := 2 + len(scope) + len(method) + len(route) + len(key) + 4*4
-	b := make([]byte, 0, n)
+// e.g. "h24:acme3:abc". Both parts are length-prefixed, so the encoding is
+// injective: ("a:b", "c") and ("a", "b:c") never meet, and one tenant's key
+// never replays another's. The method and the request target are in the
+// fingerprint, not here, so that the key a request maps to does not depend
+// on how the middleware is mounted (a ServeMux pattern, a path, chi's
+// route), and a key reused on another endpoint is a different request
+// under the same key (422). "h2" names the encoding's version: no key of
+// version 1 (KeyV1) begins with it.
+func Key(scope, key string) string {
+	b := make([]byte, 0, 2+len(scope)+len(key)+2*4)
+	b = append(b, "h2"...)
+	for _, p := range [...]string{scope, key} {
+		b = strconv.AppendInt(b, int64(len(p)), 10)
+		b = append(b, ':')
+		b = append(b, p...)
+	}
+	return string(b)
+}
+
+// KeyV1 is the key that earlier versions of the middleware stored: "h1"
+// then scope, method, route and the client's key, each length-prefixed as
+// in Key, e.g. "h10:4:POST7:/orders3:abc". The middleware no longer reads
+// or writes it; idem inspect still finds such records until they expire.
+func KeyV1(scope, method, route, key string) string {
+	b := make([]byte, 0, 2+len(scope)+len(method)+len(route)+len(key)+4*4)
 	b = append(b, "h1"...)
 	for _, p := range [...]string{scope, method, route, key} {
 		b = strconv.AppendInt(b, int64(len(p)), 10)

@@ -407,7 +407,7 @@ var bareHandler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) 
 })
 
 func newMiddleware(s idem.Store) (http.Handler, error) {
-	mw, err := middleware.New(middleware.Options{Store: s})
+	mw, err := middleware.New(middleware.Options{Store: s, SingleTenant: true})
 	if err != nil {
 		return nil, err
 	}
