@@ -149,10 +149,10 @@ func New(db *sql.DB, o Options) (*Store, error) {
 	s.q = sqlStatements{
 		claim: text(sqlClaimPostgres), read: text(sqlRead),
 		renew: text(sqlRenew), confirm: text(sqlConfirm), confirmLate: text(sqlConfirmLate),
-		forget: text(sqlForget), record: text(sqlRecord), purge: text(sqlPurgePostgres),
+		forget: text(sqlForget), record: text(sqlRecordPostgres), release: text(sqlRelease), purge: text(sqlPurgePostgres),
 	}
 	if o.Dialect == SQLite {
-		s.q.purge = text(sqlPurgeSQLite)
+		s.q.purge, s.q.record = text(sqlPurgeSQLite), text(sqlRecord)
 		s.q.claim, s.q.readAny = text(sqlClaimSQLite), text(sqlReadAny)
 		s.gate = sqliteGate(db)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
