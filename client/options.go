@@ -7,13 +7,17 @@ import (
 	"net/textproto"
 	"strings"
 	"time"
+
+	"github.com/idemgo/idem/internal/nilcheck"
 )
 
 // Options configure a Transport. The zero value of every field means its
 // documented default. New refuses a mistake in any field with an error that
 // names the field.
 type Options struct {
-	// Base sends each attempt. Default http.DefaultTransport.
+	// Base sends each attempt. A typed nil (a nil *http.Transport) is
+	// refused: it would panic on the first request. Default
+	// http.DefaultTransport.
 	Base http.RoundTripper
 	// Header names the request header that carries the key: a header
 	// field name, in any case. Default "Idempotency-Key".
@@ -106,6 +110,8 @@ func (o Options) config() (*config, error) {
 	}
 	if o.Base == nil {
 		o.Base = http.DefaultTransport
+	} else if nilcheck.Nil(o.Base) {
+		return nil, fmt.Errorf("client: Base: a nil %T, which would panic on the first request; leave Base nil for the default, http.DefaultTransport", o.Base)
 	}
 	methods := o.Methods
 	if len(methods) == 0 {

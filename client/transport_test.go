@@ -82,6 +82,11 @@ func unstartedStatusServer(s *seen, statuses ...int) *httptest.Server {
 	}))
 }
 
+// roundTripFunc is a RoundTripper made of a func.
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
 func TestNewRefusesMistakes(t *testing.T) {
 	for _, tc := range []struct {
 		o     Options
@@ -96,6 +101,9 @@ func TestNewRefusesMistakes(t *testing.T) {
 		{Options{Methods: []string{"post"}}, "Methods"},
 		{Options{Methods: []string{"POST", "POST"}}, "Methods"},
 		{Options{Methods: []string{"PO ST"}}, "Methods"},
+		{Options{Base: (*http.Transport)(nil)}, "Base"},
+		{Options{Base: http.RoundTripper((*http.Transport)(nil))}, "Base"},
+		{Options{Base: roundTripFunc(nil)}, "Base"},
 	} {
 		_, err := New(tc.o)
 		if err == nil || !strings.Contains(err.Error(), "client: "+tc.field+":") {
@@ -104,6 +112,10 @@ func TestNewRefusesMistakes(t *testing.T) {
 	}
 	if _, err := New(Options{}); err != nil {
 		t.Errorf("New(Options{}) = %v; want the defaults, Base http.DefaultTransport", err)
+	}
+	want := "client: Base: a nil *http.Transport, which would panic on the first request; leave Base nil for the default, http.DefaultTransport"
+	if _, err := New(Options{Base: (*http.Transport)(nil)}); err == nil || err.Error() != want {
+		t.Errorf("New with a typed-nil Base = %v; want %q", err, want)
 	}
 }
 

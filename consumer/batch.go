@@ -13,10 +13,9 @@ import (
 
 // Batch wraps h for consumers that receive deliveries in batches. The
 // returned func handles ms and returns one result per message, errs[i] for
-// ms[i], with the meaning Idempotent gives its error: nil (done now, or a
-// duplicate: ack), an error matching idem.ErrInProgress (redeliver later),
-// ErrNotRecorded (done but not recorded: ack and alert), anything else
-// (nothing recorded: redeliver).
+// ms[i], with the meaning Idempotent gives its error: [ActionFor](errs[i])
+// says what to do with ms[i] (ack, redeliver later, ack and alert, or
+// dead-letter).
 //
 // When store is an idem.Batcher, the whole batch is claimed in one call
 // (one round trip on a single Redis) and the successes are confirmed in one

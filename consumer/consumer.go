@@ -15,11 +15,11 @@ import (
 // stays claimed until its lease runs out, and a delivery after that does the
 // work again.
 //
-// What the broker should do: acknowledge the delivery and alert. Redelivering
-// it is certain to do the work a second time (the redelivery claims the key
-// once the lease runs out), while acknowledging it risks a second time only
-// if yet another duplicate arrives. The amqp adapter acks and logs it at
-// error level.
+// What the broker should do: acknowledge the delivery and alert
+// ([ActionFor] says AckAndAlert). Redelivering it is certain to do the work
+// a second time (the redelivery claims the key once the lease runs out),
+// while acknowledging it risks a second time only if yet another duplicate
+// arrives. Every adapter acks (or commits) it and logs it at error level.
 var ErrNotRecorded = errors.New("consumer: work done but not recorded")
 
 // Idempotent wraps h so that a message delivered more than once is handled
@@ -45,7 +45,10 @@ var ErrNotRecorded = errors.New("consumer: work done but not recorded")
 //   - A store error, an empty key: h does not run, nothing was done, the
 //     error is returned (an empty key matches idem.ErrInvalidKey and is
 //     refused before any store call). The broker should redeliver, except for
-//     an invalid key, which no redelivery fixes.
+//     an invalid key, which no redelivery fixes: dead-letter it.
+//
+// [ActionFor] maps the returned error to what the broker should do (see
+// the package documentation's table); settle by it rather than by hand.
 //
 // opts holds at most one Options (see its fields for the defaults).
 // Idempotent panics, in the caller's goroutine, when store (or the value

@@ -9,21 +9,40 @@
 // claim runs the handler, under a lease that [idem.KeepAlive] renews while it
 // runs. Success confirms the key, so later deliveries are duplicates; failure
 // (an error or a panic) forgets the claim, so the next delivery does the work.
-// The wrapper's error tells the broker what to do:
 //
-//	claim outcome   wrapper                                        broker
-//	Claimed         run the handler; Confirm on success,           ack on nil,
-//	                Forget on error or panic (panic re-raised)     redeliver on error
-//	Duplicate       skip the handler, return nil                   ack
-//	InProgress      return idem.ErrInProgress                      redeliver later, with a delay
-//	store error     return it; nothing was done                    redeliver
+// # What the broker does
+//
+// The wrapper's error says what the broker should do with the delivery.
+// [ActionFor] maps it to one of four [Action]s, and every adapter below
+// settles by it, in its broker's terms:
+//
+//	what happened                               wrapper returns          action
+//	Claimed; the handler succeeded, confirmed   nil                      Ack
+//	Duplicate: confirmed before; handler        nil                      Ack
+//	  not run
+//	Claimed; the handler succeeded, but no      ErrNotRecorded           AckAndAlert
+//	  Confirm did within ConfirmBudget
+//	Claimed; the handler failed or panicked     its error (a panic is    Redeliver
+//	  (the claim is forgotten)                    re-raised)
+//	InProgress: another delivery holds the key  idem.ErrInProgress       Redeliver, after a delay
+//	the store failed: nothing was done          the store's error        Redeliver
+//	an empty, invalid or oversized key; a       idem.ErrInvalidKey,      DeadLetter
+//	  fingerprint mismatch; a damaged record      ErrTooLarge,
+//	                                              ErrFingerprintMismatch,
+//	                                              ErrDamaged
+//
+// Done but not recorded is acked, never redelivered: the work happened, and
+// a redelivery would claim the key once the lease runs out and do it a
+// second time; the ack risks that only if yet another duplicate arrives.
+// Report it at error level (the adapters log it, the Hook hears
+// ConfirmFailed, the Observer gets ErrNotRecorded).
 //
 // Confirm is retried with backoff within the lease on a context detached from
-// the caller's cancellation; if it never succeeds the wrapper returns
-// [ErrNotRecorded], never success (see its documentation for what the broker
-// should do then). A Confirm that finds another delivery's confirmation kept
-// (idem.ErrAlreadyConfirmed: this lease ran out and another delivery did the
-// work too) is success: the key is recorded as done, and the message is.
+// the caller's cancellation; only if it never succeeds does the wrapper
+// return [ErrNotRecorded], never success. A Confirm that finds another
+// delivery's confirmation kept (idem.ErrAlreadyConfirmed: this lease ran out
+// and another delivery did the work too) is success: the key is recorded as
+// done, and the message is.
 //
 // # What "once" means
 //
@@ -58,8 +77,7 @@
 // what a lease kept alive by [idem.KeepAlive] surely has left when the
 // handler returns, and retrying past the lease would let another delivery
 // claim the key and do the work again while this one still tries to record
-// it. A delivery refused for a fingerprint mismatch never succeeds on
-// redelivery: dead-letter it.
+// it.
 //
 // # Observing
 //
@@ -95,10 +113,25 @@
 //
 // # Adapters
 //
-// Package consumer/amqp settles RabbitMQ deliveries (github.com/rabbitmq/amqp091-go)
-// by these rules; package consumer/redisstream reads a Redis Streams
-// consumer group (XREADGROUP, XACK, XAUTOCLAIM); package consumer/jetstream
-// settles NATS JetStream messages (Ack, NakWithDelay, Term, InProgress while
-// the handler runs); the nested module consumer/watermill is a Watermill
-// router middleware.
+// Each adapter settles by [ActionFor]:
+//
+//	adapter                Ack / AckAndAlert   Redeliver                  DeadLetter
+//	consumer/amqp          Ack                 Nack with requeue,         Reject without requeue
+//	                                             after a growing delay
+//	consumer/redisstream   XACK                left pending, reclaimed    XACK without the work
+//	                                             with XAUTOCLAIM
+//	consumer/jetstream     Ack                 NakWithDelay               TermWithReason
+//	consumer/kafka         commit              retried in place           Options.DeadLetter, then
+//	                                                                        commit; else skipped
+//	consumer/watermill     nil (ack)           the error (nack)           the error: route it to a
+//	                                                                        poison queue
+//
+// Every one logs AckAndAlert and DeadLetter at error level. Package
+// consumer/amqp is for RabbitMQ (github.com/rabbitmq/amqp091-go);
+// consumer/redisstream reads a Redis Streams consumer group (XREADGROUP,
+// XACK, XAUTOCLAIM); consumer/jetstream settles NATS JetStream messages
+// (and sends InProgress while the handler runs); the nested modules
+// consumer/kafka (a franz-go consumer group) and consumer/watermill (a
+// Watermill router middleware) keep their brokers' dependencies out of the
+// root module.
 package consumer

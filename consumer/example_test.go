@@ -107,3 +107,43 @@ func ExampleBatch() {
 	// a false true
 	// c true false
 }
+
+// Settling a broker of one's own by the wrapper's error: every adapter of
+// this module does it through ActionFor, so that none decides on its own.
+func ExampleActionFor() {
+	ctx := context.Background()
+	store, err := idem.NewMemoryStore(idem.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	charge := consumer.Idempotent(store, func(o Order) string { return o.ID },
+		func(ctx context.Context, o Order) error {
+			if o.Amount <= 0 {
+				return errors.New("nothing to charge")
+			}
+			return nil
+		})
+	settle := func(o Order) {
+		var what string
+		switch consumer.ActionFor(charge(ctx, o)) {
+		case consumer.Ack:
+			what = "ack"
+		case consumer.AckAndAlert:
+			what = "ack, and alert: done but not recorded"
+		case consumer.Redeliver:
+			what = "redeliver later"
+		case consumer.DeadLetter:
+			what = "dead-letter"
+		}
+		fmt.Printf("%q: %s\n", o.ID, what)
+	}
+	settle(Order{"o-1", 42}) // done
+	settle(Order{"o-1", 42}) // a duplicate
+	settle(Order{"o-2", 0})  // the handler failed
+	settle(Order{"", 5})     // no key: no redelivery can fix it
+	// Output:
+	// "o-1": ack
+	// "o-1": ack
+	// "o-2": redeliver later
+	// "": dead-letter
+}

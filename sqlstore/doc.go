@@ -9,7 +9,9 @@
 // modernc.org/sqlite for SQLite) and one flat [Options] literal: the fields
 // every store shares, as in idem.Options, and Dialect (required), Table
 // (default [DefaultTable], "idem_keys") and LockTimeout (default
-// [DefaultLockTimeout], 5s).
+// [DefaultLockTimeout], 5s). A Dialect that is not the one the driver
+// speaks (a SQLite *sql.DB with Dialect Postgres) is refused there, naming
+// the field, without I/O.
 //
 // # Lease mode
 //
@@ -41,14 +43,20 @@
 // A second Run of the key waits for the first's transaction, for at most
 // LockTimeout (then idem.ErrInProgress), and replays what the first
 // committed or, if it rolled back, does the work itself. A replay with
-// another fingerprint is idem.ErrFingerprintMismatch.
+// another fingerprint is idem.ErrFingerprintMismatch. The write function
+// must not commit or roll back the transaction: Run does; one that does
+// gets an error wrapping [ErrTxEnded], no record, and its key released at
+// once.
 //
 // # Schema and purge
 //
 // The table holds one row per key, the key as bytes (BYTEA, BLOB), and one
 // expiry column for both deadlines: the lease's while claimed, the
 // retention's once confirmed. [SchemaDDL] returns its statements for a
-// migration tool; [Store.CreateSchema] is for development and tests.
+// migration tool; [Store.CreateSchema] is for development and tests. New
+// does not look for the table (no I/O, no round trip): a missing one fails
+// the first statement that needs it, with an error that names the table
+// and how to create it, the database's own error wrapped.
 // Nothing on the hot path deletes rows: [Store.PurgeExpired] deletes the
 // expired ones in statements of at most 1000 rows. Run it on a schedule
 // (`idem prune` does).

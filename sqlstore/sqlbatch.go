@@ -155,6 +155,9 @@ func (s *Store) PurgeExpired(ctx context.Context) (int64, error) {
 			return err
 		})
 		if err != nil {
+			if m := s.missingTable(err); m != "" {
+				return total, fmt.Errorf("sqlstore: purging: %s: %w", m, err)
+			}
 			return total, fmt.Errorf("sqlstore: purging table %s: %w", s.table, err)
 		}
 		total += n

@@ -2,8 +2,10 @@ package sqlstore
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
+	"reflect"
 	"strconv"
 	"strings"
 )
@@ -235,6 +237,74 @@ func sqlText(d Dialect, t sqlTable, q string) string {
 		)
 	}
 	return r.Replace(q)
+}
+
+// checkDriver refuses a Dialect other than the one db's driver speaks,
+// told from the driver's Go package, without I/O: a mismatch would
+// otherwise fail only at the first statement, with a raw syntax error. A
+// driver not known to speak either (a wrapper such as an instrumenting
+// one, a driver of its own) is not checked.
+func checkDriver(db *sql.DB, d Dialect) error {
+	t := reflect.TypeOf(db.Driver())
+	if t == nil {
+		return nil
+	}
+	name := t.String()
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	pkg := t.PkgPath()
+	var speaks Dialect
+	switch {
+	case strings.Contains(pkg, "sqlite"):
+		speaks = SQLite
+	case strings.Contains(pkg, "pgx"), strings.HasSuffix(pkg, "lib/pq"), strings.Contains(pkg, "postgres"):
+		speaks = Postgres
+	}
+	if speaks == 0 || speaks == d {
+		return nil
+	}
+	want := "sqlstore.Postgres"
+	if speaks == SQLite {
+		want = "sqlstore.SQLite"
+	}
+	return fmt.Errorf("sqlstore: Dialect %v does not match the *sql.DB's driver %s (%s), which speaks %v: set Dialect: %s",
+		d, name, pkg, speaks, want)
+}
+
+// missingTable says, when err is the database's answer to a statement on a
+// table (or schema) that does not exist, which and how to create it; else
+// "". It is asked only of errors, so finding a table costs no statement.
+func (s *Store) missingTable(err error) string {
+	var st sqlState
+	pgCode := ""
+	if errors.As(err, &st) {
+		pgCode = st.SQLState()
+	}
+	missing := false
+	switch s.dialect {
+	case Postgres:
+		// 42P01 undefined_table, 3F000 invalid_schema_name.
+		missing = pgCode == "42P01" || pgCode == "3F000"
+	case SQLite:
+		// SQLITE_ERROR has no code of its own for it; every driver says it.
+		msg := err.Error()
+		missing = strings.Contains(msg, "no such table") || s.table.schema != "" && strings.Contains(msg, "unknown database")
+	}
+	if !missing {
+		return ""
+	}
+	return fmt.Sprintf("table %s does not exist: create it with Store.CreateSchema (development, tests), "+
+		"or with the statements of sqlstore.SchemaDDL(sqlstore.%s, %q) in a migration",
+		s.table.quoted(), dialectName(s.dialect), s.table.String())
+}
+
+// dialectName is d's constant's name, for messages that show code.
+func dialectName(d Dialect) string {
+	if d == SQLite {
+		return "SQLite"
+	}
+	return "Postgres"
 }
 
 // sqlState is implemented by Postgres drivers' errors (pgconn.PgError).

@@ -7,7 +7,7 @@ package sqlstore
 // sqlStatements are a Store's statements, built once for its dialect
 // and table.
 type sqlStatements struct {
-	claim, readAny, read, renew, confirm, confirmLate, forget, record, purge string
+	claim, readAny, read, renew, confirm, confirmLate, forget, record, release, purge string
 }
 
 // The statements, in the markers of sqlText.
@@ -52,6 +52,16 @@ WHERE key = $1 AND state = 'C' AND owner = $2 AND token = $3 AND expires_at > {n
 	// its expiry says by now.
 	sqlRecord = `UPDATE {t} SET state = 'D', owner = '', result = $3, recorded_at = {now}, expires_at = {in $4}
 WHERE key = $1 AND token = $2 AND state = 'C'`
+	// On Postgres, only in the claim's transaction, which wrote the claim
+	// and so has a transaction id: after a write function sent COMMIT (or
+	// ROLLBACK) through the transaction, the statement would run on its
+	// own and commit a record apart from the effect. No round trip of its
+	// own; SQLite asks before it (see Store.txEnded).
+	sqlRecordPostgres = sqlRecord + ` AND txid_current_if_assigned() IS NOT NULL`
+	// Run's release of its claim after the write function ended the
+	// transaction itself: the claim is this Run's (owner and token),
+	// whatever its expiry says by now.
+	sqlRelease = `UPDATE {t} SET state = 'F' WHERE key = $1 AND state = 'C' AND owner = $2 AND token = $3`
 	// SKIP LOCKED: never wait for (or on) a Run's transaction.
 	sqlPurgePostgres = `DELETE FROM {t} WHERE key IN (
 SELECT key FROM {t} WHERE expires_at <= {now} LIMIT $1 FOR UPDATE SKIP LOCKED) AND expires_at <= {now}`

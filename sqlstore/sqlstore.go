@@ -112,17 +112,26 @@ type Store struct {
 
 // New returns a store on db, whose table must exist (CreateSchema,
 // or SchemaDDL in a migration). It errors on invalid options, naming the
-// field at fault: an unknown dialect, a negative duration, a table name
-// that is not a plain identifier. On SQLite it checks that the database is
-// in WAL mode: in rollback-journal mode a commit can fail for a mere
-// reader, and a connection pool of an in-memory database is several
-// databases.
+// field at fault: an unknown dialect, a Dialect that is not the one db's
+// driver speaks (told from the driver's Go package, without I/O: pgx or
+// lib/pq for Postgres, a SQLite driver for SQLite; other drivers, wrappers
+// included, are not checked), a negative duration, a table name that is
+// not a plain identifier. On SQLite it checks that the database is in WAL
+// mode: in rollback-journal mode a commit can fail for a mere reader, and a
+// connection pool of an in-memory database is several databases.
+//
+// New does not look for the table: a missing one is found by the first
+// statement that needs it, whose error then names the table and how to
+// create it, at no cost to the calls that find it.
 func New(db *sql.DB, o Options) (*Store, error) {
 	if db == nil {
 		return nil, errors.New("sqlstore: New with a nil *sql.DB")
 	}
 	if o.Dialect != Postgres && o.Dialect != SQLite {
 		return nil, errDialect(o.Dialect)
+	}
+	if err := checkDriver(db, o.Dialect); err != nil {
+		return nil, err
 	}
 	if o.Table == "" {
 		o.Table = DefaultTable
@@ -152,10 +161,10 @@ func New(db *sql.DB, o Options) (*Store, error) {
 	s.q = sqlStatements{
 		claim: text(sqlClaimPostgres), read: text(sqlRead),
 		renew: text(sqlRenew), confirm: text(sqlConfirm), confirmLate: text(sqlConfirmLate),
-		forget: text(sqlForget), record: text(sqlRecord), purge: text(sqlPurgePostgres),
+		forget: text(sqlForget), record: text(sqlRecordPostgres), release: text(sqlRelease), purge: text(sqlPurgePostgres),
 	}
 	if o.Dialect == SQLite {
-		s.q.purge = text(sqlPurgeSQLite)
+		s.q.purge, s.q.record = text(sqlPurgeSQLite), text(sqlRecord)
 		s.q.claim, s.q.readAny = text(sqlClaimSQLite), text(sqlReadAny)
 		s.gate = sqliteGate(db)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -345,8 +354,12 @@ func nonNil(b []byte) []byte {
 	return b
 }
 
-// fail wraps a database error with the operation and the (redacted) key.
+// fail wraps a database error with the operation and the (redacted) key,
+// and says how to create the table when the error is that it is missing.
 func (s *Store) fail(op, key string, err error) error {
+	if m := s.missingTable(err); m != "" {
+		return fmt.Errorf("sqlstore: %s of %s: %s: %w", op, s.core.KeyName(key), m, err)
+	}
 	return fmt.Errorf("sqlstore: %s of %s: %w", op, s.core.KeyName(key), err)
 }
 

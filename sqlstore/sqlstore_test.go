@@ -66,6 +66,87 @@ func TestNewRejects(t *testing.T) {
 	}
 }
 
+// A Dialect other than the one db's driver speaks is refused by New,
+// naming the field and the dialect to set, before any I/O (the Postgres
+// DSN here points at a closed port; with Dialect SQLite, New would read
+// the journal mode through it).
+func TestNewRefusesDialectOfAnotherDriver(t *testing.T) {
+	lite, _ := sqltest.SQLite(t)
+	pg, err := sql.Open("pgx", "postgres://idem@127.0.0.1:1/idem?connect_timeout=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pg.Close()
+	for _, tc := range []struct {
+		name string
+		db   *sql.DB
+		d    sqlstore.Dialect
+		want string
+	}{
+		{"SQLite db, Dialect Postgres", lite, sqlstore.Postgres, "Dialect postgres does not match the *sql.DB's driver *sqlite.Driver (modernc.org/sqlite), which speaks sqlite: set Dialect: sqlstore.SQLite"},
+		{"pgx db, Dialect SQLite", pg, sqlstore.SQLite, "Dialect sqlite does not match the *sql.DB's driver *stdlib.Driver (github.com/jackc/pgx/v5/stdlib), which speaks postgres: set Dialect: sqlstore.Postgres"},
+	} {
+		if _, err := sqlstore.New(tc.db, sqlstore.Options{Dialect: tc.d}); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("New on a %s = %v; want an error saying %q", tc.name, err, tc.want)
+		}
+	}
+	if _, err := sqlstore.New(pg, sqlstore.Options{Dialect: sqlstore.Postgres}); err != nil {
+		t.Errorf("New on a pgx db with Dialect Postgres = %v; want a store (and no I/O)", err)
+	}
+	if _, err := sqlstore.New(lite, sqlstore.Options{Dialect: sqlstore.SQLite}); err != nil {
+		t.Errorf("New on a SQLite db with Dialect SQLite = %v; want a store", err)
+	}
+}
+
+// A table that does not exist is named, with how to create it, by the first
+// statement that needs it (New does not look: that would be I/O, and a
+// round trip, of its own), instead of the database's raw error; the
+// database's error stays matchable.
+func TestMissingTableSaysHowToCreateIt(t *testing.T) {
+	sqltest.EachDialect(t, func(e *runEnv) {
+		ctx := t.Context()
+		table := sqltest.UniqueTable()
+		st, err := sqlstore.New(e.DB, sqlstore.Options{Dialect: e.Dialect, Table: table})
+		if err != nil {
+			t.Fatalf("New on a missing table = %v; want a store (the table is looked for by its first statement)", err)
+		}
+		want := fmt.Sprintf(`table "%s" does not exist: create it with Store.CreateSchema (development, tests), `+
+			`or with the statements of sqlstore.SchemaDDL(sqlstore.%s, %q) in a migration`, table, dialectConst(e.Dialect), table)
+		check := func(call string, err error) {
+			t.Helper()
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Errorf("%s on a missing table = %v; want an error saying %q", call, err, want)
+			}
+		}
+		_, err = st.Claim(ctx, "k", nil)
+		check("Claim", err)
+		_, err = st.Lookup(ctx, "k")
+		check("Lookup", err)
+		_, _, err = st.Run(ctx, "k", nil, func(context.Context, *sql.Tx) ([]byte, error) { return nil, nil })
+		check("Run", err)
+		_, err = st.ClaimBatch(ctx, []string{"a", "b"}, nil)
+		check("ClaimBatch", err)
+		_, err = st.PurgeExpired(ctx)
+		check("PurgeExpired", err)
+		if err := st.CreateSchema(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if e.Dialect == sqlstore.Postgres {
+			t.Cleanup(func() { _, _ = e.DB.Exec(`DROP TABLE IF EXISTS "` + table + `"`) })
+		}
+		if c, err := st.Claim(ctx, "k", nil); err != nil || c.Outcome != idem.Claimed {
+			t.Errorf("Claim after CreateSchema = %v, %v; want Claimed", c.Outcome, err)
+		}
+	})
+}
+
+func dialectConst(d sqlstore.Dialect) string {
+	if d == sqlstore.SQLite {
+		return "SQLite"
+	}
+	return "Postgres"
+}
+
 func TestNewSQLiteNeedsWAL(t *testing.T) {
 	for _, dsn := range []string{"file:" + filepath.Join(t.TempDir(), "rollback.db"), ":memory:"} {
 		db, err := sql.Open("sqlite", dsn)

@@ -29,7 +29,10 @@ func TxFromContext(ctx context.Context) (*sql.Tx, bool) {
 //
 //   - The first Run of key runs write(ctx, tx) and returns its result, with
 //     replayed false. ctx carries tx (TxFromContext). write must do its work
-//     through tx and must not commit or roll it back.
+//     through tx and must not commit or roll it back: one that does (Commit,
+//     Rollback, or a COMMIT or ROLLBACK statement through tx) gets an error
+//     wrapping ErrTxEnded that says which, no record, and the key released
+//     at once.
 //   - A Run of a key whose work is recorded (by Run or by a lease-mode
 //     Confirm, within retention) does not call write: it returns the
 //     recorded result with replayed true, or idem.ErrFingerprintMismatch when
@@ -106,7 +109,7 @@ func (s *Store) Run(ctx context.Context, key string, fingerprint []byte,
 func (s *Store) run(ctx context.Context, key string, fp []byte,
 	write func(ctx context.Context, tx *sql.Tx) ([]byte, error)) (result []byte, replayed bool, claimErr, err error) {
 	start := time.Now()
-	tx, release, err := s.beginBounded(ctx)
+	conn, tx, release, err := s.beginBounded(ctx)
 	if errors.Is(err, ErrBusy) {
 		return nil, false, err, nil
 	}
@@ -146,14 +149,25 @@ func (s *Store) run(ctx context.Context, key string, fp []byte,
 		return c.Record.Result, true, nil, nil
 	}
 	result, err = write(context.WithValue(ctx, txKey{}, tx), tx)
+	if err == nil && len(result) > s.o.MaxResultBytes {
+		err = fmt.Errorf("%w: result of %d bytes for %s exceeds MaxResultBytes %d; the transaction was rolled back",
+			idem.ErrTooLarge, len(result), s.core.KeyName(key), s.o.MaxResultBytes)
+	}
+	// A write that committed or rolled back the transaction itself: on
+	// SQLite asked before the record, in process; on Postgres after a
+	// failed write, else the record statement finds out for free.
+	if (err != nil || s.dialect == SQLite) && s.txEnded(ctx, tx) {
+		done = true
+		return nil, false, nil, s.release(ctx, conn, tx, key, c.Lease, err)
+	}
 	if err != nil {
 		return nil, false, nil, err
 	}
-	if len(result) > s.o.MaxResultBytes {
-		return nil, false, nil, fmt.Errorf("%w: result of %d bytes for %s exceeds MaxResultBytes %d; the transaction was rolled back",
-			idem.ErrTooLarge, len(result), s.core.KeyName(key), s.o.MaxResultBytes)
-	}
 	ok, err := s.exec(ctx, tx, s.q.record, []byte(key), c.Lease.Token, nonNil(result), s.retentionMs)
+	if errors.Is(err, sql.ErrTxDone) || err == nil && !ok && s.txEnded(ctx, tx) {
+		done = true
+		return nil, false, nil, s.release(ctx, conn, tx, key, c.Lease, nil)
+	}
 	if err == nil && !ok {
 		err = errors.New("the claimed row is gone: did write change idem's table?")
 	}
@@ -172,20 +186,77 @@ func (s *Store) run(ctx context.Context, key string, fp []byte,
 // not for the key, and gives up with ErrBusy (wrapping ErrInProgress, as
 // the other waits for the database do). release returns the connection to
 // the pool; call it once the transaction has ended.
-func (s *Store) beginBounded(ctx context.Context) (*sql.Tx, func(), error) {
+func (s *Store) beginBounded(ctx context.Context) (*sql.Conn, *sql.Tx, func(), error) {
 	cctx, cancel := context.WithTimeout(ctx, s.lockTimeout)
 	conn, err := s.db.Conn(cctx)
 	cancel()
 	if err != nil {
 		if ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
-			return nil, nil, fmt.Errorf("%w: %w: no database connection was free within LockTimeout %v", ErrBusy, idem.ErrInProgress, s.lockTimeout)
+			return nil, nil, nil, fmt.Errorf("%w: %w: no database connection was free within LockTimeout %v", ErrBusy, idem.ErrInProgress, s.lockTimeout)
 		}
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	tx, err := conn.BeginTx(ctx, s.txOptions())
 	if err != nil {
 		_ = conn.Close()
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
-	return tx, func() { _ = conn.Close() }, nil
+	return conn, tx, func() { _ = conn.Close() }, nil
+}
+
+// ErrTxEnded is wrapped by the error of a Run whose write function
+// committed or rolled back the transaction itself (tx.Commit, tx.Rollback,
+// or a COMMIT or ROLLBACK statement sent through tx). The record could not
+// commit with the effect, so Run records nothing and releases the key at
+// once; the error says which it was. If write committed, its effects up to
+// then are committed without a record, and the next Run of the key runs
+// write again. write must return, and let Run commit.
+var ErrTxEnded = errors.New("sqlstore: the write function ended Run's transaction")
+
+// txEnded reports whether Run's transaction has ended before Run ended it:
+// the write function committed or rolled it back.
+func (s *Store) txEnded(ctx context.Context, tx *sql.Tx) bool {
+	if s.dialect == SQLite {
+		// SQLite has no function that says; BEGIN in a transaction fails,
+		// in process, and outside one begins a transaction that release
+		// rolls back.
+		_, err := tx.ExecContext(ctx, "BEGIN")
+		return err == nil || errors.Is(err, sql.ErrTxDone)
+	}
+	// The claim gave the transaction an id; a statement on its own has
+	// none until it writes.
+	var ended bool
+	err := tx.QueryRowContext(ctx, "SELECT txid_current_if_assigned() IS NULL").Scan(&ended)
+	return ended || errors.Is(err, sql.ErrTxDone)
+}
+
+// release answers a Run whose write function ended the transaction (see
+// ErrTxEnded): it ends what is left of tx and forgets l's claim, if write
+// committed it, on Run's own connection (on SQLite Run holds the write
+// gate, and a pool may have no other connection). writeErr is write's
+// error, if any.
+func (s *Store) release(ctx context.Context, conn *sql.Conn, tx *sql.Tx, key string, l *idem.Lease, writeErr error) error {
+	_ = tx.Rollback()
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.lockTimeout)
+	defer cancel()
+	var n int64
+	err := s.retryBusy(rctx, time.Now().Add(s.lockTimeout), func() error {
+		r, err := conn.ExecContext(rctx, s.q.release, []byte(key), l.Owner, l.Token)
+		if err == nil {
+			n, err = r.RowsAffected()
+		}
+		return err
+	})
+	what := "rolled it back: nothing is recorded, and the key is free"
+	if n == 1 {
+		what = "committed it: its effects are committed without a record, and the key is released (the next Run runs write again)"
+	}
+	e := fmt.Errorf("%w: run of %s: write %s; write must return and let Run commit", ErrTxEnded, s.core.KeyName(key), what)
+	if err != nil {
+		e = fmt.Errorf("%w; releasing the key failed, so it stays claimed until its lease runs out: %w", e, err)
+	}
+	if writeErr != nil {
+		e = fmt.Errorf("%w (write returned: %w)", e, writeErr)
+	}
+	return e
 }

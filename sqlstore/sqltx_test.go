@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -96,6 +97,59 @@ func TestRunWriteFails(t *testing.T) {
 				t.Errorf("Run(%q) after a failed one = %q, replayed %v, %v; want the work done: \"ok\"", k, res, replayed, err)
 			}
 			e.Fact(k, true)
+		}
+	})
+}
+
+// A write that commits or rolls back Run's transaction itself gets an
+// error wrapping ErrTxEnded that says which, no record, and the key at once
+// free: the next Run runs write (not InProgress for the whole lease, not a
+// record apart from the effect).
+func TestRunWriteEndsTransaction(t *testing.T) {
+	sqltest.EachDialect(t, func(e *runEnv) {
+		ctx := t.Context()
+		exec := func(stmt string) func(context.Context, *sql.Tx) error {
+			return func(ctx context.Context, tx *sql.Tx) error { _, err := tx.ExecContext(ctx, stmt); return err }
+		}
+		boom := errors.New("boom")
+		for _, tc := range []struct {
+			name      string
+			end       func(context.Context, *sql.Tx) error
+			committed bool // write's effect is committed
+		}{
+			{"tx.Commit", func(_ context.Context, tx *sql.Tx) error { return tx.Commit() }, true},
+			{"tx.Rollback", func(_ context.Context, tx *sql.Tx) error { return tx.Rollback() }, false},
+			{"COMMIT", exec("COMMIT"), true},
+			{"ROLLBACK", exec("ROLLBACK"), false},
+			{"tx.Commit, then an error", func(_ context.Context, tx *sql.Tx) error { return errors.Join(tx.Commit(), boom) }, true},
+			{"COMMIT, then an error", func(ctx context.Context, tx *sql.Tx) error { return errors.Join(exec("COMMIT")(ctx, tx), boom) }, true},
+		} {
+			k := "end:" + tc.name
+			_, _, err := e.St.Run(ctx, k, nil, e.Write(k, "x", tc.end))
+			want := "rolled it back"
+			if tc.committed {
+				want = "committed it"
+			}
+			if !errors.Is(err, sqlstore.ErrTxEnded) || !strings.Contains(err.Error(), want) {
+				t.Errorf("%s in write: Run = %v; want ErrTxEnded saying write %s the transaction", tc.name, err, want)
+			}
+			if strings.Contains(tc.name, "error") && !errors.Is(err, boom) {
+				t.Errorf("%s in write: Run = %v; want write's error in it too", tc.name, err)
+			}
+			if rec, err := e.St.Lookup(ctx, k); !errors.Is(err, idem.ErrNotFound) {
+				t.Errorf("%s in write: Lookup(%q) = %+v, %v; want ErrNotFound: no record, the key released", tc.name, k, rec, err)
+			}
+			res, replayed, err := e.St.Run(ctx, k, nil, e.Write(k, "again", nil))
+			if err != nil || replayed || string(res) != "again" {
+				t.Errorf("%s in write: the next Run = %q, replayed %v, %v; want write run at once: \"again\"", tc.name, res, replayed, err)
+			}
+			effects := 1
+			if tc.committed {
+				effects = 2
+			}
+			if n := e.EffectCount(k); n != effects {
+				t.Errorf("%s in write: %d effects; want %d", tc.name, n, effects)
+			}
 		}
 	})
 }

@@ -2,16 +2,20 @@
 // handle each message once, however often the broker delivers it.
 //
 // [Handler] wraps a delivery handler with consumer.Idempotent and settles
-// every delivery itself:
+// every delivery itself, by consumer.ActionFor of the wrapper's error:
 //
-//	outcome                                  settlement
-//	handler succeeded, or a duplicate        Ack
-//	handler failed, key in progress,         Nack with requeue, after a delay that
-//	  store unavailable                        grows with each retry of the key
-//	no key (no MessageId), invalid key,      Reject without requeue (dead-letter),
-//	  fingerprint mismatch                     logged: never dropped as a duplicate
-//	done but not recorded                    Ack, logged as an error
+//	outcome                                  action        settlement
+//	handler succeeded, or a duplicate        Ack           Ack
+//	done but not recorded                    AckAndAlert   Ack, logged as an error
 //	  (consumer.ErrNotRecorded)
+//	handler failed, key in progress,         Redeliver     Nack with requeue, after a delay
+//	  store unavailable                                      that grows with each retry of
+//	                                                         the key
+//	no key (no MessageId), invalid or        DeadLetter    Reject without requeue (to the
+//	  oversized key, fingerprint mismatch,                   queue's dead-letter exchange),
+//	  damaged record                                         logged: never acked as done
+//	handler panicked                         -             Nack with requeue at once, panic
+//	                                                         re-raised
 //
 // The package is named amqp like the broker's protocol; import it under
 // another name (idemamqp) next to amqp091-go, which is usually imported as
@@ -207,16 +211,16 @@ func (a *adapter) handle(ctx context.Context, d amqp091.Delivery) {
 	}()
 	err := a.wrapped(ctx, d)
 	settled = true
-	switch {
-	case err == nil:
+	switch consumer.ActionFor(err) {
+	case consumer.Ack:
 		a.ack(&d, k, nil)
-	case errors.Is(err, consumer.ErrNotRecorded):
+	case consumer.AckAndAlert:
 		a.o.Logger.LogAttrs(ctx, slog.LevelError, "idem/amqp: work done but not recorded; acked so it is not done again now",
 			slog.String("key_hash", a.o.KeyHasher.Hash(k)), slog.Any("err", err))
 		a.ack(&d, k, err)
-	case errors.Is(err, idem.ErrInvalidKey), errors.Is(err, idem.ErrFingerprintMismatch):
+	case consumer.DeadLetter:
 		a.reject(ctx, &d, err)
-	default:
+	default: // consumer.Redeliver
 		a.nackLater(&d, k, err)
 	}
 }

@@ -147,15 +147,48 @@ func TestHandlerSettlements(t *testing.T) {
 	}
 }
 
+// A handler's success whose Confirm fails past its budget is acked and
+// logged as an error, never requeued: a redelivery would claim the key once
+// the lease runs out and do the work a second time.
 func TestHandlerNotRecordedIsAcked(t *testing.T) {
 	store := unconfirmable{memStore(idem.Options{})}
 	st := newSettlements()
-	h := idemamqp.Handler(store, func(context.Context, amqp091.Delivery) error { return nil },
-		idemamqp.Options{OnSettle: st.on, Logger: slog.New(slog.DiscardHandler), ConfirmBudget: 20 * time.Millisecond})
+	var logs bytes.Buffer
+	runs := 0
+	h := idemamqp.Handler(store, func(context.Context, amqp091.Delivery) error { runs++; return nil },
+		idemamqp.Options{OnSettle: st.on, Logger: slog.New(slog.NewTextHandler(&logs, nil)), ConfirmBudget: 20 * time.Millisecond})
 	a := &acker{}
 	h(context.Background(), delivery(a, "m"))
-	if s := st.next(t); s.Action != idemamqp.Ack || !errors.Is(s.Err, consumer.ErrNotRecorded) {
+	s := st.next(t)
+	if s.Action != idemamqp.Ack || !errors.Is(s.Err, consumer.ErrNotRecorded) {
 		t.Fatalf("unrecorded work: %+v; want ack (redelivery would surely redo it) with ErrNotRecorded", s)
+	}
+	time.Sleep(2 * idemamqp.DefaultMinDelay) // a delayed Nack would have come by now
+	a.mu.Lock()
+	calls := append([]string(nil), a.calls...)
+	a.mu.Unlock()
+	if len(calls) != 1 || calls[0] != "ack" || runs != 1 {
+		t.Fatalf("unrecorded work: broker saw %q after %d runs; want [ack] after 1, never a requeue", calls, runs)
+	}
+	if !strings.Contains(logs.String(), "level=ERROR") || !strings.Contains(logs.String(), "not recorded") {
+		t.Fatalf("log = %q; want the unrecorded work reported at error level", logs.String())
+	}
+}
+
+// A fingerprint too large for any store never succeeds: rejected without
+// requeue, like every error consumer.ActionFor dead-letters, not requeued
+// forever.
+func TestHandlerOversizedFingerprintIsRejected(t *testing.T) {
+	st := newSettlements()
+	runs := 0
+	h := idemamqp.Handler(memStore(idem.Options{}), func(context.Context, amqp091.Delivery) error { runs++; return nil },
+		idemamqp.Options{OnSettle: st.on, Logger: slog.New(slog.DiscardHandler),
+			Fingerprint: func(*amqp091.Delivery) []byte { return make([]byte, idem.MaxFingerprintBytes+1) }})
+	a := &acker{}
+	h(context.Background(), delivery(a, "m"))
+	if s := st.next(t); s.Action != idemamqp.Reject || !errors.Is(s.Err, idem.ErrTooLarge) || a.last() != "reject" || runs != 0 {
+		t.Fatalf("oversized fingerprint: %+v, broker saw %q, ran %d; want reject without requeue, ErrTooLarge, no run",
+			s, a.last(), runs)
 	}
 }
 

@@ -112,6 +112,13 @@ func (s *settlements) on(hdr string) func(jetstream.Msg, idemjs.Settlement) {
 	}
 }
 
+// snapshot returns the settlements so far.
+func (s *settlements) snapshot() []idemjs.Settlement {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]idemjs.Settlement(nil), s.all...)
+}
+
 func (s *settlements) count(a idemjs.Action) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -5,17 +5,17 @@
 // redelivered after a consumer stopped or crashed mid-handler.
 //
 // A [Handler] wraps a message handler with consumer.Idempotent and settles
-// every message itself:
+// every message itself, by consumer.ActionFor of the wrapper's error:
 //
-//	outcome                                  settlement
-//	handler succeeded, or a duplicate        Ack
-//	key in progress, handler failed,         NakWithDelay, the delay doubling with
-//	  store unavailable, context ended         each delivery of the message
-//	no key, invalid key,                     TermWithReason: never redelivered,
-//	  fingerprint mismatch                     logged: never dropped as a duplicate
-//	done but not recorded                    Ack, logged as an error
+//	outcome                                  action        settlement
+//	handler succeeded, or a duplicate        Ack           Ack
+//	done but not recorded                    AckAndAlert   Ack, logged as an error
 //	  (consumer.ErrNotRecorded)
-//	handler panicked                         Nak at once, panic re-raised
+//	key in progress, handler failed,         Redeliver     NakWithDelay, the delay doubling
+//	  store unavailable, context ended                       with each delivery of the message
+//	no key, invalid or oversized key,        DeadLetter    TermWithReason: never redelivered,
+//	  fingerprint mismatch, damaged record                   logged: never acked as done
+//	handler panicked                         -             Nak at once, panic re-raised
 //
 // [Handler.Handle] takes one message at a time (Consume's callback, with
 // [Handler.MessageHandler]); [Handler.HandleBatch] takes a fetched batch
@@ -342,16 +342,16 @@ func (hd *Handler) noKey(ctx context.Context, m jetstream.Msg) {
 
 // outcome settles m, whose key is k, by the wrapped handler's error.
 func (hd *Handler) outcome(ctx context.Context, m jetstream.Msg, k string, err error) {
-	switch {
-	case err == nil:
+	switch consumer.ActionFor(err) {
+	case consumer.Ack:
 		hd.settle(m, Ack, 0, nil, m.Ack())
-	case errors.Is(err, consumer.ErrNotRecorded):
+	case consumer.AckAndAlert:
 		hd.o.Logger.LogAttrs(ctx, slog.LevelError, "idem/jetstream: work done but not recorded; acked so it is not done again now",
 			slog.String("key_hash", hd.o.KeyHasher.Hash(k)), slog.String("subject", m.Subject()), slog.Any("err", err))
 		hd.settle(m, Ack, 0, err, m.Ack())
-	case errors.Is(err, idem.ErrInvalidKey), errors.Is(err, idem.ErrFingerprintMismatch):
+	case consumer.DeadLetter:
 		hd.term(ctx, m, k, err)
-	default:
+	default: // consumer.Redeliver
 		d := hd.delay(m)
 		hd.settle(m, Nak, d, err, m.NakWithDelay(d))
 	}
@@ -369,9 +369,14 @@ func (hd *Handler) delay(m jetstream.Msg) time.Duration {
 
 func (hd *Handler) term(ctx context.Context, m jetstream.Msg, k string, err error) {
 	reason := "idem: cannot be deduplicated (no key)"
-	if errors.Is(err, idem.ErrFingerprintMismatch) {
+	switch {
+	case errors.Is(err, idem.ErrFingerprintMismatch):
 		reason = "idem: fingerprint mismatch"
-	} else if k != "" {
+	case errors.Is(err, idem.ErrTooLarge):
+		reason = "idem: fingerprint too large"
+	case errors.Is(err, idem.ErrDamaged):
+		reason = "idem: damaged record"
+	case k != "":
 		reason = "idem: invalid key"
 	}
 	hd.o.Logger.LogAttrs(ctx, slog.LevelError, "idem/jetstream: message terminated: it can never succeed",

@@ -1,9 +1,11 @@
 package jetstream_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -11,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/consumer"
 	idemjs "github.com/idemgo/idem/consumer/jetstream"
 	"github.com/idemgo/idem/internal/testenv"
 	"github.com/nats-io/nats.go/jetstream"
@@ -340,6 +343,122 @@ func TestHandlePanic(t *testing.T) {
 	if len(st.all) != 2 || st.all[0].Action != idemjs.Nak || st.all[0].Delay != 0 || st.all[1].Action != idemjs.Ack {
 		t.Errorf("settlements %+v; want an immediate Nak, then an Ack", st.all)
 	}
+}
+
+// A handler's success whose Confirm fails past its budget is acked and
+// logged as an error, never nakked: a redelivery would claim the key once
+// the lease runs out and do the work a second time. One message through
+// Handle, one through HandleBatch.
+func TestNotRecordedIsAcked(t *testing.T) {
+	const ttl = 200 * time.Millisecond // idem's lease, and the consumer's AckWait
+	rc := testenv.Redis(t)
+	_, js := connect(t, startServer(t))
+	cons := newConsumer(t, js, ttl)
+	publish(t, js, "Order-Id", "one", "batch")
+	var runs sync.Map
+	st := &settlements{}
+	var logs syncBuffer
+	store := unconfirmable{newStore(t, rc, prefix(t), "w", ttl)}
+	h, err := idemjs.NewHandler(store, func(_ context.Context, m jetstream.Msg) error {
+		n, _ := runs.LoadOrStore(m.Headers().Get("Order-Id"), new(atomic.Int64))
+		n.(*atomic.Int64).Add(1)
+		return nil
+	}, idemjs.Options{KeyHeader: "Order-Id", ConfirmBudget: 20 * time.Millisecond, MinDelay: 10 * time.Millisecond,
+		OnSettle: st.on("Order-Id"), Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fetch := func() jetstream.Msg {
+		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(5*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, ok := <-batch.Messages()
+		if !ok {
+			t.Fatalf("no message (%v)", batch.Error())
+		}
+		return m
+	}
+	h.Handle(context.Background(), fetch())
+	h.HandleBatch(context.Background(), []jetstream.Msg{fetch()})
+	// Past AckWait and the lease: a nakked or unsettled message would be
+	// delivered again by now, and its key claimable.
+	time.Sleep(3 * ttl)
+	if !settledOnBroker(t, cons) {
+		t.Fatal("messages still pending on the broker; want both acked")
+	}
+	if batch, err := cons.Fetch(1, jetstream.FetchMaxWait(100*time.Millisecond)); err == nil {
+		for m := range batch.Messages() {
+			t.Errorf("%q delivered again; want it acked once", m.Headers().Get("Order-Id"))
+		}
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if len(st.all) != 2 {
+		t.Fatalf("settlements %+v; want two", st.all)
+	}
+	for i, s := range st.all {
+		if s.Action != idemjs.Ack || !errors.Is(s.Err, consumer.ErrNotRecorded) || s.SettleErr != nil {
+			t.Errorf("%q settled %+v; want Ack with ErrNotRecorded", st.keys[i], s)
+		}
+		if n, _ := runs.Load(st.keys[i]); n == nil || n.(*atomic.Int64).Load() != 1 {
+			t.Errorf("%q handled %v times; want once", st.keys[i], n)
+		}
+	}
+	if l := logs.String(); strings.Count(l, "level=ERROR") != 2 || !strings.Contains(l, "not recorded") {
+		t.Errorf("log = %q; want both unrecorded works reported at error level", l)
+	}
+}
+
+// A fingerprint too large for any store never succeeds: terminated, like
+// every error consumer.ActionFor dead-letters, never nakked forever.
+func TestTermOversizedFingerprint(t *testing.T) {
+	rc := testenv.Redis(t)
+	_, js := connect(t, startServer(t))
+	cons := newConsumer(t, js, 5*time.Second)
+	publish(t, js, "Order-Id", "k")
+	var runs atomic.Int64
+	st := &settlements{}
+	h, err := idemjs.NewHandler(newStore(t, rc, prefix(t), "w", time.Second),
+		func(context.Context, jetstream.Msg) error { runs.Add(1); return nil },
+		idemjs.Options{KeyHeader: "Order-Id", OnSettle: st.on("Order-Id"), Logger: quiet, MinDelay: 10 * time.Millisecond,
+			Fingerprint: func(jetstream.Msg) []byte { return make([]byte, idem.MaxFingerprintBytes+1) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	consume(t, cons, h, func() bool { return len(st.snapshot()) > 0 })
+	all := st.snapshot()
+	if all[0].Action != idemjs.Term || !errors.Is(all[0].Err, idem.ErrTooLarge) || runs.Load() != 0 {
+		t.Fatalf("oversized fingerprint settled %+v after %d runs; want Term with ErrTooLarge, no run", all[0], runs.Load())
+	}
+	waitFor(t, func() bool { return settledOnBroker(t, cons) })
+}
+
+// unconfirmable is a store whose Confirm always fails (the store went
+// down between the claim and the confirm). Embedding the interface hides
+// the Batcher methods, so every Confirm comes here.
+type unconfirmable struct{ idem.Store }
+
+func (unconfirmable) Confirm(context.Context, *idem.Lease, []byte) error {
+	return errors.New("store down")
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger on another goroutine.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }
 
 // memStore is idem.NewMemoryStore for tests, whose options are valid.

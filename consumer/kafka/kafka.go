@@ -9,20 +9,22 @@
 // partition's offset only past records that are done: an offset is marked
 // only when every record before it was confirmed, found a duplicate, or
 // settled by the error policy. Kafka has no per-record requeue, so a record
-// that is not done is retried in place, holding back the partition behind it:
+// that is not done is retried in place, holding back the partition behind
+// it. Each record is settled by consumer.ActionFor of its result:
 //
-//	outcome                                  settlement
-//	handler succeeded, or a duplicate        Commit: the offset may pass it
-//	key in progress (held by another         Retry in place after a delay that
-//	  consumer, e.g. the partition's           doubles from MinDelay to MaxDelay,
-//	  previous owner), store unavailable       until done or taken over
-//	handler failed                           without DeadLetter: Retry in place;
-//	                                           with it: after MaxAttempts failures,
-//	                                           DeadLetter, then Commit
-//	invalid key, fingerprint mismatch        DeadLetter if set, else Skip (logged):
-//	                                           it can never succeed
-//	done but not recorded                    Commit, logged as an error
+//	outcome                               action        settlement
+//	handler succeeded, or a duplicate     Ack           Commit: the offset may pass it
+//	done but not recorded                 AckAndAlert   Commit, logged as an error
 //	  (consumer.ErrNotRecorded)
+//	key in progress (held by another      Redeliver     Retry in place after a delay that
+//	  consumer, e.g. the partition's                      doubles from MinDelay to MaxDelay,
+//	  previous owner), store unavailable                  until done or taken over
+//	handler failed                        Redeliver     without DeadLetter: Retry in place;
+//	                                                      with it: after MaxAttempts failures,
+//	                                                      DeadLetter, then Commit
+//	invalid or oversized key,             DeadLetter    DeadLetter if set, else Skip (logged):
+//	  fingerprint mismatch, damaged                       it can never succeed
+//	  record
 //
 // A record in progress is held by a consumer that still runs its handler
 // (often the partition's previous owner, finishing before its revocation
@@ -547,12 +549,12 @@ func unwrap(err error) error {
 func (c *Consumer) settle(ctx context.Context, r *kgo.Record, err error, attempt int, failures *int) bool {
 	var he *handlerError
 	act := Commit
-	switch {
-	case err == nil:
-	case errors.Is(err, consumer.ErrNotRecorded):
+	switch consumer.ActionFor(err) {
+	case consumer.Ack:
+	case consumer.AckAndAlert:
 		c.o.Logger.LogAttrs(ctx, slog.LevelError, "idem/kafka: work done but not recorded; committed so it is not done again now",
 			c.where(r), slog.Any("err", err))
-	case errors.Is(err, idem.ErrInvalidKey), errors.Is(err, idem.ErrFingerprintMismatch):
+	case consumer.DeadLetter:
 		act = Skip
 		if c.o.DeadLetter != nil {
 			if !c.deadLetter(ctx, r, err) {
@@ -563,7 +565,12 @@ func (c *Consumer) settle(ctx context.Context, r *kgo.Record, err error, attempt
 			c.o.Logger.LogAttrs(ctx, slog.LevelError, "idem/kafka: record committed past without its work: it can never succeed",
 				c.where(r), slog.Any("err", err))
 		}
-	case errors.As(err, &he):
+	default: // consumer.Redeliver: Kafka's is a retry in place
+		if !errors.As(err, &he) {
+			return false // in progress, store unavailable, context ended
+		}
+		// The handler's own failure: retried until MaxAttempts, then
+		// dead-lettered if the application gave a DeadLetter.
 		err = he.err
 		*failures++
 		if c.o.DeadLetter == nil || *failures < c.o.MaxAttempts || ctx.Err() != nil {
@@ -573,8 +580,6 @@ func (c *Consumer) settle(ctx context.Context, r *kgo.Record, err error, attempt
 			return false
 		}
 		act = DeadLetter
-	default: // in progress, store unavailable, context ended
-		return false
 	}
 	if c.o.OnSettle != nil {
 		c.o.OnSettle(r, Settlement{Action: act, Attempt: attempt, Err: err})

@@ -1,9 +1,11 @@
 package kafka_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -11,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/consumer/kafka"
 	"github.com/idemgo/idem/internal/testenv"
 	"github.com/twmb/franz-go/pkg/kgo"
@@ -222,6 +225,96 @@ func TestDeadLetter(t *testing.T) {
 	if !errors.Is(dead["bad"], errBad) || !errors.Is(dead["fp"], idem.ErrFingerprintMismatch) || len(dead) != 2 {
 		t.Errorf("dead-lettered %v; want bad (its error) and fp (fingerprint mismatch)", dead)
 	}
+}
+
+// A handler's success whose Confirm fails past its budget is committed
+// and logged as an error, never retried in place: a retry would claim the
+// key once the lease runs out and do the work a second time.
+func TestNotRecordedIsCommitted(t *testing.T) {
+	rc := testenv.Redis(t)
+	kc := newCluster(t, 1)
+	produce(t, kc, 0, "m0", "m1")
+	var eff effects
+	var st settlements
+	var logs syncBuffer
+	store := unconfirmable{newStore(t, rc, prefix(t), "w", 200*time.Millisecond)}
+	c, err := kafka.NewConsumer(store, func(_ context.Context, r *kgo.Record) error { eff.add(header(r)); return nil },
+		kafka.Options{Group: "g", Topics: []string{topic}, Client: clientOpts(kc), CommitInterval: 100 * time.Millisecond,
+			ConfirmBudget: 20 * time.Millisecond, MinDelay: 10 * time.Millisecond, OnSettle: st.on,
+			Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runUntil(t, c, func() bool { return committed(t, kc, "g")[0] == 2 || st.count(kafka.Retry) > 0 })
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if len(st.all) != 2 {
+		t.Fatalf("settlements %+v; want two", st.all)
+	}
+	for i, s := range st.all {
+		if s.Action != kafka.Commit || !errors.Is(s.Err, consumer.ErrNotRecorded) {
+			t.Errorf("offset %d settled %+v; want Commit with ErrNotRecorded, never a retry", st.offs[i], s)
+		}
+	}
+	if eff.get("m0") != 1 || eff.get("m1") != 1 {
+		t.Errorf("effects %v; want m0 and m1 once each", eff.n)
+	}
+	if l := logs.String(); strings.Count(l, "level=ERROR") != 2 || !strings.Contains(l, "not recorded") {
+		t.Errorf("log = %q; want both unrecorded works reported at error level", l)
+	}
+}
+
+// A fingerprint too large for any store never succeeds: without a
+// DeadLetter it is skipped (logged) and the offset passes it, like every
+// error consumer.ActionFor dead-letters, instead of holding the partition
+// back forever.
+func TestOversizedFingerprintSkipped(t *testing.T) {
+	rc := testenv.Redis(t)
+	kc := newCluster(t, 1)
+	produce(t, kc, 0, "m0")
+	var eff effects
+	var st settlements
+	c, err := kafka.NewConsumer(newStore(t, rc, prefix(t), "w", time.Second),
+		func(_ context.Context, r *kgo.Record) error { eff.add(header(r)); return nil },
+		kafka.Options{Group: "g", Topics: []string{topic}, Client: clientOpts(kc), CommitInterval: 100 * time.Millisecond,
+			MinDelay: 10 * time.Millisecond, OnSettle: st.on, Logger: quiet,
+			Fingerprint: func(*kgo.Record) []byte { return make([]byte, idem.MaxFingerprintBytes+1) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runUntil(t, c, func() bool { return committed(t, kc, "g")[0] == 1 || st.count(kafka.Retry) > 0 })
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if len(st.all) != 1 || st.all[0].Action != kafka.Skip || !errors.Is(st.all[0].Err, idem.ErrTooLarge) || eff.get("m0") != 0 {
+		t.Errorf("oversized fingerprint: settlements %+v, effects %v; want one Skip with ErrTooLarge, no effect", st.all, eff.n)
+	}
+}
+
+// unconfirmable is a store whose Confirm always fails (the store went
+// down between the claim and the confirm). Embedding the interface hides
+// the Batcher methods, so every Confirm comes here.
+type unconfirmable struct{ idem.Store }
+
+func (unconfirmable) Confirm(context.Context, *idem.Lease, []byte) error {
+	return errors.New("store down")
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger on another goroutine.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }
 
 // Without DeadLetter a failing handler is retried in place, past

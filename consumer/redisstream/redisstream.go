@@ -5,15 +5,19 @@
 //
 // A [Reader] reads its group with XREADGROUP, hands each batch read to
 // consumer.Batch (one claim and one confirm round trip per batch on a
-// Redis store) and settles every entry itself:
+// Redis store) and settles every entry itself, by consumer.ActionFor of its
+// result:
 //
-//	outcome                                  settlement
-//	handler succeeded, or a duplicate        XACK
-//	handler failed, key in progress,         left pending: reclaimed with XAUTOCLAIM
-//	  store unavailable, consumer stopped      once idle for Options.MinIdle
-//	invalid key, fingerprint mismatch        XACK without the work, logged as an error
-//	done but not recorded                    XACK, logged as an error
+//	outcome                                  action        settlement
+//	handler succeeded, or a duplicate        Ack           XACK
+//	done but not recorded                    AckAndAlert   XACK, logged as an error
 //	  (consumer.ErrNotRecorded)
+//	handler failed, key in progress,         Redeliver     left pending: reclaimed with
+//	  store unavailable, consumer stopped                    XAUTOCLAIM once idle for
+//	                                                         Options.MinIdle
+//	invalid or oversized key, fingerprint    DeadLetter    XACK without the work (a stream
+//	  mismatch, damaged record                               has no dead-letter), logged as
+//	                                                         an error
 //
 // Pending entries of every consumer of the group, this one's included, are
 // reclaimed with XAUTOCLAIM once they have been idle for Options.MinIdle,
@@ -367,18 +371,19 @@ func (r *Reader) settle(ctx context.Context, ms []redis.XMessage, reclaimed bool
 	acts := make([]Action, len(ms))
 	ids := make([]string, 0, len(ms))
 	for i, err := range errs {
-		switch {
-		case err == nil:
+		switch consumer.ActionFor(err) {
+		case consumer.Ack:
 			acts[i] = Ack
-		case errors.Is(err, consumer.ErrNotRecorded):
+		case consumer.AckAndAlert:
 			r.o.Logger.LogAttrs(ctx, slog.LevelError, "idem/redisstream: work done but not recorded; acked so it is not done again now",
 				slog.String("key_hash", r.o.KeyHasher.Hash(r.key(ms[i]))), slog.String("entry", ms[i].ID), slog.Any("err", err))
 			acts[i] = Ack
-		case errors.Is(err, idem.ErrInvalidKey), errors.Is(err, idem.ErrFingerprintMismatch):
+		case consumer.DeadLetter:
+			// A stream has no dead-letter: the log is where an operator finds it.
 			r.o.Logger.LogAttrs(ctx, slog.LevelError, "idem/redisstream: entry acked without its work: it can never succeed",
 				slog.String("key_hash", r.o.KeyHasher.Hash(r.key(ms[i]))), slog.String("entry", ms[i].ID), slog.Any("err", err))
 			acts[i] = Reject
-		default:
+		default: // consumer.Redeliver
 			acts[i] = Pending
 		}
 		if acts[i] != Pending {

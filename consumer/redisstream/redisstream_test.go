@@ -1,14 +1,18 @@
 package redisstream_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/consumer/redisstream"
 	"github.com/idemgo/idem/internal/testenv"
 	"github.com/redis/go-redis/v9"
@@ -63,15 +67,15 @@ func TestReaderEntryIDKey(t *testing.T) {
 	add(t, c, stream, "a", "a")
 	store := newStore(t, c, prefix(t), "w", time.Second)
 	st := &settlements{}
-	runs := 0
-	r, err := redisstream.NewReader(c, store, func(context.Context, redis.XMessage) error { runs++; return nil },
+	var runs atomic.Int64 // handlers of one batch run concurrently
+	r, err := redisstream.NewReader(c, store, func(context.Context, redis.XMessage) error { runs.Add(1); return nil },
 		redisstream.Options{Stream: stream, Group: "g", Consumer: "c1", OnSettle: st.on, Logger: quiet})
 	if err != nil {
 		t.Fatal(err)
 	}
 	runUntil(t, r, func() bool { return st.count(redisstream.Ack) == 2 })
-	if runs != 2 {
-		t.Errorf("handler ran %d times; want 2 (two entry IDs)", runs)
+	if runs.Load() != 2 {
+		t.Errorf("handler ran %d times; want 2 (two entry IDs)", runs.Load())
 	}
 	for _, id := range st.ids {
 		if rec, err := store.Lookup(context.Background(), stream+"/"+id); err != nil || !rec.Confirmed {
@@ -129,9 +133,9 @@ func TestReaderInProgressLeftPending(t *testing.T) {
 	}
 	add(t, c, stream, "k")
 	st := &settlements{}
-	runs := 0
+	var runs atomic.Int64 // handlers of one batch run concurrently
 	r, err := redisstream.NewReader(c, newStore(t, c, pfx, "reader", 5*time.Second),
-		func(context.Context, redis.XMessage) error { runs++; return nil },
+		func(context.Context, redis.XMessage) error { runs.Add(1); return nil },
 		redisstream.Options{Stream: stream, Group: "g", Consumer: "c1", KeyField: "id",
 			MinIdle: 100 * time.Millisecond, Block: 50 * time.Millisecond, OnSettle: st.on, Logger: quiet})
 	if err != nil {
@@ -145,8 +149,8 @@ func TestReaderInProgressLeftPending(t *testing.T) {
 		}
 		return st.count(redisstream.Ack) == 1
 	})
-	if runs != 0 {
-		t.Errorf("handler ran %d times; want 0 (the holder did the work)", runs)
+	if runs.Load() != 0 {
+		t.Errorf("handler ran %d times; want 0 (the holder did the work)", runs.Load())
 	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -168,21 +172,110 @@ func TestReaderFingerprintMismatchRejected(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = c.Del(context.Background(), stream).Err() })
 	st := &settlements{}
-	runs := 0
+	var runs atomic.Int64 // handlers of one batch run concurrently
 	r, err := redisstream.NewReader(c, newStore(t, c, prefix(t), "w", time.Second),
-		func(context.Context, redis.XMessage) error { runs++; return nil },
+		func(context.Context, redis.XMessage) error { runs.Add(1); return nil },
 		redisstream.Options{Stream: stream, Group: "g", Consumer: "c1", KeyField: "id", OnSettle: st.on, Logger: quiet,
 			Fingerprint: func(m *redis.XMessage) []byte { s, _ := m.Values["body"].(string); return []byte(s) }})
 	if err != nil {
 		t.Fatal(err)
 	}
 	runUntil(t, r, func() bool { return st.count(redisstream.Ack)+st.count(redisstream.Reject) == 3 })
-	if got := st.count(redisstream.Reject); got != 1 || runs != 1 {
-		t.Errorf("%d rejects, %d runs; want 1 reject (body two) and 1 run", got, runs)
+	if got := st.count(redisstream.Reject); got != 1 || runs.Load() != 1 {
+		t.Errorf("%d rejects, %d runs; want 1 reject (body two) and 1 run", got, runs.Load())
 	}
 	if n := pending(t, c, stream, "g"); n != 0 {
 		t.Errorf("%d entries pending; want 0", n)
 	}
+}
+
+// A handler's success whose Confirm fails past its budget is acked and
+// logged as an error, never left pending: a reclaim after MinIdle would
+// find the key's claim run out and do the work a second time.
+func TestReaderNotRecordedIsAcked(t *testing.T) {
+	c := testenv.Redis(t)
+	stream := unique(t, "stream")
+	add(t, c, stream, "k")
+	st := &settlements{}
+	var logs syncBuffer
+	var runs atomic.Int64 // handlers of one batch run concurrently
+	store := unconfirmable{newStore(t, c, prefix(t), "w", 300*time.Millisecond)}
+	r, err := redisstream.NewReader(c, store, func(context.Context, redis.XMessage) error { runs.Add(1); return nil },
+		redisstream.Options{Stream: stream, Group: "g", Consumer: "c1", KeyField: "id", ConfirmBudget: 20 * time.Millisecond,
+			MinIdle: 100 * time.Millisecond, Block: 20 * time.Millisecond, OnSettle: st.on,
+			Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Run past the lease and MinIdle: a pending entry would be reclaimed
+	// and, its claim run out, handled again.
+	deadline := time.Now().Add(600 * time.Millisecond)
+	runUntil(t, r, func() bool { return time.Now().After(deadline) })
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if len(st.all) != 1 || st.all[0].Action != redisstream.Ack || !errors.Is(st.all[0].Err, consumer.ErrNotRecorded) || runs.Load() != 1 {
+		t.Fatalf("unrecorded work: settlements %+v after %d runs; want one ack with ErrNotRecorded after 1 run", st.all, runs.Load())
+	}
+	if n := pending(t, c, stream, "g"); n != 0 {
+		t.Errorf("%d entries pending; want 0 (acked)", n)
+	}
+	if l := logs.String(); !strings.Contains(l, "level=ERROR") || !strings.Contains(l, "not recorded") {
+		t.Errorf("log = %q; want the unrecorded work reported at error level", l)
+	}
+}
+
+// A fingerprint too large for any store never succeeds: acked without its
+// work and logged, like every error consumer.ActionFor dead-letters, not
+// left pending to be reclaimed forever.
+func TestReaderOversizedFingerprintRejected(t *testing.T) {
+	c := testenv.Redis(t)
+	stream := unique(t, "stream")
+	add(t, c, stream, "k")
+	st := &settlements{}
+	var runs atomic.Int64 // handlers of one batch run concurrently
+	r, err := redisstream.NewReader(c, newStore(t, c, prefix(t), "w", time.Second),
+		func(context.Context, redis.XMessage) error { runs.Add(1); return nil },
+		redisstream.Options{Stream: stream, Group: "g", Consumer: "c1", KeyField: "id", OnSettle: st.on, Logger: quiet,
+			Fingerprint: func(*redis.XMessage) []byte { return make([]byte, idem.MaxFingerprintBytes+1) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runUntil(t, r, func() bool { return st.count(redisstream.Reject)+st.count(redisstream.Pending) >= 1 })
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.all[0].Action != redisstream.Reject || !errors.Is(st.all[0].Err, idem.ErrTooLarge) || runs.Load() != 0 {
+		t.Errorf("oversized fingerprint: %+v after %d runs; want reject with ErrTooLarge, no run", st.all[0], runs.Load())
+	}
+	if n := pending(t, c, stream, "g"); n != 0 {
+		t.Errorf("%d entries pending; want 0", n)
+	}
+}
+
+// unconfirmable is a store whose Confirm always fails (the store went
+// down between the claim and the confirm). Embedding the interface hides
+// the Batcher methods, so every Confirm comes here.
+type unconfirmable struct{ idem.Store }
+
+func (unconfirmable) Confirm(context.Context, *idem.Lease, []byte) error {
+	return errors.New("store down")
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger on another goroutine.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }
 
 // Mistakes are refused by NewReader, naming the field; a nil client, store

@@ -16,10 +16,10 @@ import (
 // twice is handled once (use a RedisStore to deduplicate across instances).
 func ExampleMiddleware() {
 	store, err := idem.NewMemoryStore(idem.Options{})
-	// Publish returns once the message is acked: the output's order is fixed.
 	if err != nil {
 		log.Fatal(err)
 	}
+	// Publish returns once the message is acked: the output's order is fixed.
 	pubsub := gochannel.NewGoChannel(gochannel.Config{BlockPublishUntilSubscriberAck: true}, watermill.NopLogger{})
 	router, _ := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
 

@@ -3,23 +3,30 @@
 // however often the Pub/Sub delivers it, on any number of router instances
 // that share an idem.Store (a RedisStore for the Redis-backed deduplicator).
 //
-// [Middleware] wraps a handler with consumer.Idempotent:
+// [Middleware] wraps a handler with consumer.Idempotent and answers the
+// router by consumer.ActionFor of the wrapper's error:
 //
-//	outcome                              handler returns (router does)
-//	handler succeeded                    its messages, nil          (ack, publish them)
-//	duplicate (already done)             nil, nil                   (ack; handler not run)
-//	in progress elsewhere                idem.ErrInProgress         (nack: redelivered)
-//	handler failed or store unavailable  the error                  (nack: redelivered)
-//	no key (empty UUID or metadata)      idem.ErrInvalidKey         (nack; see below)
-//	done but not recorded                its messages, nil          (ack; logged as an error)
+//	outcome                              action        handler returns (router does)
+//	handler succeeded                    Ack           its messages, nil   (ack, publish them)
+//	duplicate (already done)             Ack           nil, nil            (ack; handler not run)
+//	done but not recorded                AckAndAlert   its messages, nil   (ack; logged as an error)
+//	  (consumer.ErrNotRecorded)
+//	in progress elsewhere                Redeliver     idem.ErrInProgress  (nack: redelivered)
+//	handler failed or store unavailable  Redeliver     the error           (nack: redelivered)
+//	no key (empty UUID or metadata),     DeadLetter    the error           (nack, logged as an
+//	  invalid or oversized key,                                              error; see below)
+//	  fingerprint mismatch, damaged
+//	  record
 //
 // Watermill has no reject: an error is a nack, and a message that can never
-// succeed (no key, fingerprint mismatch) is redelivered forever unless a
-// poison queue takes it. Put middleware.PoisonQueueWithFilter outside this
-// middleware with a filter matching idem.ErrInvalidKey and
-// idem.ErrFingerprintMismatch. Likewise, put middleware.Retry (with a
-// delay) outside it so that an in-progress message is retried after a pause
-// instead of spinning through the Pub/Sub.
+// succeed is redelivered forever unless a poison queue takes it. Put
+// middleware.PoisonQueueWithFilter outside this middleware with the filter
+//
+//	func(err error) bool { return consumer.ActionFor(err) == consumer.DeadLetter }
+//
+// Likewise, put middleware.Retry (with a delay) outside it so that an
+// in-progress message is retried after a pause instead of spinning through
+// the Pub/Sub.
 //
 // The package is named like Watermill's root package; import it under
 // another name (idemwatermill) where both are used.
@@ -27,7 +34,6 @@ package watermill
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -51,8 +57,9 @@ type Options struct {
 	// consumer.Options.Fingerprint; a mismatch is an error matching
 	// idem.ErrFingerprintMismatch (nack). Default: none.
 	Fingerprint func(msg *message.Message) []byte
-	// Logger receives unrecorded work (consumer.ErrNotRecorded), keys as
-	// their KeyHasher hash. Default: slog.Default().
+	// Logger receives unrecorded work (consumer.ErrNotRecorded) and
+	// messages that can never succeed, keys as their KeyHasher hash.
+	// Default: slog.Default().
 	Logger *slog.Logger
 	// Hook is told of the wrapped handler's notable outcomes, as
 	// consumer.Options.Hook. Default: none.
@@ -117,15 +124,20 @@ func Middleware(store idem.Store, o Options) message.HandlerMiddleware {
 		return func(msg *message.Message) ([]*message.Message, error) {
 			d := &delivery{msg: msg, h: h}
 			err := wrapped(msg.Context(), d)
-			switch {
-			case err == nil:
+			switch consumer.ActionFor(err) {
+			case consumer.Ack:
 				return d.out, nil
-			case errors.Is(err, consumer.ErrNotRecorded):
+			case consumer.AckAndAlert:
 				// Redelivering would surely do the work again once the lease
 				// runs out; acking risks it only if another duplicate comes.
 				logger.LogAttrs(msg.Context(), slog.LevelError, "idem/watermill: work done but not recorded; acked so it is not done again now",
 					slog.String("key_hash", o.KeyHasher.Hash(key(msg))), slog.Any("err", err))
 				return d.out, nil
+			case consumer.DeadLetter:
+				// Still a nack (Watermill has no reject), for a poison queue
+				// to take; logged, as no redelivery can succeed.
+				logger.LogAttrs(msg.Context(), slog.LevelError, "idem/watermill: message can never succeed; route it to a poison queue",
+					slog.String("key_hash", o.KeyHasher.Hash(key(msg))), slog.Any("err", err))
 			}
 			return nil, err
 		}

@@ -1,10 +1,13 @@
 package watermill_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,6 +17,7 @@ import (
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/ThreeDotsLabs/watermill/pubsub/gochannel"
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/consumer"
 	idemwatermill "github.com/idemgo/idem/consumer/watermill"
 	"github.com/idemgo/idem/internal/testenv"
 )
@@ -233,6 +237,114 @@ func TestMiddlewareFingerprint(t *testing.T) {
 	if _, err := h(message.NewMessage("k", []byte("b"))); !errors.Is(err, idem.ErrFingerprintMismatch) || runs != 1 {
 		t.Fatalf("same key, other payload: %v after %d runs; want ErrFingerprintMismatch without running", err, runs)
 	}
+}
+
+// A handler's success whose Confirm fails past its budget is acked (nil,
+// with the handler's messages) and logged as an error, never nacked: a
+// redelivery would claim the key once the lease runs out and do the work
+// a second time. Through a real router: one run, one ack, no nack.
+func TestRouterNotRecordedIsAcked(t *testing.T) {
+	var logs syncBuffer
+	store := unconfirmable{memStore(idem.Options{})}
+	logger := watermill.NopLogger{}
+	pubsub := gochannel.NewGoChannel(gochannel.Config{}, logger)
+	router, _ := message.NewRouter(message.RouterConfig{}, logger)
+	var runs, nacks atomic.Int64
+	results := make(chan []*message.Message, 1)
+	h := router.AddConsumerHandler("idem", "t", pubsub, func(*message.Message) error { runs.Add(1); return nil })
+	h.AddMiddleware(func(h message.HandlerFunc) message.HandlerFunc {
+		return func(msg *message.Message) ([]*message.Message, error) {
+			out, err := h(msg)
+			if err != nil {
+				nacks.Add(1)
+				t.Errorf("unrecorded work: handler returned %v; want nil (ack), never a nack", err)
+			} else {
+				results <- out
+			}
+			return out, err
+		}
+	}, idemwatermill.Middleware(store, idemwatermill.Options{ConfirmBudget: 20 * time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))}))
+	go func() { _ = router.Run(context.Background()) }()
+	defer router.Close()
+	<-router.Running()
+	if err := pubsub.Publish("t", message.NewMessage("k", nil)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-results:
+	case <-time.After(5 * time.Second):
+		t.Fatal("not acked within 5s")
+	}
+	time.Sleep(100 * time.Millisecond) // a nacked message would be back by now
+	if runs.Load() != 1 || nacks.Load() != 0 {
+		t.Fatalf("handler ran %d times, %d nacks; want 1 run, no nack", runs.Load(), nacks.Load())
+	}
+	if l := logs.String(); !strings.Contains(l, "level=ERROR") || !strings.Contains(l, "not recorded") {
+		t.Errorf("log = %q; want the unrecorded work reported at error level", l)
+	}
+}
+
+// What can never succeed (no key, an oversized fingerprint) is a nack that
+// consumer.ActionFor calls DeadLetter, the poison queue's filter, and is
+// logged as an error: Watermill would otherwise redeliver it in silence.
+func TestMiddlewareDeadLetterLogged(t *testing.T) {
+	var logs syncBuffer
+	runs := 0
+	h := idemwatermill.Middleware(memStore(idem.Options{}), idemwatermill.Options{
+		Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+		Fingerprint: func(msg *message.Message) []byte {
+			if string(msg.Payload) == "big" {
+				return make([]byte, idem.MaxFingerprintBytes+1)
+			}
+			return nil
+		},
+	})(func(*message.Message) ([]*message.Message, error) { runs++; return nil, nil })
+	for _, tc := range []struct {
+		name string
+		msg  *message.Message
+		want error
+	}{
+		{"empty UUID", message.NewMessage("", nil), idem.ErrInvalidKey},
+		{"oversized fingerprint", message.NewMessage("k", []byte("big")), idem.ErrTooLarge},
+	} {
+		out, err := h(tc.msg)
+		if !errors.Is(err, tc.want) || out != nil || consumer.ActionFor(err) != consumer.DeadLetter {
+			t.Errorf("%s: %v, %v; want a nack matching %v that ActionFor dead-letters", tc.name, out, err, tc.want)
+		}
+	}
+	if runs != 0 {
+		t.Errorf("handler ran %d times; want 0", runs)
+	}
+	if l := logs.String(); strings.Count(l, "level=ERROR") != 2 || !strings.Contains(l, "poison queue") {
+		t.Errorf("log = %q; want both reported at error level", l)
+	}
+}
+
+// unconfirmable is a store whose Confirm always fails (the store went
+// down between the claim and the confirm).
+type unconfirmable struct{ idem.Store }
+
+func (unconfirmable) Confirm(context.Context, *idem.Lease, []byte) error {
+	return errors.New("store down")
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger on another goroutine.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }
 
 // A mistake in building the middleware panics at once, in the caller's

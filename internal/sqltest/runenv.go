@@ -120,9 +120,8 @@ func (e *RunEnv) Write(key, result string, hook func(ctx context.Context, tx *sq
 	}
 }
 
-// Fact checks that key's effect and its record are both there (done) or
-// both absent: the guarantee of the transactional mode.
-func (e *RunEnv) Fact(key string, done bool) {
+// EffectCount counts key's effects.
+func (e *RunEnv) EffectCount(key string) int {
 	e.T.Helper()
 	q := `SELECT count(*) FROM "` + e.Effects + `" WHERE key = $1`
 	if e.Dialect == sqlstore.SQLite {
@@ -132,6 +131,14 @@ func (e *RunEnv) Fact(key string, done bool) {
 	if err := e.DB.QueryRow(q, []byte(key)).Scan(&n); err != nil {
 		e.T.Fatalf("counting effects: %v", err)
 	}
+	return n
+}
+
+// Fact checks that key's effect and its record are both there (done) or
+// both absent: the guarantee of the transactional mode.
+func (e *RunEnv) Fact(key string, done bool) {
+	e.T.Helper()
+	n := e.EffectCount(key)
 	rec, err := e.St.Lookup(context.Background(), key)
 	switch {
 	case done && (n != 1 || err != nil || !rec.Confirmed):
