@@ -418,6 +418,9 @@ func (r *keyRecorder) record(cmd redis.Cmder) {
 		return
 	}
 	args := cmd.Args() // name, script or sha, numkeys, keys..., argv...
+	if sha, _ := args[1].(string); sha == probeScript.Hash() {
+		return // first contact's probe, on a key of its own
+	}
 	n, _ := args[2].(int)
 	keys := make([]string, 0, n)
 	for _, a := range args[3 : 3+n] {

@@ -138,15 +138,16 @@ func occupySenders(t *testing.T, s *RedisStore, g *gate) func() {
 	return wg.Wait
 }
 
-// loadScripts loads every script (on every master of a cluster), so that
-// no NOSCRIPT retry adds a round trip to what a test counts.
+// loadScripts loads every script (on every master of a cluster), so
+// that no NOSCRIPT retry adds a round trip to what a test counts.
 func loadScripts(t *testing.T, c redis.UniversalClient) {
 	t.Helper()
-	for _, sc := range []*luaScript{claimScript, renewScript, confirmScript, forgetScript,
-		lookupScript, claimBatchScript, confirmBatchScript} {
-		if err := sc.Load(context.Background(), c).Err(); err != nil {
+	for _, sc := range scripts {
+		sha, err := c.ScriptLoad(context.Background(), sc.src).Result()
+		if err != nil {
 			t.Fatalf("SCRIPT LOAD: %v", err)
 		}
+		sc.sha.Store(any(sha))
 	}
 }
 

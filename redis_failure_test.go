@@ -3,6 +3,7 @@ package idem
 import (
 	"bytes"
 	"context"
+	"crypto/sha1"
 	"errors"
 	"fmt"
 	"io"
@@ -46,9 +47,10 @@ func TestRedisNoScript(t *testing.T) {
 	flush()
 	keys := uuidKeys(50)
 	leases := claimAllOK(t, s, keys, nil)
-	// Another test may load the script again in between: at most 2.
-	if n, sent := h.take(); n > 2 {
-		t.Errorf("ClaimBatch after SCRIPT FLUSH cost %d round trips (%v); want at most 2", n, sent)
+	// The pipeline, SCRIPT LOAD of what it lost, the pipeline again (another
+	// test may load the script in between): at most 3.
+	if n, sent := h.take(); n > 3 {
+		t.Errorf("ClaimBatch after SCRIPT FLUSH cost %d round trips (%v); want at most 3", n, sent)
 	}
 	flush()
 	if err := s.ConfirmBatch(ctx, leases, nil); err != nil {
@@ -224,8 +226,12 @@ func TestRedisClusterDeadMaster(t *testing.T) {
 				return deadSlots, nil
 			}})
 			t.Cleanup(func() { _ = c.Close() })
-			// The dead master cannot tell its eviction policy.
-			s := newTestRedisStore(t, c, RedisOptions{Prefix: prefix, AllowEviction: true, AutoPipeline: tc.auto})
+			// The dead master cannot tell its eviction policy; the first
+			// contact is the calls' own.
+			s, err := NewRedisStore(c, RedisOptions{Prefix: prefix, AllowEviction: true, AutoPipeline: tc.auto})
+			if err != nil {
+				t.Fatal(err)
+			}
 			if err := tc.call(s); err == nil {
 				t.Fatalf("%s on a dead master = nil; want an error", tc.name)
 			}
@@ -665,4 +671,10 @@ func TestRedisLeaseOfAnotherPrefix(t *testing.T) {
 	if err := a.Confirm(ctx, cl.Lease, []byte("r")); err != nil {
 		t.Errorf("Confirm on its own store = %v; want nil", err)
 	}
+}
+
+// Hash is the script's digest as Redis computes it, for tests that match
+// commands by it. Only tests hash: the store takes SCRIPT LOAD's answer.
+func (sc *luaScript) Hash() string {
+	return fmt.Sprintf("%x", sha1.Sum([]byte(sc.src)))
 }

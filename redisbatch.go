@@ -3,6 +3,7 @@ package idem
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -291,30 +292,37 @@ type pipeliner interface {
 // wait is set, and returns their commands and, per call marked wait, the
 // WAIT's verdict.
 //
-// A pipelined EVALSHA cannot fall back to EVAL by itself when Redis has lost
+// A pipelined EVALSHA cannot load its script by itself when Redis has lost
 // its script cache (SCRIPT FLUSH, a restart, a failover to a replica that
 // never saw the script). A NOSCRIPT reply means the command did not run, so
-// the commands that got one are sent again as EVAL, which also loads the
-// script: after a flush a batch costs one extra round trip, never an error.
-// The resent commands get a WAIT of their own.
+// the scripts of the commands that got one are loaded again with SCRIPT
+// LOAD and those commands sent again: after a flush a batch costs two more
+// round trips, never an error. The resent commands get a WAIT of their own.
 func (s *RedisStore) pipelineOn(ctx context.Context, p pipeliner, calls []scriptCall, wait bool) ([]*redis.Cmd, []error) {
 	cmds := make([]*redis.Cmd, len(calls))
 	var waitErrs []error
 	if wait {
 		waitErrs = make([]error, len(calls))
 	}
-	send := func(idx []int, eval bool) {
+	for _, c := range calls {
+		if c.script.digest() == nil {
+			if err := s.loadScript(ctx, c.script); err != nil {
+				for i := range cmds {
+					cmds[i] = redis.NewCmd(ctx)
+					cmds[i].SetErr(err)
+				}
+				return cmds, waitErrs
+			}
+		}
+	}
+	send := func(idx []int) {
 		var w *redis.IntCmd
 		// Errors are per command; Exec's own error is the first of them.
 		_, _ = p.Pipelined(ctx, func(pp redis.Pipeliner) error {
 			waits := false
 			for _, i := range idx {
 				c := calls[i]
-				if eval {
-					cmds[i] = c.script.Eval(ctx, pp, c.keys, c.args...)
-				} else {
-					cmds[i] = c.script.EvalSha(ctx, pp, c.keys, c.args...)
-				}
+				cmds[i] = evalSha(ctx, pp, c.script.digest(), c.keys, c.args)
 				waits = waits || c.confirms()
 			}
 			if wait && waits {
@@ -338,15 +346,28 @@ func (s *RedisStore) pipelineOn(ctx context.Context, p pipeliner, calls []script
 	for i := range all {
 		all[i] = i
 	}
-	send(all, false)
+	send(all)
 	var retry []int
+	var lost []*luaScript
 	for i, cmd := range cmds {
 		if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 			retry = append(retry, i)
+			if !slices.Contains(lost, calls[i].script) {
+				lost = append(lost, calls[i].script)
+			}
+		}
+	}
+	for _, sc := range lost {
+		if err := s.loadScript(ctx, sc); err != nil {
+			for _, i := range retry {
+				cmds[i].SetErr(err)
+			}
+			retry = nil
+			break
 		}
 	}
 	if len(retry) > 0 {
-		send(retry, true)
+		send(retry)
 	}
 	for _, cmd := range cmds {
 		if unanswered(cmd.Err()) {
@@ -355,6 +376,23 @@ func (s *RedisStore) pipelineOn(ctx context.Context, p pipeliner, calls []script
 		}
 	}
 	return cmds, waitErrs
+}
+
+// evalSha queues one EVALSHA of sha (a boxed digest) on p, as go-redis's
+// EvalSha does, without its copies of keys and args.
+func evalSha(ctx context.Context, p redis.Pipeliner, sha any, keys []string, args []any) *redis.Cmd {
+	cmdArgs := make([]any, 0, 3+len(keys)+len(args))
+	cmdArgs = append(cmdArgs, "evalsha", sha, len(keys))
+	for _, k := range keys {
+		cmdArgs = append(cmdArgs, k)
+	}
+	cmdArgs = append(cmdArgs, args...)
+	cmd := redis.NewCmd(ctx, cmdArgs...)
+	if len(keys) > 0 {
+		cmd.SetFirstKeyPos(3)
+	}
+	_ = p.Process(ctx, cmd)
+	return cmd
 }
 
 // replicated is the verdict of a WAIT: nil when enough replicas

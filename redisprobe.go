@@ -25,7 +25,34 @@ var (
 	// RedisOptions.WaitReplicas, so every Confirm would wait WaitTimeout
 	// and fail with ErrNotReplicated.
 	ErrTooFewReplicas = errors.New("idem: Redis has fewer replicas than WaitReplicas")
+	// ErrScriptsRefused: the server refuses SCRIPT LOAD or EVALSHA (scripts
+	// disabled, or an ACL user without them): every operation is a script.
+	ErrScriptsRefused = errors.New("idem: Redis refuses idem's scripts")
+	// ErrScriptTime: TIME inside a script answers zero or does not advance,
+	// so fencing tokens, taken from it, would not increase (a server that
+	// only imitates Redis may do this).
+	ErrScriptTime = errors.New("idem: Redis scripts see no advancing TIME")
+	// ErrSetNX: SET NX PX inside a script is not exclusive or sets no TTL,
+	// so two claims could both win, or a claim never expire.
+	ErrSetNX = errors.New("idem: Redis SET NX PX is not exclusive with a TTL")
+	// ErrSlotsUncovered: the Redis Cluster does not serve every hash slot,
+	// so the keys of the missing slots cannot be claimed.
+	ErrSlotsUncovered = errors.New("idem: Redis Cluster does not serve every slot")
 )
+
+// findings are the errors the check answers locally for probeRetry: the
+// server's, not the network's.
+var findings = [...]error{ErrEviction, ErrTooFewReplicas, ErrScriptsRefused, ErrScriptTime, ErrSetNX, ErrSlotsUncovered}
+
+// isFinding reports whether err is a finding about the server.
+func isFinding(err error) bool {
+	for _, f := range findings {
+		if errors.Is(err, f) {
+			return true
+		}
+	}
+	return false
+}
 
 // Bounds of what one Redis string holds: the server refuses a bulk string
 // over proto-max-bulk-len, 512 MiB by default. A record holds the result
@@ -116,22 +143,159 @@ func (s *RedisStore) check(ctx context.Context, again bool) error {
 	case err == nil:
 		s.probe.found = nil
 		s.probe.passed.Store(true)
-	case errors.Is(err, ErrEviction), errors.Is(err, ErrTooFewReplicas):
+	case isFinding(err):
 		s.probe.found, s.probe.at = err, time.Now()
 		s.probe.passed.Store(false)
+	default:
+		// A node that does not answer may be gone from the cluster: the
+		// probe's failure asks for a new slot map, as a call's does.
+		s.reloadSlots(err)
 	}
 	return err
 }
 
 // runProbe checks every master (one Redis, the Sentinel's master, or each
-// master of a cluster).
+// master of a cluster), loads the scripts (on every node of a cluster, so
+// that a failover finds them), and asks the server what the scripts rely
+// on.
 func (s *RedisStore) runProbe(ctx context.Context) error {
 	if cc, ok := s.c.(*redis.ClusterClient); ok {
-		return cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+		err := cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
 			return s.probeNode(ctx, c, c.Options().Addr)
 		})
+		if err != nil {
+			return err
+		}
+		if err := slotsServed(ctx, cc); err != nil {
+			return err
+		}
+		err = cc.ForEachShard(ctx, func(ctx context.Context, c *redis.Client) error {
+			return loadScriptsOn(ctx, c, " on "+c.Options().Addr)
+		})
+		if err != nil {
+			return err
+		}
+	} else {
+		if err := s.probeNode(ctx, s.c, ""); err != nil {
+			return err
+		}
+		if err := loadScriptsOn(ctx, s.c, ""); err != nil {
+			return err
+		}
 	}
-	return s.probeNode(ctx, s.c, "")
+	return s.probeScripts(ctx)
+}
+
+// loadScriptsOn loads every script on c with SCRIPT LOAD, in one round trip,
+// and keeps the digests c answers.
+func loadScriptsOn(ctx context.Context, c redis.Cmdable, on string) error {
+	cmds := make([]*redis.StringCmd, len(scripts))
+	_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, sc := range scripts {
+			cmds[i] = p.ScriptLoad(ctx, sc.src)
+		}
+		return nil
+	})
+	for i, cmd := range cmds {
+		sha, err := cmd.Result()
+		if err != nil {
+			return fmt.Errorf("idem: SCRIPT LOAD of %s.lua%s: %w", scripts[i].name, on, scriptsRefused(err))
+		}
+		scripts[i].sha.Store(any(sha))
+	}
+	return nil
+}
+
+// scriptsRefused marks a server's refusal of a script command as
+// ErrScriptsRefused; an error reaching the server stays as it is.
+func scriptsRefused(err error) error {
+	var reply redis.Error
+	if !errors.As(err, &reply) {
+		return err
+	}
+	// Replies that say "not now" or "not here", not "never".
+	for _, transient := range []string{"NOSCRIPT", "LOADING", "BUSY", "CLUSTERDOWN", "MOVED", "ASK", "TRYAGAIN", "READONLY", "MASTERDOWN"} {
+		if redis.HasErrorPrefix(err, transient) {
+			return err
+		}
+	}
+	return fmt.Errorf("%w: %w", ErrScriptsRefused, err)
+}
+
+// probeTTL is the TTL of the probe's key, which it deletes at once.
+const probeTTL = 10_000
+
+// probeScripts runs probe.lua twice, a moment apart, on a key of the
+// store's own: TIME must be non-zero and advance between the two, and
+// SET NX PX be exclusive and set the TTL.
+func (s *RedisStore) probeScripts(ctx context.Context) error {
+	key := s.redisKey("\x00idem-probe\x00" + s.attemptPrefix)
+	var last [2]int64
+	for i := range 2 {
+		if i > 0 {
+			time.Sleep(time.Millisecond) // TIME counts microseconds
+		}
+		v, err := s.eval(ctx, probeScript, key, []any{probeTTL})
+		if err != nil {
+			return fmt.Errorf("idem: running probe.lua: %w", scriptsRefused(err))
+		}
+		a, ok := v.([]any)
+		var n [5]int64
+		for j := range n {
+			if ok && len(a) == len(n) {
+				n[j], ok = probeInt(a[j])
+			}
+		}
+		if !ok {
+			return fmt.Errorf("%w: probe.lua answered %v", ErrScriptsRefused, v)
+		}
+		now := [2]int64{n[0], n[1]}
+		switch {
+		case now[0] <= 0:
+			return fmt.Errorf("%w: TIME answered %d s %d µs", ErrScriptTime, now[0], now[1])
+		case i > 0 && (now[0] < last[0] || now[0] == last[0] && now[1] <= last[1]):
+			return fmt.Errorf("%w: TIME answered %d.%06d, then %d.%06d a millisecond later",
+				ErrScriptTime, last[0], last[1], now[0], now[1])
+		case n[2] != 1 || n[3] != 0:
+			return fmt.Errorf("%w: a first SET NX PX wrote %t, a second on the same key wrote %t",
+				ErrSetNX, n[2] == 1, n[3] == 1)
+		case n[4] <= 0 || n[4] > probeTTL:
+			return fmt.Errorf("%w: SET NX PX %d left a PTTL of %d", ErrSetNX, probeTTL, n[4])
+		}
+		last = now
+	}
+	return nil
+}
+
+// probeInt reads an integer of probe.lua's reply: TIME's parts are strings.
+func probeInt(v any) (int64, bool) {
+	switch v := v.(type) {
+	case int64:
+		return v, true
+	case string:
+		n, err := strconv.ParseInt(v, 10, 64)
+		return n, err == nil
+	}
+	return 0, false
+}
+
+// slotsServed refuses a cluster with hash slots no master serves, as
+// CLUSTER INFO counts them (cluster_slots_ok: assigned, and to a master
+// not failing).
+func slotsServed(ctx context.Context, cc *redis.ClusterClient) error {
+	info, err := cc.ClusterInfo(ctx).Result()
+	if err != nil {
+		return fmt.Errorf("idem: reading CLUSTER INFO: %w", err)
+	}
+	v, ok := infoField(info, "cluster_slots_ok")
+	n, err := strconv.Atoi(v)
+	if !ok || err != nil {
+		return fmt.Errorf("idem: CLUSTER INFO has no cluster_slots_ok: %q", info)
+	}
+	if n < 16384 {
+		return fmt.Errorf("%w: %d of 16384 slots served", ErrSlotsUncovered, n)
+	}
+	return nil
 }
 
 // probeNode checks one master; addr names it in findings on a cluster.

@@ -136,3 +136,124 @@ func TestRedisCheckZeroValue(t *testing.T) {
 		t.Errorf("Check on a zero RedisStore = %v; want an error naming NewRedisStore", err)
 	}
 }
+
+// badServer is a go-redis hook that answers as a server unfit for idem
+// would: it rewrites the reply of the commands that answer matches.
+type badServer struct {
+	answer func(cmd redis.Cmder) bool // sets cmd's reply; false: the server's own
+}
+
+func (b badServer) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (b badServer) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if err := next(ctx, cmd); err != nil {
+			return err
+		}
+		b.answer(cmd)
+		return cmd.Err()
+	}
+}
+
+func (b badServer) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		err := next(ctx, cmds)
+		for _, cmd := range cmds {
+			b.answer(cmd)
+		}
+		return err
+	}
+}
+
+// probeReply rewrites probe.lua's reply {seconds, µs, first, second, pttl}.
+func probeReply(rewrite func(r []any)) func(redis.Cmder) bool {
+	return func(cmd redis.Cmder) bool {
+		c, ok := cmd.(*redis.Cmd)
+		if !ok || strings.ToLower(c.Name()) != "evalsha" {
+			return false
+		}
+		if sha, _ := c.Args()[1].(string); sha != probeScript.Hash() {
+			return false
+		}
+		r, ok := c.Val().([]any)
+		if !ok || len(r) != 5 {
+			return false
+		}
+		r = append([]any(nil), r...)
+		rewrite(r)
+		c.SetVal(r)
+		return true
+	}
+}
+
+// Each server unfit for idem is refused on first contact with its named
+// error, and the calls fail with it: no claim is granted on a server that
+// could grant two.
+func TestRedisCapabilityProbe(t *testing.T) {
+	t.Parallel()
+	frozen := []any{}
+	for _, tt := range []struct {
+		name   string
+		answer func(redis.Cmder) bool
+		want   error
+		says   string
+	}{
+		{"TIME answers zeros (as Dragonfly did)", probeReply(func(r []any) { r[0], r[1] = "0", "0" }), ErrScriptTime, "TIME answered 0 s"},
+		{"TIME does not advance", probeReply(func(r []any) {
+			if len(frozen) == 0 {
+				frozen = append(frozen, r[0], r[1])
+			}
+			r[0], r[1] = frozen[0], frozen[1]
+		}), ErrScriptTime, "a millisecond later"},
+		{"SET NX not exclusive", probeReply(func(r []any) { r[3] = int64(1) }), ErrSetNX, "a second on the same key wrote true"},
+		{"SET NX sets no TTL", probeReply(func(r []any) { r[4] = int64(-1) }), ErrSetNX, "PTTL of -1"},
+		{"SET NX does not write", probeReply(func(r []any) { r[2] = int64(0) }), ErrSetNX, "a first SET NX PX wrote false"},
+		{"scripts refused", func(cmd redis.Cmder) bool {
+			if c, ok := cmd.(*redis.StringCmd); ok && strings.EqualFold(c.Name(), "script") {
+				c.SetErr(replyErr("NOPERM User idem has no permissions to run the 'script|load' command"))
+				return true
+			}
+			return false
+		}, ErrScriptsRefused, "'script|load'"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			frozen = frozen[:0]
+			_, c := newMiniredisClient(t)
+			c.AddHook(badServer{answer: tt.answer})
+			s, err := NewRedisStore(c, RedisOptions{Prefix: testenv.UniquePrefix()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			cl, err := s.Claim(ctx, "k", nil)
+			if !errors.Is(err, tt.want) || !strings.Contains(err.Error(), tt.says) || cl.Lease != nil {
+				t.Errorf("Claim = %v, %v; want %v saying %q, and no lease", cl.Outcome, err, tt.want, tt.says)
+			}
+			if err := s.Check(ctx); !errors.Is(err, tt.want) {
+				t.Errorf("Check = %v; want %v", err, tt.want)
+			}
+		})
+	}
+}
+
+// A cluster with slots that no master serves is refused on first contact.
+func TestRedisCapabilityProbeSlots(t *testing.T) {
+	t.Parallel()
+	c := testenv.Cluster(t)
+	ctx := context.Background()
+	c.AddHook(badServer{answer: func(cmd redis.Cmder) bool {
+		sc, ok := cmd.(*redis.StringCmd)
+		if !ok || !strings.EqualFold(sc.Name(), "cluster") || len(sc.Args()) < 2 || sc.Args()[1] != "info" {
+			return false
+		}
+		sc.SetVal(strings.Replace(sc.Val(), "cluster_slots_ok:16384", "cluster_slots_ok:10923", 1))
+		return true
+	}})
+	s, err := NewRedisStore(c, RedisOptions{Prefix: testenv.UniquePrefix()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Check(ctx); !errors.Is(err, ErrSlotsUncovered) || !strings.Contains(err.Error(), "10923 of 16384") {
+		t.Errorf("Check on a cluster serving 10923 slots = %v; want ErrSlotsUncovered naming the count", err)
+	}
+}

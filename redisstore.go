@@ -34,36 +34,54 @@ var (
 	claimBatchLua string
 	//go:embed scripts/confirm_batch.lua
 	confirmBatchLua string
+	//go:embed scripts/probe.lua
+	probeLua string
 
 	// Each script is one operation with the record format's functions
 	// included where it asks for them.
-	claimScript        = script(claimLua)
-	renewScript        = script(renewLua)
-	confirmScript      = script(confirmLua)
-	forgetScript       = script(forgetLua)
-	lookupScript       = script(lookupLua)
-	claimBatchScript   = script(claimBatchLua)
-	confirmBatchScript = script(confirmBatchLua)
+	claimScript        = script("claim", claimLua)
+	renewScript        = script("renew", renewLua)
+	confirmScript      = script("confirm", confirmLua)
+	forgetScript       = script("forget", forgetLua)
+	lookupScript       = script("lookup", lookupLua)
+	claimBatchScript   = script("claim_batch", claimBatchLua)
+	confirmBatchScript = script("confirm_batch", confirmBatchLua)
+
+	// probeScript asks the server, on first contact, for what the others
+	// rely on (see RedisStore.Check).
+	probeScript = &luaScript{name: "probe", src: probeLua}
+
+	// scripts are all of them, as SCRIPT LOAD loads them on first contact.
+	scripts = [...]*luaScript{claimScript, renewScript, confirmScript, forgetScript,
+		lookupScript, claimBatchScript, confirmBatchScript, probeScript}
 )
 
-// luaScript is one of the store's scripts, with what its EVALSHA and EVAL
-// commands carry converted to interface values once, not on every call.
+// luaScript is one of the store's scripts: its source, and the digest
+// SCRIPT LOAD answered for it. Scripts are loaded with SCRIPT LOAD and run
+// with EVALSHA, never loaded by EVAL: Redis 8 keeps EVAL's scripts in a
+// 500-entry cache that another application's scripts evict, and SCRIPT
+// LOAD's never. The digest is the server's (the SHA-1 of the source, the
+// same on every server): nothing here hashes, so a program in FIPS-only
+// mode can use the store.
 type luaScript struct {
-	*redis.Script
-	sha, src any
+	name string
+	src  string
+	sha  atomic.Value // the digest as a boxed string, once a server answered it
 }
 
 // script includes record.lua into an operation's source at its
 // "-- #include record.lua" line.
-func script(src string) *luaScript {
+func script(name, src string) *luaScript {
 	const include = "-- #include record.lua\n"
 	if strings.Count(src, include) != 1 {
 		panic("idem: a script must include record.lua exactly once")
 	}
-	src = strings.Replace(src, include, recordLua, 1)
-	s := redis.NewScript(src)
-	return &luaScript{Script: s, sha: s.Hash(), src: src}
+	return &luaScript{name: name, src: strings.Replace(src, include, recordLua, 1)}
 }
+
+// digest returns the script's digest as a boxed string (so that a call
+// costs no allocation for it), or nil before any server answered it.
+func (sc *luaScript) digest() any { return sc.sha.Load() }
 
 // DefaultPrefix begins the name of every Redis key a RedisStore writes.
 const DefaultPrefix = "idem:"
@@ -332,33 +350,49 @@ func (s *RedisStore) runNow(ctx context.Context, script *luaScript, key string, 
 	return v, nil, err
 }
 
-// eval runs script on key (a Redis key) with args as one EVALSHA, and
-// again as EVAL, which also loads the script, if Redis answers NOSCRIPT.
-// The commands are those redis.Script.Run sends for one key and these
-// arguments (strings, byte slices and numbers, never a lone slice or map
-// for Run to flatten), built without Run's copies of the keys and
-// arguments.
+// eval runs script on key (a Redis key) with args as one EVALSHA. When
+// the server lost its scripts (NOSCRIPT: SCRIPT FLUSH, a restart, a
+// failover to a replica that never loaded them), the script is loaded
+// again with SCRIPT LOAD and the call sent once more: it had not run.
 func (s *RedisStore) eval(ctx context.Context, script *luaScript, key string, args []any) (any, error) {
-	v, err := s.evalAs(ctx, "evalsha", script.sha, key, args)
+	sha := script.digest()
+	if sha == nil {
+		if err := s.loadScript(ctx, script); err != nil {
+			return nil, err
+		}
+		sha = script.digest()
+	}
+	v, err := s.evalAs(ctx, sha, key, args)
 	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-		v, err = s.evalAs(ctx, "eval", script.src, key, args)
+		if err := s.loadScript(ctx, script); err != nil {
+			return nil, err
+		}
+		v, err = s.evalAs(ctx, sha, key, args)
 	}
 	return v, err
 }
 
-// evalAs sends one EVALSHA or EVAL (name) of body on key with args. The
+// loadScript loads one script with SCRIPT LOAD (on every node of a
+// cluster) and keeps the digest the server answered.
+func (s *RedisStore) loadScript(ctx context.Context, script *luaScript) error {
+	sha, err := s.c.ScriptLoad(ctx, script.src).Result()
+	if err != nil {
+		return fmt.Errorf("idem: SCRIPT LOAD of %s.lua: %w", script.name, scriptsRefused(err))
+	}
+	script.sha.Store(any(sha))
+	return nil
+}
+
+// evalAs sends one EVALSHA of sha (a boxed digest) on key with args. The
 // verdict is read from the command, not from Process's return: a client
 // that queues commands (go-redis's AutoPipeliner) returns from Process
 // before the reply, and the command then holds both.
-//
-// name and body are interface values so that the constant name and the
-// script's boxed SHA or source cost no allocation per call.
-func (s *RedisStore) evalAs(ctx context.Context, name, body any, key string, args []any) (any, error) {
+func (s *RedisStore) evalAs(ctx context.Context, sha any, key string, args []any) (any, error) {
 	cmdArgs := make([]any, 0, 4+len(args))
-	cmdArgs = append(cmdArgs, name, body, 1, key)
+	cmdArgs = append(cmdArgs, "evalsha", sha, 1, key)
 	cmdArgs = append(cmdArgs, args...)
 	cmd := redis.NewCmd(ctx, cmdArgs...)
-	cmd.SetFirstKeyPos(3) // for a cluster's routing, as go-redis's Eval does
+	cmd.SetFirstKeyPos(3) // for a cluster's routing, as go-redis's EvalSha does
 	_ = s.c.Process(ctx, cmd)
 	v, err := cmd.Result()
 	s.reloadSlots(err)

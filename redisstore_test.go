@@ -38,6 +38,11 @@ func newTestRedisStore(t testing.TB, c redis.UniversalClient, o RedisOptions) *R
 	if err != nil {
 		t.Fatalf("NewRedisStore: %v", err)
 	}
+	// First contact now, so that what a test counts or hooks is the steady
+	// state; a finding about the server is for the test to assert.
+	if err := s.Check(context.Background()); err != nil && !isFinding(err) {
+		t.Fatalf("Check: %v", err)
+	}
 	t.Cleanup(func() {
 		if err := testenv.DeletePrefix(context.Background(), c, o.Prefix); err != nil {
 			t.Errorf("deleting the test's keys %s*: %v", o.Prefix, err)
