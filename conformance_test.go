@@ -63,9 +63,11 @@ func TestRedisStoreConformanceMiniredisAutoPipeline(t *testing.T) {
 }
 
 func TestRedisStoreConformanceAutoPipeline(t *testing.T) {
-	c := testenv.Redis(t)
-	storetest.Run(t, func(t *testing.T) storetest.Backend {
-		return redisBackend(c, idem.RedisOptions{Prefix: testenv.UniquePrefix(), AutoPipeline: true}, nil)
+	testenv.EachServer(t, func(t *testing.T, srv testenv.Server) {
+		c := srv.Client(t)
+		storetest.Run(t, func(t *testing.T) storetest.Backend {
+			return redisBackend(c, idem.RedisOptions{Prefix: testenv.UniquePrefix(), AutoPipeline: true}, nil)
+		})
 	})
 }
 
@@ -76,10 +78,14 @@ func TestRedisStoreConformanceClusterAutoPipeline(t *testing.T) {
 	})
 }
 
+// The suite on each server of the matrix (Redis 7, Redis 8.0, Valkey 8.1),
+// a subtest per server: what a user runs idem on must keep the contract.
 func TestRedisStoreConformance(t *testing.T) {
-	c := testenv.Redis(t)
-	storetest.Run(t, func(t *testing.T) storetest.Backend {
-		return redisBackend(c, idem.RedisOptions{Prefix: testenv.UniquePrefix()}, nil)
+	testenv.EachServer(t, func(t *testing.T, srv testenv.Server) {
+		c := srv.Client(t)
+		storetest.Run(t, func(t *testing.T) storetest.Backend {
+			return redisBackend(c, idem.RedisOptions{Prefix: testenv.UniquePrefix()}, nil)
+		})
 	})
 }
 

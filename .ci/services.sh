@@ -2,10 +2,12 @@
 # Throwaway servers for idem's integration tests (DESIGN.md section 8).
 #
 #   services.sh install         install redis-server/redis-tools/postgresql/rabbitmq-server
-#                               if missing (root)
+#                               if missing (root), then build-servers
+#   services.sh build-servers   build Redis 8.0 and Valkey 8.1 from Debian 13's source
+#                               packages if they are not in the cache yet (see below)
 #   services.sh install-tools   install staticcheck into $(go env GOPATH)/bin if missing
-#   services.sh start DIR       start Redis, a 3-master Redis Cluster, a Sentinel set, Postgres
-#                               and RabbitMQ, data in DIR;
+#   services.sh start DIR       start Redis, a 3-master Redis Cluster, a Sentinel set, Redis 8.0,
+#                               Valkey 8.1, Postgres and RabbitMQ, data in DIR;
 #                               writes DIR/env with the IDEM_* exports the tests read
 #   services.sh stop DIR        stop what `start DIR` started and remove DIR
 #
@@ -20,8 +22,21 @@
 #   IDEM_TEST_AMQP_PORT          first of 3 consecutive RabbitMQ ports: AMQP, Erlang
 #                                distribution, and a private epmd (default 35672; not
 #                                25672, a system RabbitMQ's distribution port)
+#   IDEM_TEST_REDIS8_PORT        Redis 8.0                           (default 16390)
+#   IDEM_TEST_VALKEY_PORT        Valkey 8.1                          (default 16391)
 #   IDEM_TEST_PG_BIN             Postgres binaries (default /usr/lib/postgresql/15/bin,
 #                                else the newest /usr/lib/postgresql/*/bin)
+#
+# Redis 8.0 and Valkey 8.1: Debian 12 ships Redis 7.0 alone, so `build-servers` fetches
+# the upstream tarballs of Debian 13 (trixie)'s source packages `redis` and `valkey`
+# through apt (a deb-src list of its own: the system's lists stay as they are), builds
+# each server (about 2.5 min of CPU each) and keeps the binaries in a cache shared by every
+# checkout on the machine, so the build happens once per machine:
+#   IDEM_SERVERS_CACHE           the cache (default /var/cache/idem-servers as root,
+#                                else ${XDG_CACHE_HOME:-~/.cache}/idem-servers);
+#                                delete a server's directory in it to rebuild that server
+#   IDEM_TEST_DEBIAN_MIRROR      the Debian mirror (default: the machine's apt mirror,
+#                                else http://deb.debian.org/debian)
 #
 # Safety: stop and the clean-up at the start of `start` only touch processes whose PIDs
 # were recorded in that DIR *and* that still look like ours (right binary, working
@@ -37,8 +52,10 @@ CLUSTER_PORT=${IDEM_TEST_CLUSTER_PORT:-17000}
 PG_PORT=${IDEM_TEST_POSTGRES_PORT:-55432}
 SENTINEL_BASE=${IDEM_TEST_SENTINEL_PORT:-16380}
 AMQP_PORT=${IDEM_TEST_AMQP_PORT:-35672}
+REDIS8_PORT=${IDEM_TEST_REDIS8_PORT:-16390}
+VALKEY_PORT=${IDEM_TEST_VALKEY_PORT:-16391}
 
-for _p in "$REDIS_PORT" "$CLUSTER_PORT" "$PG_PORT" "$SENTINEL_BASE"; do
+for _p in "$REDIS_PORT" "$CLUSTER_PORT" "$PG_PORT" "$SENTINEL_BASE" "$REDIS8_PORT" "$VALKEY_PORT"; do
 	if ! [[ $_p =~ ^[0-9]+$ ]] || ((_p < 1 || _p > 55533)); then
 		echo "services: error: bad port '$_p' (need 1..55533: cluster bus ports are port+10000)" >&2
 		exit 2
@@ -95,17 +112,23 @@ cmd_install() {
 	command -v redis-cli >/dev/null || pkgs+=(redis-tools)
 	[[ -x "$(pg_bin)/initdb" ]] || pkgs+=(postgresql)
 	[[ -x $RABBITMQ_BIN/rabbitmq-server ]] || pkgs+=(rabbitmq-server)
-	((${#pkgs[@]} > 0)) || return 0 # the common case: quiet no-op
+	if ((${#pkgs[@]} > 0)); then
+		apt_install "${pkgs[@]}"
+		# The Debian packages enable system servers on 6379/5432; we never use those.
+		[[ -x "$(pg_bin)/initdb" ]] || die "postgresql installed but no initdb found; set IDEM_TEST_PG_BIN"
+	fi
+	cmd_build_servers # the common case: a quiet no-op
+}
 
-	((EUID == 0)) || die "missing ${pkgs[*]}; run '$0 install' as root or install them yourself"
-	log "installing ${pkgs[*]}"
+# apt_install PKG...: install Debian packages (root).
+apt_install() {
+	((EUID == 0)) || die "missing $*; run '$0 install' as root or install them yourself"
+	log "installing $*"
 	export DEBIAN_FRONTEND=noninteractive
 	# Only reached when something is missing; the package lists may be absent or stale
 	# (a fresh image has none), so refresh them before installing.
 	apt-get update -qq
-	apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
-	# The Debian packages enable system servers on 6379/5432; we never use those.
-	[[ -x "$(pg_bin)/initdb" ]] || die "postgresql installed but no initdb found; set IDEM_TEST_PG_BIN"
+	apt-get install -y -qq --no-install-recommends "$@" >/dev/null
 }
 
 cmd_install_tools() {
@@ -122,6 +145,145 @@ cmd_install_tools() {
 	fi
 	log "installing staticcheck $STATICCHECK_VERSION into ${bin%/*}"
 	GOBIN="${bin%/*}" go install "honnef.co/go/tools/cmd/staticcheck@$STATICCHECK_VERSION"
+}
+
+# ---------------------------------------------------------------------------- build-servers
+
+# The servers built from Debian 13 (trixie)'s source packages, by source package: the
+# binary, and the version (major.minor) the build must report. trixie is Debian's
+# stable release: its point releases move the patch level only.
+readonly BUILT=(redis valkey)
+declare -rA BUILT_BIN=([redis]=redis-server [valkey]=valkey-server)
+declare -rA BUILT_WANT=([redis]=8.0 [valkey]=8.1)
+
+servers_cache() {
+	if [[ -n ${IDEM_SERVERS_CACHE:-} ]]; then
+		printf '%s\n' "$IDEM_SERVERS_CACHE"
+	elif ((EUID == 0)); then
+		printf '%s\n' /var/cache/idem-servers
+	else
+		printf '%s\n' "${XDG_CACHE_HOME:-$HOME/.cache}/idem-servers"
+	fi
+}
+
+# built_bin PKG: where the cache keeps PKG's server (built or not).
+built_bin() { printf '%s/%s/%s\n' "$(servers_cache)" "$1" "${BUILT_BIN[$1]}"; }
+
+# server_version BIN: 8.0.2 of "Redis server v=8.0.2 sha=..." (Valkey's alike).
+server_version() {
+	local out
+	out=$("$1" --version 2>/dev/null) || return 1
+	[[ $out =~ v=([0-9]+[.][0-9]+[.][0-9]+) ]] || return 1
+	printf '%s\n' "${BASH_REMATCH[1]}"
+}
+
+# The machine's Debian mirror (the first main-archive URI of its apt sources, one-line
+# or deb822), so that trixie comes from where bookworm does.
+debian_mirror() {
+	if [[ -n ${IDEM_TEST_DEBIAN_MIRROR:-} ]]; then
+		printf '%s\n' "${IDEM_TEST_DEBIAN_MIRROR%/}"
+		return
+	fi
+	local uri
+	uri=$(cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources 2>/dev/null |
+		grep -v '^[[:space:]]*#' | grep -oE '(https?|file)://[^ ]*/debian/?([[:space:]]|$)' |
+		sed -n '1{s/[[:space:]]*$//;s:/$::;p}' || true)
+	printf '%s\n' "${uri:-http://deb.debian.org/debian}"
+}
+
+# What the build needs: apt for the sources, Debian's archive key (trixie is signed by
+# the same keyring as bookworm), a C and C++ compiler (Redis 8 has C++ in its deps),
+# and OpenSSL's headers (the servers are built with TLS).
+readonly DEBIAN_KEYRING=/usr/share/keyrings/debian-archive-keyring.gpg
+build_deps() {
+	command -v apt-get >/dev/null || die "building Redis 8.0 and Valkey 8.1 needs apt (Debian)"
+	local pkgs=()
+	command -v dpkg-source >/dev/null || pkgs+=(dpkg-dev)
+	[[ -f $DEBIAN_KEYRING ]] || pkgs+=(debian-archive-keyring)
+	command -v make >/dev/null && command -v cc >/dev/null && command -v c++ >/dev/null ||
+		pkgs+=(make gcc g++ libc6-dev)
+	command -v pkg-config >/dev/null || pkgs+=(pkg-config)
+	command -v xz >/dev/null || pkgs+=(xz-utils)
+	[[ -f /usr/include/openssl/ssl.h ]] || pkgs+=(libssl-dev)
+	((${#pkgs[@]} == 0)) || apt_install "${pkgs[@]}"
+}
+
+# fetch_sources WORK PKG...: downloads the upstream tarballs of trixie's source packages
+# into WORK/src. A deb-src list of our own, with lists and caches under WORK, leaves the
+# system's apt state (bookworm) untouched.
+fetch_sources() {
+	local work=$1 mirror
+	shift
+	mirror=$(debian_mirror)
+	mkdir -p "$work/lists/partial" "$work/cache" "$work/src"
+	echo "deb-src [signed-by=$DEBIAN_KEYRING] $mirror trixie main" >"$work/sources.list"
+	local apt=(apt-get -q -o Dir::Etc::sourcelist="$work/sources.list" -o Dir::Etc::sourceparts=-
+		-o Dir::State::Lists="$work/lists" -o Dir::Cache="$work/cache" -o APT::Get::List-Cleanup=0)
+	timeout --foreground 300 "${apt[@]}" update >"$work/apt.log" 2>&1 ||
+		fail_with_logs "apt-get update of trixie's sources from $mirror failed" "$work/apt.log"
+	# The .dsc and Debian patches of the newest security revision can be missing from a
+	# mirror (404) while the upstream tarball, all the build needs, is there: apt's exit
+	# status says nothing about it, the tarball's presence does. apt checks each file it
+	# keeps against the hashes of the signed Sources index.
+	(cd "$work/src" && timeout --foreground 600 "${apt[@]}" source --download-only "$@") >>"$work/apt.log" 2>&1 || true
+}
+
+# build_server WORK PKG: builds PKG's server from its tarball in WORK/src with the flags
+# of Debian's package (libc malloc, no systemd) and TLS, checks its version, and moves it
+# into the cache.
+build_server() {
+	local work=$1 pkg=$2 t0=$SECONDS tarball bin version dest
+	tarball=$(compgen -G "$work/src/${pkg}_*.orig.tar.*" | head -n 1 || true)
+	[[ -n $tarball ]] || fail_with_logs "apt downloaded no upstream tarball of the source package $pkg" "$work/apt.log"
+	mkdir -p "$work/$pkg"
+	tar -xf "$tarball" -C "$work/$pkg" --strip-components=1
+	log "building ${BUILT_BIN[$pkg]} from ${tarball##*/} (a few minutes, once per machine)"
+	make -C "$work/$pkg" -j"$(nproc)" BUILD_TLS=yes MALLOC=libc USE_SYSTEMD=no >"$work/$pkg.log" 2>&1 ||
+		fail_with_logs "building $pkg failed" "$work/$pkg.log"
+	bin="$work/$pkg/src/${BUILT_BIN[$pkg]}"
+	version=$(server_version "$bin") || fail_with_logs "'$bin --version' says no version" "$work/$pkg.log"
+	[[ $version == "${BUILT_WANT[$pkg]}".* ]] ||
+		die "trixie's $pkg built version $version; want ${BUILT_WANT[$pkg]}.x (the versions the tests expect)"
+	dest=$(servers_cache)/$pkg
+	rm -rf "$dest.new" "$dest"
+	mkdir -p "$dest.new"
+	cp "$bin" "$dest.new/"
+	printf '%s, built from %s with BUILD_TLS=yes MALLOC=libc USE_SYSTEMD=no in %ss\n' \
+		"$version" "${tarball##*/}" "$((SECONDS - t0))" >"$dest.new/BUILD"
+	mv "$dest.new" "$dest" # the binary appears whole or not at all
+	log "built ${BUILT_BIN[$pkg]} $version in $((SECONDS - t0))s: $dest"
+}
+
+cmd_build_servers() {
+	local pkg missing=() cache work
+	for pkg in "${BUILT[@]}"; do
+		[[ -x $(built_bin "$pkg") ]] || missing+=("$pkg")
+	done
+	((${#missing[@]} > 0)) || return 0 # the common case: built on an earlier run
+
+	cache=$(servers_cache)
+	mkdir -p "$cache"
+	# One build per machine at a time: a second run waits, then finds the servers built.
+	exec 9>"$cache/.lock"
+	flock 9
+	missing=()
+	for pkg in "${BUILT[@]}"; do
+		[[ -x $(built_bin "$pkg") ]] || missing+=("$pkg")
+	done
+	((${#missing[@]} > 0)) || return 0
+
+	build_deps
+	work=$(mktemp -d "$cache/.build.XXXXXX")
+	# The apt downloads run as the _apt user where they can: let it write there.
+	chmod 755 "$work"
+	trap 'rm -rf "$work"' EXIT
+	fetch_sources "$work" "${missing[@]}"
+	for pkg in "${missing[@]}"; do
+		build_server "$work" "$pkg"
+	done
+	rm -rf "$work"
+	trap - EXIT
+	exec 9>&-
 }
 
 # ---------------------------------------------------------------------------- helpers
@@ -168,7 +330,7 @@ check_ports_free() {
 	for p in "$REDIS_PORT" "${CLUSTER_PORTS[@]}" "$((CLUSTER_PORT + 10000))" \
 		"$((CLUSTER_PORT + 10001))" "$((CLUSTER_PORT + 10002))" "$PG_PORT" \
 		"$SENTINEL_MASTER_PORT" "$SENTINEL_REPLICA_PORT" "${SENTINEL_PORTS[@]}" \
-		"$AMQP_PORT" "$AMQP_DIST_PORT" "$AMQP_EPMD_PORT"; do
+		"$AMQP_PORT" "$AMQP_DIST_PORT" "$AMQP_EPMD_PORT" "$REDIS8_PORT" "$VALKEY_PORT"; do
 		port_in_use "$p" || continue
 		busy=1
 		what=
@@ -226,12 +388,16 @@ abs_dir() {
 # ---------------------------------------------------------------------------- start
 
 start_redis() { # PORT [extra redis-server args...]
-	local port=$1 d="$DIR/redis-$1"
-	shift
+	start_server redis-server "$@"
+}
+
+start_server() { # BIN PORT [extra server args...]: redis-server, or one that takes its arguments
+	local bin=$1 port=$2 d="$DIR/redis-$2"
+	shift 2
 	mkdir -p "$d"
 	# A plain background job (not --daemonize): $! is the server's PID, and its stdio
 	# points at a file so it never holds the caller's pipes open (`start | tee` returns).
-	redis-server --port "$port" --bind 127.0.0.1 --daemonize no \
+	"$bin" --port "$port" --bind 127.0.0.1 --daemonize no \
 		--save '' --appendonly no --dir "$d" --logfile "$d/log" "$@" \
 		</dev/null >>"$d/stdout" 2>&1 &
 	echo $! >"$DIR/redis-$port.pid"
@@ -372,6 +538,10 @@ cmd_start() {
 			die "$DIR exists and is not empty; give an empty or new directory"
 		fi
 	fi
+	local pkg
+	for pkg in "${BUILT[@]}"; do
+		[[ -x $(built_bin "$pkg") ]] || die "no $(built_bin "$pkg"): run '$0 install' (or build-servers) first"
+	done
 	check_ports_free
 	mkdir -p "$DIR"
 	chmod 755 "$DIR" # mktemp -d makes it 0700; the postgres user must traverse it
@@ -395,7 +565,10 @@ cmd_start() {
 	for p in "${SENTINEL_PORTS[@]}"; do
 		start_sentinel "$p"
 	done
-	for p in "$REDIS_PORT" "${CLUSTER_PORTS[@]}" "$SENTINEL_MASTER_PORT" "$SENTINEL_REPLICA_PORT" "${SENTINEL_PORTS[@]}"; do
+	start_server "$(built_bin redis)" "$REDIS8_PORT"
+	start_server "$(built_bin valkey)" "$VALKEY_PORT"
+	for p in "$REDIS_PORT" "${CLUSTER_PORTS[@]}" "$SENTINEL_MASTER_PORT" "$SENTINEL_REPLICA_PORT" "${SENTINEL_PORTS[@]}" \
+		"$REDIS8_PORT" "$VALKEY_PORT"; do
 		wait_redis "$p"
 	done
 
@@ -441,7 +614,12 @@ export IDEM_REDIS_SENTINEL_ADDRS=$(printf '127.0.0.1:%s,' "${SENTINEL_PORTS[@]}"
 export IDEM_REDIS_SENTINEL_MASTER=mymaster
 export IDEM_POSTGRES_DSN='postgres://postgres@127.0.0.1:$PG_PORT/idem?sslmode=disable'
 export IDEM_AMQP_URL=amqp://guest:guest@127.0.0.1:$AMQP_PORT/
+export IDEM_REDIS8_ADDR=127.0.0.1:$REDIS8_PORT
+export IDEM_REDIS8_SERVER=$(built_bin redis)
+export IDEM_VALKEY_ADDR=127.0.0.1:$VALKEY_PORT
+export IDEM_VALKEY_SERVER=$(built_bin valkey)
 EOF
+	log "Redis $(server_version "$(built_bin redis)") on $REDIS8_PORT, Valkey $(server_version "$(built_bin valkey)") on $VALKEY_PORT"
 	START_OK=1
 	local us=$((${EPOCHREALTIME//[!0-9]/} - t0))
 	log "up in $((us / 1000000)).$(printf '%03d' $((us / 1000 % 1000)))s; exports in $DIR/env"
@@ -457,7 +635,8 @@ stop_processes() {
 		pid=$(<"$f")
 		port=${f##*/redis-}
 		port=${port%.pid}
-		if is_alive "$pid" && is_ours "$pid" redis-server "$dir/redis-$port"; then
+		if is_alive "$pid" && { is_ours "$pid" redis-server "$dir/redis-$port" ||
+			is_ours "$pid" valkey-server "$dir/redis-$port"; }; then
 			kill -TERM "$pid" 2>/dev/null || true
 			pids+=("$pid")
 		fi
@@ -573,6 +752,7 @@ cmd_stop() {
 
 case ${1:-} in
 install) cmd_install ;;
+build-servers) cmd_build_servers ;;
 install-tools) cmd_install_tools ;;
 start)
 	DIR=$(abs_dir "${2:-}")
@@ -583,7 +763,7 @@ stop)
 	cmd_stop
 	;;
 *)
-	echo "usage: $0 {install|install-tools|start DIR|stop DIR}" >&2
+	echo "usage: $0 {install|install-tools|build-servers|start DIR|stop DIR}" >&2
 	exit 2
 	;;
 esac

@@ -44,13 +44,17 @@ func (h *evalCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 	}
 }
 
-// TestFaultsRedisScriptFlush flushes Redis's script cache again and again
+// TestFaultsRedisScriptFlush, on each server of the matrix, flushes the script cache again and again
 // while workers claim and confirm in batches (ClaimBatch, ConfirmBatch:
 // pipelines, which go-redis cannot retry as EVAL by itself). The store must
 // recover on its own: no error, every message confirmed once.
 func TestFaultsRedisScriptFlush(t *testing.T) {
 	t.Parallel()
-	srv := testenv.StartRedisServer(t, "--appendonly", "no")
+	testenv.EachServer(t, faultsRedisScriptFlush)
+}
+
+func faultsRedisScriptFlush(t *testing.T, kind testenv.Server) {
+	srv := kind.Start(t, "--appendonly", "no")
 	ctl := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	t.Cleanup(func() { _ = ctl.Close() })
 	const messages, workers, batch = 400, 4, 16
@@ -209,7 +213,7 @@ func TestFaultsRedisScriptFlush(t *testing.T) {
 	}
 }
 
-// TestFaultsRedisRestart kills Redis (SIGKILL) twice during the workload
+// TestFaultsRedisRestart, on each server of the matrix, kills the server (SIGKILL) twice during the workload
 // and starts it again on the same port and data directory. With
 // appendonly yes and appendfsync always, Redis writes each command to its
 // AOF before it replies, so every Confirm that returned nil before a kill
@@ -217,7 +221,11 @@ func TestFaultsRedisScriptFlush(t *testing.T) {
 // (new connections, a script cache to fill again).
 func TestFaultsRedisRestart(t *testing.T) {
 	t.Parallel()
-	srv := testenv.StartRedisServer(t, "--appendonly", "yes", "--appendfsync", "always")
+	testenv.EachServer(t, faultsRedisRestart)
+}
+
+func faultsRedisRestart(t *testing.T, kind testenv.Server) {
+	srv := kind.Start(t, "--appendonly", "yes", "--appendfsync", "always")
 	direct := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	t.Cleanup(func() { _ = direct.Close() })
 	ds, err := idem.NewRedisStore(direct, idem.RedisOptions{})

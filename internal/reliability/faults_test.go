@@ -206,42 +206,45 @@ func faultWorkload(f fault) workload {
 		crashRate: 0.02, failRate: 0.05, spread: f.spread, limit: 30 * time.Second}
 }
 
-// TestFaultsRedis runs the workload through the fault proxy on real Redis.
+// TestFaultsRedis runs the workload through the fault proxy on each server
+// of the matrix (Redis 7, Redis 8.0, Valkey 8.1).
 // go-redis's own retries are off (MaxRetries -1) so that each fault
 // reaches the caller; with them on, a lost reply is retried and answered
 // by the store as the same attempt (see TestRedisLostReply).
 func TestFaultsRedis(t *testing.T) {
 	t.Parallel()
-	direct := testenv.Redis(t)
-	for _, f := range faults {
-		t.Run(f.name, func(t *testing.T) {
-			p := startFaultProxy(t, direct.Options().Addr)
-			prefix := testenv.UniquePrefix()
-			t.Cleanup(func() {
-				if err := testenv.DeletePrefix(context.Background(), direct, prefix); err != nil {
-					t.Errorf("deleting the test's keys %s*: %v", prefix, err)
-				}
-			})
-			ds, err := idem.NewRedisStore(direct, idem.RedisOptions{Prefix: prefix})
-			if err != nil {
-				t.Fatalf("NewRedisStore: %v", err)
-			}
-			open := func(i int, o idem.Options) idem.Store {
-				c := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: -1, PoolSize: 4,
-					DialTimeout: 300 * time.Millisecond, ReadTimeout: 300 * time.Millisecond,
-					WriteTimeout: 300 * time.Millisecond})
-				t.Cleanup(func() { _ = c.Close() })
-				ro := storeopts.Redis(o)
-				ro.Prefix = prefix
-				s, err := idem.NewRedisStore(c, ro)
+	testenv.EachServer(t, func(t *testing.T, srv testenv.Server) {
+		direct := srv.Client(t)
+		for _, f := range faults {
+			t.Run(f.name, func(t *testing.T) {
+				p := startFaultProxy(t, direct.Options().Addr)
+				prefix := testenv.UniquePrefix()
+				t.Cleanup(func() {
+					if err := testenv.DeletePrefix(context.Background(), direct, prefix); err != nil {
+						t.Errorf("deleting the test's keys %s*: %v", prefix, err)
+					}
+				})
+				ds, err := idem.NewRedisStore(direct, idem.RedisOptions{Prefix: prefix})
 				if err != nil {
-					t.Fatalf("NewRedisStore through the proxy: %v", err)
+					t.Fatalf("NewRedisStore: %v", err)
 				}
-				return s
-			}
-			runFault(t, f, p, open, ds)
-		})
-	}
+				open := func(i int, o idem.Options) idem.Store {
+					c := redis.NewClient(&redis.Options{Addr: p.Addr(), MaxRetries: -1, PoolSize: 4,
+						DialTimeout: 300 * time.Millisecond, ReadTimeout: 300 * time.Millisecond,
+						WriteTimeout: 300 * time.Millisecond})
+					t.Cleanup(func() { _ = c.Close() })
+					ro := storeopts.Redis(o)
+					ro.Prefix = prefix
+					s, err := idem.NewRedisStore(c, ro)
+					if err != nil {
+						t.Fatalf("NewRedisStore through the proxy: %v", err)
+					}
+					return s
+				}
+				runFault(t, f, p, open, ds)
+			})
+		}
+	})
 }
 
 // TestFaultsPostgres runs the workload through the fault proxy on real

@@ -130,10 +130,13 @@ func linRedis(t *testing.T, c redis.UniversalClient) func(worker string) idem.St
 	}
 }
 
+// TestLinearizableRedisStore checks histories on each server of the matrix.
 func TestLinearizableRedisStore(t *testing.T) {
-	c := redis.NewClient(&redis.Options{Addr: testenv.Lookup(t, testenv.RedisAddrVar), ContextTimeoutEnabled: true})
-	t.Cleanup(func() { _ = c.Close() })
-	checkLinearizable(t, linFast, linRedis(t, c))
+	testenv.EachServer(t, func(t *testing.T, srv testenv.Server) {
+		c := redis.NewClient(&redis.Options{Addr: srv.Addr(t), ContextTimeoutEnabled: true})
+		t.Cleanup(func() { _ = c.Close() })
+		checkLinearizable(t, linFast, linRedis(t, c))
+	})
 }
 
 func TestLinearizableRedisStoreCluster(t *testing.T) {

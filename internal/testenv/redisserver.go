@@ -68,6 +68,13 @@ func startRedisServer(t testing.TB, port string, extra ...string) *RedisServer {
 	if err != nil {
 		t.Fatalf("redis-server is not on PATH: %v", err)
 	}
+	return startServer(t, bin, port, extra...)
+}
+
+// startServer is startRedisServer with the server binary bin (redis-server
+// or a server that takes its arguments, such as valkey-server).
+func startServer(t testing.TB, bin, port string, extra ...string) *RedisServer {
+	t.Helper()
 	dir := t.TempDir()
 	s := &RedisServer{t: t, bin: bin, Addr: "127.0.0.1:" + port,
 		args: append([]string{"--port", port, "--bind", "127.0.0.1", "--save", "",
