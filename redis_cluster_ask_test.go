@@ -3,6 +3,7 @@ package idem
 import (
 	"context"
 	"fmt"
+	"net"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -116,14 +117,19 @@ func TestRedisClusterPipelineASK(t *testing.T) {
 		t.Fatalf("NewRedisStore: %v", err)
 	}
 	// The first slot of each master's range: part i moves that of master i.
-	slots, err := admin.ClusterSlots(ctx).Result()
+	shards, err := admin.ClusterShards(ctx).Result()
 	if err != nil {
-		t.Fatalf("CLUSTER SLOTS: %v", err)
+		t.Fatalf("CLUSTER SHARDS: %v", err)
 	}
 	first := map[string]int{}
-	for _, r := range slots {
-		if f, ok := first[r.Nodes[0].Addr]; !ok || r.Start < f {
-			first[r.Nodes[0].Addr] = r.Start
+	for _, sh := range shards {
+		for _, n := range sh.Nodes {
+			addr := net.JoinHostPort(n.IP, strconv.FormatInt(n.Port, 10))
+			for _, r := range sh.Slots {
+				if f, ok := first[addr]; n.Role == "master" && (!ok || int(r.Start) < f) {
+					first[addr] = int(r.Start)
+				}
+			}
 		}
 	}
 
@@ -215,7 +221,7 @@ func TestRedisClusterPipelineASK(t *testing.T) {
 			from, via, to := cl.Nodes[i], cl.Nodes[(i+1)%3], cl.Nodes[(i+2)%3]
 			slot, ok := first[from.Addr]
 			if !ok {
-				t.Fatalf("CLUSTER SLOTS %v names no range of %s", slots, from.Addr)
+				t.Fatalf("CLUSTER SHARDS names no slot of master %s (first slots %v)", from.Addr, first)
 			}
 			base := fmt.Sprintf("ask:%d:", i)
 			var k askKeys
