@@ -100,10 +100,14 @@ type askKeys struct {
 // resharding's timing to bring it about: the store's client loaded its
 // slot map while the slot was on master C; the slot then moved to A, and
 // is now moving from A to B; the client may follow one redirect
-// (MaxRedirects 1). A command of a pipeline goes to C, which answers MOVED
-// A; A answers ASK B for a key it no longer holds (or never held), and
-// go-redis, its redirects spent, hands the ASK back: the store must send
-// the command again (resendRedirected), or the caller gets "ASK ...".
+// (MaxRedirects 1: with go-redis's default of 3 the pipeline would follow
+// this chain itself, and a longer one needs a map that lags by more than
+// a test can arrange). A command of a pipeline goes to C, which answers
+// MOVED A; A answers ASK B for a key it no longer holds (or never held),
+// and go-redis, its redirects spent, hands the ASK back: the store must
+// send the command again (resendRedirected), or the caller gets "ASK ...".
+// The MOVED has made go-redis reload its map, so the command sent again
+// goes to A and follows the ASK.
 func TestRedisClusterPipelineASK(t *testing.T) {
 	t.Parallel()
 	cl := testenv.StartCluster(t, 3, 0)
