@@ -61,8 +61,18 @@ func TestKeepAliveRetriesTransientErrors(t *testing.T) {
 	defer stop()
 	time.Sleep(ttl / 2)
 	// A short outage, well within the lease: retried, not taken for loss.
+	// It lasts until a renewal has failed in it: one renewal interval
+	// (ttl/3) of outage, timed by the test, held no renewal in one run on
+	// a loaded machine.
 	f.set(true)
-	time.Sleep(ttl / 3)
+	for deadline := time.Now().Add(ttl / 2); ; time.Sleep(time.Millisecond) {
+		if _, fails := f.counts(); fails > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no renewal in %v of outage; want one every %v", ttl/2, ttl/3)
+		}
+	}
 	f.set(false)
 	time.Sleep(ttl)
 	if err := context.Cause(work); err != nil {
