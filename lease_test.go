@@ -61,8 +61,18 @@ func TestKeepAliveRetriesTransientErrors(t *testing.T) {
 	defer stop()
 	time.Sleep(ttl / 2)
 	// A short outage, well within the lease: retried, not taken for loss.
+	// It lasts until a renewal has failed in it: one renewal interval
+	// (ttl/3) of outage, timed by the test, held no renewal in one run on
+	// a loaded machine.
 	f.set(true)
-	time.Sleep(ttl / 3)
+	for deadline := time.Now().Add(ttl / 2); ; time.Sleep(time.Millisecond) {
+		if _, fails := f.counts(); fails > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no renewal in %v of outage; want one every %v", ttl/2, ttl/3)
+		}
+	}
 	f.set(false)
 	time.Sleep(ttl)
 	if err := context.Cause(work); err != nil {
@@ -106,21 +116,25 @@ func TestKeepAliveGivesUpWhenTheLeaseRunsOut(t *testing.T) {
 }
 
 func TestKeepAliveStop(t *testing.T) {
-	mem, err := NewMemoryStore(Options{LeaseTTL: 30 * time.Millisecond})
+	// Renewals every 50ms: a lease of 30ms (renewed every 10ms) was lost
+	// before stop on a loaded machine, where a goroutine can wait that long
+	// for a core, and the test then saw ErrLeaseLost, not the stop.
+	const ttl = 150 * time.Millisecond
+	mem, err := NewMemoryStore(Options{LeaseTTL: ttl})
 	if err != nil {
 		t.Fatal(err)
 	}
 	f := &flakyStore{Store: mem}
 	c, _ := mem.Claim(t.Context(), "k", nil)
 	work, stop := KeepAlive(t.Context(), f, c.Lease)
-	time.Sleep(50 * time.Millisecond)
+	time.Sleep(ttl / 2) // at least one renewal
 	stop()
 	stop() // twice is fine
 	if !errors.Is(work.Err(), context.Canceled) || errors.Is(context.Cause(work), ErrLeaseLost) {
 		t.Fatalf("after stop: Err %v, Cause %v; want Canceled, not ErrLeaseLost", work.Err(), context.Cause(work))
 	}
 	renews, _ := f.counts()
-	time.Sleep(50 * time.Millisecond)
+	time.Sleep(ttl / 2) // at least one renewal interval (ttl/3)
 	if after, _ := f.counts(); after != renews {
 		t.Fatalf("renewals went on after stop returned (%d then %d); want none", renews, after)
 	}

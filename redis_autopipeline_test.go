@@ -381,9 +381,16 @@ func TestRedisAutoPipelineLoneCall(t *testing.T) {
 				}
 				slices.Sort(p)
 				slices.Sort(a)
-				t.Logf("cancellable context %v: median lone Claim %v with AutoPipeline, %v without", cctx.Done() != nil, a[n/2], p[n/2])
-				if a[n/2] > 2*p[n/2]+200*time.Microsecond {
-					t.Errorf("median lone Claim took %v with AutoPipeline, %v without; want no wait for company", a[n/2], p[n/2])
+				// A wait for company would delay every lone call, the
+				// fastest too; a loaded machine delays some calls by
+				// milliseconds (one median came out 3.6ms against 1.6ms,
+				// both stores alike), so the faster calls are compared:
+				// the fifth of each that were quickest.
+				q := n / 5
+				t.Logf("cancellable context %v: lone Claim with AutoPipeline %v (median %v), without %v (median %v), at the fifth quickest",
+					cctx.Done() != nil, a[q], a[n/2], p[q], p[n/2])
+				if a[q] > 2*p[q]+200*time.Microsecond {
+					t.Errorf("the fifth quickest lone Claim took %v with AutoPipeline, %v without; want no wait for company", a[q], p[q])
 				}
 			}
 		})

@@ -88,6 +88,8 @@ func TestReaderEntryIDKey(t *testing.T) {
 // reclaimed with XAUTOCLAIM and handled again.
 func TestReaderRetriesFailureAfterMinIdle(t *testing.T) {
 	c := testenv.Redis(t)
+	read := &firstRead{}
+	c.AddHook(read)
 	stream := unique(t, "stream")
 	add(t, c, stream, "x")
 	st := &settlements{}
@@ -114,9 +116,63 @@ func TestReaderRetriesFailureAfterMinIdle(t *testing.T) {
 		st.all[1].Action != redisstream.Ack || !st.all[1].Reclaimed {
 		t.Fatalf("settlements %+v; want pending (with the error), then a reclaimed ack", st.all)
 	}
-	if gap := at[1].Sub(at[0]); gap < minIdle {
-		t.Errorf("retried after %v; want at least MinIdle %v", gap, minIdle)
+	// MinIdle runs on Redis's clock: from the entry's delivery, stamped
+	// while the XREADGROUP that returned it ran, to the XAUTOCLAIM, each
+	// stamp a whole millisecond. On the test's clock the retry therefore
+	// comes at least MinIdle, less that millisecond, after the XREADGROUP
+	// was sent; the first attempt's own time stamp (at[0]) comes later by
+	// the time the call took, and may be less than MinIdle before the
+	// retry (199.85ms was seen).
+	sent := read.at()
+	if sent.IsZero() {
+		t.Fatal("no XREADGROUP returned the entry; want the first delivery seen by the hook")
 	}
+	if since := at[1].Sub(sent); since < minIdle-redisClockGranularity {
+		t.Errorf("retried %v after the XREADGROUP that delivered the entry was sent (%v after the first attempt); want at least MinIdle %v, less Redis's clock granularity %v",
+			since, at[1].Sub(at[0]), minIdle, redisClockGranularity)
+	}
+}
+
+// redisClockGranularity is that of the times Redis stamps and compares
+// (an entry's delivery, a key's expiry): a millisecond.
+const redisClockGranularity = time.Millisecond
+
+// firstRead is a go-redis hook that notes when the first XREADGROUP that
+// returned an entry was sent: Redis stamps the entry's delivery after that.
+type firstRead struct {
+	mu   sync.Mutex
+	sent time.Time
+}
+
+func (h *firstRead) at() time.Time {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.sent
+}
+
+func (h *firstRead) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *firstRead) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		sent := time.Now()
+		err := next(ctx, cmd)
+		if x, ok := cmd.(*redis.XStreamSliceCmd); ok && cmd.Name() == "xreadgroup" {
+			for _, s := range x.Val() {
+				if len(s.Messages) > 0 {
+					h.mu.Lock()
+					if h.sent.IsZero() {
+						h.sent = sent
+					}
+					h.mu.Unlock()
+				}
+			}
+		}
+		return err
+	}
+}
+
+func (h *firstRead) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }
 
 // An entry whose key another delivery holds is left pending, the handler not
