@@ -273,6 +273,11 @@ func TestRedisClusterPipelineASK(t *testing.T) {
 			if err != nil {
 				t.Fatalf("NewRedisStore: %v", err)
 			}
+			// First contact now, before the gate holds pipelines and the
+			// slot moves: what follows is the steady state.
+			if err := s.Check(ctx); err != nil {
+				t.Fatalf("Check: %v", err)
+			}
 			owner := func() string {
 				m, err := c.MasterForKey(ctx, s.redisKey(claimed[0]))
 				if err != nil {
