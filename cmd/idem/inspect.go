@@ -66,18 +66,21 @@ type recordedResponse struct {
 func (c *cli) inspect(args []string) int {
 	fs := flag.NewFlagSet("inspect", flag.ContinueOnError)
 	var sf storeFlags
-	sf.register(fs, c.getenv, true)
+	sf.register(fs, c.getenv, kindsAll)
 	asJSON := fs.Bool("json", false, "print one JSON object instead of text")
 	asHex := fs.Bool("hex", false, "KEY is hex-encoded")
 	httpRoute := fs.String("http", "", "KEY is an HTTP client's key for `'METHOD ROUTE'`, e.g. 'POST /payments'")
 	scope := fs.String("scope", "", "with --http, the `TENANT` the middleware's Scope named")
 	showResult := fs.Bool("result", false, "print the recorded HTTP response: status, headers and body")
-	pos, done, st := c.parse(fs, args, "[store flags] [--json] [--http 'METHOD ROUTE' [--scope TENANT]] [--result] KEY", inspectAbout+"\n\n"+envHelp)
+	pos, done, st := c.parse(fs, args, "[store flags] [--json] [--http 'METHOD ROUTE' [--scope TENANT]] [--result] KEY", inspectAbout+"\n\n"+envHelp(kindsAll))
 	if done {
 		return st
 	}
 	if len(pos) != 1 {
 		return c.usageError("inspect", fmt.Errorf("want exactly one KEY, got %d arguments", len(pos)))
+	}
+	if err := c.chooseStore("inspect", fs, &sf); err != nil {
+		return c.usageError("inspect", err)
 	}
 	key := pos[0]
 	if *asHex {
