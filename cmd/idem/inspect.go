@@ -116,7 +116,8 @@ func (c *cli) inspect(args []string) int {
 		for i, k := range keys {
 			quoted[i] = quoteKey(k)
 		}
-		return c.fail("inspect", exitFailed, fmt.Errorf("key %s has no live record in %s (never claimed, forgotten, or expired)", strings.Join(quoted, " or "), b.desc))
+		return c.fail("inspect", exitFailed, fmt.Errorf("key %s has no live record in %s (never claimed, forgotten, or expired)%s",
+			strings.Join(quoted, " or "), b.desc, notFoundHint(*httpRoute, *scope, key)))
 	}
 	if err != nil {
 		return c.fail("inspect", exitFailed, err)
@@ -160,6 +161,28 @@ func httpKeys(route, scope, key string) ([]string, error) {
 		httprecord.Key(scope, method, method+" "+path, key),
 		httprecord.Key(scope, method, path, key),
 	}, nil
+}
+
+// notFoundHint is what inspect adds when key has no record: the middleware
+// keeps a client's key under the method, route and scope too, so a client's
+// key looked up alone is never found; nor is one looked up without the
+// scope its middleware gave it.
+func notFoundHint(httpRoute, scope, key string) string {
+	switch {
+	case httpRoute == "" && !isHTTPRecordKey(key):
+		return fmt.Sprintf("; if %s is an Idempotency-Key the HTTP middleware recorded, give its route: idem inspect --http 'METHOD ROUTE' [--scope TENANT] %s",
+			quoteKey(key), quoteKey(key))
+	case httpRoute != "" && scope == "":
+		return "; if the middleware's Scope names a tenant, give it with --scope TENANT"
+	}
+	return ""
+}
+
+// isHTTPRecordKey reports whether k is already a store key the middleware
+// makes (httprecord.Key: "h1" and the scope's length).
+func isHTTPRecordKey(k string) bool {
+	rest, ok := strings.CutPrefix(k, "h1")
+	return ok && rest != "" && rest[0] >= '0' && rest[0] <= '9'
 }
 
 // lookupAny returns the record of the first of keys that has one, or

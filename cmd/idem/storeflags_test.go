@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/httprecord"
 	"github.com/idemgo/idem/internal/testenv"
 )
 
@@ -260,6 +261,38 @@ func TestHelpListsOnlyAcceptedFlags(t *testing.T) {
 	r := runCLI(t, nil, "prune", "--redis", "127.0.0.1:1")
 	if !strings.Contains(r.stderr, "Redis expires its keys itself") {
 		t.Errorf("prune --redis = %q; want why prune has no --redis", r.stderr)
+	}
+}
+
+// inspect KEY on a key the middleware recorded (under its method, route
+// and scope) says how to find it with --http; --http without --scope on a
+// scoped record suggests --scope. A key that is already the store's
+// encoding gets no such hint.
+func TestInspectSuggestsHTTP(t *testing.T) {
+	t.Parallel()
+	path, s := sqliteFile(t, idem.Options{})
+	resp := httprecord.Encode(&httprecord.Response{Status: 201, Body: []byte(`{"id":9}`)})
+	confirm(t, s, httprecord.Key("acme", "POST", "POST /orders", "ord-9"), nil, resp)
+	args := []string{"inspect", "--sqlite", path}
+
+	r := runCLI(t, nil, append(args, "ord-9")...)
+	if r.code != exitFailed || !strings.Contains(r.stderr, "no live record") ||
+		!strings.Contains(r.stderr, "idem inspect --http 'METHOD ROUTE' [--scope TENANT] ord-9") {
+		t.Errorf("inspect ord-9 = %d %q; want no live record and the --http command to try", r.code, r.stderr)
+	}
+	r.wantOneLine(t, args)
+
+	r = runCLI(t, nil, append(args, "--http", "POST /orders", "ord-9")...)
+	if r.code != exitFailed || !strings.Contains(r.stderr, "--scope TENANT") {
+		t.Errorf("inspect --http without --scope = %d %q; want a hint to give --scope", r.code, r.stderr)
+	}
+	r = runCLI(t, nil, append(args, "--http", "POST /orders", "--scope", "acme", "ord-9")...)
+	if r.code != exitOK || !strings.Contains(r.stdout, "state        confirmed") {
+		t.Errorf("inspect --http --scope acme ord-9 = %d %q %q; want the record", r.code, r.stdout, r.stderr)
+	}
+	r = runCLI(t, nil, append(args, httprecord.Key("", "POST", "/orders", "ord-9"))...)
+	if r.code != exitFailed || strings.Contains(r.stderr, "--http") {
+		t.Errorf("inspect of a missing encoded key = %d %q; want no --http hint", r.code, r.stderr)
 	}
 }
 
