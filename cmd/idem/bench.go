@@ -22,11 +22,6 @@ import (
 	"github.com/idemgo/idem/cmd/idem/internal/bench"
 )
 
-// envBenchRedis is the standalone Redis `make test` and `make bench` export
-// (see .ci/services.sh); `idem bench` reads it, envClusterAddrs and
-// envPostgresDSN as its flags' defaults.
-const envBenchRedis = "IDEM_REDIS_ADDR"
-
 // Files that --out writes.
 const (
 	benchTableFile = "BENCHMARKS-results.md"
@@ -55,9 +50,10 @@ http (--redis).`
 
 func (c *cli) bench(args []string) int {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	redisAddr := fs.String("redis", c.getenv(envBenchRedis), "standalone Redis `host:port` or redis:// URL (env "+envBenchRedis+")")
-	cluster := fs.String("cluster", c.getenv(envClusterAddrs), "comma-separated host:port `ADDRS` of a Redis Cluster's masters (env "+envClusterAddrs+")")
-	postgres := fs.String("postgres", c.getenv(envPostgresDSN), "Postgres `DSN` (env "+envPostgresDSN+")")
+	// The stores' flags and variables are the other commands', so that
+	// one environment (make services-up's) serves them all.
+	var sf storeFlags
+	sf.register(fs, c.getenv, benchKinds)
 	groups := fs.String("groups", strings.Join(bench.AllGroups, ","), "comma-separated `groups` to run")
 	only := fs.String("only", "", "run only the contenders whose name matches this `regexp` (and that --groups selects)")
 	rounds := fs.Int("rounds", 5, "rounds per goroutine count")
@@ -69,7 +65,7 @@ func (c *cli) bench(args []string) int {
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the timed rounds to `file`")
 	memprofile := fs.String("memprofile", "", "write an allocation profile of the whole run to `file`")
 	quiet := fs.Bool("quiet", false, "no progress lines on stderr")
-	pos, done, st := c.parse(fs, args, "[flags]", benchAbout)
+	pos, done, st := c.parse(fs, args, "[flags]", benchAbout+"\n\n"+envHelp(benchKinds))
 	if done {
 		return st
 	}
@@ -111,20 +107,38 @@ func (c *cli) bench(args []string) int {
 		}
 		cfg.Only = re.MatchString
 	}
-	need := map[string]string{}
+	var tg benchTargets
 	for _, g := range cfg.Groups {
+		var (
+			name, v string
+			err     error
+		)
 		switch g {
 		case bench.GroupRedis, bench.GroupHTTP:
-			need["--redis"] = *redisAddr
+			name, v = "--redis", sf.redisAddr
+			if v != "" && tg.redis == nil {
+				tg.redis, err = parseRedisAddr(name, v)
+				if !givenFlags(fs)["redis"] {
+					c.noteOldRedisEnv("bench", &sf)
+				}
+			}
 		case bench.GroupCluster:
-			need["--cluster"] = *cluster
+			name, v = "--cluster", sf.cluster
+			if v != "" {
+				tg.cluster, err = parseClusterAddrs(name, v)
+			}
 		case bench.GroupSQL:
-			need["--postgres"] = *postgres
+			name, v = "--postgres", sf.postgres
+			tg.postgres = v
+			if v != "" && postgresDriver == "" {
+				err = fmt.Errorf("--postgres: this idem was built with -tags %s, without the Postgres driver; build it without that tag", tagNoPostgres)
+			}
 		}
-	}
-	for _, f := range []string{"--redis", "--cluster", "--postgres"} {
-		if v, ok := need[f]; ok && v == "" {
-			return c.usageError("bench", fmt.Errorf("the groups %s need %s (or its environment variable)", strings.Join(cfg.Groups, ","), f))
+		if err != nil {
+			return c.usageError("bench", err)
+		}
+		if v == "" {
+			return c.usageError("bench", fmt.Errorf("the groups %s need %s (or its environment variable)", strings.Join(cfg.Groups, ","), name))
 		}
 	}
 	if !*quiet {
@@ -133,7 +147,7 @@ func (c *cli) bench(args []string) int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	env, closeEnv, err := openBenchEnv(ctx, need)
+	env, closeEnv, err := openBenchEnv(ctx, tg)
 	if err != nil {
 		return c.fail("bench", exitUsage, err)
 	}
@@ -171,9 +185,20 @@ func (c *cli) bench(args []string) int {
 	return exitOK
 }
 
-// openBenchEnv connects to the services need names (flag → address) and
-// checks that they answer.
-func openBenchEnv(ctx context.Context, need map[string]string) (bench.Env, func(), error) {
+// benchKinds are the stores bench measures.
+const benchKinds = kindRedis | kindCluster | kindPostgres
+
+// benchTargets are the servers the selected groups need, parsed from the
+// flags; nil or "" for those no group needs.
+type benchTargets struct {
+	redis    *redis.Options
+	cluster  *redis.ClusterOptions
+	postgres string
+}
+
+// openBenchEnv connects to the servers tg names and checks that they
+// answer.
+func openBenchEnv(ctx context.Context, tg benchTargets) (bench.Env, func(), error) {
 	var (
 		env     bench.Env
 		closers []func()
@@ -186,29 +211,22 @@ func openBenchEnv(ctx context.Context, need map[string]string) (bench.Env, func(
 	ctx, cancel := context.WithTimeout(ctx, connectTimeout)
 	defer cancel()
 	fail := func(err error) (bench.Env, func(), error) { closeAll(); return bench.Env{}, nil, err }
-	if addr, ok := need["--redis"]; ok {
-		o := &redis.Options{Addr: addr}
-		if strings.Contains(addr, "://") {
-			var err error
-			if o, err = redis.ParseURL(addr); err != nil {
-				return fail(fmt.Errorf("--redis: %w", err))
-			}
-		}
-		env.Redis = redis.NewClient(o)
+	if tg.redis != nil {
+		env.Redis = redis.NewClient(tg.redis)
 		closers = append(closers, func() { _ = env.Redis.Close() })
 		if err := env.Redis.Ping(ctx).Err(); err != nil {
-			return fail(fmt.Errorf("cannot reach Redis at %s: %w", o.Addr, err))
+			return fail(fmt.Errorf("cannot reach Redis at %s: %w", tg.redis.Addr, err))
 		}
 	}
-	if addrs, ok := need["--cluster"]; ok {
-		env.Cluster = redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(addrs, ",")})
+	if tg.cluster != nil {
+		env.Cluster = redis.NewClusterClient(tg.cluster)
 		closers = append(closers, func() { _ = env.Cluster.Close() })
 		if err := env.Cluster.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error { return m.Ping(ctx).Err() }); err != nil {
-			return fail(fmt.Errorf("cannot reach the Redis Cluster at %s: %w", addrs, err))
+			return fail(fmt.Errorf("cannot reach the Redis Cluster at %s: %w", strings.Join(tg.cluster.Addrs, ","), err))
 		}
 	}
-	if dsn, ok := need["--postgres"]; ok {
-		db, err := sql.Open("pgx", dsn)
+	if tg.postgres != "" {
+		db, err := sql.Open(postgresDriver, tg.postgres)
 		if err != nil {
 			return fail(fmt.Errorf("--postgres: %w", err))
 		}

@@ -14,7 +14,7 @@ import (
 // differently (exit 2 after a timeout, with "cannot reach").
 func TestBenchUsageErrors(t *testing.T) {
 	t.Parallel()
-	nowhere := map[string]string{envBenchRedis: "127.0.0.1:1", envClusterAddrs: "127.0.0.1:1", envPostgresDSN: "postgres://127.0.0.1:1/x"}
+	nowhere := map[string]string{envRedisAddr: "127.0.0.1:1", envClusterAddrs: "127.0.0.1:1", envPostgresDSN: "postgres://127.0.0.1:1/x"}
 	for _, tc := range []struct {
 		env  map[string]string
 		args []string
@@ -52,7 +52,7 @@ func TestBenchOut(t *testing.T) {
 	args := []string{"bench", "--groups", "http", "--only", "bare|^middleware replay$", "--rounds", "1", "--duration", "50ms",
 		"--goroutines", "2", "--cost-msgs", "20", "--out", dir, "--quiet",
 		"--cpuprofile", filepath.Join(dir, "cpu.pprof"), "--memprofile", filepath.Join(dir, "mem.pprof")}
-	r := runCLI(t, map[string]string{envBenchRedis: addr}, args...)
+	r := runCLI(t, map[string]string{envRedisAddr: addr}, args...)
 	if r.code != exitOK {
 		t.Fatalf("idem %q = %d, stderr %q; want 0", args, r.code, r.stderr)
 	}

@@ -73,7 +73,7 @@ func (c *cli) demo(args []string) int {
 	}
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	var sf storeFlags
-	sf.register(fs, c.getenv, true)
+	sf.register(fs, c.getenv, kindsAll)
 	d := &demoRun{}
 	fs.IntVar(&d.messages, "messages", 2000, "how many distinct messages")
 	fs.IntVar(&d.workers, "workers", 8, "how many workers consume the queue")
@@ -83,12 +83,15 @@ func (c *cli) demo(args []string) int {
 	fs.DurationVar(&d.lease, "lease", 0, "the lease TTL: how long a crashed worker's message waits for a take-over (default 300ms; 1s on SQLite)")
 	fs.DurationVar(&d.retention, "retention", time.Hour, "how long the store remembers a confirmed key")
 	fs.DurationVar(&d.timeout, "timeout", 2*time.Minute, "give up (exit 1) when the run takes longer")
-	pos, done, st := c.parse(fs, args, "[flags]", demoAbout+"\n\n"+envHelp)
+	pos, done, st := c.parse(fs, args, "[flags]", demoAbout+"\n\n"+envHelp(kindsAll))
 	if done {
 		return st
 	}
 	if len(pos) > 0 {
 		return c.noArgs("demo", pos)
+	}
+	if err := c.chooseStore("demo", fs, &sf); err != nil {
+		return c.usageError("demo", err)
 	}
 	switch {
 	case d.messages < 1 || d.workers < 1:

@@ -92,7 +92,7 @@ func TestDemoEmbedded(t *testing.T) {
 func TestDemoRedis(t *testing.T) {
 	t.Parallel()
 	addr := testenv.Lookup(t, testenv.RedisAddrVar)
-	r := runCLI(t, map[string]string{envRedisURL: "redis://" + addr}, "demo", "--messages", "300", "--crash-rate", "0.05", "--lease", "1s")
+	r := runCLI(t, map[string]string{envRedisAddr: "redis://" + addr}, "demo", "--messages", "300", "--crash-rate", "0.05", "--lease", "1s")
 	checkReport(t, r, 300)
 	if !strings.Contains(r.stdout, "Redis at "+addr) {
 		t.Errorf("report does not name the Redis at %s:\n%s", addr, r.stdout)

@@ -56,7 +56,7 @@ type demoHTTP struct {
 func (c *cli) demoHTTP(args []string) int {
 	fs := flag.NewFlagSet("demo http", flag.ContinueOnError)
 	var sf storeFlags
-	sf.register(fs, c.getenv, true)
+	sf.register(fs, c.getenv, kindsAll)
 	d := &demoHTTP{}
 	fs.IntVar(&d.orders, "orders", 2000, "how many orders (logical POSTs)")
 	fs.IntVar(&d.clients, "clients", 16, "how many client goroutines send them")
@@ -64,12 +64,15 @@ func (c *cli) demoHTTP(args []string) int {
 	fs.Float64Var(&d.resetRate, "reset-rate", 0.02, "probability that a request's connection is reset after it was forwarded")
 	fs.Uint64Var(&d.seed, "seed", 1, "seed of the proxy's faults")
 	fs.DurationVar(&d.timeout, "timeout", 2*time.Minute, "give up (exit 1) when a run takes longer")
-	pos, done, st := c.parse(fs, args, "[flags]", demoHTTPAbout+"\n\n"+envHelp)
+	pos, done, st := c.parse(fs, args, "[flags]", demoHTTPAbout+"\n\n"+envHelp(kindsAll))
 	if done {
 		return st
 	}
 	if len(pos) > 0 {
 		return c.noArgs("demo http", pos)
+	}
+	if err := c.chooseStore("demo http", fs, &sf); err != nil {
+		return c.usageError("demo http", err)
 	}
 	switch {
 	case d.orders < 1 || d.clients < 1:

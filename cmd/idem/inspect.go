@@ -67,18 +67,21 @@ type recordedResponse struct {
 func (c *cli) inspect(args []string) int {
 	fs := flag.NewFlagSet("inspect", flag.ContinueOnError)
 	var sf storeFlags
-	sf.register(fs, c.getenv, true)
+	sf.register(fs, c.getenv, kindsAll)
 	asJSON := fs.Bool("json", false, "print one JSON object instead of text")
 	asHex := fs.Bool("hex", false, "KEY is hex-encoded")
 	httpRoute := fs.String("http", "", "KEY is an HTTP client's key for `'METHOD ROUTE'`, e.g. 'POST /payments'")
 	scope := fs.String("scope", "", "with --http, the `TENANT` the middleware's Scope named")
 	showResult := fs.Bool("result", false, "print the recorded HTTP response: status, headers and body")
-	pos, done, st := c.parse(fs, args, "[store flags] [--json] [--http 'METHOD ROUTE' [--scope TENANT]] [--result] KEY", inspectAbout+"\n\n"+envHelp)
+	pos, done, st := c.parse(fs, args, "[store flags] [--json] [--http 'METHOD ROUTE' [--scope TENANT]] [--result] KEY", inspectAbout+"\n\n"+envHelp(kindsAll))
 	if done {
 		return st
 	}
 	if len(pos) != 1 {
 		return c.usageError("inspect", fmt.Errorf("want exactly one KEY, got %d arguments", len(pos)))
+	}
+	if err := c.chooseStore("inspect", fs, &sf); err != nil {
+		return c.usageError("inspect", err)
 	}
 	key := pos[0]
 	if *asHex {
@@ -114,7 +117,8 @@ func (c *cli) inspect(args []string) int {
 		for i, k := range keys {
 			quoted[i] = quoteKey(k)
 		}
-		return c.fail("inspect", exitFailed, fmt.Errorf("key %s has no live record in %s (never claimed, forgotten, or expired)", strings.Join(quoted, " or "), b.desc))
+		return c.fail("inspect", exitFailed, fmt.Errorf("key %s has no live record in %s (never claimed, forgotten, or expired)%s",
+			strings.Join(quoted, " or "), b.desc, notFoundHint(*httpRoute, *scope, key)))
 	}
 	if err != nil {
 		return c.fail("inspect", exitFailed, err)
@@ -160,6 +164,34 @@ func httpKeys(route, scope, key string) ([]string, error) {
 		httprecord.KeyV1(scope, method, method+" "+path, key),
 		httprecord.KeyV1(scope, method, path, key),
 	}, nil
+}
+
+// notFoundHint is what inspect adds when key has no record: the middleware
+// keeps a client's key under its scope (and, in earlier versions, the
+// method and route) too, so a client's
+// key looked up alone is never found; nor is one looked up without the
+// scope its middleware gave it.
+func notFoundHint(httpRoute, scope, key string) string {
+	switch {
+	case httpRoute == "" && !isHTTPRecordKey(key):
+		return fmt.Sprintf("; if %s is an Idempotency-Key the HTTP middleware recorded, give its route: idem inspect --http 'METHOD ROUTE' [--scope TENANT] %s",
+			quoteKey(key), quoteKey(key))
+	case httpRoute != "" && scope == "":
+		return "; if the middleware's Scope names a tenant, give it with --scope TENANT"
+	}
+	return ""
+}
+
+// isHTTPRecordKey reports whether k is already a store key the middleware
+// makes (httprecord.Key: "h2", or an earlier version's "h1", and the
+// scope's length).
+func isHTTPRecordKey(k string) bool {
+	for _, v := range []string{"h2", "h1"} {
+		if rest, ok := strings.CutPrefix(k, v); ok && rest != "" && rest[0] >= '0' && rest[0] <= '9' {
+			return true
+		}
+	}
+	return false
 }
 
 // lookupAny returns the record of the first of keys that has one, or

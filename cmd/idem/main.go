@@ -7,7 +7,17 @@
 //	idem schema    the SQL DDL of a store's table, for a migration tool
 //	idem bench     idem beside its alternatives on real Redis, Redis Cluster and Postgres
 //
-// Every command answers --help. Exit status: 0 success; 1 the command ran
+// Every command answers --help, listing the flags it takes. A store flag
+// takes an address in any of its forms (--redis: host:port or a redis://,
+// rediss:// or unix:// URL; --sqlite: a path or a file: URI), and each
+// store has one environment variable (IDEM_REDIS_ADDR,
+// IDEM_REDIS_CLUSTER_ADDRS, IDEM_POSTGRES_DSN, IDEM_SQLITE_FILE).
+//
+// The build tags idem_nopostgres and idem_nosqlite leave the Postgres and
+// SQLite drivers out: a third less to compile on a first build, for a demo
+// on the embedded Redis.
+//
+// Exit status: 0 success; 1 the command ran
 // and found a problem (a demo whose ledger breaks the guarantees, a key not
 // found); 2 a usage error or a store that cannot be reached.
 package main
@@ -152,6 +162,13 @@ func (c *cli) parse(fs *flag.FlagSet, args []string, synopsis, about string) (po
 			return nil, true, exitOK
 		}
 		if err != nil {
+			if name, ok := strings.CutPrefix(err.Error(), "flag provided but not defined: -"); ok {
+				if why, ok := refusedFlags[fs.Name()][name]; ok {
+					err = fmt.Errorf("--%s: %s", name, why)
+				} else {
+					err = fmt.Errorf("unknown flag --%s", name)
+				}
+			}
 			return nil, true, c.usageError(fs.Name(), err)
 		}
 		rest := fs.Args()
@@ -164,6 +181,21 @@ func (c *cli) parse(fs *flag.FlagSet, args []string, synopsis, about string) (po
 		positional = append(positional, rest[0])
 		args = rest[1:]
 	}
+}
+
+// refusedFlags says, by command, why it has no flag that other commands
+// have, for the user who gives it anyway.
+var refusedFlags = map[string]map[string]string{
+	"prune": {
+		"redis":   "prune is for SQL stores (--postgres, --sqlite): Redis expires its keys itself",
+		"cluster": "prune is for SQL stores (--postgres, --sqlite): Redis expires its keys itself",
+		"prefix":  "prune is for SQL stores (--postgres, --sqlite): Redis expires its keys itself",
+	},
+	"bench": {
+		"sqlite": "bench measures Postgres (--postgres), not SQLite",
+		"table":  "bench makes tables of its own",
+		"prefix": "bench makes keys of its own",
+	},
 }
 
 // noArgs answers positional arguments that a command does not take.

@@ -26,17 +26,17 @@ var pruneProgressEvery = 2 * time.Second
 func (c *cli) prune(args []string) int {
 	fs := flag.NewFlagSet("prune", flag.ContinueOnError)
 	var sf storeFlags
-	sf.register(fs, c.getenv, true)
+	sf.register(fs, c.getenv, kindsSQL)
 	timeout := fs.Duration("timeout", 0, "stop after this long (0: no limit)")
-	pos, done, st := c.parse(fs, args, "--postgres DSN | --sqlite FILE [--table NAME]", pruneAbout+"\n\n"+envHelp)
+	pos, done, st := c.parse(fs, args, "--postgres DSN | --sqlite FILE [--table NAME]", pruneAbout+"\n\n"+envHelp(kindsSQL))
 	if done {
 		return st
 	}
 	if len(pos) > 0 {
 		return c.noArgs("prune", pos)
 	}
-	if sf.redisURL != "" || sf.cluster != "" {
-		return c.usageError("prune", fmt.Errorf("prune is for SQL stores (--postgres, --sqlite): Redis expires its keys itself"))
+	if err := c.chooseStore("prune", fs, &sf); err != nil {
+		return c.usageError("prune", err)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()

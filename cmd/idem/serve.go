@@ -37,16 +37,19 @@ key reused for another request). Stop it with Ctrl-C.`
 func (c *cli) serve(args []string) int {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	var sf storeFlags
-	sf.register(fs, c.getenv, true)
+	sf.register(fs, c.getenv, kindsAll)
 	addr := fs.String("addr", "127.0.0.1:8080", "the `address` to listen on")
 	delay := fs.Duration("delay", 2*time.Second, "how long a charge takes, so that a retry can find it in flight")
 	lockTimeout := fs.Duration("lock-timeout", time.Second, "how long a retry waits for a request in flight before 409")
-	pos, done, st := c.parse(fs, args, "[--addr HOST:PORT] [store flags]", serveAbout+"\n\n"+envHelp)
+	pos, done, st := c.parse(fs, args, "[--addr HOST:PORT] [store flags]", serveAbout+"\n\n"+envHelp(kindsAll))
 	if done {
 		return st
 	}
 	if len(pos) > 0 {
 		return c.noArgs("serve", pos)
+	}
+	if err := c.chooseStore("serve", fs, &sf); err != nil {
+		return c.usageError("serve", err)
 	}
 	if *delay < 0 || *lockTimeout <= 0 {
 		return c.usageError("serve", errors.New("--delay must not be negative, --lock-timeout must be positive"))
