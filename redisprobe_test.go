@@ -1,9 +1,12 @@
 package idem
 
 import (
+	"fmt"
+
 	"bytes"
 	"context"
 	"errors"
+	"github.com/google/uuid"
 	"log/slog"
 	"strings"
 	"testing"
@@ -256,4 +259,70 @@ func TestRedisCapabilityProbeSlots(t *testing.T) {
 	if err := s.Check(ctx); !errors.Is(err, ErrSlotsUncovered) || !strings.Contains(err.Error(), "10923 of 16384") {
 		t.Errorf("Check on a cluster serving 10923 slots = %v; want ErrSlotsUncovered naming the count", err)
 	}
+}
+
+// Scripts loaded with SCRIPT LOAD stay loaded however many scripts another
+// client sends by EVAL: Redis 8 keeps EVAL's scripts in a 500-entry LRU,
+// which evicted idem's when it loaded them by EVAL. Claim and Confirm
+// stay one round trip each, and the server answers no NOSCRIPT.
+func TestRedisScriptsStayLoaded(t *testing.T) {
+	testenv.EachServer(t, func(t *testing.T, srv testenv.Server) {
+		sv := srv.Start(t) // a server of its own: INFO errorstats counts every client's errors
+		c := redis.NewClient(&redis.Options{Addr: sv.Addr})
+		t.Cleanup(func() { _ = c.Close() })
+		other := redis.NewClient(&redis.Options{Addr: sv.Addr})
+		t.Cleanup(func() { _ = other.Close() })
+		ctx := context.Background()
+		s := newTestRedisStore(t, c, RedisOptions{}) // first contact: SCRIPT LOAD
+		if err := c.ConfigResetStat(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		h := &tripCounter{}
+		c.AddHook(h)
+
+		const foreign = 2000
+		done := make(chan error, 1)
+		go func() {
+			for i := range foreign {
+				if err := other.Eval(ctx, fmt.Sprintf("return %d", i), nil).Err(); err != nil {
+					done <- err
+					return
+				}
+			}
+			done <- nil
+		}()
+		ops := 0
+		for running := true; running; {
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatalf("another client's EVAL: %v", err)
+				}
+				running = false
+			default:
+			}
+			cl, err := s.Claim(ctx, uuid.NewString(), nil)
+			if err != nil || cl.Outcome != Claimed {
+				t.Fatalf("Claim = %v, %v", cl.Outcome, err)
+			}
+			if err := s.Confirm(ctx, cl.Lease, []byte("r")); err != nil {
+				t.Fatalf("Confirm = %v", err)
+			}
+			ops++
+			if trips, sent := h.take(); trips != 2 {
+				t.Fatalf("Claim+Confirm %d cost %d round trips (%v); want 2", ops, trips, sent)
+			}
+		}
+		stats, err := c.Info(ctx, "errorstats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v, ok := infoField(stats, "errorstat_NOSCRIPT"); ok {
+			t.Errorf("after %d foreign scripts and %d Claim+Confirm, INFO errorstats has NOSCRIPT %s; want none", foreign, ops, v)
+		}
+		info, _ := c.Info(ctx, "stats").Result()
+		evicted, _ := infoField(info, "evicted_scripts")
+		t.Logf("%s: %d foreign EVAL scripts (evicted_scripts %q), %d Claim+Confirm at 2 round trips each, 0 NOSCRIPT",
+			srv.Name, foreign, evicted, ops)
+	})
 }
