@@ -14,8 +14,13 @@ import (
 // Lease is a claim held by this caller: proof that it, and no one else, is
 // doing the work of Key until the lease runs out.
 //
-// A Lease is a value: stores read it and never modify it, so it may be shared
-// by goroutines (the handler reading Token while KeepAlive renews).
+// A Lease is a value: stores read its fields and never modify them, so it
+// may be shared by goroutines (the handler reading Token while KeepAlive
+// renews). It belongs to the store that granted it: another store (another
+// kind, Prefix or table) refuses it with ErrInvalidLease, as it refuses a
+// Lease built by hand. Forget marks it (and its copies) forgotten, so that
+// a later Confirm or Renew of it is ErrLeaseLost without touching the
+// store.
 type Lease struct {
 	Key string
 	// Token is the fencing token: strictly greater than the token of every
