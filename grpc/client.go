@@ -193,7 +193,15 @@ func (c *Client) attempt(ctx context.Context, method string, req, reply any, cc 
 	actx, cancel := context.WithTimeout(ctx, c.o.AttemptTimeout)
 	defer cancel()
 	err = invoker(actx, method, req, reply, cc, opts...)
-	return err != nil && actx.Err() != nil && ctx.Err() == nil, err
+	if err == nil || ctx.Err() != nil || status.Code(err) != codes.DeadlineExceeded {
+		return false, err
+	}
+	// The server, given the attempt's deadline (grpc-timeout), may answer
+	// DeadlineExceeded before the attempt's own timer fires: the attempt's
+	// bound it is, unless the call's deadline was the nearer one.
+	ad, _ := actx.Deadline()
+	cd, ok := ctx.Deadline()
+	return !ok || ad.Before(cd), err
 }
 
 func (c *Client) report(a Attempt) {

@@ -235,7 +235,7 @@ func (s *Server) lease(cl *call, fp []byte) {
 	deadline := time.Now().Add(s.c.LockTimeout)
 	wait := 10 * time.Millisecond
 	for {
-		claim, err := s.c.Store.Claim(ctx, cl.storeKey, fp)
+		claim, err := s.claim(ctx, cl.storeKey, fp)
 		// A different request under the key is answered at once, in
 		// flight or done: waiting would not make it the same request.
 		if errors.Is(err, idem.ErrFingerprintMismatch) {
@@ -274,6 +274,20 @@ func (s *Server) lease(cl *call, fp []byte) {
 			return
 		}
 	}
+}
+
+// claim claims key on a context detached from the call's cancellation,
+// bounded by RecordTimeout: a Claim cut off by a client that hung up may
+// still have been applied, and its lease, unknown to anyone, would hold the
+// key for a whole LeaseTTL, answering the client's own retries Aborted.
+// Once the claim is known it is released on every path.
+func (s *Server) claim(ctx context.Context, key string, fp []byte) (idem.Claim, error) {
+	if ctx.Err() != nil {
+		return idem.Claim{}, context.Cause(ctx)
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.c.RecordTimeout)
+	defer cancel()
+	return s.c.Store.Claim(cctx, key, fp)
 }
 
 // storeFailed answers a failed Claim: InvalidArgument for a key the store
