@@ -32,7 +32,7 @@ go test -race -count=1 ./... || status=$?
 # them (skipped or lenient under -race) run once more without it.
 go test -count=1 -run 'ObserverAllocations|KeyHasher|RedisKeyName' . ./consumer ./middleware || status=$?
 # Nested modules (kept apart for their heavy dependency trees) are not part of ./...
-nested=(consumer/watermill consumer/kafka otel)
+nested=(consumer/watermill consumer/kafka otel grpc)
 for mod in "${nested[@]}"; do
 	(cd "$root/$mod" && go test -race -count=1 ./...) || status=$?
 done
