@@ -125,7 +125,7 @@ func (c *counter) count(v string) int {
 	return c.runs[v]
 }
 
-func memStore(t *testing.T) *idem.MemoryStore {
+func memStore(t testing.TB) *idem.MemoryStore {
 	t.Helper()
 	s, err := idem.NewMemoryStore(idem.Options{})
 	if err != nil {

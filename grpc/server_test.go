@@ -500,3 +500,44 @@ func TestUnaryObserver(t *testing.T) {
 		}
 	}
 }
+
+// lostClaimReply applies every Claim but, like a store client cut off by
+// its context mid-command, answers the context's error when the caller's
+// context ended meanwhile.
+type lostClaimReply struct{ idem.Store }
+
+func (s lostClaimReply) Claim(ctx context.Context, key string, fp []byte) (idem.Claim, error) {
+	time.Sleep(50 * time.Millisecond)
+	c, err := s.Store.Claim(context.WithoutCancel(ctx), key, fp)
+	if ctx.Err() != nil {
+		return idem.Claim{}, ctx.Err()
+	}
+	return c, err
+}
+
+// TestUnaryClaimOutlivesTheCaller checks that a caller who hangs up during
+// the Claim leaves no claim behind: its retry runs at once, rather than
+// meeting an orphaned lease (Aborted) for a whole LeaseTTL.
+func TestUnaryClaimOutlivesTheCaller(t *testing.T) {
+	s, err := NewServer(ServerOptions{Store: lostClaimReply{memStore(t)}, SingleTenant: true, LockTimeout: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var runs atomic.Int32
+	h := func(ctx context.Context, req any) (any, error) {
+		runs.Add(1)
+		if err := ctx.Err(); err != nil {
+			return nil, status.FromContextError(err).Err()
+		}
+		return wrapperspb.String("ok"), nil
+	}
+	info := &grpc.UnaryServerInfo{FullMethod: methodCreate}
+	md := metadata.Pairs(DefaultMetadata, "k")
+	ctx, cancel := context.WithTimeout(metadata.NewIncomingContext(context.Background(), md), 10*time.Millisecond)
+	defer cancel()
+	_, _ = s.Unary(ctx, wrapperspb.String("v"), info, h)
+	resp, err := s.Unary(metadata.NewIncomingContext(context.Background(), md), wrapperspb.String("v"), info, h)
+	if err != nil || resp.(*wrapperspb.StringValue).GetValue() != "ok" {
+		t.Errorf("retry after a caller hung up during its Claim = %v, %v; want the handler's ok", resp, err)
+	}
+}
