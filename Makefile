@@ -24,7 +24,7 @@ bench:
 	bash .ci/bench.sh $(BENCH_FLAGS)
 
 # gofmt, vet and staticcheck; vet and staticcheck also in the nested modules
-# (consumer/watermill, consumer/kafka, otel), which the root module's ./... does not include.
+# (consumer/watermill, consumer/kafka, otel, grpc), which the root module's ./... does not include.
 check:
 	@unformatted=$$(gofmt -l .); \
 	if [[ -n $$unformatted ]]; then \
@@ -36,6 +36,7 @@ check:
 	cd consumer/watermill && go vet ./... && $(STATICCHECK) ./...
 	cd consumer/kafka && go vet ./... && $(STATICCHECK) ./...
 	cd otel && go vet ./... && $(STATICCHECK) ./...
+	cd grpc && go vet ./... && $(STATICCHECK) ./...
 
 # For running tests by hand: start the servers once, paste the exports, then
 # `go test ./...` as often as you like. Running it again restarts them.

@@ -38,7 +38,7 @@ go test -count=1 -run 'ObserverAllocations|KeyHasher|RedisKeyName' . ./consumer 
 # servers passes in a FIPS-only program, where SHA-1 panics.
 GODEBUG=fips140=only go test -count=1 -run 'TestRedisStoreConformance$|TestMemoryStoreConformance' . || status=$?
 # Nested modules (kept apart for their heavy dependency trees) are not part of ./...
-nested=(consumer/watermill consumer/kafka otel)
+nested=(consumer/watermill consumer/kafka otel grpc)
 for mod in "${nested[@]}"; do
 	(cd "$root/$mod" && go test -race -count=1 ./...) || status=$?
 done

@@ -41,7 +41,8 @@ interleaving is not part of the plan, so counts such as duplicates skipped and
 in-progress redeliveries vary a little between runs of one seed.
 
 idem demo http runs the HTTP half instead: clients sending orders through
-client.Transport and a lossy proxy to the middleware (idem demo http --help).`
+client.Transport and a lossy proxy to the middleware (idem demo http --help);
+idem demo grpc says how to run the gRPC one, a program of the grpc module.`
 
 // demoRun is one demo: its settings, plan, stores and ledger.
 type demoRun struct {
@@ -70,6 +71,14 @@ func (d *demoRun) key(m int) string {
 func (c *cli) demo(args []string) int {
 	if len(args) > 0 && args[0] == "http" {
 		return c.demoHTTP(args[1:])
+	}
+	if len(args) > 0 && args[0] == "grpc" {
+		// A program of the grpc module: importing it here would bring
+		// grpc-go into this module's dependencies.
+		fmt.Fprintln(c.stderr, "idem demo grpc: the gRPC demo is the grpc module's program; run it with\n"+
+			"  go run github.com/idemgo/idem/grpc/cmd/idem-grpc-demo@latest [flags]\n"+
+			"or, in a checkout of idem: cd grpc && go run ./cmd/idem-grpc-demo [flags]")
+		return exitUsage
 	}
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	var sf storeFlags
