@@ -32,7 +32,9 @@ const (
 	// OpRun is Run of the SQL store (package sqlstore): Outcome Claimed
 	// when the write ran, Duplicate when a committed result was replayed.
 	OpRun
-	// OpRequest is one HTTP request through the idempotency middleware.
+	// OpRequest is one request through a wrapper that records responses:
+	// an HTTP request through the middleware, a unary call through the
+	// gRPC server interceptor.
 	OpRequest
 	// OpMessage is one message through the consumer wrapper.
 	OpMessage
