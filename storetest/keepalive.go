@@ -41,13 +41,17 @@ func (s *suite) realTime() func() {
 }
 
 func keepAliveRenews(s *suite) {
-	a, b := s.open("w1"), s.open("w2")
+	// A lease of two seconds, renewed every 667ms: a renewal that a loaded
+	// machine delays by a second still comes in time (with one second, a
+	// delay of 667ms lost the lease on a machine at load 10).
+	a := s.openWith(idem.Options{Worker: "w1", LeaseTTL: 2 * lease, Retention: 2 * lease})
+	b := s.open("w2")
 	k := s.key("k")
 	c := s.claim(a, k, "fp", idem.Claimed)
 	defer s.realTime()()
 	work, stop := idem.KeepAlive(ctx(s), a, c.Lease)
 	defer stop()
-	// Well past several TTLs, the key is still held and the work goes on.
+	// Well past its TTL, the key is still held and the work goes on.
 	for range 4 {
 		time.Sleep(lease)
 		d := s.claim(b, k, "fp", idem.InProgress)
