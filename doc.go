@@ -5,6 +5,22 @@
 // work. Every other delivery, on any process, finds the claim or the
 // confirmation and does not do the work again.
 //
+// # Do
+//
+// [Do] is the one call for the common case: run a function once per key,
+// and hand every call of the key its result.
+//
+//	receipt, err := idem.Do(ctx, store, "charge:"+orderID, charge,
+//		idem.DoOptions{Fingerprint: fingerprint})
+//
+// The first call claims the key, runs charge under [KeepAlive] with the
+// lease in its context ([LeaseFrom] gives the fencing token), records its
+// result and returns it. A duplicate gets the recorded result without
+// running charge; a call that finds the key in flight waits for it
+// ([DoOptions].Wait). charge's error forgets the key, so a retry runs it
+// again, unless it is marked [Permanent]: then it is recorded and replayed.
+// The calls below are what Do is made of, for what it does not cover.
+//
 // # The model
 //
 // A caller Claims a key under a lease, does the work, and Confirms it:

@@ -12,6 +12,65 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
+// Charge an order once, however many times the request comes: the first
+// call runs the function and records its receipt; every later call of the
+// key gets that receipt without running it.
+func ExampleDo() {
+	ctx := context.Background()
+	store, err := idem.NewMemoryStore(idem.Options{}) // NewRedisStore, sqlstore.New in production
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	type Receipt struct {
+		ID     string
+		Amount int
+	}
+	charges := 0
+	charge := func(ctx context.Context) (Receipt, error) {
+		l, _ := idem.LeaseFrom(ctx) // l.Token fences the payment provider's write
+		charges++
+		return Receipt{ID: fmt.Sprintf("rcpt-%d", l.Token), Amount: 1250}, nil
+	}
+	for range 3 {
+		r, err := idem.Do(ctx, store, "charge:order-17", charge,
+			idem.DoOptions{Fingerprint: []byte("amount=1250")})
+		fmt.Println(r, err)
+	}
+	fmt.Println("charged", charges, "time")
+	// Output:
+	// {rcpt-1 1250} <nil>
+	// {rcpt-1 1250} <nil>
+	// {rcpt-1 1250} <nil>
+	// charged 1 time
+}
+
+// A declined card is the key's answer: marked Permanent, the error is
+// recorded and every retry gets it back, still matching its sentinel. An
+// unmarked error (a timeout) would forget the key, and the retry would run
+// the function again.
+func ExamplePermanent() {
+	ctx := context.Background()
+	store, err := idem.NewMemoryStore(idem.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	errDeclined := errors.New("card declined")
+	charge := func(context.Context) (string, error) {
+		return "", fmt.Errorf("order 18: %w", idem.Permanent(errDeclined))
+	}
+	o := idem.DoOptions{Errors: []error{errDeclined}}
+
+	_, err = idem.Do(ctx, store, "charge:order-18", charge, o)
+	fmt.Println(err, errors.Is(err, errDeclined))
+	_, err = idem.Do(ctx, store, "charge:order-18", charge, o)
+	var p *idem.PermanentError
+	fmt.Println(err, errors.Is(err, errDeclined), errors.As(err, &p) && p.Replayed)
+	// Output:
+	// order 18: card declined true
+	// order 18: card declined true true
+}
+
 // A message handler that may see the same message twice: the first delivery
 // does the work, the second finds the confirmation.
 func Example() {

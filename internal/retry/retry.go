@@ -7,10 +7,10 @@ package retry
 import (
 	"context"
 	"errors"
-	"math/rand/v2"
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/backoff"
 )
 
 // Permanent reports errors that no retry fixes: bad input, a damaged record,
@@ -33,21 +33,7 @@ var permanent = []error{idem.ErrInvalidKey, idem.ErrTooLarge, idem.ErrInvalidLea
 // workers retrying after one outage do not move in step) between calls. It
 // returns f's last error, joined with ctx's when ctx ended first.
 func Do(ctx context.Context, f func(context.Context) error) error {
-	wait := 5 * time.Millisecond
-	for {
-		err := f(ctx)
-		if err == nil || Permanent(err) {
-			return err
-		}
-		t := time.NewTimer(wait/2 + rand.N(wait))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return errors.Join(err, ctx.Err())
-		case <-t.C:
-		}
-		wait = min(2*wait, 250*time.Millisecond)
-	}
+	return backoff.Retry(ctx, f, Permanent)
 }
 
 // Doubling is the n-th redelivery delay of a broker adapter (n = 0, 1,

@@ -1,0 +1,456 @@
+package idem
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/idemgo/idem/internal/backoff"
+	"github.com/idemgo/idem/internal/nilcheck"
+)
+
+// Do runs fn once per key and hands every call of the key the first
+// call's result: the one call for the common case, in place of Claim,
+// KeepAlive, Confirm and Forget by hand. It works on every Store.
+//
+// Do claims key with DoOptions.Fingerprint, and then:
+//
+//   - Claimed: it runs fn under KeepAlive, with the lease in fn's context
+//     (LeaseFrom gives its fencing token), records fn's result encoded by
+//     DoOptions.Codec, and returns it. The record is written on a context
+//     detached from ctx's cancellation and retried until the lease runs
+//     out: once fn has done the work, a caller giving up must not leave it
+//     unrecorded. When no Confirm succeeds, Do returns fn's result with an
+//     error matching ErrNotRecorded (the work was done; a call after the
+//     lease runs out does it again). When another lease's confirmation was
+//     kept first, it returns fn's result with Confirm's error, matching
+//     ErrAlreadyConfirmed (the work was done twice; later calls get the
+//     other result).
+//   - Duplicate: fn does not run; Do returns the recorded result, decoded,
+//     or the recorded permanent error (see Permanent).
+//   - InProgress: Do waits for the holder, for at most DoOptions.Wait and
+//     while ctx lasts, polling the store with a jittered backoff (Lookup
+//     while the claim lives, Claim once it is gone or done), and returns
+//     what the holder recorded; if the holder failed, this call claims the
+//     key and runs fn itself. When the wait ends first, Do returns an
+//     error matching ErrInProgress.
+//   - A fingerprint mismatch, a store error: fn does not run; Do returns
+//     Claim's error (matching ErrFingerprintMismatch for the first).
+//
+// fn's error forgets the claim, so that a later call runs fn again, and is
+// returned as it is; unless it is marked with Permanent, in which case it
+// is recorded as the key's answer, returned, and replayed to every later
+// call. A panic in fn (or runtime.Goexit) forgets the claim too, and goes
+// on up the caller's stack. DoOptions.MaxHold caps how long the lease is
+// kept alive for fn.
+//
+// Bad input (a nil or typed-nil store, a nil fn, an empty key, invalid
+// options) is an error before any I/O, as is a key or fingerprint the
+// store refuses.
+//
+// v is valid when err is nil, and also when err matches ErrNotRecorded or
+// ErrAlreadyConfirmed: fn ran and returned it.
+func Do[T any](ctx context.Context, s Store, key string, fn func(ctx context.Context) (T, error), opts ...DoOptions) (v T, err error) {
+	o, err := doSetup(s, key, fn == nil, opts)
+	if err != nil {
+		return v, err
+	}
+	b := backoff.Backoff{First: 10 * time.Millisecond, Most: 250 * time.Millisecond}
+	deadline := time.Now().Add(o.Wait)
+	for {
+		cl, err := s.Claim(ctx, key, o.Fingerprint)
+		if err != nil {
+			return v, err
+		}
+		switch cl.Outcome {
+		case Claimed:
+			return run(ctx, s, cl.Lease, fn, &o)
+		case Duplicate:
+			return replay[T](key, cl.Record.Result, &o)
+		case InProgress:
+		default:
+			return v, fmt.Errorf("idem: Do: Claim answered an unknown outcome %v", cl.Outcome)
+		}
+		if err := waitHolder(ctx, s, key, deadline, &b); err != nil {
+			return v, err
+		}
+	}
+}
+
+// DoOptions configure Do: one flat literal, passed by value
+// (idem.DoOptions{Fingerprint: fp}). The zero value is valid; a zero field
+// means its default.
+type DoOptions struct {
+	// Fingerprint identifies the call's input: a hash of it, at most
+	// MaxFingerprintBytes, stored with the claim. A call whose key was
+	// claimed or recorded with another non-empty fingerprint gets an error
+	// matching ErrFingerprintMismatch, never the other input's result.
+	//
+	// Default: none, and so no check. Do cannot derive one: it sees a key
+	// and a function, and a function's inputs are in its closure; a
+	// fingerprint made from the result type would refuse every key once
+	// the type is renamed across a deploy. Pass one whenever the key is
+	// chosen apart from the input (a client's Idempotency-Key, a request
+	// id): without it a key reused for another input gets the first
+	// input's result.
+	Fingerprint []byte
+	// Codec encodes fn's result for the store and decodes it for the
+	// calls that replay it. Default: a []byte or a string as it is, any
+	// other type as JSON (encoding/json). A Codec given here encodes every
+	// type, []byte and string included.
+	Codec Codec
+	// Wait bounds how long a call that finds the key in progress waits for
+	// the holder's result (ctx bounds it too), polling with a jittered
+	// backoff from 10ms up to 250ms; then Do returns an error matching
+	// ErrInProgress. A Wait under 10ms answers after one Claim. Negative
+	// is an error. Default 5s.
+	Wait time.Duration
+	// MaxHold caps the total time the lease is kept alive for fn. When it
+	// is reached, renewals stop and fn's context is cancelled with a cause
+	// (context.Cause) matching ErrMaxHold: the lease then runs out within
+	// the store's LeaseTTL, and another call may take the key over, unless
+	// fn returns first. It bounds what a stuck fn can hold up, where a
+	// renewal without end would stall every call of the key. Negative is
+	// an error. Default: no cap (ctx alone bounds fn).
+	MaxHold time.Duration
+	// Errors are the sentinel errors of fn's domain (ErrCardDeclined) that
+	// a replayed permanent error must still match: the recorded error
+	// keeps the message of the first of them that fn's error matched
+	// (errors.Is), and a replay wraps the sentinel of that message. An
+	// entry must not be nil. Default: none.
+	Errors []error
+}
+
+// Codec encodes and decodes the results that Do records. Its methods have
+// the signatures of encoding/json's Marshal and Unmarshal.
+type Codec interface {
+	Marshal(v any) ([]byte, error)
+	Unmarshal(data []byte, v any) error
+}
+
+// defaultWait is DoOptions.Wait's default: long enough for most work in
+// flight to finish, short enough that a caller is answered while it waits.
+const defaultWait = 5 * time.Second
+
+var (
+	// ErrNotRecorded: Do's fn returned, but no Confirm of its result
+	// succeeded while the lease lasted. The work was done; the key stays
+	// claimed until its lease runs out, and a call after that runs fn
+	// again.
+	ErrNotRecorded = errors.New("idem: work done but not recorded")
+	// ErrMaxHold: the cause with which Do cancels fn's context once the
+	// lease has been kept alive for DoOptions.MaxHold.
+	ErrMaxHold = errors.New("idem: lease held for DoOptions.MaxHold")
+)
+
+// doSetup checks Do's arguments before any I/O and returns its options
+// with the defaults filled in.
+func doSetup(s Store, key string, nilFn bool, opts []DoOptions) (DoOptions, error) {
+	var o DoOptions
+	switch {
+	case nilcheck.Nil(s):
+		return o, errors.New("idem: Do: the store is nil")
+	case nilFn:
+		return o, errors.New("idem: Do: fn is nil")
+	case key == "":
+		return o, fmt.Errorf("%w: Do: empty key", ErrInvalidKey)
+	case len(opts) > 1:
+		return o, fmt.Errorf("idem: Do: %d DoOptions; want at most one", len(opts))
+	}
+	if len(opts) == 1 {
+		o = opts[0]
+	}
+	if o.Wait < 0 {
+		return o, fmt.Errorf("idem: Do: Wait %v is negative; 0 means the default, %v", o.Wait, defaultWait)
+	}
+	if o.MaxHold < 0 {
+		return o, fmt.Errorf("idem: Do: MaxHold %v is negative; 0 means no cap", o.MaxHold)
+	}
+	for i, e := range o.Errors {
+		if e == nil {
+			return o, fmt.Errorf("idem: Do: Errors[%d] is nil; want a sentinel error", i)
+		}
+	}
+	if o.Wait == 0 {
+		o.Wait = defaultWait
+	}
+	return o, nil
+}
+
+// waitHolder waits for the holder of key to finish: it polls Lookup with
+// b's backoff until the claim is gone or done, when Do claims again. A
+// Lookup reads where a Claim would write (on SQL, a SELECT where a Claim
+// is an INSERT), so many waiters do not load the store with writes. It
+// returns an error matching ErrInProgress when deadline or ctx comes
+// first, or Lookup's error.
+func waitHolder(ctx context.Context, s Store, key string, deadline time.Time, b *backoff.Backoff) error {
+	for {
+		left := time.Until(deadline)
+		if left <= 0 {
+			return fmt.Errorf("%w: key %s is held by another call past DoOptions.Wait", ErrInProgress, KeyHash(key))
+		}
+		if !backoff.Sleep(ctx, min(b.Next(), left)) {
+			return fmt.Errorf("%w: key %s: the wait ended: %w", ErrInProgress, KeyHash(key), context.Cause(ctx))
+		}
+		rec, err := s.Lookup(ctx, key)
+		switch {
+		case errors.Is(err, ErrNotFound):
+			return nil // forgotten, or its lease ran out: claim it
+		case err != nil:
+			return err
+		case rec.Confirmed:
+			return nil // Claim answers Duplicate, checking the fingerprint
+		}
+	}
+}
+
+// run runs fn under l and records its result or permanent error, or
+// forgets l.
+func run[T any](ctx context.Context, s Store, l *Lease, fn func(context.Context) (T, error), o *DoOptions) (v T, err error) {
+	parent := ctx
+	if o.MaxHold > 0 {
+		var cancel context.CancelFunc
+		parent, cancel = context.WithTimeoutCause(ctx, o.MaxHold,
+			fmt.Errorf("%w: renewals stopped after %v", ErrMaxHold, o.MaxHold))
+		defer cancel()
+	}
+	r := &renewals{Store: s}
+	work, stop := KeepAlive(parent, r, l)
+	returned := false
+	defer func() {
+		if !returned {
+			// fn panicked or called runtime.Goexit: release the key so a
+			// later call runs fn, and let the panic go on.
+			stop()
+			_ = settle(ctx, l, r.end(l), func(ctx context.Context) error { return s.Forget(ctx, l) })
+		}
+	}()
+	v, err = fn(work)
+	returned = true
+	stop() // no Renew in flight from here on: r's last renewal is settled
+	end := r.end(l)
+	var result []byte
+	switch {
+	case err == nil:
+		if result, err = encodeValue(v, o); err != nil {
+			return v, fmt.Errorf("%w: key %s token %d: %w", ErrNotRecorded, KeyHash(l.Key), l.Token, err)
+		}
+	case isPermanent(err):
+		result = encodeError(err, o)
+	default:
+		_ = settle(ctx, l, end, func(ctx context.Context) error { return s.Forget(ctx, l) })
+		return v, err
+	}
+	cerr := settle(ctx, l, end, func(ctx context.Context) error { return s.Confirm(ctx, l, result) })
+	switch {
+	case cerr == nil:
+	case errors.Is(cerr, ErrAlreadyConfirmed):
+		err = errors.Join(err, cerr)
+	default:
+		err = errors.Join(err, fmt.Errorf("%w: key %s token %d: %w", ErrNotRecorded, KeyHash(l.Key), l.Token, cerr))
+	}
+	return v, err
+}
+
+// settle runs op, the Confirm or Forget of l, which runs out at end, on a
+// context detached from ctx's cancellation, retrying until end: past it
+// the key may be another call's, and a retry could only find that out. A
+// lease already over gets one attempt.
+func settle(ctx context.Context, l *Lease, end time.Time, op func(context.Context) error) error {
+	if !end.After(time.Now()) {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(l.TTL/3, time.Second))
+		defer cancel()
+		return op(sctx)
+	}
+	sctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), end)
+	defer cancel()
+	return backoff.Retry(sctx, op, unfixable)
+}
+
+// unfixable reports the errors of a Confirm or Forget that no retry fixes.
+// It is internal/retry.Permanent, which package idem cannot import (it
+// imports idem); TestDoRetriesWhatRetryRetries keeps the two the same.
+func unfixable(err error) bool {
+	for _, e := range [...]error{ErrInvalidKey, ErrTooLarge, ErrInvalidLease, ErrDamaged,
+		ErrLeaseLost, ErrFingerprintMismatch, ErrAlreadyConfirmed} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
+}
+
+// renewals is the Store that KeepAlive renews Do's lease through: it notes
+// when the last renewal that succeeded was sent, since the lease runs until
+// then plus its TTL (Lease.Expires is the claim's estimate and is not
+// renewed).
+type renewals struct {
+	Store
+	renewed time.Time
+}
+
+// Renew renews l and notes when, on success.
+func (s *renewals) Renew(ctx context.Context, l *Lease) error {
+	sent := time.Now()
+	err := s.Store.Renew(ctx, l)
+	if err == nil {
+		s.renewed = sent
+	}
+	return err
+}
+
+// end is a conservative estimate of when l runs out now that its renewals
+// have stopped.
+func (s *renewals) end(l *Lease) time.Time {
+	if e := s.renewed.Add(l.TTL); !s.renewed.IsZero() && e.After(l.Expires) {
+		return e
+	}
+	return l.Expires
+}
+
+// Permanent marks err as the final answer of Do's fn for its key: Do
+// records it, as it records a result, returns it, and replays it to every
+// later call of the key instead of running fn again (a declined card stays
+// declined). fn may wrap the marked error further. An error not so marked
+// forgets the claim, so that a later call runs fn. Permanent(nil) is nil.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &PermanentError{Err: err}
+}
+
+// PermanentError is an error that Do records and replays (see Permanent).
+//
+// What survives the round trip through the store: the message of the
+// error fn returned (with whatever fn wrapped around the mark), that it is
+// a PermanentError (errors.As), and the first of DoOptions.Errors that it
+// matched (errors.Is), as long as the replaying call lists it too. Types,
+// fields and other wrapped errors do not: a replay carries text.
+type PermanentError struct {
+	// Err is the marked error. On a replay, it is an error with the
+	// recorded message that wraps the recorded sentinel, if any.
+	Err error
+	// Replayed reports that the error was read from the store, recorded by
+	// an earlier call: this call's fn did not run.
+	Replayed bool
+}
+
+// Error returns Err's message.
+func (e *PermanentError) Error() string { return e.Err.Error() }
+
+// Unwrap returns Err, so errors.Is and errors.As see through the mark.
+func (e *PermanentError) Unwrap() error { return e.Err }
+
+func isPermanent(err error) bool {
+	var p *PermanentError
+	return errors.As(err, &p)
+}
+
+// A result that Do records begins with a byte that says what follows:
+// resultValue, then fn's result as the Codec encoded it (a []byte or a
+// string as it is, by default); or resultError, then a permanent error as
+// the JSON of recordedError. An earlier version of this format, or a
+// record that the raw API wrote, is told apart by the byte.
+const (
+	resultValue = 'v'
+	resultError = 'e'
+)
+
+// recordedError is a permanent error as Do records it.
+type recordedError struct {
+	Error string `json:"error"`
+	// Is is the message of the first sentinel of DoOptions.Errors that
+	// the error matched; empty if none.
+	Is string `json:"is,omitempty"`
+}
+
+func encodeValue[T any](v T, o *DoOptions) ([]byte, error) {
+	if o.Codec == nil {
+		switch x := any(v).(type) {
+		case []byte:
+			return append([]byte{resultValue}, x...), nil
+		case string:
+			return append([]byte{resultValue}, x...), nil
+		}
+	}
+	var b []byte
+	var err error
+	if o.Codec != nil {
+		b, err = o.Codec.Marshal(v)
+	} else {
+		b, err = json.Marshal(v)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("encoding the result, a %T: %w", v, err)
+	}
+	return append([]byte{resultValue}, b...), nil
+}
+
+func encodeError(err error, o *DoOptions) []byte {
+	r := recordedError{Error: err.Error()}
+	for _, s := range o.Errors {
+		if errors.Is(err, s) {
+			r.Is = s.Error()
+			break
+		}
+	}
+	b, _ := json.Marshal(r) // two strings: cannot fail
+	return append([]byte{resultError}, b...)
+}
+
+// replay decodes what an earlier call of key recorded.
+func replay[T any](key string, result []byte, o *DoOptions) (v T, err error) {
+	if len(result) == 0 {
+		return v, fmt.Errorf("%w: key %s: an empty result is not a record of Do's", ErrDamaged, KeyHash(key))
+	}
+	body := result[1:]
+	switch result[0] {
+	case resultValue:
+		if o.Codec == nil {
+			switch p := any(&v).(type) {
+			case *[]byte:
+				*p = body
+				return v, nil
+			case *string:
+				*p = string(body)
+				return v, nil
+			}
+		}
+		if o.Codec != nil {
+			err = o.Codec.Unmarshal(body, &v)
+		} else {
+			err = json.Unmarshal(body, &v)
+		}
+		if err != nil {
+			return v, fmt.Errorf("%w: key %s: the recorded result does not decode as a %T: %w", ErrDamaged, KeyHash(key), v, err)
+		}
+		return v, nil
+	case resultError:
+		var r recordedError
+		if err := json.Unmarshal(body, &r); err != nil {
+			return v, fmt.Errorf("%w: key %s: the recorded error does not decode: %w", ErrDamaged, KeyHash(key), err)
+		}
+		e := &replayedError{msg: r.Error}
+		for _, s := range o.Errors {
+			if r.Is != "" && s.Error() == r.Is {
+				e.is = s
+				break
+			}
+		}
+		return v, &PermanentError{Err: e, Replayed: true}
+	}
+	return v, fmt.Errorf("%w: key %s: a result beginning with %q is not a record of Do's", ErrDamaged, KeyHash(key), result[0])
+}
+
+// replayedError is a recorded permanent error: its message, and the
+// sentinel it matched.
+type replayedError struct {
+	msg string
+	is  error
+}
+
+func (e *replayedError) Error() string { return e.msg }
+func (e *replayedError) Unwrap() error { return e.is }

@@ -1,0 +1,578 @@
+package idem_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/retry"
+	"github.com/idemgo/idem/internal/sqltest"
+	"github.com/idemgo/idem/internal/storeopts"
+	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/sqlstore"
+	"github.com/idemgo/idem/storetest"
+)
+
+// doBackends opens, for one test, a backend of each kind on records of its
+// own (a fresh miniredis, prefix, table or file): its Open returns stores
+// that share them, as processes sharing one Redis or one table do.
+var doBackends = []struct {
+	name string
+	open func(t *testing.T) storetest.Backend
+}{
+	{"memory", func(*testing.T) storetest.Backend {
+		m := memStore(idem.Options{})
+		return storetest.Backend{Open: func(o idem.Options) (idem.Store, error) { return m.Share(o) }}
+	}},
+	{"miniredis", func(t *testing.T) storetest.Backend {
+		return miniredisBackend(t, idem.RedisOptions{Prefix: "idem:"})
+	}},
+	{"redis", func(t *testing.T) storetest.Backend {
+		return redisBackend(testenv.Redis(t), idem.RedisOptions{Prefix: testenv.UniquePrefix()}, nil)
+	}},
+	{"cluster", func(t *testing.T) storetest.Backend {
+		return redisBackend(testenv.Cluster(t), idem.RedisOptions{Prefix: testenv.UniquePrefix()}, nil)
+	}},
+	{"sqlite", func(t *testing.T) storetest.Backend {
+		// Each store a handle of its own on the file, as separate
+		// processes would have.
+		path := filepath.Join(t.TempDir(), "idem.db")
+		table := sqltest.UniqueTable()
+		sqltest.NewStore(t, sqltest.OpenSQLite(t, path), sqlstore.Options{Dialect: sqlstore.SQLite, Table: table})
+		return storetest.Backend{Open: func(o idem.Options) (idem.Store, error) {
+			so := storeopts.SQL(o, sqlstore.SQLite)
+			so.Table = table
+			return sqlstore.New(sqltest.OpenSQLite(t, path), so)
+		}}
+	}},
+	{"postgres", func(t *testing.T) storetest.Backend {
+		db := sqltest.PostgresPool(t, 10)
+		table := sqltest.UniqueTable()
+		sqltest.NewStore(t, db, sqlstore.Options{Dialect: sqlstore.Postgres, Table: table})
+		return storetest.Backend{Open: func(o idem.Options) (idem.Store, error) {
+			so := storeopts.SQL(o, sqlstore.Postgres)
+			so.Table = table
+			return sqlstore.New(db, so)
+		}}
+	}},
+}
+
+// onEveryBackend runs f, in parallel, on a backend of each kind, with
+// open returning a store of worker w on it.
+func onEveryBackend(t *testing.T, f func(t *testing.T, open func(w int, o idem.Options) idem.Store)) {
+	for _, b := range doBackends {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			be := b.open(t)
+			f(t, func(w int, o idem.Options) idem.Store {
+				t.Helper()
+				o.Worker = fmt.Sprintf("worker-%d", w)
+				o.LeaseTTL = cmpOr(o.LeaseTTL, 2*time.Second)
+				o.Retention = time.Minute
+				s, err := be.Open(o)
+				if err != nil {
+					t.Fatalf("Open(%+v) = %v; want a store", o, err)
+				}
+				return s
+			})
+		})
+	}
+}
+
+func cmpOr(a, b time.Duration) time.Duration {
+	if a != 0 {
+		return a
+	}
+	return b
+}
+
+// doKey is a key no other test uses.
+func doKey(name string) string { return "do-" + name + "-" + uuid.NewString() }
+
+type receipt struct {
+	ID    string
+	Token int64
+}
+
+// Fifty callers of one key, on five workers, all at once: the function runs
+// once per key, and every caller gets its result, the ones that found it
+// in flight by waiting for it.
+func TestDoRunsOncePerKeyAmongRacers(t *testing.T) {
+	const racers, keys, workers = 50, 3, 5
+	onEveryBackend(t, func(t *testing.T, open func(int, idem.Options) idem.Store) {
+		stores := make([]idem.Store, workers)
+		for w := range stores {
+			stores[w] = open(w, idem.Options{})
+		}
+		for k := range keys {
+			key := doKey("race")
+			var runs atomic.Int64
+			fn := func(ctx context.Context) (receipt, error) {
+				n := runs.Add(1)
+				l, ok := idem.LeaseFrom(ctx)
+				if !ok {
+					return receipt{}, errors.New("no lease in fn's context")
+				}
+				time.Sleep(20 * time.Millisecond) // long enough for the others to find it in flight
+				return receipt{ID: fmt.Sprintf("run-%d", n), Token: l.Token}, nil
+			}
+			got := make([]receipt, racers)
+			errs := make([]error, racers)
+			var start, wg sync.WaitGroup
+			start.Add(1)
+			for i := range racers {
+				wg.Go(func() {
+					start.Wait()
+					got[i], errs[i] = idem.Do(t.Context(), stores[i%workers], key, fn)
+				})
+			}
+			start.Done()
+			wg.Wait()
+			t.Logf("key %d: %d runs among %d racers", k, runs.Load(), racers)
+			if n := runs.Load(); n != 1 {
+				t.Errorf("key %d: fn ran %d times among %d racers; want 1", k, n, racers)
+			}
+			for i := range racers {
+				if errs[i] != nil || got[i] != got[0] || got[i].Token == 0 {
+					t.Errorf("key %d racer %d: Do = %+v, %v; want %+v, nil like racer 0, with the lease's token", k, i, got[i], errs[i], got[0])
+				}
+			}
+		}
+	})
+}
+
+var errDeclined = errors.New("card declined")
+
+// An error marked Permanent is recorded and replayed: its message, its
+// mark, and the sentinel listed in DoOptions.Errors survive; the function
+// does not run again. An unmarked error forgets the claim: the next call
+// runs the function.
+func TestDoReplaysPermanentErrorsAndRetriesOthers(t *testing.T) {
+	onEveryBackend(t, func(t *testing.T, open func(int, idem.Options) idem.Store) {
+		s := open(0, idem.Options{})
+		ctx := t.Context()
+		o := idem.DoOptions{Errors: []error{errors.New("other"), errDeclined}}
+
+		key := doKey("permanent")
+		runs := 0
+		declined := func(context.Context) (string, error) {
+			runs++
+			return "", fmt.Errorf("order 7: %w", idem.Permanent(errDeclined))
+		}
+		_, first := idem.Do(ctx, s, key, declined, o)
+		var pe *idem.PermanentError
+		if !errors.Is(first, errDeclined) || !errors.As(first, &pe) || pe.Replayed {
+			t.Fatalf("Do(%q) = %v; want fn's error, matching errDeclined, a PermanentError not replayed", key, first)
+		}
+		for i, opts := range [][]idem.DoOptions{{o}, nil} {
+			v, err := idem.Do(ctx, s, key, declined, opts...)
+			pe = nil
+			switch {
+			case runs != 1:
+				t.Errorf("replay %d: fn ran %d times; want 1 (a permanent error is the key's answer)", i, runs)
+			case err == nil || err.Error() != first.Error() || v != "":
+				t.Errorf("replay %d: Do(%q) = %q, %v; want \"\", the first call's error %q", i, key, v, err, first)
+			case !errors.As(err, &pe) || !pe.Replayed:
+				t.Errorf("replay %d: Do(%q) = %v; want a replayed PermanentError", i, key, err)
+			case (len(opts) == 1) != errors.Is(err, errDeclined):
+				t.Errorf("replay %d with %d DoOptions: errors.Is(%v, errDeclined) = %v; want it only when Errors lists errDeclined",
+					i, len(opts), err, errors.Is(err, errDeclined))
+			}
+		}
+
+		key = doKey("transient")
+		runs = 0
+		flaky := func(context.Context) (string, error) {
+			runs++
+			if runs == 1 {
+				return "", errors.New("connection reset")
+			}
+			return fmt.Sprintf("done by run %d", runs), nil
+		}
+		if _, err := idem.Do(ctx, s, key, flaky); err == nil || err.Error() != "connection reset" {
+			t.Fatalf("Do(%q) = %v; want fn's own error", key, err)
+		}
+		if _, err := s.Lookup(ctx, key); !errors.Is(err, idem.ErrNotFound) {
+			t.Errorf("Lookup(%q) after fn's error = %v; want ErrNotFound (the claim forgotten, not left to run out)", key, err)
+		}
+		for range 2 {
+			if v, err := idem.Do(ctx, s, key, flaky); err != nil || v != "done by run 2" {
+				t.Errorf("Do(%q) after an error = %q, %v; want \"done by run 2\" (run again, then replayed)", key, v, err)
+			}
+		}
+		if runs != 2 {
+			t.Errorf("fn ran %d times; want 2: the failed run, then one run replayed", runs)
+		}
+	})
+}
+
+// MaxHold ends the function's context with a cause naming the cap, and
+// the lease is no longer renewed after it, even while fn goes on.
+func TestDoMaxHoldEndsTheContext(t *testing.T) {
+	onEveryBackend(t, func(t *testing.T, open func(int, idem.Options) idem.Store) {
+		const ttl, hold = 300 * time.Millisecond, 250 * time.Millisecond
+		s := &countingStore{Store: open(0, idem.Options{LeaseTTL: ttl})}
+		key := doKey("hold")
+		var capped time.Time
+		var cause error
+		start := time.Now()
+		_, err := idem.Do(t.Context(), s, key, func(ctx context.Context) (int, error) {
+			select {
+			case <-ctx.Done():
+			case <-time.After(5 * time.Second):
+			}
+			capped, cause = time.Now(), context.Cause(ctx)
+			time.Sleep(ttl * 2 / 3) // a fn that does not stop at once
+			return 0, cause
+		}, idem.DoOptions{MaxHold: hold})
+		if !errors.Is(cause, idem.ErrMaxHold) || !strings.Contains(cause.Error(), hold.String()) {
+			t.Errorf("context.Cause of fn's context = %v; want one matching ErrMaxHold that names %v", cause, hold)
+		}
+		if took := capped.Sub(start); took < hold || took > hold+ttl {
+			t.Errorf("fn's context ended after %v; want about MaxHold, %v", took, hold)
+		}
+		if !errors.Is(err, idem.ErrMaxHold) {
+			t.Errorf("Do = %v; want fn's error, matching ErrMaxHold", err)
+		}
+		if n := s.renewsAfter(capped); n != 0 {
+			t.Errorf("%d renewals after MaxHold; want none", n)
+		}
+		if s.renewsAfter(start) == 0 {
+			t.Errorf("no renewal within MaxHold (%v, lease %v); want the lease kept alive until the cap", hold, ttl)
+		}
+		// fn failed: the claim is forgotten, and the next call runs it.
+		if v, err := idem.Do(t.Context(), s, key, func(context.Context) (int, error) { return 7, nil }); v != 7 || err != nil {
+			t.Errorf("Do(%q) after the capped run = %d, %v; want 7, nil", key, v, err)
+		}
+	})
+}
+
+// countingStore notes when each Renew was sent.
+type countingStore struct {
+	idem.Store
+	mu     sync.Mutex
+	renews []time.Time
+}
+
+func (s *countingStore) Renew(ctx context.Context, l *idem.Lease) error {
+	s.mu.Lock()
+	s.renews = append(s.renews, time.Now())
+	s.mu.Unlock()
+	return s.Store.Renew(ctx, l)
+}
+
+func (s *countingStore) renewsAfter(t time.Time) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, r := range s.renews {
+		if r.After(t) {
+			n++
+		}
+	}
+	return n
+}
+
+// A panic in fn forgets the claim and goes on up the caller's stack; the
+// next call runs fn.
+func TestDoPanicForgets(t *testing.T) {
+	onEveryBackend(t, func(t *testing.T, open func(int, idem.Options) idem.Store) {
+		s := open(0, idem.Options{})
+		key := doKey("panic")
+		func() {
+			defer func() {
+				if p := recover(); p != "boom" {
+					t.Errorf("recover() = %v; want fn's panic, \"boom\"", p)
+				}
+			}()
+			_, _ = idem.Do(t.Context(), s, key, func(context.Context) (int, error) { panic("boom") })
+			t.Errorf("Do returned after fn panicked; want the panic re-raised")
+		}()
+		if _, err := s.Lookup(t.Context(), key); !errors.Is(err, idem.ErrNotFound) {
+			t.Errorf("Lookup(%q) after the panic = %v; want ErrNotFound (the claim forgotten)", key, err)
+		}
+		if v, err := idem.Do(t.Context(), s, key, func(context.Context) (int, error) { return 2, nil }); v != 2 || err != nil {
+			t.Errorf("Do(%q) after the panic = %d, %v; want 2, nil", key, v, err)
+		}
+	})
+}
+
+// A call that finds the key in flight waits for the holder's result; one
+// whose Wait (or context) ends first says the key is in progress.
+func TestDoWaitsForTheKeyInFlight(t *testing.T) {
+	onEveryBackend(t, func(t *testing.T, open func(int, idem.Options) idem.Store) {
+		holder, waiter := open(0, idem.Options{}), open(1, idem.Options{})
+		key := doKey("wait")
+		release, started := make(chan struct{}), make(chan struct{})
+		var runs atomic.Int64
+		fn := func(context.Context) ([]byte, error) {
+			if runs.Add(1) == 1 {
+				close(started)
+				<-release
+			}
+			return []byte("holder's result"), nil
+		}
+		first := make(chan error, 1)
+		go func() {
+			_, err := idem.Do(t.Context(), holder, key, fn)
+			first <- err
+		}()
+		<-started
+
+		short := time.Now()
+		if v, err := idem.Do(t.Context(), waiter, key, fn, idem.DoOptions{Wait: 100 * time.Millisecond}); !errors.Is(err, idem.ErrInProgress) || v != nil {
+			t.Errorf("Do(%q, Wait 100ms) while held = %q, %v; want ErrInProgress", key, v, err)
+		} else if took := time.Since(short); took < 100*time.Millisecond || took > 2*time.Second {
+			t.Errorf("Do(%q, Wait 100ms) answered after %v; want about 100ms", key, took)
+		}
+		ctx, cancel := context.WithCancel(t.Context())
+		cancel()
+		if _, err := idem.Do(ctx, waiter, key, fn); err == nil || runs.Load() != 1 {
+			t.Errorf("Do(%q) with a cancelled context = %v; want an error, fn not run", key, err)
+		}
+
+		got := make(chan error, 1)
+		var v []byte
+		go func() {
+			var err error
+			v, err = idem.Do(t.Context(), waiter, key, fn)
+			got <- err
+		}()
+		time.Sleep(300 * time.Millisecond) // the waiter polls
+		close(release)
+		if err := <-first; err != nil {
+			t.Fatalf("the holder's Do = %v; want nil", err)
+		}
+		if err := <-got; err != nil || string(v) != "holder's result" || runs.Load() != 1 {
+			t.Errorf("the waiter's Do = %q, %v after %d runs; want the holder's result, from its one run", v, err, runs.Load())
+		}
+	})
+}
+
+// A key reused with another fingerprint is refused, in flight or done, and
+// the function does not run.
+func TestDoFingerprintMismatch(t *testing.T) {
+	onEveryBackend(t, func(t *testing.T, open func(int, idem.Options) idem.Store) {
+		s := open(0, idem.Options{})
+		key := doKey("fp")
+		runs := 0
+		fn := func(context.Context) (string, error) { runs++; return "amount=10", nil }
+		if _, err := idem.Do(t.Context(), s, key, fn, idem.DoOptions{Fingerprint: []byte("amount=10")}); err != nil {
+			t.Fatalf("Do(%q) = %v; want nil", key, err)
+		}
+		v, err := idem.Do(t.Context(), s, key, fn, idem.DoOptions{Fingerprint: []byte("amount=99")})
+		if !errors.Is(err, idem.ErrFingerprintMismatch) || v != "" || runs != 1 {
+			t.Errorf("Do(%q) with another fingerprint = %q, %v (%d runs); want ErrFingerprintMismatch, no result, 1 run", key, v, err, runs)
+		}
+	})
+}
+
+// Bad input is an error naming what is wrong, before any call to the
+// store.
+func TestDoRefusesBadInputBeforeIO(t *testing.T) {
+	s := &recordingStore{Store: memStore(idem.Options{})}
+	fn := func(context.Context) (int, error) { return 1, nil }
+	ctx := t.Context()
+	for _, c := range []struct {
+		name string
+		do   func() error
+		says string
+	}{
+		{"nil store", func() error { _, err := idem.Do(ctx, nil, "k", fn); return err }, "store is nil"},
+		{"typed-nil store", func() error { _, err := idem.Do(ctx, (*idem.MemoryStore)(nil), "k", fn); return err }, "store is nil"},
+		{"nil fn", func() error { _, err := idem.Do[int](ctx, s, "k", nil); return err }, "fn is nil"},
+		{"empty key", func() error { _, err := idem.Do(ctx, s, "", fn); return err }, "empty key"},
+		{"two DoOptions", func() error { _, err := idem.Do(ctx, s, "k", fn, idem.DoOptions{}, idem.DoOptions{}); return err }, "2 DoOptions"},
+		{"negative Wait", func() error { _, err := idem.Do(ctx, s, "k", fn, idem.DoOptions{Wait: -time.Second}); return err }, "Wait -1s is negative; 0 means the default, 5s"},
+		{"negative MaxHold", func() error { _, err := idem.Do(ctx, s, "k", fn, idem.DoOptions{MaxHold: -1}); return err }, "MaxHold -1ns is negative"},
+		{"nil sentinel", func() error {
+			_, err := idem.Do(ctx, s, "k", fn, idem.DoOptions{Errors: []error{errDeclined, nil}})
+			return err
+		}, "Errors[1] is nil"},
+	} {
+		if err := c.do(); err == nil || !strings.Contains(err.Error(), c.says) {
+			t.Errorf("Do with %s = %v; want an error saying %q", c.name, err, c.says)
+		}
+	}
+	if _, err := idem.Do(ctx, s, "", fn); !errors.Is(err, idem.ErrInvalidKey) {
+		t.Errorf("Do with an empty key = %v; want ErrInvalidKey", err)
+	}
+	if n := s.calls.Load(); n != 0 {
+		t.Errorf("the store saw %d calls; want none", n)
+	}
+}
+
+// recordingStore counts calls and fails Confirm with its errors in turn
+// (nil: the store's own Confirm).
+type recordingStore struct {
+	idem.Store
+	calls, confirms atomic.Int64
+	confirmErrs     func(n int64) error
+}
+
+func (s *recordingStore) Claim(ctx context.Context, key string, fp []byte) (idem.Claim, error) {
+	s.calls.Add(1)
+	return s.Store.Claim(ctx, key, fp)
+}
+
+func (s *recordingStore) Lookup(ctx context.Context, key string) (*idem.Record, error) {
+	s.calls.Add(1)
+	return s.Store.Lookup(ctx, key)
+}
+
+func (s *recordingStore) Confirm(ctx context.Context, l *idem.Lease, result []byte) error {
+	s.calls.Add(1)
+	n := s.confirms.Add(1)
+	if s.confirmErrs != nil {
+		if err := s.confirmErrs(n); err != nil {
+			return err
+		}
+	}
+	return s.Store.Confirm(ctx, l, result)
+}
+
+// A Confirm that fails after the work is done is retried within the
+// lease, on a context the caller's cancellation does not end: the result
+// is recorded and returned.
+func TestDoRetriesConfirm(t *testing.T) {
+	s := &recordingStore{Store: memStore(idem.Options{LeaseTTL: time.Second}),
+		confirmErrs: func(n int64) error {
+			if n < 3 {
+				return errors.New("connection reset")
+			}
+			return nil
+		}}
+	ctx, cancel := context.WithCancel(t.Context())
+	key := doKey("confirm")
+	v, err := idem.Do(ctx, s, key, func(context.Context) (string, error) {
+		cancel() // the caller gives up while fn runs: the record is still written
+		return "charged", nil
+	})
+	if v != "charged" || err != nil || s.confirms.Load() != 3 {
+		t.Fatalf("Do(%q) = %q, %v after %d Confirms; want \"charged\", nil after 3", key, v, err, s.confirms.Load())
+	}
+	if v, err := idem.Do(t.Context(), s, key, func(context.Context) (string, error) { return "again", nil }); v != "charged" || err != nil {
+		t.Errorf("Do(%q) after the retried Confirm = %q, %v; want the recorded \"charged\"", key, v, err)
+	}
+}
+
+// When no Confirm succeeds within the lease, Do returns fn's result with
+// an error saying the work was done but not recorded.
+func TestDoNotRecorded(t *testing.T) {
+	const ttl = 300 * time.Millisecond
+	down := errors.New("store down")
+	s := &recordingStore{Store: memStore(idem.Options{LeaseTTL: ttl}), confirmErrs: func(int64) error { return down }}
+	start := time.Now()
+	v, err := idem.Do(t.Context(), s, doKey("unrecorded"), func(context.Context) (string, error) { return "charged", nil })
+	if v != "charged" || !errors.Is(err, idem.ErrNotRecorded) || !errors.Is(err, down) {
+		t.Errorf("Do with Confirm failing = %q, %v; want \"charged\" and an error matching ErrNotRecorded and the store's", v, err)
+	}
+	if took := time.Since(start); took > ttl+500*time.Millisecond || s.confirms.Load() < 2 {
+		t.Errorf("Do gave up after %v and %d Confirms; want retries within the lease (%v)", took, s.confirms.Load(), ttl)
+	}
+}
+
+// Do's Confirm is retried on exactly the errors that the wrappers'
+// (internal/retry) retry: package idem cannot import that package, so it
+// keeps its own list, and this keeps the two the same.
+func TestDoRetriesWhatRetryRetries(t *testing.T) {
+	sentinels := []error{idem.ErrLeaseLost, idem.ErrNotFound, idem.ErrInvalidKey, idem.ErrTooLarge,
+		idem.ErrInProgress, idem.ErrFingerprintMismatch, idem.ErrAlreadyConfirmed, idem.ErrInvalidLease,
+		idem.ErrDamaged, idem.ErrNotRecorded, idem.ErrMaxHold, errors.New("connection reset")}
+	for _, e := range sentinels {
+		s := &recordingStore{Store: memStore(idem.Options{LeaseTTL: 60 * time.Millisecond}),
+			confirmErrs: func(n int64) error {
+				if n == 1 {
+					return fmt.Errorf("wrapped: %w", e)
+				}
+				return nil
+			}}
+		_, _ = idem.Do(t.Context(), s, doKey("retry"), func(context.Context) (int, error) { return 1, nil })
+		if retried, want := s.confirms.Load() > 1, !retry.Permanent(e); retried != want {
+			t.Errorf("Confirm failing with %v: retried = %v; want %v, as retry.Do", e, retried, want)
+		}
+	}
+}
+
+// []byte and string are recorded as they are, after the byte that marks a
+// value; other types as JSON, or by the Codec given. A record that does
+// not decode is ErrDamaged, not a zero value.
+func TestDoEncoding(t *testing.T) {
+	s := memStore(idem.Options{})
+	ctx := t.Context()
+	stored := func(key string) string {
+		r, err := s.Lookup(ctx, key)
+		if err != nil {
+			t.Fatalf("Lookup(%q) = %v", key, err)
+		}
+		return string(r.Result)
+	}
+	k1, k2, k3 := doKey("bytes"), doKey("string"), doKey("json")
+	_, _ = idem.Do(ctx, s, k1, func(context.Context) ([]byte, error) { return []byte{0, 1, '"'}, nil })
+	_, _ = idem.Do(ctx, s, k2, func(context.Context) (string, error) { return "plain", nil })
+	_, _ = idem.Do(ctx, s, k3, func(context.Context) (receipt, error) { return receipt{ID: "r1", Token: 9}, nil })
+	for key, want := range map[string]string{k1: "v\x00\x01\"", k2: "vplain", k3: `v{"ID":"r1","Token":9}`} {
+		if got := stored(key); got != want {
+			t.Errorf("recorded result of %q = %q; want %q", key, got, want)
+		}
+	}
+	if v, err := idem.Do(ctx, s, k1, func(context.Context) ([]byte, error) { return nil, nil }); string(v) != "\x00\x01\"" || err != nil {
+		t.Errorf("replay of %q = %q, %v; want the bytes as they were", k1, v, err)
+	}
+	if v, err := idem.Do(ctx, s, k3, func(context.Context) (int, error) { return 0, nil }); !errors.Is(err, idem.ErrDamaged) {
+		t.Errorf("replay of a receipt as an int = %d, %v; want ErrDamaged", v, err)
+	}
+
+	c := &upperCodec{}
+	k4 := doKey("codec")
+	for range 2 {
+		if v, err := idem.Do(ctx, s, k4, func(context.Context) (string, error) { return "abc", nil }, idem.DoOptions{Codec: c}); v != "abc" || err != nil {
+			t.Errorf("Do(%q) with a Codec = %q, %v; want \"abc\"", k4, v, err)
+		}
+	}
+	if got := stored(k4); got != "vABC" || c.marshal != 1 || c.unmarshal != 1 {
+		t.Errorf("recorded %q with %d Marshal and %d Unmarshal calls; want \"vABC\", 1 and 1", got, c.marshal, c.unmarshal)
+	}
+}
+
+// upperCodec records strings in upper case and reads them back in lower.
+type upperCodec struct{ marshal, unmarshal int }
+
+func (c *upperCodec) Marshal(v any) ([]byte, error) {
+	c.marshal++
+	return []byte(strings.ToUpper(v.(string))), nil
+}
+
+func (c *upperCodec) Unmarshal(data []byte, v any) error {
+	c.unmarshal++
+	*v.(*string) = strings.ToLower(string(data))
+	return nil
+}
+
+// A waiter polls with a growing backoff, not in a tight loop: over a wait
+// of one second it asks the store a handful of times, and claims nothing.
+func TestDoWaitDoesNotHammerTheStore(t *testing.T) {
+	m := memStore(idem.Options{})
+	key := doKey("poll")
+	if c, err := m.Claim(t.Context(), key, nil); err != nil || c.Outcome != idem.Claimed {
+		t.Fatalf("Claim(%q) = %v, %v; want claimed", key, c.Outcome, err)
+	}
+	s := &recordingStore{Store: m}
+	_, err := idem.Do(t.Context(), s, key, func(context.Context) (int, error) { return 1, nil }, idem.DoOptions{Wait: time.Second})
+	if !errors.Is(err, idem.ErrInProgress) {
+		t.Fatalf("Do(%q) on a held key = %v; want ErrInProgress", key, err)
+	}
+	// 10ms doubling to 250ms, jittered by ±50%: at most 14 polls fit in 1s.
+	if n := s.calls.Load(); n < 3 || n > 15 {
+		t.Errorf("a 1s wait made %d store calls; want between 3 and 15", n)
+	}
+}
