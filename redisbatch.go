@@ -347,6 +347,23 @@ func (s *RedisStore) pipelineOn(ctx context.Context, p pipeliner, calls []script
 		all[i] = i
 	}
 	send(all)
+	for range scriptReloads {
+		if !s.reloadLost(ctx, calls, cmds, send) {
+			break
+		}
+	}
+	for _, cmd := range cmds {
+		if unanswered(cmd.Err()) {
+			s.reloadSlots(cmd.Err())
+			break
+		}
+	}
+	return cmds, waitErrs
+}
+
+// reloadLost loads again the scripts of the calls that got NOSCRIPT and
+// sends those calls again with send; it reports whether there were any.
+func (s *RedisStore) reloadLost(ctx context.Context, calls []scriptCall, cmds []*redis.Cmd, send func(idx []int)) bool {
 	var retry []int
 	var lost []*luaScript
 	for i, cmd := range cmds {
@@ -362,20 +379,13 @@ func (s *RedisStore) pipelineOn(ctx context.Context, p pipeliner, calls []script
 			for _, i := range retry {
 				cmds[i].SetErr(err)
 			}
-			retry = nil
-			break
+			return false
 		}
 	}
 	if len(retry) > 0 {
 		send(retry)
 	}
-	for _, cmd := range cmds {
-		if unanswered(cmd.Err()) {
-			s.reloadSlots(cmd.Err())
-			break
-		}
-	}
-	return cmds, waitErrs
+	return len(retry) > 0
 }
 
 // evalSha queues one EVALSHA of sha (a boxed digest) on p, as go-redis's

@@ -161,7 +161,7 @@ func (s *RedisStore) check(ctx context.Context, again bool) error {
 func (s *RedisStore) runProbe(ctx context.Context) error {
 	if cc, ok := s.c.(*redis.ClusterClient); ok {
 		err := cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
-			return s.probeNode(ctx, c, c.Options().Addr)
+			return s.probeNode(ctx, c, c.Options().Addr, false)
 		})
 		if err != nil {
 			return err
@@ -175,28 +175,36 @@ func (s *RedisStore) runProbe(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-	} else {
-		if err := s.probeNode(ctx, s.c, ""); err != nil {
-			return err
-		}
-		if err := loadScriptsOn(ctx, s.c, ""); err != nil {
-			return err
-		}
+	} else if err := s.probeNode(ctx, s.c, "", true); err != nil {
+		return err
 	}
 	return s.probeScripts(ctx)
 }
 
-// loadScriptsOn loads every script on c with SCRIPT LOAD, in one round trip,
-// and keeps the digests c answers.
+// loadScriptsOn loads every script on c with SCRIPT LOAD, in one round
+// trip, and keeps the digests c answers.
 func loadScriptsOn(ctx context.Context, c redis.Cmdable, on string) error {
-	cmds := make([]*redis.StringCmd, len(scripts))
+	var loads []*redis.StringCmd
 	_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, sc := range scripts {
-			cmds[i] = p.ScriptLoad(ctx, sc.src)
-		}
+		loads = queueScriptLoads(ctx, p)
 		return nil
 	})
-	for i, cmd := range cmds {
+	return scriptsLoaded(loads, on)
+}
+
+// queueScriptLoads queues a SCRIPT LOAD of every script on p.
+func queueScriptLoads(ctx context.Context, p redis.Pipeliner) []*redis.StringCmd {
+	loads := make([]*redis.StringCmd, len(scripts))
+	for i, sc := range scripts {
+		loads[i] = p.ScriptLoad(ctx, sc.src)
+	}
+	return loads
+}
+
+// scriptsLoaded keeps the digests of the SCRIPT LOADs queueScriptLoads
+// queued, or returns why a script was not loaded.
+func scriptsLoaded(loads []*redis.StringCmd, on string) error {
+	for i, cmd := range loads {
 		sha, err := cmd.Result()
 		if err != nil {
 			return fmt.Errorf("idem: SCRIPT LOAD of %s.lua%s: %w", scripts[i].name, on, scriptsRefused(err))
@@ -298,14 +306,37 @@ func slotsServed(ctx context.Context, cc *redis.ClusterClient) error {
 	return nil
 }
 
-// probeNode checks one master; addr names it in findings on a cluster.
-func (s *RedisStore) probeNode(ctx context.Context, c redis.Cmdable, addr string) error {
+// probeNode checks one master, asking everything in one round trip (and
+// loading the scripts in it when load is set); addr names the master in
+// findings on a cluster.
+func (s *RedisStore) probeNode(ctx context.Context, c redis.Cmdable, addr string, load bool) error {
 	on := ""
 	if addr != "" {
 		on = " on " + addr
 	}
+	var (
+		policy, appendonly, save *redis.MapStringStringCmd
+		memory, replication      *redis.StringCmd
+		loads                    []*redis.StringCmd
+	)
+	warn := !s.probe.warned.Load()
+	_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		if !s.allowEviction {
+			policy, memory = p.ConfigGet(ctx, "maxmemory-policy"), p.Info(ctx, "memory")
+		}
+		if s.waitReplicas > 0 {
+			replication = p.Info(ctx, "replication")
+		}
+		if warn {
+			appendonly, save = p.ConfigGet(ctx, "appendonly"), p.ConfigGet(ctx, "save")
+		}
+		if load {
+			loads = queueScriptLoads(ctx, p)
+		}
+		return nil
+	})
 	if !s.allowEviction {
-		policy, err := evictionPolicy(ctx, c)
+		policy, err := evictionPolicy(policy, memory)
 		switch {
 		case errors.Is(err, errPolicyUnknown):
 			s.warn(ctx, "idem: cannot read Redis maxmemory-policy; make sure it is noeviction, or records may be evicted and work done twice",
@@ -318,7 +349,7 @@ func (s *RedisStore) probeNode(ctx context.Context, c redis.Cmdable, addr string
 		}
 	}
 	if s.waitReplicas > 0 {
-		n, err := connectedReplicas(ctx, c)
+		n, err := connectedReplicas(replication)
 		if err != nil {
 			return fmt.Errorf("idem: checking Redis replicas%s: %w", on, err)
 		}
@@ -327,8 +358,11 @@ func (s *RedisStore) probeNode(ctx context.Context, c redis.Cmdable, addr string
 				ErrTooFewReplicas, s.waitReplicas, on, n)
 		}
 	}
-	if !s.probe.warned.Load() && !persistent(ctx, c) && s.probe.warned.CompareAndSwap(false, true) {
+	if warn && !persistent(appendonly, save) && s.probe.warned.CompareAndSwap(false, true) {
 		s.warn(ctx, "idem: Redis persists nothing (appendonly no, no save points): a restart loses every record, and the work of each may be done again")
+	}
+	if load {
+		return scriptsLoaded(loads, on)
 	}
 	return nil
 }
@@ -342,11 +376,12 @@ func (s *RedisStore) warn(ctx context.Context, msg string, attrs ...slog.Attr) {
 
 var errPolicyUnknown = errors.New("neither CONFIG GET nor INFO memory names the policy")
 
-// evictionPolicy reads c's maxmemory-policy: errPolicyUnknown when the
-// server answers neither CONFIG GET nor INFO memory with it, another error
-// when it cannot be asked at all.
-func evictionPolicy(ctx context.Context, c redis.Cmdable) (string, error) {
-	policy, err := c.ConfigGet(ctx, "maxmemory-policy").Result()
+// evictionPolicy reads the maxmemory-policy from the answers to CONFIG GET
+// and INFO memory: errPolicyUnknown when the server answers neither with
+// it (CONFIG renamed or forbidden, as on managed services), another error
+// when it could not be asked at all.
+func evictionPolicy(config *redis.MapStringStringCmd, memory *redis.StringCmd) (string, error) {
+	policy, err := config.Result()
 	var refused redis.Error
 	switch {
 	case err == nil:
@@ -356,7 +391,7 @@ func evictionPolicy(ctx context.Context, c redis.Cmdable) (string, error) {
 	case !errors.As(err, &refused):
 		return "", err
 	}
-	info, err := c.Info(ctx, "memory").Result()
+	info, err := memory.Result()
 	switch {
 	case errors.As(err, &refused):
 		return "", fmt.Errorf("%w (INFO: %v)", errPolicyUnknown, err)
@@ -369,9 +404,10 @@ func evictionPolicy(ctx context.Context, c redis.Cmdable) (string, error) {
 	return "", errPolicyUnknown
 }
 
-// connectedReplicas reads how many replicas are connected to master c.
-func connectedReplicas(ctx context.Context, c redis.Cmdable) (int, error) {
-	info, err := c.Info(ctx, "replication").Result()
+// connectedReplicas reads how many replicas are connected to a master from
+// its answer to INFO replication.
+func connectedReplicas(replication *redis.StringCmd) (int, error) {
+	info, err := replication.Result()
 	if err != nil {
 		return 0, err
 	}
@@ -382,22 +418,17 @@ func connectedReplicas(ctx context.Context, c redis.Cmdable) (int, error) {
 	return strconv.Atoi(v)
 }
 
-// persistent reports whether c keeps its data across a restart: AOF on, or
-// at least one RDB save point. A server that will not say (CONFIG refused)
-// is taken as persistent: the warning is for what is known.
-func persistent(ctx context.Context, c redis.Cmdable) bool {
-	cfg, err := c.ConfigGet(ctx, "appendonly").Result()
-	if err != nil {
+// persistent reports whether a server keeps its data across a restart, from
+// its answers to CONFIG GET appendonly and save: AOF on, or at least one
+// RDB save point. A server that will not say (CONFIG refused) is taken as
+// persistent: the warning is for what is known.
+func persistent(appendonly, save *redis.MapStringStringCmd) bool {
+	aof, err := appendonly.Result()
+	if err != nil || aof["appendonly"] == "yes" {
 		return true
 	}
-	if cfg["appendonly"] == "yes" {
-		return true
-	}
-	cfg, err = c.ConfigGet(ctx, "save").Result()
-	if err != nil {
-		return true
-	}
-	return strings.TrimSpace(cfg["save"]) != ""
+	points, err := save.Result()
+	return err != nil || strings.TrimSpace(points["save"]) != ""
 }
 
 // infoField returns the value of field in an INFO reply.

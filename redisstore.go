@@ -353,7 +353,7 @@ func (s *RedisStore) runNow(ctx context.Context, script *luaScript, key string, 
 // eval runs script on key (a Redis key) with args as one EVALSHA. When
 // the server lost its scripts (NOSCRIPT: SCRIPT FLUSH, a restart, a
 // failover to a replica that never loaded them), the script is loaded
-// again with SCRIPT LOAD and the call sent once more: it had not run.
+// again with SCRIPT LOAD and the call sent again: it had not run.
 func (s *RedisStore) eval(ctx context.Context, script *luaScript, key string, args []any) (any, error) {
 	sha := script.digest()
 	if sha == nil {
@@ -363,7 +363,10 @@ func (s *RedisStore) eval(ctx context.Context, script *luaScript, key string, ar
 		sha = script.digest()
 	}
 	v, err := s.evalAs(ctx, sha, key, args)
-	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+	for range scriptReloads {
+		if err == nil || !redis.HasErrorPrefix(err, "NOSCRIPT") {
+			break
+		}
 		if err := s.loadScript(ctx, script); err != nil {
 			return nil, err
 		}
@@ -371,6 +374,12 @@ func (s *RedisStore) eval(ctx context.Context, script *luaScript, key string, ar
 	}
 	return v, err
 }
+
+// scriptReloads bounds how often one call loads its script again and
+// resends: a SCRIPT FLUSH can land between a SCRIPT LOAD and the EVALSHA
+// after it (a test flushing every 10 ms met that), and a call gives up only
+// when flushes keep winning.
+const scriptReloads = 5
 
 // loadScript loads one script with SCRIPT LOAD (on every node of a
 // cluster) and keeps the digest the server answered.
