@@ -57,7 +57,6 @@ import (
 	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/internal/nilcheck"
 	"github.com/idemgo/idem/internal/retry"
-	"github.com/idemgo/idem/internal/rounds"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -275,16 +274,15 @@ func (hd *Handler) Handle(ctx context.Context, m jetstream.Msg) {
 // HandleBatch handles ms, as fetched together (Consumer.Fetch), with
 // consumer.Batch: one claim and one confirm round trip for the whole batch
 // on a Redis store, the handlers run up to Options.Concurrency at a time.
-// Messages whose key appears earlier in ms are handled in a later round,
-// after the first is settled, so that a duplicate within the batch is
-// acked at once instead of being found in progress. InProgress is sent
-// for every message not yet settled every ProgressInterval, from one
-// timer. Each message is settled as Handle settles it, once its round is
-// done.
+// A key repeated in ms is handled by consumer.Batch after its first
+// message, so a duplicate within the batch is acked at once instead of
+// being found in progress. InProgress is sent for every message not yet
+// settled every ProgressInterval, from one timer. Each message is settled
+// as Handle settles it, once the batch is done.
 //
 // If a handler panics, the rest of its round is settled in the store (see
-// consumer.Batch), every message of ms not yet settled is nakked at once,
-// and the panic is re-raised.
+// consumer.Batch), every message of ms is nakked at once, and the panic is
+// re-raised.
 func (hd *Handler) HandleBatch(ctx context.Context, ms []jetstream.Msg) {
 	keys := make([]string, len(ms))
 	left := make([]int, 0, len(ms))
@@ -316,17 +314,10 @@ func (hd *Handler) HandleBatch(ctx context.Context, ms []jetstream.Msg) {
 		}
 	}()
 	settled = make([]bool, len(ms))
-	for _, round := range rounds.Split(len(left), func(j int) string { return keys[left[j]] }) {
-		batch := make([]jetstream.Msg, len(round))
-		for b, j := range round {
-			batch[b] = ms[left[j]]
-		}
-		errs := hd.batch(ctx, batch)
-		for b, j := range round {
-			i := left[j]
-			settled[i] = true
-			hd.outcome(ctx, ms[i], keys[i], errs[b])
-		}
+	errs := hd.batch(ctx, live)
+	for j, i := range left {
+		settled[i] = true
+		hd.outcome(ctx, ms[i], keys[i], errs[j])
 	}
 	settled = nil
 }

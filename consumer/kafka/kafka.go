@@ -80,7 +80,6 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/internal/nilcheck"
-	"github.com/idemgo/idem/internal/rounds"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -497,7 +496,11 @@ func (c *Consumer) partition(ctx context.Context, rs []*kgo.Record) {
 	for {
 		var retry []int
 		var retryErrs []error
-		errs := c.rounds(ctx, rs, left)
+		batch := make([]*kgo.Record, len(left))
+		for j, i := range left {
+			batch[j] = rs[i]
+		}
+		errs := c.handle(ctx, batch)
 		for j, i := range left {
 			attempts[i]++
 			if c.settle(ctx, rs[i], errs[j], attempts[i], &failures[i]) {
@@ -600,25 +603,6 @@ func (c *Consumer) deadLetter(ctx context.Context, r *kgo.Record, err error) boo
 func (c *Consumer) where(r *kgo.Record) slog.Attr {
 	return slog.Group("record", slog.String("key_hash", c.o.KeyHasher.Hash(c.key(r))),
 		slog.String("topic", r.Topic), slog.Int("partition", int(r.Partition)), slog.Int64("offset", r.Offset))
-}
-
-// rounds handles rs[left] in as many batches as the most frequent key has
-// records, each key at most once per batch, and returns one error per
-// record of left. consumer.Batch finds a key's second record in a batch in
-// progress (the first holds it), which would hold the partition back for a
-// retry delay; a later round finds it done, or the first failed, at once.
-func (c *Consumer) rounds(ctx context.Context, rs []*kgo.Record, left []int) []error {
-	errs := make([]error, len(left))
-	for _, round := range rounds.Split(len(left), func(j int) string { return c.key(rs[left[j]]) }) {
-		batch := make([]*kgo.Record, len(round))
-		for b, j := range round {
-			batch[b] = rs[left[j]]
-		}
-		for b, err := range c.handle(ctx, batch) {
-			errs[round[b]] = err
-		}
-	}
-	return errs
 }
 
 // assigned starts the work contexts of newly assigned partitions.
