@@ -49,14 +49,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"strconv"
 	"sync"
 	"time"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
-	"github.com/idemgo/idem/internal/nilcheck"
-	"github.com/idemgo/idem/internal/retry"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -174,7 +173,7 @@ type Handler struct {
 // the first message would surface far from where it was made.
 func NewHandler(store idem.Store, h func(ctx context.Context, m jetstream.Msg) error, o Options) (*Handler, error) {
 	switch {
-	case nilcheck.Nil(store):
+	case isNil(store):
 		panic("jetstream.NewHandler: nil store")
 	case h == nil:
 		panic("jetstream.NewHandler: nil handler")
@@ -355,7 +354,7 @@ func (hd *Handler) delay(m jetstream.Msg) time.Duration {
 	if md, err := m.Metadata(); err == nil && md.NumDelivered > 0 {
 		n = md.NumDelivered
 	}
-	return retry.Doubling(hd.o.MinDelay, hd.o.MaxDelay, int(min(n-1, 30)))
+	return doubling(hd.o.MinDelay, hd.o.MaxDelay, int(min(n-1, 30)))
 }
 
 func (hd *Handler) term(ctx context.Context, m jetstream.Msg, k string, err error) {
@@ -421,4 +420,28 @@ func (p *progresser) stop() {
 	p.stopped = true
 	p.t.Stop()
 	p.mu.Unlock()
+}
+
+// isNil reports whether v is nil or holds a nil pointer, map, slice,
+// channel or function: a (*idem.RedisStore)(nil) given as an idem.Store is
+// not == nil, and would panic on first use, far from the mistake.
+func isNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	switch r := reflect.ValueOf(v); r.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Chan, reflect.Func, reflect.Interface:
+		return r.IsNil()
+	}
+	return false
+}
+
+// doubling is the n-th redelivery delay (n = 0, 1, ...): first doubled n
+// times, capped at most (and at most when doubling overflows).
+func doubling(first, most time.Duration, n int) time.Duration {
+	d := first << min(n, 30)
+	if d <= 0 || d > most {
+		return most
+	}
+	return d
 }

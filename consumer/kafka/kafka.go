@@ -73,13 +73,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"strconv"
 	"sync"
 	"time"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
-	"github.com/idemgo/idem/internal/nilcheck"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -259,7 +259,7 @@ type Consumer struct {
 // kgo.NewClient's error too.
 func NewConsumer(store idem.Store, h func(ctx context.Context, r *kgo.Record) error, o Options) (*Consumer, error) {
 	switch {
-	case nilcheck.Nil(store):
+	case isNil(store):
 		panic("kafka.NewConsumer: nil store")
 	case h == nil:
 		panic("kafka.NewConsumer: nil handler")
@@ -654,4 +654,18 @@ func (c *Consumer) drop(ps map[string][]int32) {
 	for _, p := range gone {
 		p.wg.Wait()
 	}
+}
+
+// isNil reports whether v is nil or holds a nil pointer, map, slice,
+// channel or function: a (*idem.RedisStore)(nil) given as an idem.Store is
+// not == nil, and would panic on first use, far from the mistake.
+func isNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	switch r := reflect.ValueOf(v); r.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Chan, reflect.Func, reflect.Interface:
+		return r.IsNil()
+	}
+	return false
 }
