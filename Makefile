@@ -8,7 +8,7 @@ SERVICES_DIR ?= /tmp/idem-services
 # First GOPATH entry: where `.ci/services.sh install-tools` puts staticcheck.
 STATICCHECK = $(firstword $(subst :, ,$(shell go env GOPATH)))/bin/staticcheck
 
-.PHONY: test check bench soak services-up services-down
+.PHONY: test check bench soak services-up services-down release-prep
 
 # Starts throwaway Redis, Redis Cluster, Sentinel, Redis 8.0, Valkey 8.1 (built once per
 # machine on first use), Postgres and RabbitMQ, runs go test -race
@@ -23,20 +23,26 @@ test:
 bench:
 	bash .ci/bench.sh $(BENCH_FLAGS)
 
-# gofmt, vet and staticcheck; vet and staticcheck also in the nested modules
-# (consumer/watermill, consumer/kafka, otel, grpc), which the root module's ./... does not include.
+# gofmt, vet and staticcheck in every module (the nested ones, listed by
+# .ci/modules.sh, are not part of the root module's ./...), then the
+# publication check (.ci/publish-check.sh): every module published at one
+# version into a local proxy, each fetched alone and built.
 check:
 	@unformatted=$$(gofmt -l .); \
 	if [[ -n $$unformatted ]]; then \
 		echo "gofmt -l: these files are not gofmt-ed:" >&2; echo "$$unformatted" >&2; exit 1; \
 	fi
-	go vet ./...
 	bash .ci/services.sh install-tools
-	$(STATICCHECK) ./...
-	cd consumer/watermill && go vet ./... && $(STATICCHECK) ./...
-	cd consumer/kafka && go vet ./... && $(STATICCHECK) ./...
-	cd otel && go vet ./... && $(STATICCHECK) ./...
-	cd grpc && go vet ./... && $(STATICCHECK) ./...
+	for dir in $$(bash .ci/modules.sh | cut -d' ' -f1) .ci/modzip; do \
+		(cd "$$dir" && go vet ./... && $(STATICCHECK) ./...); \
+	done
+	bash .ci/publish-check.sh
+
+# Pins every nested module's requirement of the root module (and of each
+# other) to VERSION, so that all the modules are tagged on one commit; see
+# README.md, Releasing. Example: make release-prep VERSION=v0.2.0
+release-prep:
+	bash .ci/release-prep.sh "$(VERSION)"
 
 # For running tests by hand: start the servers once, paste the exports, then
 # `go test ./...` as often as you like. Running it again restarts them.

@@ -314,14 +314,16 @@ func (m *MemoryStore) ClaimBatch(ctx context.Context, keys []string, fingerprint
 // ConfirmBatch implements Batcher: the whole batch is confirmed under one lock.
 func (m *MemoryStore) ConfirmBatch(ctx context.Context, leases []*Lease, results [][]byte) (err error) {
 	start := time.Now()
-	defer func() { m.o.observe(ctx, Event{Op: OpConfirmBatch, Items: len(leases), Err: err}, "", start) }()
+	var late []*Lease
+	defer func() {
+		m.o.observe(ctx, Event{Op: OpConfirmBatch, Items: len(leases), Late: len(late) > 0, Err: err}, "", start)
+	}()
 	if err := m.o.checkConfirmBatch(leases, results); err != nil {
 		return err
 	}
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	var late []*Lease
 	var errs []error
 	d := m.data
 	d.mu.Lock()

@@ -3,6 +3,8 @@ package consumer
 import (
 	"context"
 	"errors"
+	"hash/maphash"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,15 +21,27 @@ import (
 //
 // When store is an idem.Batcher, the whole batch is claimed in one call
 // (one round trip on a single Redis) and the successes are confirmed in one
-// call; otherwise each message is claimed and confirmed on its own. A key
-// that appears twice in one batch is claimed by the first and InProgress for
-// the second. Claimed messages run under idem.KeepAlive from the moment
-// they are claimed, at most Options.Concurrency at a time, each with its
-// lease in its context. Failed handlers' claims are forgotten. A success
-// whose Confirm finds another delivery's confirmation kept is done (nil),
-// as with Idempotent. If a handler panics, the rest of the batch is still
-// settled (successes confirmed, failures forgotten), and then the first
-// panic is re-raised on the caller's goroutine.
+// call; otherwise each message is claimed and confirmed on its own.
+// Claimed messages run under idem.KeepAlive from the moment they are
+// claimed, at most Options.Concurrency at a time, each with its lease in
+// its context. Failed handlers' claims are forgotten. A success whose
+// Confirm finds another delivery's confirmation kept is done (nil), as with
+// Idempotent.
+//
+// A key that appears more than once in one batch is handled in order, as
+// if its messages had come one after another: its first message is
+// claimed, run and settled with the messages of other keys; its next one
+// in a round of its own after that (one more claim call), where it finds
+// the first's outcome — Duplicate once the first is confirmed, Claimed
+// again if the first failed — and so on. So a key's work runs once however
+// often the batch repeats it (again only after a failure, as on a
+// redelivery), and every message is settled, none held back as InProgress
+// by its own batch.
+//
+// If a handler panics, the rest of its round is still settled (successes
+// confirmed, failures forgotten), later rounds are not run (their messages
+// were never claimed), and then the first panic is re-raised on the
+// caller's goroutine.
 //
 // opts holds at most one Options; Batch panics on the mistakes Idempotent
 // panics on.
@@ -42,17 +56,21 @@ func Batch[M any](store idem.Store, key func(M) string, h func(ctx context.Conte
 
 // batch is Batch's handler. It handles ms in four steps: claim every
 // message, run the claimed ones, settle them (forget or confirm), and
-// report every message to the Observer. A handler's panic is re-raised
-// only after all that.
+// report every message to the Observer; in rounds, when a key repeats. A
+// handler's panic is re-raised only after all that.
 func (w *wrapper[M]) batch(ctx context.Context, ms []M) []error {
 	var ob *batchObs
 	if w.observer != nil {
 		ob = w.startBatch(ctx, len(ms))
 	}
 	errs := make([]error, len(ms))
-	jobs := w.claim(ctx, ms, errs, ob)
-	w.run(ctx, jobs, ms)
-	first := w.settle(ctx, jobs, errs, ob)
+	keys, at, fps := w.keys(ms, errs, ob)
+	var first *panicValue
+	if repeats(keys) {
+		first = w.rounds(ctx, ms, keys, at, fps, errs, ob)
+	} else {
+		first = w.round(ctx, ms, keys, at, fps, errs, ob)
+	}
 	if ob != nil {
 		w.endBatch(ob)
 	}
@@ -62,10 +80,89 @@ func (w *wrapper[M]) batch(ctx context.Context, ms []M) []error {
 	return errs
 }
 
-// claim claims the messages' keys and returns a job for each message
-// claimed; the others' results go to errs.
-func (w *wrapper[M]) claim(ctx context.Context, ms []M, errs []error, ob *batchObs) []*job {
-	keys, at, fps := w.keys(ms, errs, ob)
+// round claims, runs and settles the messages ms[at[j]], whose keys
+// (keys[j], each once) and fingerprints are given, and returns the first
+// panic.
+func (w *wrapper[M]) round(ctx context.Context, ms []M, keys []string, at []int, fps [][]byte, errs []error, ob *batchObs) *panicValue {
+	jobs := w.claim(ctx, keys, at, fps, errs, ob)
+	w.run(ctx, jobs, ms)
+	return w.settle(ctx, jobs, errs, ob)
+}
+
+// errNotRun is the result, for the Observer, of a message that a panic in
+// an earlier round of its batch kept from running: it was never claimed.
+var errNotRun = errors.New("consumer: not handled: a handler of an earlier round of its batch panicked")
+
+// rounds handles a batch whose keys repeat: round r holds each key's
+// (r+1)-th message, so a key's next message is claimed only once the
+// previous one is settled, and finds its outcome.
+func (w *wrapper[M]) rounds(ctx context.Context, ms []M, keys []string, at []int, fps [][]byte, errs []error, ob *batchObs) *panicValue {
+	seen := make(map[string]int, len(keys)) // key → its messages so far
+	var split [][]int                       // split[r]: the indexes j of round r
+	for j, k := range keys {
+		r := seen[k]
+		seen[k] = r + 1
+		if r == len(split) {
+			split = append(split, nil)
+		}
+		split[r] = append(split[r], j)
+	}
+	for r, js := range split {
+		rkeys, rat := make([]string, len(js)), make([]int, len(js))
+		var rfps [][]byte
+		if fps != nil {
+			rfps = make([][]byte, len(js))
+		}
+		for n, j := range js {
+			rkeys[n], rat[n] = keys[j], at[j]
+			if fps != nil {
+				rfps[n] = fps[j]
+			}
+		}
+		if p := w.round(ctx, ms, rkeys, rat, rfps, errs, ob); p != nil {
+			for _, later := range split[r+1:] {
+				for _, j := range later {
+					errs[at[j]] = errNotRun
+					ob.set(at[j], keys[j], 0, errNotRun)
+				}
+			}
+			return p
+		}
+	}
+	return nil
+}
+
+// repeatSeed seeds the hashes by which repeats looks for a repeated key.
+var repeatSeed = maphash.MakeSeed()
+
+// repeats reports whether a key may appear twice in keys: true for every
+// repeated key, and, rarely, for two keys of one hash (rounds then makes
+// one round). It allocates nothing for batches of up to 256 keys, so a
+// batch without repeats costs what it did before they were handled.
+func repeats(keys []string) bool {
+	if len(keys) < 2 {
+		return false
+	}
+	var buf [256]uint64
+	hs := buf[:0]
+	if len(keys) > len(buf) {
+		hs = make([]uint64, 0, len(keys))
+	}
+	for _, k := range keys {
+		hs = append(hs, maphash.String(repeatSeed, k))
+	}
+	slices.Sort(hs)
+	for i := 1; i < len(hs); i++ {
+		if hs[i] == hs[i-1] {
+			return true
+		}
+	}
+	return false
+}
+
+// claim claims keys, the keys of the messages ms[at[j]], and returns a job
+// for each message claimed; the others' results go to errs.
+func (w *wrapper[M]) claim(ctx context.Context, keys []string, at []int, fps [][]byte, errs []error, ob *batchObs) []*job {
 	claims, cerrs := claimAll(ctx, w.store, w.batcher, keys, fps)
 	var jobs []*job
 	for j, cl := range claims {

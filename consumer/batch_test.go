@@ -14,14 +14,15 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
+	"github.com/idemgo/idem/internal/obstest"
 	"github.com/redis/go-redis/v9"
 )
 
 var errHandler = errors.New("test: handler failed")
 
 // batchCase runs one mixed batch and checks every per-message result:
-// new, duplicate (confirmed earlier), held by another, twice in one batch,
-// failing, empty key.
+// new, duplicate (confirmed earlier), held by another, twice in one batch
+// (the second a duplicate of the first), failing, empty key.
 func batchCase(t *testing.T, s idem.Store, b *spyStore) {
 	ctx := context.Background()
 	var ev events
@@ -57,7 +58,7 @@ func batchCase(t *testing.T, s idem.Store, b *spyStore) {
 		t.Fatalf("got %d results for %d messages", len(errs), len(ms))
 	}
 	want := []func(error) bool{
-		isNil, isNil, is(idem.ErrInProgress), isNil, is(idem.ErrInProgress), is(errHandler), is(idem.ErrInvalidKey), isNil,
+		isNil, isNil, is(idem.ErrInProgress), isNil, isNil, is(errHandler), is(idem.ErrInvalidKey), isNil,
 	}
 	for i, ok := range want {
 		if !ok(errs[i]) {
@@ -79,8 +80,10 @@ func batchCase(t *testing.T, s idem.Store, b *spyStore) {
 		t.Errorf("hook saw %v; want duplicate_skipped and in_progress", ev.kinds())
 	}
 	if _, isB := b.asStore().(idem.Batcher); isB {
-		if c, f := b.count("claim_batch"), b.count("confirm_batch"); c != 1 || f != 1 || b.count("claim") != 0 {
-			t.Errorf("batcher store: %d ClaimBatch, %d ConfirmBatch, %d Claim; want one of each batch call and no single claims",
+		// The repeated key's second message is claimed in a round of its
+		// own, and finds the first confirmed: nothing more to confirm.
+		if c, f := b.count("claim_batch"), b.count("confirm_batch"); c != 2 || f != 1 || b.count("claim") != 0 {
+			t.Errorf("batcher store: %d ClaimBatch, %d ConfirmBatch, %d Claim; want 2 ClaimBatch (two rounds), 1 ConfirmBatch, no single claims",
 				c, f, b.count("claim"))
 		}
 	} else if n := b.count("claim"); n != 7 {
@@ -341,5 +344,104 @@ func TestBatchConfirmRetriesPastAFinalItem(t *testing.T) {
 	}
 	if got := ev.kinds(); !slices.Equal(got, []consumer.Kind{consumer.AlreadyConfirmed}) {
 		t.Errorf("hook saw %v; want [already_confirmed]", got)
+	}
+}
+
+// A batch that repeats keys runs each key's work once and settles every
+// message: a later message of a key finds the earlier one's outcome
+// (Duplicate once it is confirmed; Claimed again, and run, after it
+// failed), never InProgress held by its own batch. With an Observer, each
+// message gets its own event with that outcome.
+func TestBatchRepeatedKeys(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		store func(idem.Store) idem.Store
+	}{
+		{"batcher", func(s idem.Store) idem.Store { return s }},
+		{"plain", func(s idem.Store) idem.Store { return struct{ idem.Store }{s} }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := memStore(idem.Options{})
+			obs := &obstest.Log{}
+			var mu sync.Mutex
+			ran := map[string]int{}
+			h := consumer.Batch(tc.store(s), msgKey, func(_ context.Context, m msg) error {
+				mu.Lock()
+				defer mu.Unlock()
+				ran[m.ID]++
+				// "flaky" fails its first run only: its next message
+				// must run it again.
+				if m.ID == uniq(t, "flaky") && ran[m.ID] == 1 {
+					return errHandler
+				}
+				return nil
+			}, consumer.Options[msg]{Concurrency: 4, Observer: obs})
+			a, b, c, flaky := uniq(t, "a"), uniq(t, "b"), uniq(t, "c"), uniq(t, "flaky")
+			ms := []msg{{ID: a}, {ID: b}, {ID: a}, {ID: flaky}, {ID: a}, {ID: c}, {ID: b}, {ID: flaky}, {ID: flaky}}
+			errs := h(context.Background(), ms)
+			want := []error{nil, nil, nil, errHandler, nil, nil, nil, nil, nil}
+			for i, err := range errs {
+				if !errors.Is(err, want[i]) || (want[i] == nil && err != nil) {
+					t.Errorf("Batch: result %d (%q) = %v; want %v", i, ms[i].ID, err, want[i])
+				}
+			}
+			for _, k := range []string{a, b, c} {
+				if ran[k] != 1 || !confirmed(t, s, k) {
+					t.Errorf("%q: ran %d times, confirmed %v; want once, confirmed", k, ran[k], confirmed(t, s, k))
+				}
+			}
+			if ran[flaky] != 2 || !confirmed(t, s, flaky) {
+				t.Errorf("%q (fails once): ran %d times, confirmed %v; want twice (again after the failure), confirmed",
+					flaky, ran[flaky], confirmed(t, s, flaky))
+			}
+			got := obs.Of(idem.OpMessage)
+			if len(got) != len(ms) {
+				t.Fatalf("%d message events; want %d, one per message", len(got), len(ms))
+			}
+			outcomes := make(map[idem.Outcome]int)
+			for _, e := range got {
+				if e.Err != nil {
+					t.Errorf("message event %+v; want no error (handler failures are not the store's)", e)
+				}
+				outcomes[e.Outcome]++
+			}
+			// Claimed: a, b, c, flaky twice; Duplicate: a twice, b, flaky.
+			if outcomes[idem.Claimed] != 5 || outcomes[idem.Duplicate] != 4 {
+				t.Errorf("message outcomes %v; want 5 Claimed, 4 Duplicate", outcomes)
+			}
+		})
+	}
+}
+
+// A handler's panic in the first round re-raises after that round is
+// settled; the repeated key's later message was never claimed, so the key
+// is free for the redelivery.
+func TestBatchRepeatedKeysPanic(t *testing.T) {
+	s := memStore(idem.Options{})
+	boom, other := uniq(t, "boom"), uniq(t, "other")
+	ran := 0
+	h := consumer.Batch(s, msgKey, func(_ context.Context, m msg) error {
+		if m.ID == boom {
+			ran++
+			panic("boom")
+		}
+		return nil
+	})
+	func() {
+		defer func() {
+			if v := recover(); v != "boom" {
+				t.Errorf("Batch: recovered %v; want the handler's panic", v)
+			}
+		}()
+		h(context.Background(), []msg{{ID: boom}, {ID: other}, {ID: boom}})
+	}()
+	if ran != 1 {
+		t.Errorf("panicking handler ran %d times; want once (later rounds are not run)", ran)
+	}
+	if !confirmed(t, s, other) {
+		t.Errorf("%q: not confirmed; want its round settled despite the panic", other)
+	}
+	if _, err := s.Lookup(context.Background(), boom); !errors.Is(err, idem.ErrNotFound) {
+		t.Errorf("Lookup(%q) = %v; want ErrNotFound (the panicking claim forgotten)", boom, err)
 	}
 }

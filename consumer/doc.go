@@ -129,8 +129,8 @@
 // Every one logs AckAndAlert and DeadLetter at error level. Package
 // consumer/amqp is for RabbitMQ (github.com/rabbitmq/amqp091-go);
 // consumer/redisstream reads a Redis Streams consumer group (XREADGROUP,
-// XACK, XAUTOCLAIM); consumer/jetstream settles NATS JetStream messages
-// (and sends InProgress while the handler runs); the nested modules
+// XACK, XAUTOCLAIM); the nested modules consumer/jetstream (NATS
+// JetStream messages; it sends InProgress while the handler runs),
 // consumer/kafka (a franz-go consumer group) and consumer/watermill (a
 // Watermill router middleware) keep their brokers' dependencies out of the
 // root module.

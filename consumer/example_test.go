@@ -98,14 +98,15 @@ func ExampleBatch() {
 
 	batch := []Order{{"a", 1}, {"b", -1}, {"a", 1}, {"c", 3}}
 	for i, err := range handle(ctx, batch) {
-		// The second "a" is held by the first while the batch runs.
-		fmt.Println(batch[i].ID, err == nil, errors.Is(err, idem.ErrInProgress))
+		// The second "a" is handled after the first, and found done: a
+		// duplicate, acked (nil) without running the handler again.
+		fmt.Println(batch[i].ID, err == nil)
 	}
 	// Output:
-	// a true false
-	// b false false
-	// a false true
-	// c true false
+	// a true
+	// b false
+	// a true
+	// c true
 }
 
 // Settling a broker of one's own by the wrapper's error: every adapter of

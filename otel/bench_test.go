@@ -10,7 +10,6 @@ import (
 	"testing"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/internal/testenv"
 	idemotel "github.com/idemgo/idem/otel"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -25,7 +24,7 @@ var benchRounds = flag.Int("otel.rounds", 1,
 // span make no span), alternating for -otel.rounds rounds, and logs the
 // median ratio on/off.
 func BenchmarkAdapter(b *testing.B) {
-	c := testenv.Redis(b)
+	c := testRedis(b)
 	obs, err := idemotel.New(idemotel.Options{
 		MeterProvider:  sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader())),
 		TracerProvider: sdktrace.NewTracerProvider(),

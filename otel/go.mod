@@ -2,10 +2,8 @@ module github.com/idemgo/idem/otel
 
 go 1.26.0
 
-replace github.com/idemgo/idem => ../
-
 require (
-	github.com/idemgo/idem v0.0.0-00010101000000-000000000000
+	github.com/idemgo/idem v0.1.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/redis/go-redis/v9 v9.23.0
 	go.opentelemetry.io/otel v1.47.0
@@ -34,3 +32,7 @@ require (
 	golang.org/x/sys v0.49.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 )
+
+// Development against the root module in this tree; ignored where this
+// module is a dependency, which gets the version required above.
+replace github.com/idemgo/idem => ..

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/internal/storeopts"
 	idemotel "github.com/idemgo/idem/otel"
 	"github.com/redis/go-redis/v9"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -19,7 +18,9 @@ import (
 // redisStore returns a RedisStore with a prefix of its own.
 func redisStore(t testing.TB, c *redis.Client, o idem.Options) *idem.RedisStore {
 	t.Helper()
-	ro := storeopts.Redis(o)
+	ro := idem.RedisOptions{Retention: o.Retention, LeaseTTL: o.LeaseTTL, Worker: o.Worker,
+		MaxKeyBytes: o.MaxKeyBytes, MaxResultBytes: o.MaxResultBytes, Logger: o.Logger,
+		Observer: o.Observer, KeyHasher: o.KeyHasher, RevealKeys: o.RevealKeys}
 	ro.Prefix = fmt.Sprintf("idemotel:%s:%d:", t.Name(), time.Now().UnixNano())
 	s, err := idem.NewRedisStore(c, ro)
 	if err != nil {

@@ -11,7 +11,6 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
-	"github.com/idemgo/idem/internal/testenv"
 	"github.com/idemgo/idem/middleware"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -208,7 +207,7 @@ func TestStoreOutsideSpans(t *testing.T) {
 // TestTakeOverOnMemoryStore.)
 func TestConsumerOnRedis(t *testing.T) {
 	s := newSDK(t)
-	c := testenv.Redis(t)
+	c := testRedis(t)
 	store := redisStore(t, c, idem.Options{Observer: s.obs, LeaseTTL: 60 * time.Millisecond})
 	ctx := context.Background()
 
@@ -274,7 +273,7 @@ func TestConsumerOnRedis(t *testing.T) {
 // A store failure is an Error span and counted with class store.
 func TestStoreFailureOnRedis(t *testing.T) {
 	s := newSDK(t)
-	c := testenv.Redis(t)
+	c := testRedis(t)
 	store := redisStore(t, c, idem.Options{Observer: s.obs})
 	ctx, cancel := context.WithCancel(context.Background())
 	h := consumer.Idempotent(store, func(k string) string { return k },

@@ -1,7 +1,9 @@
 package storetest
 
 import (
+	"context"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/idemgo/idem"
@@ -13,6 +15,7 @@ func init() {
 		check{"Confirm/FirstStays", confirmFirstStays},
 		check{"Confirm/AfterExpiry", confirmAfterExpiry},
 		check{"Confirm/AfterTakeOver", confirmAfterTakeOver},
+		check{"Confirm/LateObserved", confirmLateObserved},
 		check{"Confirm/TooLarge", confirmTooLarge},
 		check{"Forget/Own", forgetOwn},
 		check{"Forget/NeverAnotherHolder", forgetNeverAnotherHolder},
@@ -197,4 +200,72 @@ func renewLost(s *suite) {
 	if err := st.Renew(ctx(s), forgotten.Lease); !isErr(err, idem.ErrLeaseLost) {
 		s.Errorf("Renew after Forget = %v; want ErrLeaseLost", err)
 	}
+}
+
+// confirmLateObserved checks that a confirm after the lease ran out is
+// reported on the Observer's event (Event.Late), by Confirm and by
+// ConfirmBatch alike, and that one on time is not: a late confirm means the
+// work may have been done twice, and metrics built on events (the otel
+// adapter's late-confirm counter) see nothing else.
+func confirmLateObserved(s *suite) {
+	rec := &recorder{}
+	st := s.openWith(idem.Options{Worker: "w1", Observer: rec})
+	b, _ := st.(idem.Batcher)
+	onTime := s.claim(st, s.key("on-time"), "", idem.Claimed)
+	s.confirm(st, onTime.Lease, "r")
+	late := s.claim(st, s.key("late"), "", idem.Claimed)
+	var lateBatch *idem.Claim
+	if b != nil {
+		c := s.claim(st, s.key("late-batch"), "", idem.Claimed)
+		lateBatch = &c
+	}
+	s.wait(lease + slack)
+	s.confirm(st, late.Lease, "r")
+	if b != nil {
+		if err := b.ConfirmBatch(ctx(s), []*idem.Lease{lateBatch.Lease}, nil); err != nil {
+			s.Fatalf("ConfirmBatch(lease run out) = %v; want nil (recorded all the same)", err)
+		}
+	}
+	var confirms []bool
+	batches := 0
+	for _, e := range rec.take() {
+		switch e.Op {
+		case idem.OpConfirm:
+			confirms = append(confirms, e.Late)
+		case idem.OpConfirmBatch:
+			batches++
+			if !e.Late {
+				s.Errorf("ConfirmBatch of a lease that ran out: event Late = false; want true (metrics of late confirms would miss it)")
+			}
+		}
+	}
+	if len(confirms) == 0 {
+		s.Fatalf("no OpConfirm event reached the Observer given to Open; want one per Confirm (Backend.Open must pass Options.Observer to the store)")
+	}
+	if len(confirms) != 2 || confirms[0] || !confirms[1] {
+		s.Errorf("Confirm events' Late (on time, lease run out) = %v; want [false true]", confirms)
+	}
+	if b != nil && batches != 1 {
+		s.Errorf("%d OpConfirmBatch events for one ConfirmBatch; want 1", batches)
+	}
+}
+
+// recorder is an idem.Observer that keeps the events it is given.
+type recorder struct {
+	mu sync.Mutex
+	es []idem.Event
+}
+
+func (r *recorder) Observe(_ context.Context, e idem.Event) {
+	r.mu.Lock()
+	r.es = append(r.es, e)
+	r.mu.Unlock()
+}
+
+func (r *recorder) take() []idem.Event {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	es := r.es
+	r.es = nil
+	return es
 }

@@ -13,6 +13,7 @@
 //					return idem.NewRedisStore(c, idem.RedisOptions{
 //						Worker: o.Worker, LeaseTTL: o.LeaseTTL, Retention: o.Retention,
 //						MaxKeyBytes: o.MaxKeyBytes, MaxResultBytes: o.MaxResultBytes,
+//						Observer: o.Observer,
 //					})
 //				},
 //				Advance: m.FastForward,
@@ -37,10 +38,11 @@ import (
 
 // Backend is a store implementation under test.
 type Backend struct {
-	// Open returns a store with the given options over the backend's
-	// records. Stores opened from one Backend MUST share their records, as
-	// processes sharing one Redis or one database do (most checks open two
-	// workers and fail without it); each has its own options (Worker,
+	// Open returns a store with the given options (Observer included:
+	// checks read its events) over the backend's records. Stores opened
+	// from one Backend MUST share their records, as processes sharing one
+	// Redis or one database do (most checks open two workers and fail
+	// without it); each has its own options (Worker,
 	// LeaseTTL, ...). For a MemoryStore that means Share of one store, not
 	// a NewMemoryStore per call: see MemoryBackend.
 	Open func(o idem.Options) (idem.Store, error)

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	idemjs "github.com/idemgo/idem/consumer/jetstream"
-	"github.com/idemgo/idem/internal/testenv"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
@@ -28,7 +27,7 @@ import (
 // bare: Ack each). With -jetstream.rounds the sub-benchmarks alternate,
 // each round logging its ratios.
 func BenchmarkThroughput(b *testing.B) {
-	rc := testenv.Redis(b)
+	rc := testRedis(b)
 	_, js := connect(b, startServer(b))
 	for round := range *rounds {
 		for _, mode := range []struct {

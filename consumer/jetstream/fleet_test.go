@@ -12,8 +12,6 @@ import (
 
 	"github.com/idemgo/idem/consumer"
 	idemjs "github.com/idemgo/idem/consumer/jetstream"
-	"github.com/idemgo/idem/internal/crashstore"
-	"github.com/idemgo/idem/internal/testenv"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -55,7 +53,7 @@ func testFleet(t *testing.T, fetch int) {
 		processes = 4
 		ttl       = 300 * time.Millisecond // idem's lease, and the consumer's AckWait
 	)
-	rc := testenv.Redis(t)
+	rc := testRedis(t)
 	srv := startServer(t)
 	_, js := connect(t, srv)
 	cons := newConsumer(t, js, ttl)
@@ -75,7 +73,7 @@ func testFleet(t *testing.T, fetch int) {
 	effects := map[string]int{}
 	faults := map[string]int{} // stops and crashes per message, at most 2
 	var stops, crashBefore, crashAfter int
-	var unconfirmed sync.Map // crashstore.Lease -> struct{}: a success whose Confirm met a dead store
+	var unconfirmed sync.Map // crashLease -> struct{}: a success whose Confirm met a dead store
 	var ackedUndone atomic.Int64
 
 	ctx, cancelAll := context.WithTimeout(context.Background(), 60*time.Second)
@@ -104,7 +102,7 @@ func testFleet(t *testing.T, fetch int) {
 			return
 		}
 		inspect := newStore(t, rc, pfx, name+".inspect", ttl)
-		store := &crashstore.Store{Store: newStore(t, rc, pfx, name, ttl), Unconfirmed: &unconfirmed}
+		store := &crashStore{Store: newStore(t, rc, pfx, name, ttl), Unconfirmed: &unconfirmed}
 		h := func(hctx context.Context, m jetstream.Msg) error {
 			if err := hctx.Err(); err != nil {
 				return err // a handler that sees its context end does no more
@@ -125,7 +123,7 @@ func testFleet(t *testing.T, fetch int) {
 				crashBefore++
 				store.Dead.Store(true)
 				stop()
-				return crashstore.ErrCrashed
+				return errCrashed
 			}
 			effects[k]++
 			if few && r < 0.09 {
@@ -210,7 +208,7 @@ func testFleet(t *testing.T, fetch int) {
 	defer mu.Unlock()
 	prevented := map[string]int{}
 	unconfirmed.Range(func(k, _ any) bool {
-		prevented[k.(crashstore.Lease).Key]++
+		prevented[k.(crashLease).Key]++
 		return true
 	})
 	inspect := newStore(t, rc, pfx, "inspector", ttl)
@@ -263,7 +261,7 @@ func (m *crashMsg) TermWithReason(r string) error {
 
 func (m *crashMsg) or(f func() error) error {
 	if m.dead.Load() {
-		return crashstore.ErrCrashed
+		return errCrashed
 	}
 	return f()
 }

@@ -49,15 +49,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"strconv"
 	"sync"
 	"time"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
-	"github.com/idemgo/idem/internal/nilcheck"
-	"github.com/idemgo/idem/internal/retry"
-	"github.com/idemgo/idem/internal/rounds"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -175,7 +173,7 @@ type Handler struct {
 // the first message would surface far from where it was made.
 func NewHandler(store idem.Store, h func(ctx context.Context, m jetstream.Msg) error, o Options) (*Handler, error) {
 	switch {
-	case nilcheck.Nil(store):
+	case isNil(store):
 		panic("jetstream.NewHandler: nil store")
 	case h == nil:
 		panic("jetstream.NewHandler: nil handler")
@@ -275,16 +273,15 @@ func (hd *Handler) Handle(ctx context.Context, m jetstream.Msg) {
 // HandleBatch handles ms, as fetched together (Consumer.Fetch), with
 // consumer.Batch: one claim and one confirm round trip for the whole batch
 // on a Redis store, the handlers run up to Options.Concurrency at a time.
-// Messages whose key appears earlier in ms are handled in a later round,
-// after the first is settled, so that a duplicate within the batch is
-// acked at once instead of being found in progress. InProgress is sent
-// for every message not yet settled every ProgressInterval, from one
-// timer. Each message is settled as Handle settles it, once its round is
-// done.
+// A key repeated in ms is handled by consumer.Batch after its first
+// message, so a duplicate within the batch is acked at once instead of
+// being found in progress. InProgress is sent for every message not yet
+// settled every ProgressInterval, from one timer. Each message is settled
+// as Handle settles it, once the batch is done.
 //
 // If a handler panics, the rest of its round is settled in the store (see
-// consumer.Batch), every message of ms not yet settled is nakked at once,
-// and the panic is re-raised.
+// consumer.Batch), every message of ms is nakked at once, and the panic is
+// re-raised.
 func (hd *Handler) HandleBatch(ctx context.Context, ms []jetstream.Msg) {
 	keys := make([]string, len(ms))
 	left := make([]int, 0, len(ms))
@@ -316,17 +313,10 @@ func (hd *Handler) HandleBatch(ctx context.Context, ms []jetstream.Msg) {
 		}
 	}()
 	settled = make([]bool, len(ms))
-	for _, round := range rounds.Split(len(left), func(j int) string { return keys[left[j]] }) {
-		batch := make([]jetstream.Msg, len(round))
-		for b, j := range round {
-			batch[b] = ms[left[j]]
-		}
-		errs := hd.batch(ctx, batch)
-		for b, j := range round {
-			i := left[j]
-			settled[i] = true
-			hd.outcome(ctx, ms[i], keys[i], errs[b])
-		}
+	errs := hd.batch(ctx, live)
+	for j, i := range left {
+		settled[i] = true
+		hd.outcome(ctx, ms[i], keys[i], errs[j])
 	}
 	settled = nil
 }
@@ -364,7 +354,7 @@ func (hd *Handler) delay(m jetstream.Msg) time.Duration {
 	if md, err := m.Metadata(); err == nil && md.NumDelivered > 0 {
 		n = md.NumDelivered
 	}
-	return retry.Doubling(hd.o.MinDelay, hd.o.MaxDelay, int(min(n-1, 30)))
+	return doubling(hd.o.MinDelay, hd.o.MaxDelay, int(min(n-1, 30)))
 }
 
 func (hd *Handler) term(ctx context.Context, m jetstream.Msg, k string, err error) {
@@ -430,4 +420,28 @@ func (p *progresser) stop() {
 	p.stopped = true
 	p.t.Stop()
 	p.mu.Unlock()
+}
+
+// isNil reports whether v is nil or holds a nil pointer, map, slice,
+// channel or function: a (*idem.RedisStore)(nil) given as an idem.Store is
+// not == nil, and would panic on first use, far from the mistake.
+func isNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	switch r := reflect.ValueOf(v); r.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Chan, reflect.Func, reflect.Interface:
+		return r.IsNil()
+	}
+	return false
+}
+
+// doubling is the n-th redelivery delay (n = 0, 1, ...): first doubled n
+// times, capped at most (and at most when doubling overflows).
+func doubling(first, most time.Duration, n int) time.Duration {
+	d := first << min(n, 30)
+	if d <= 0 || d > most {
+		return most
+	}
+	return d
 }

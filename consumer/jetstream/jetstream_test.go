@@ -15,7 +15,6 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
 	idemjs "github.com/idemgo/idem/consumer/jetstream"
-	"github.com/idemgo/idem/internal/testenv"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -24,7 +23,7 @@ import (
 // one outside it: a key already confirmed in the store. It is acked
 // without running the handler; a new key runs it and is acked.
 func TestAcksDoneAndDuplicates(t *testing.T) {
-	rc := testenv.Redis(t)
+	rc := testRedis(t)
 	_, js := connect(t, startServer(t))
 	cons := newConsumer(t, js, 5*time.Second)
 	store := newStore(t, rc, prefix(t), "w", time.Second)
@@ -62,7 +61,7 @@ func TestAcksDoneAndDuplicates(t *testing.T) {
 // redelivery runs it and is acked. A failing handler is nakked with a delay
 // that doubles with each delivery.
 func TestNakInProgressAndFailure(t *testing.T) {
-	rc := testenv.Redis(t)
+	rc := testRedis(t)
 	_, js := connect(t, startServer(t))
 	cons := newConsumer(t, js, 5*time.Second)
 	pfx := prefix(t)
@@ -132,7 +131,7 @@ func TestNakInProgressAndFailure(t *testing.T) {
 // match its key's, can never succeed: they are terminated (never
 // redelivered) without running the handler.
 func TestTermNoKeyAndFingerprintMismatch(t *testing.T) {
-	rc := testenv.Redis(t)
+	rc := testRedis(t)
 	_, js := connect(t, startServer(t))
 	cons := newConsumer(t, js, 5*time.Second)
 	store := newStore(t, rc, prefix(t), "w", time.Second)
@@ -177,7 +176,7 @@ func TestTermNoKeyAndFingerprintMismatch(t *testing.T) {
 // InProgress, sent every ProgressInterval, keeps the broker's lease alive
 // beside idem's. A second subscriber of the same durable gets nothing.
 func TestInProgressKeepsAckWait(t *testing.T) {
-	rc := testenv.Redis(t)
+	rc := testRedis(t)
 	_, js := connect(t, startServer(t))
 	const ackWait = 300 * time.Millisecond
 	cons := newConsumer(t, js, ackWait)
@@ -252,7 +251,7 @@ func TestOptionsRefused(t *testing.T) {
 // a's are acked (the duplicate in a second round, found done), the keyless
 // one terminated, c nakked as in progress.
 func TestHandleBatch(t *testing.T) {
-	rc := testenv.Redis(t)
+	rc := testRedis(t)
 	_, js := connect(t, startServer(t))
 	cons := newConsumer(t, js, 5*time.Second)
 	pfx := prefix(t)
@@ -305,7 +304,7 @@ func TestHandleBatch(t *testing.T) {
 // A handler that panics: the message is nakked at once (no delay), the
 // claim forgotten, the panic re-raised; the redelivery is handled.
 func TestHandlePanic(t *testing.T) {
-	rc := testenv.Redis(t)
+	rc := testRedis(t)
 	_, js := connect(t, startServer(t))
 	cons := newConsumer(t, js, 5*time.Second)
 	publish(t, js, "Order-Id", "p")
@@ -351,7 +350,7 @@ func TestHandlePanic(t *testing.T) {
 // Handle, one through HandleBatch.
 func TestNotRecordedIsAcked(t *testing.T) {
 	const ttl = 200 * time.Millisecond // idem's lease, and the consumer's AckWait
-	rc := testenv.Redis(t)
+	rc := testRedis(t)
 	_, js := connect(t, startServer(t))
 	cons := newConsumer(t, js, ttl)
 	publish(t, js, "Order-Id", "one", "batch")
@@ -413,7 +412,7 @@ func TestNotRecordedIsAcked(t *testing.T) {
 // A fingerprint too large for any store never succeeds: terminated, like
 // every error consumer.ActionFor dead-letters, never nakked forever.
 func TestTermOversizedFingerprint(t *testing.T) {
-	rc := testenv.Redis(t)
+	rc := testRedis(t)
 	_, js := connect(t, startServer(t))
 	cons := newConsumer(t, js, 5*time.Second)
 	publish(t, js, "Order-Id", "k")

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/idemgo/idem/consumer/kafka"
-	"github.com/idemgo/idem/internal/testenv"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -23,7 +22,7 @@ import (
 // ratio. Each record has its own key header, so none is a duplicate. With
 // -kafka.rounds the two alternate, each round logging its ratio.
 func BenchmarkThroughput(b *testing.B) {
-	rc := testenv.Redis(b)
+	rc := testRedis(b)
 	for round := range *rounds {
 		var bare, withIdem float64
 		b.Run("bare/poll=500", func(b *testing.B) {

@@ -10,8 +10,6 @@ import (
 	"time"
 
 	"github.com/idemgo/idem/consumer/kafka"
-	"github.com/idemgo/idem/internal/crashstore"
-	"github.com/idemgo/idem/internal/testenv"
 	"github.com/twmb/franz-go/pkg/kgo"
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
@@ -42,7 +40,7 @@ func TestFleetKafka(t *testing.T) {
 		partitions = 4
 		ttl        = 300 * time.Millisecond
 	)
-	rc := testenv.Redis(t)
+	rc := testRedis(t)
 	kc := newCluster(t, partitions)
 	pfx := prefix(t)
 	var rs []*kgo.Record
@@ -65,7 +63,7 @@ func TestFleetKafka(t *testing.T) {
 	kc.ControlKey(int16(kmsg.OffsetCommit), func(req kmsg.Request) (kmsg.Response, error, bool) {
 		if _, dead := deadMembers.Load(req.(*kmsg.OffsetCommitRequest).MemberID); dead {
 			kc.KeepControl()
-			return nil, crashstore.ErrCrashed, true
+			return nil, errCrashed, true
 		}
 		return nil, nil, false
 	})
@@ -74,12 +72,12 @@ func TestFleetKafka(t *testing.T) {
 	effects := map[string]int{}
 	faults := map[string]int{} // closes and crashes per message, at most 2
 	var closes, crashBefore, crashAfterRolls int
-	var unconfirmed sync.Map // crashstore.Lease -> struct{}
+	var unconfirmed sync.Map // crashLease -> struct{}
 	ctx, cancelAll := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancelAll()
 
 	run := func(name string) {
-		store := &crashstore.BatchStore{Store: crashstore.Store{Store: newStore(t, rc, pfx, name, ttl), Unconfirmed: &unconfirmed}}
+		store := &crashBatchStore{crashStore: crashStore{Store: newStore(t, rc, pfx, name, ttl), Unconfirmed: &unconfirmed}}
 		var c *kafka.Consumer
 		var closing sync.Once
 		closeAsync := func() { closing.Do(func() { go c.Close() }) }
@@ -110,7 +108,7 @@ func TestFleetKafka(t *testing.T) {
 				mu.Unlock()
 				crash()
 				closeAsync()
-				return crashstore.ErrCrashed
+				return errCrashed
 			}
 			effects[id]++
 			if few && roll < 0.09 {
@@ -166,7 +164,7 @@ func TestFleetKafka(t *testing.T) {
 	defer mu.Unlock()
 	prevented := map[string]int{}
 	unconfirmed.Range(func(k, _ any) bool {
-		prevented[k.(crashstore.Lease).Key]++
+		prevented[k.(crashLease).Key]++
 		return true
 	})
 	inspect := newStore(t, rc, pfx, "inspector", ttl)

@@ -3,7 +3,7 @@ module github.com/idemgo/idem/consumer/kafka
 go 1.26.0
 
 require (
-	github.com/idemgo/idem v0.0.0-00010101000000-000000000000
+	github.com/idemgo/idem v0.1.0
 	github.com/redis/go-redis/v9 v9.23.0
 	github.com/twmb/franz-go v1.22.3
 	github.com/twmb/franz-go/pkg/kadm v1.18.0
@@ -22,6 +22,6 @@ require (
 	golang.org/x/sys v0.49.0 // indirect
 )
 
-// The adapter is developed with idem itself; its dependency tree (franz-go)
-// lives in this module so that the root module's stays lean.
+// Development against the root module in this tree; ignored where this
+// module is a dependency, which gets the version required above.
 replace github.com/idemgo/idem => ../..

@@ -73,14 +73,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"strconv"
 	"sync"
 	"time"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
-	"github.com/idemgo/idem/internal/nilcheck"
-	"github.com/idemgo/idem/internal/rounds"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -260,7 +259,7 @@ type Consumer struct {
 // kgo.NewClient's error too.
 func NewConsumer(store idem.Store, h func(ctx context.Context, r *kgo.Record) error, o Options) (*Consumer, error) {
 	switch {
-	case nilcheck.Nil(store):
+	case isNil(store):
 		panic("kafka.NewConsumer: nil store")
 	case h == nil:
 		panic("kafka.NewConsumer: nil handler")
@@ -497,7 +496,11 @@ func (c *Consumer) partition(ctx context.Context, rs []*kgo.Record) {
 	for {
 		var retry []int
 		var retryErrs []error
-		errs := c.rounds(ctx, rs, left)
+		batch := make([]*kgo.Record, len(left))
+		for j, i := range left {
+			batch[j] = rs[i]
+		}
+		errs := c.handle(ctx, batch)
 		for j, i := range left {
 			attempts[i]++
 			if c.settle(ctx, rs[i], errs[j], attempts[i], &failures[i]) {
@@ -602,25 +605,6 @@ func (c *Consumer) where(r *kgo.Record) slog.Attr {
 		slog.String("topic", r.Topic), slog.Int("partition", int(r.Partition)), slog.Int64("offset", r.Offset))
 }
 
-// rounds handles rs[left] in as many batches as the most frequent key has
-// records, each key at most once per batch, and returns one error per
-// record of left. consumer.Batch finds a key's second record in a batch in
-// progress (the first holds it), which would hold the partition back for a
-// retry delay; a later round finds it done, or the first failed, at once.
-func (c *Consumer) rounds(ctx context.Context, rs []*kgo.Record, left []int) []error {
-	errs := make([]error, len(left))
-	for _, round := range rounds.Split(len(left), func(j int) string { return c.key(rs[left[j]]) }) {
-		batch := make([]*kgo.Record, len(round))
-		for b, j := range round {
-			batch[b] = rs[left[j]]
-		}
-		for b, err := range c.handle(ctx, batch) {
-			errs[round[b]] = err
-		}
-	}
-	return errs
-}
-
 // assigned starts the work contexts of newly assigned partitions.
 func (c *Consumer) assigned(_ context.Context, _ *kgo.Client, ps map[string][]int32) {
 	c.mu.Lock()
@@ -670,4 +654,18 @@ func (c *Consumer) drop(ps map[string][]int32) {
 	for _, p := range gone {
 		p.wg.Wait()
 	}
+}
+
+// isNil reports whether v is nil or holds a nil pointer, map, slice,
+// channel or function: a (*idem.RedisStore)(nil) given as an idem.Store is
+// not == nil, and would panic on first use, far from the mistake.
+func isNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	switch r := reflect.ValueOf(v); r.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Chan, reflect.Func, reflect.Interface:
+		return r.IsNil()
+	}
+	return false
 }

@@ -15,7 +15,6 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/consumer/kafka"
-	"github.com/idemgo/idem/internal/testenv"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
@@ -52,7 +51,7 @@ func header(r *kgo.Record) string {
 // Each message produced twice is handled once, and the offset is committed
 // to the partition's end.
 func TestDuplicatesSkipped(t *testing.T) {
-	rc := testenv.Redis(t)
+	rc := testRedis(t)
 	kc := newCluster(t, 1)
 	var ids []string
 	for i := range 10 {
@@ -82,7 +81,7 @@ func TestDuplicatesSkipped(t *testing.T) {
 // A failing record holds the committed offset at its own, however many
 // records after it are done; once it succeeds the offset passes them all.
 func TestCommitNeverPassesUnconfirmed(t *testing.T) {
-	rc := testenv.Redis(t)
+	rc := testRedis(t)
 	kc := newCluster(t, 1)
 	var ids []string
 	for i := range 10 {
@@ -134,7 +133,7 @@ func TestCommitNeverPassesUnconfirmed(t *testing.T) {
 // the offset, until the holder confirms it: then it is a duplicate, and
 // the handler never runs for it.
 func TestInProgressRetriedInPlace(t *testing.T) {
-	rc := testenv.Redis(t)
+	rc := testRedis(t)
 	kc := newCluster(t, 1)
 	pfx := prefix(t)
 	holder := newStore(t, rc, pfx, "holder", 5*time.Second)
@@ -181,7 +180,7 @@ func TestInProgressRetriedInPlace(t *testing.T) {
 // A handler failing MaxAttempts times goes to DeadLetter, and the offset
 // passes it; a fingerprint mismatch goes there at once.
 func TestDeadLetter(t *testing.T) {
-	rc := testenv.Redis(t)
+	rc := testRedis(t)
 	kc := newCluster(t, 1)
 	pfx := prefix(t)
 	// "fp" was done before with another fingerprint.
@@ -231,7 +230,7 @@ func TestDeadLetter(t *testing.T) {
 // and logged as an error, never retried in place: a retry would claim the
 // key once the lease runs out and do the work a second time.
 func TestNotRecordedIsCommitted(t *testing.T) {
-	rc := testenv.Redis(t)
+	rc := testRedis(t)
 	kc := newCluster(t, 1)
 	produce(t, kc, 0, "m0", "m1")
 	var eff effects
@@ -269,7 +268,7 @@ func TestNotRecordedIsCommitted(t *testing.T) {
 // error consumer.ActionFor dead-letters, instead of holding the partition
 // back forever.
 func TestOversizedFingerprintSkipped(t *testing.T) {
-	rc := testenv.Redis(t)
+	rc := testRedis(t)
 	kc := newCluster(t, 1)
 	produce(t, kc, 0, "m0")
 	var eff effects
@@ -320,7 +319,7 @@ func (b *syncBuffer) String() string {
 // Without DeadLetter a failing handler is retried in place, past
 // MaxAttempts, and the offset stays at it.
 func TestHandlerErrorRetriedWithoutDeadLetter(t *testing.T) {
-	rc := testenv.Redis(t)
+	rc := testRedis(t)
 	kc := newCluster(t, 1)
 	produce(t, kc, 0, "bad", "m1")
 	var attempts atomic.Int64
@@ -346,7 +345,7 @@ func TestHandlerErrorRetriedWithoutDeadLetter(t *testing.T) {
 // The key is the header by default, the record key with UseRecordKey, and
 // the record's place in the log without either.
 func TestKeys(t *testing.T) {
-	rc := testenv.Redis(t)
+	rc := testRedis(t)
 	for _, tc := range []struct {
 		name     string
 		useKey   bool

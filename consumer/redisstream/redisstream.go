@@ -54,7 +54,6 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/internal/nilcheck"
-	"github.com/idemgo/idem/internal/rounds"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -367,7 +366,7 @@ func (r *Reader) settle(ctx context.Context, ms []redis.XMessage, reclaimed bool
 	if len(ms) == 0 {
 		return
 	}
-	errs := r.rounds(ctx, ms)
+	errs := r.handle(ctx, ms)
 	acts := make([]Action, len(ms))
 	ids := make([]string, 0, len(ms))
 	for i, err := range errs {
@@ -410,29 +409,6 @@ func (r *Reader) settle(ctx context.Context, ms []redis.XMessage, reclaimed bool
 		}
 		r.o.OnSettle(&ms[i], s)
 	}
-}
-
-// rounds handles ms in as many batches as the most frequent key has
-// entries, each key at most once per batch, and returns one error per entry.
-// consumer.Batch finds a key's second entry in a batch in progress (the
-// first holds it), which would leave a producer's duplicate pending until
-// MinIdle; a later round finds it done, or the first failed, at once.
-func (r *Reader) rounds(ctx context.Context, ms []redis.XMessage) []error {
-	split := rounds.Split(len(ms), func(i int) string { return r.key(ms[i]) })
-	if len(split) == 1 {
-		return r.handle(ctx, ms)
-	}
-	errs := make([]error, len(ms))
-	for _, round := range split {
-		batch := make([]redis.XMessage, len(round))
-		for j, i := range round {
-			batch[j] = ms[i]
-		}
-		for j, err := range r.handle(ctx, batch) {
-			errs[round[j]] = err
-		}
-	}
-	return errs
 }
 
 // isBusyGroup reports Redis's answer to creating a group that exists.

@@ -4,7 +4,8 @@ go 1.26.0
 
 require (
 	github.com/ThreeDotsLabs/watermill v1.5.1
-	github.com/idemgo/idem v0.0.0-00010101000000-000000000000
+	github.com/idemgo/idem v0.1.0
+	github.com/redis/go-redis/v9 v9.23.0
 )
 
 require (
@@ -14,11 +15,10 @@ require (
 	github.com/lithammer/shortuuid/v3 v3.0.7 // indirect
 	github.com/oklog/ulid v1.3.1 // indirect
 	github.com/pkg/errors v0.9.1 // indirect
-	github.com/redis/go-redis/v9 v9.23.0 // indirect
 	go.uber.org/atomic v1.12.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect
 )
 
-// The adapter is developed with idem itself; its heavy dependency tree (watermill)
-// lives in this module so that the root module's stays lean.
+// Development against the root module in this tree; ignored where this
+// module is a dependency, which gets the version required above.
 replace github.com/idemgo/idem => ../..

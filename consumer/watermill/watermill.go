@@ -36,12 +36,12 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill/message"
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
-	"github.com/idemgo/idem/internal/nilcheck"
 )
 
 // Options configure Middleware: one flat literal, passed by value. The zero
@@ -98,7 +98,7 @@ type delivery struct {
 // would surface far from where it was made.
 func Middleware(store idem.Store, o Options) message.HandlerMiddleware {
 	switch {
-	case nilcheck.Nil(store):
+	case isNil(store):
 		panic("watermill.Middleware: nil store")
 	case o.ConfirmBudget < 0:
 		panic(fmt.Sprintf("watermill.Middleware: negative Options.ConfirmBudget %v", o.ConfirmBudget))
@@ -165,4 +165,18 @@ func (o Options) consumer() consumer.Options[*delivery] {
 		co.Fingerprint = func(d *delivery) []byte { return fp(d.msg) }
 	}
 	return co
+}
+
+// isNil reports whether v is nil or holds a nil pointer, map, slice,
+// channel or function: a (*idem.RedisStore)(nil) given as an idem.Store is
+// not == nil, and would panic on first use, far from the mistake.
+func isNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	switch r := reflect.ValueOf(v); r.Kind() {
+	case reflect.Pointer, reflect.Map, reflect.Slice, reflect.Chan, reflect.Func, reflect.Interface:
+		return r.IsNil()
+	}
+	return false
 }

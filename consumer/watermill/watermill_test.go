@@ -19,7 +19,6 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
 	idemwatermill "github.com/idemgo/idem/consumer/watermill"
-	"github.com/idemgo/idem/internal/testenv"
 )
 
 func TestMiddlewareDirect(t *testing.T) {
@@ -159,7 +158,7 @@ func TestRouterMemory(t *testing.T) {
 }
 
 func TestRouterRedis(t *testing.T) {
-	store, err := idem.NewRedisStore(testenv.Redis(t), idem.RedisOptions{
+	store, err := idem.NewRedisStore(testRedis(t), idem.RedisOptions{
 		Prefix:    fmt.Sprintf("idemtest:watermill:%d:", time.Now().UnixNano()),
 		Retention: time.Minute,
 	})
