@@ -650,3 +650,26 @@ func TestNewCacheOptions(t *testing.T) {
 		t.Errorf("MaxResultBytes() = %d; want the store's %d", got, idem.DefaultMaxResultBytes)
 	}
 }
+
+// A Cache around a store answers a key confirmed before from memory.
+func ExampleNewCache() {
+	store, _ := idem.NewMemoryStore(idem.Options{})
+	cache, err := idem.NewCache(store, idem.CacheOptions{MaxBytes: 64 << 20, MaxAge: time.Second})
+	if err != nil {
+		panic(err)
+	}
+	ctx := context.Background()
+	c, _ := cache.Claim(ctx, "order-42", nil)
+	_ = cache.Confirm(ctx, c.Lease, []byte("receipt-7"))
+	for range 3 {
+		c, _ = cache.Claim(ctx, "order-42", nil) // the store, then memory
+		fmt.Println(c.Outcome, string(c.Record.Result))
+	}
+	entries, _ := cache.Size()
+	fmt.Println("cached:", entries)
+	// Output:
+	// duplicate receipt-7
+	// duplicate receipt-7
+	// duplicate receipt-7
+	// cached: 1
+}
