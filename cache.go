@@ -277,13 +277,6 @@ func (c *Cache) ClaimBatch(ctx context.Context, keys []string, fingerprints [][]
 		errs = collect(errs, len(keys), i, err)
 		hitErr = collect(hitErr, len(keys), i, err)
 	}
-	if hits > 0 {
-		e := Event{Op: OpClaimBatch, Items: hits, Cache: CacheHit}
-		if hitErr != nil {
-			e.Err = &BatchError{Errs: hitErr}
-		}
-		c.o.observe(ctx, e, "", start)
-	}
 	if len(missed) == len(keys) {
 		// Nothing answered here: the store's answer is the whole answer.
 		return c.claimMissed(ctx, keys, fingerprints)
@@ -324,6 +317,11 @@ func (c *Cache) ClaimBatch(ctx context.Context, keys []string, fingerprints [][]
 			}
 		}
 	}
+	e := Event{Op: OpClaimBatch, Items: hits, Cache: CacheHit}
+	if hitErr != nil {
+		e.Err = &BatchError{Errs: hitErr}
+	}
+	c.o.observe(ctx, e, "", start)
 	if errs != nil {
 		return cs, &BatchError{Errs: errs}
 	}
