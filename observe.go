@@ -72,6 +72,12 @@ type Event struct {
 	// KeyHash is the keyed hash of the operation's key (see KeyHasher);
 	// empty for batch operations.
 	KeyHash string
+	// Cache is set on the operations of a Cache's Claim, Lookup and
+	// ClaimBatch: CacheHit on the event the Cache reports for what it
+	// answered from memory (for a batch, Items is the keys it answered),
+	// CacheMiss on the store's event of the call the Cache passed on.
+	// Zero for operations made without a Cache.
+	Cache CacheResult
 }
 
 // ErrorClass sorts an Event's error for metrics and alerting.
@@ -198,6 +204,9 @@ func (o *Options) observe(ctx context.Context, e Event, key string, start time.T
 		return
 	}
 	e.Took = time.Since(start)
+	if e.Cache == 0 {
+		e.Cache = cacheResult(ctx)
+	}
 	if e.Items == 0 {
 		e.Items = 1
 	}

@@ -19,6 +19,7 @@
 //	idem.operation.duration   histogram  idem_operation_duration_seconds (_bucket, _sum, _count)
 //	idem.takeovers            counter    idem_takeovers_total
 //	idem.late_confirms        counter    idem_late_confirms_total
+//	idem.cache.keys           counter    idem_cache_keys_total
 //
 // idem.operations counts every operation, with the attributes op (claim,
 // renew, confirm, forget, lookup, claim_batch, confirm_batch, run, request,
@@ -30,6 +31,12 @@
 // counts claims that replaced an expired claim (a worker that died or
 // stalled), idem.late_confirms confirmations recorded after their lease was
 // lost (the work may have been done twice); both have the attribute op.
+// idem.cache.keys counts the keys of Claim, Lookup and ClaimBatch calls
+// made through an idem.Cache (give the Cache the same Observer), with the
+// attributes op and result: hit, answered from memory, or miss, passed on
+// to the store; hits ÷ (hits + misses) is the cache's hit ratio. Each such
+// operation is counted once in idem.operations too: a hit by the Cache's
+// event, a miss by the store's.
 //
 // The key hash is never a metric attribute: one series per key would grow
 // without bound.
@@ -49,7 +56,8 @@
 //
 // Span attributes: idem.op, idem.outcome, idem.key_hash (the keyed hash
 // of idem.KeyHasher, never the key), idem.items for batches, idem.take_over
-// and idem.late when set, and error.type (the error class) on failure. A
+// and idem.late when set, idem.cache (hit or miss) on the operations of
+// an idem.Cache, and error.type (the error class) on failure. A
 // span's status is Error for the classes store and damaged, which need an
 // operator; lease_lost, conflict and the like are answers, not faults.
 package idemotel

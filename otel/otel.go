@@ -36,6 +36,8 @@ const (
 	nOps      = int(idem.OpMessage) + 1
 	nOutcomes = int(idem.InProgress) + 1
 	nClasses  = int(idem.ClassStore) + 1
+	// nCacheResults counts idem.CacheResult's values, zero included.
+	nCacheResults = int(idem.CacheMiss) + 1
 )
 
 // Observer reports idem's events to OpenTelemetry (see the package
@@ -47,11 +49,15 @@ type Observer struct {
 	duration metric.Float64Histogram
 	takeover metric.Int64Counter
 	late     metric.Int64Counter
+	cache    metric.Int64Counter
 
 	// Attribute sets are built once: building one per event would cost
 	// allocations on every store call.
 	opsAttrs [nOps][nOutcomes][nClasses]metric.MeasurementOption
 	opAttrs  [nOps]metric.MeasurementOption
+	// cacheAttrs[op][r] labels the keys an idem.Cache answered (CacheHit)
+	// or passed on (CacheMiss) in an op.
+	cacheAttrs [nOps][nCacheResults]metric.MeasurementOption
 }
 
 // New returns an Observer built on o's providers.
@@ -83,9 +89,17 @@ func New(o Options) (*Observer, error) {
 		metric.WithDescription("Confirmations recorded after their lease was lost, by op")); err != nil {
 		return nil, err
 	}
+	if ob.cache, err = m.Int64Counter("idem.cache.keys", metric.WithUnit("{key}"),
+		metric.WithDescription("Keys of Claim, Lookup and ClaimBatch calls made through an idem.Cache, by op and result: hit (answered from memory) or miss (passed on to the store)")); err != nil {
+		return nil, err
+	}
 	for op := 1; op < nOps; op++ {
 		opKV := attribute.String("op", idem.Op(op).String())
 		ob.opAttrs[op] = metric.WithAttributeSet(attribute.NewSet(opKV))
+		for r := 1; r < nCacheResults; r++ {
+			ob.cacheAttrs[op][r] = metric.WithAttributeSet(attribute.NewSet(opKV,
+				attribute.String("result", idem.CacheResult(r).String())))
+		}
 		for out := range nOutcomes {
 			for class := range nClasses {
 				kvs := []attribute.KeyValue{opKV}
@@ -130,6 +144,9 @@ func (ob *Observer) Observe(ctx context.Context, e idem.Event) {
 	if e.Late {
 		ob.late.Add(ctx, 1, ob.opAttrs[op])
 	}
+	if r := int(e.Cache); r != 0 && r < nCacheResults && op != 0 {
+		ob.cache.Add(ctx, int64(max(e.Items, 1)), ob.cacheAttrs[op][r])
+	}
 
 	if e.Op == idem.OpRequest || e.Op == idem.OpMessage {
 		if st, ok := ctx.Value(startedKey{}).(*started); ok && st.span.IsRecording() {
@@ -149,7 +166,7 @@ func (ob *Observer) Observe(ctx context.Context, e idem.Event) {
 }
 
 func setAttributes(span trace.Span, e *idem.Event, class idem.ErrorClass) {
-	kvs := make([]attribute.KeyValue, 0, 7)
+	kvs := make([]attribute.KeyValue, 0, 8)
 	kvs = append(kvs, attribute.String("idem.op", e.Op.String()))
 	if e.Outcome != 0 {
 		kvs = append(kvs, attribute.String("idem.outcome", e.Outcome.String()))
@@ -165,6 +182,9 @@ func setAttributes(span trace.Span, e *idem.Event, class idem.ErrorClass) {
 	}
 	if e.Late {
 		kvs = append(kvs, attribute.Bool("idem.late", true))
+	}
+	if e.Cache != 0 {
+		kvs = append(kvs, attribute.String("idem.cache", e.Cache.String()))
 	}
 	if class != idem.ClassNone {
 		kvs = append(kvs, attribute.String("error.type", class.String()))

@@ -325,6 +325,50 @@ func TestTakeOverOnMemoryStore(t *testing.T) {
 	}
 }
 
+// The keys an idem.Cache answered and passed on are counted by result,
+// each operation once in idem.operations.
+func TestCacheHitsAndMisses(t *testing.T) {
+	s := newSDK(t)
+	store := memStore(idem.Options{Observer: s.obs})
+	cache := must(idem.NewCache(store, idem.CacheOptions{Observer: s.obs}))
+	ctx := context.Background()
+	h := consumer.Idempotent[string](cache, func(k string) string { return k },
+		func(context.Context, string) error { return nil }, consumer.Options[string]{Observer: s.obs})
+	for _, k := range []string{"a", "a", "a", "a"} {
+		if err := h(ctx, k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := cache.ClaimBatch(ctx, []string{"a", "b"}, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name  string
+		attrs map[string]string
+		want  int64
+	}{
+		// a: claimed (miss), duplicate from the store (miss), then twice
+		// from memory; the batch answers a from memory and passes b on.
+		{"idem.cache.keys", map[string]string{"op": "claim", "result": "miss"}, 2},
+		{"idem.cache.keys", map[string]string{"op": "claim", "result": "hit"}, 2},
+		{"idem.cache.keys", map[string]string{"op": "claim_batch", "result": "hit"}, 1},
+		{"idem.cache.keys", map[string]string{"op": "claim_batch", "result": "miss"}, 1},
+		{"idem.operations", map[string]string{"op": "claim", "outcome": "duplicate"}, 3},
+		{"idem.operations", map[string]string{"op": "claim", "outcome": "claimed"}, 1},
+	} {
+		if got := s.count(t, c.name, c.attrs); got != c.want {
+			t.Errorf("%s%v = %d; want %d", c.name, c.attrs, got, c.want)
+		}
+	}
+	claims := byName(s.spans.Ended(), "idem.claim")
+	if len(claims) != 4 {
+		t.Fatalf("%d claim spans; want 4", len(claims))
+	}
+	if r, _ := attr(claims[3], "idem.cache"); r != "hit" {
+		t.Errorf("last claim span's idem.cache = %q; want hit", r)
+	}
+}
+
 // memStore is idem.NewMemoryStore for tests, whose options are valid.
 func memStore(o idem.Options) *idem.MemoryStore {
 	return must(idem.NewMemoryStore(o))

@@ -36,6 +36,7 @@ const (
 	NameFirstWrite          = "middleware first write"
 	NameReplay              = "middleware replay"
 	NameReplayMemory        = "middleware replay (MemoryStore)"
+	NameReplayCache         = "middleware replay (Cache)"
 )
 
 // The durations every Redis contender writes with: a claim binds for
@@ -269,6 +270,23 @@ VALUES ($1, 'C', $2, $3, $4, NULL, now(), now() + interval '30 seconds') ON CONF
 		},
 	},
 	{
+		// The replay path on Redis behind an idem.Cache: the store is asked
+		// once per key and MaxAge, the rest is answered from memory.
+		Name: NameReplayCache, Group: GroupHTTP, Redis: true,
+		Versus: []string{NameReplay, NameBare},
+		Open: func(ctx context.Context, e *Env) (*Instance, error) {
+			s, err := newRedisStore(e.Redis)
+			if err != nil {
+				return nil, err
+			}
+			cache, err := idem.NewCache(s, idem.CacheOptions{})
+			if err != nil {
+				return nil, err
+			}
+			return replay(e, cache)
+		},
+	},
+	{
 		// The replay path with a store that costs next to nothing: what
 		// is left is the middleware's own work per request.
 		Name: NameReplayMemory, Group: GroupHTTP,
@@ -289,6 +307,7 @@ var DefaultTargets = []Target{
 	{What: "idem Claim+Confirm ≥ 0.8× SET NX + SET XX", Contender: NameClaimConfirm, Versus: NameSetFloor, Goroutines: 64, Min: 0.8},
 	{What: "idem Claim+Confirm with AutoPipeline ≥ 2× SET NX + SET XX", Contender: NameAutoPipeline, Versus: NameSetFloor, Goroutines: 64, Min: 2.0},
 	{What: "batch(100) ≥ 3× one by one", Contender: NameBatch, Versus: NameClaimConfirm, Goroutines: 64, Min: 3.0},
+	{What: "middleware replay with a Cache ≥ 10× without", Contender: NameReplayCache, Versus: NameReplay, Goroutines: 64, Min: 10.0},
 }
 
 // MaxBytesPerRecord is the target for Memory.UsedMemory.
