@@ -220,7 +220,7 @@ func TestDoReplaysPermanentErrorsAndRetriesOthers(t *testing.T) {
 func TestDoMaxHoldEndsTheContext(t *testing.T) {
 	onEveryBackend(t, func(t *testing.T, open func(int, idem.Options) idem.Store) {
 		const ttl, hold = 300 * time.Millisecond, 250 * time.Millisecond
-		s := &countingStore{Store: open(0, idem.Options{LeaseTTL: ttl})}
+		s := &renewLog{Store: open(0, idem.Options{LeaseTTL: ttl})}
 		key := doKey("hold")
 		var capped time.Time
 		var cause error
@@ -256,21 +256,21 @@ func TestDoMaxHoldEndsTheContext(t *testing.T) {
 	})
 }
 
-// countingStore notes when each Renew was sent.
-type countingStore struct {
+// renewLog notes when each Renew was sent.
+type renewLog struct {
 	idem.Store
 	mu     sync.Mutex
 	renews []time.Time
 }
 
-func (s *countingStore) Renew(ctx context.Context, l *idem.Lease) error {
+func (s *renewLog) Renew(ctx context.Context, l *idem.Lease) error {
 	s.mu.Lock()
 	s.renews = append(s.renews, time.Now())
 	s.mu.Unlock()
 	return s.Store.Renew(ctx, l)
 }
 
-func (s *countingStore) renewsAfter(t time.Time) int {
+func (s *renewLog) renewsAfter(t time.Time) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	n := 0
