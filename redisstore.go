@@ -97,21 +97,24 @@ type RedisOptions struct {
 	// Default 30s.
 	LeaseTTL time.Duration
 	// Worker names this store's leases (Lease.Owner); no two stores may
-	// share one. Default: a random UUID.
+	// share one. At most 255 bytes, no NUL. Default: a random UUID.
 	Worker string
 	// MaxKeyBytes bounds keys. Default 1024.
 	MaxKeyBytes int
 	// MaxResultBytes bounds Confirm's result. Default 1 MiB.
 	MaxResultBytes int
-	// Logger receives what an operator must see. Default: none.
+	// Logger receives what an operator must see (a late confirm, a lost
+	// lease, a store failure at most once a second, a damaged record, and
+	// on Redis what first contact found unsafe but allowed). Default: none.
 	Logger *slog.Logger
 	// Observer is called once per operation. Default: none.
 	Observer Observer
 	// KeyHasher hashes keys for errors, the Logger and the Observer.
 	// Default: a random secret per process.
 	KeyHasher *KeyHasher
-	// RevealKeys names keys as they are in errors and log lines, for
-	// debugging. Default false.
+	// RevealKeys makes errors and log lines name keys as they are (quoted)
+	// instead of by their hash, for debugging. Keys may carry personal
+	// data: leave it off in production. Default false.
 	RevealKeys bool
 	// Prefix begins every Redis key name, so that idem's keys can share a
 	// Redis with others. No '{' or '}'. Default "idem:".

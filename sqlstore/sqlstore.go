@@ -35,8 +35,8 @@ type Options struct {
 	// MaxResultBytes bounds Confirm's result. Default 1 MiB.
 	MaxResultBytes int
 	// Logger receives what an operator must see (a late confirm, a lost
-	// lease, a store failure at most once a second, a damaged record).
-	// Default: none.
+	// lease, a store failure at most once a second, a damaged record, and
+	// on Redis what first contact found unsafe but allowed). Default: none.
 	Logger *slog.Logger
 	// Observer is called once per operation. Default: none.
 	Observer idem.Observer
