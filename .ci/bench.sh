@@ -25,7 +25,15 @@ source "$dir/env" # IDEM_REDIS_ADDR, IDEM_REDIS_CLUSTER_ADDRS, IDEM_POSTGRES_DSN
 cd "$root"
 # Built first, so that compiling does not share the machine with the measurement.
 go build -o "$dir/idem" ./cmd/idem
+full=0
 if (($# == 0)); then
+	full=1
 	set -- --out docs
 fi
 "$dir/idem" bench "$@"
+# The local cache's workloads, side by side in one process (docs/BENCHMARKS.md,
+# Local cache): the middleware replay, a consumer with 80% duplicates, Redis
+# commands per cached duplicate. Part of the full run only.
+if ((full)); then
+	go test -run '^$' -bench CacheCompare -benchtime 1s -idem.cacherounds 5 .
+fi
