@@ -26,8 +26,8 @@ import (
 	"github.com/idemgo/idem/storetest"
 )
 
-const checkAbout = `Certifies a Redis (or Redis Cluster) for idem, on keys of a throwaway prefix
-under --prefix that it deletes when done:
+const checkAbout = `Certifies a Redis (a single one, a Redis Cluster, or Sentinel's master) for
+idem, on keys of a throwaway prefix under --prefix that it deletes when done:
 
   probe        the checks a store makes on first contact (RedisStore.Check):
                scripts load and run, TIME in a script advances, SET NX PX is
@@ -57,9 +57,11 @@ func (c *cli) check(args []string) int {
 	fs := flag.NewFlagSet("check", flag.ContinueOnError)
 	var sf storeFlags
 	sf.register(fs, c.getenv, checkKinds)
+	sentinel := fs.String("sentinel", "", "Redis Sentinels, `ADDRS`: "+clusterForms+" (a URL's user and password are the master's); with --master")
+	master := fs.String("master", "", "the `name` of the master the Sentinels watch (with --sentinel)")
 	ops := fs.Int("ops", 1000, "how many Claim+Confirm to time and to divide Redis CPU by")
 	timeout := fs.Duration("timeout", 5*time.Minute, "stop after this long")
-	pos, done, st := c.parse(fs, args, "--redis URL | --cluster ADDRS [--prefix P] [--ops N]", checkAbout+"\n\n"+envHelp(checkKinds))
+	pos, done, st := c.parse(fs, args, "--redis URL | --cluster ADDRS | --sentinel ADDRS --master NAME [--prefix P] [--ops N]", checkAbout+"\n\n"+envHelp(checkKinds))
 	if done {
 		return st
 	}
@@ -69,26 +71,83 @@ func (c *cli) check(args []string) int {
 	if *ops < 1 {
 		return c.usageError("check", fmt.Errorf("--ops %d: want at least 1", *ops))
 	}
-	if err := c.chooseStore("check", fs, &sf); err != nil {
-		return c.usageError("check", err)
-	}
-	if sf.kind == "" {
-		return c.usageError("check", errors.New("no server given: use --redis or --cluster (or their environment variables)"))
-	}
-	if strings.ContainsAny(sf.prefix, "{}") {
-		return c.usageError("check", fmt.Errorf("--prefix %q must not contain '{' or '}' (the hash tag after it is idem's)", sf.prefix))
-	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
-	b, err := sf.open(ctx, false, false)
+	var (
+		b   *backend
+		err error
+	)
+	if *sentinel != "" || *master != "" {
+		b, err = openSentinel(ctx, fs, *sentinel, *master, sf.prefix)
+	} else {
+		b, err = c.openCheck(ctx, fs, &sf)
+	}
+	if errors.Is(err, errUsage) {
+		return c.usageError("check", err)
+	}
 	if err != nil {
 		return c.fail("check", exitUsage, err)
 	}
 	defer b.close()
 	k := &checker{cli: c, b: b, ops: *ops, prefix: throwawayPrefix(b.prefix)}
 	return k.run(ctx)
+}
+
+// errUsage marks the errors of openCheck and openSentinel that are the
+// user's, before any I/O.
+var errUsage = errors.New("usage")
+
+// usage wraps err as errUsage, keeping err's message alone.
+type usage struct{ error }
+
+func (u usage) Is(target error) bool { return target == errUsage }
+
+// openCheck opens the Redis or Redis Cluster of the store flags.
+func (c *cli) openCheck(ctx context.Context, fs *flag.FlagSet, sf *storeFlags) (*backend, error) {
+	if err := c.chooseStore("check", fs, sf); err != nil {
+		return nil, usage{err}
+	}
+	if sf.kind == "" {
+		return nil, usage{errors.New("no server given: use --redis, --cluster or --sentinel (or their environment variables)")}
+	}
+	if strings.ContainsAny(sf.prefix, "{}") {
+		return nil, usage{fmt.Errorf("--prefix %q must not contain '{' or '}' (the hash tag after it is idem's)", sf.prefix)}
+	}
+	return sf.open(ctx, false, false)
+}
+
+// openSentinel opens the master that the Sentinels at addrs watch under
+// the name master. A store flag given with it is a usage error; one from
+// the environment yields to it.
+func openSentinel(ctx context.Context, fs *flag.FlagSet, addrs, master, prefix string) (*backend, error) {
+	given := givenFlags(fs)
+	switch {
+	case given["redis"] || given["cluster"]:
+		return nil, usage{errors.New("give one of --redis, --cluster and --sentinel")}
+	case addrs == "":
+		return nil, usage{errors.New("--master without --sentinel: give the Sentinels' addresses")}
+	case master == "":
+		return nil, usage{errors.New("--sentinel without --master: give the name of the master the Sentinels watch")}
+	case strings.ContainsAny(prefix, "{}"):
+		return nil, usage{fmt.Errorf("--prefix %q must not contain '{' or '}' (the hash tag after it is idem's)", prefix)}
+	}
+	co, err := parseClusterAddrs("--sentinel", addrs)
+	if err != nil {
+		return nil, usage{err}
+	}
+	c := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: master, SentinelAddrs: co.Addrs,
+		Username: co.Username, Password: co.Password, TLSConfig: co.TLSConfig})
+	b := &backend{redis: c, prefix: prefix, desc: fmt.Sprintf("Redis master %q of the Sentinels at %s", master, strings.Join(co.Addrs, ","))}
+	b.closers = append(b.closers, func() { _ = c.Close() })
+	ctx, cancel := context.WithTimeout(ctx, connectTimeout)
+	defer cancel()
+	if err := c.Ping(ctx).Err(); err != nil {
+		b.close()
+		return nil, fmt.Errorf("cannot reach %s: %w", b.desc, err)
+	}
+	return b, nil
 }
 
 // throwawayPrefix is a prefix of idem check's own under prefix, so that an

@@ -97,6 +97,19 @@ func TestCheckCluster(t *testing.T) {
 	wantClean(t, c, r)
 }
 
+// Sentinel's master, found by the Sentinels.
+func TestCheckSentinel(t *testing.T) {
+	c := testenv.Sentinel(t)
+	args := []string{"check", "--sentinel", testenv.Lookup(t, testenv.SentinelAddrsVar),
+		"--master", testenv.Lookup(t, testenv.SentinelMasterVar), "--ops", "300"}
+	r := runCLI(t, nil, args...)
+	wantPass(t, args, r)
+	if !strings.Contains(r.stdout, "of the Sentinels at ") {
+		t.Errorf("idem check stdout:\n%s\nwant it to name the Sentinels' master", r.stdout)
+	}
+	wantClean(t, c, r)
+}
+
 // A server that may evict records fails the probe, named, and exit status
 // 1; the rest is not run.
 func TestCheckEvictingServer(t *testing.T) {
@@ -162,6 +175,11 @@ func TestCheckUsage(t *testing.T) {
 		{[]string{"check", "--redis", "127.0.0.1:1", "--ops", "0"}, "--ops 0"},
 		{[]string{"check", "--postgres", "x"}, "unknown flag --postgres"},
 		{[]string{"check", "--redis", "127.0.0.1:1", "--prefix", "a{b"}, `--prefix "a{b" must not contain '{'`},
+		{[]string{"check", "--sentinel", "127.0.0.1:1"}, "--sentinel without --master"},
+		{[]string{"check", "--master", "m"}, "--master without --sentinel"},
+		{[]string{"check", "--sentinel", "127.0.0.1:1", "--master", "m", "--redis", "127.0.0.1:2"}, "give one of --redis, --cluster and --sentinel"},
+		{[]string{"check", "--sentinel", "127.0.0.1", "--master", "m"}, `--sentinel "127.0.0.1": no port`},
+		{[]string{"check", "--sentinel", "127.0.0.1:" + testenv.FreePort(t), "--master", "m"}, "cannot reach Redis master \"m\""},
 	} {
 		r := runCLI(t, nil, tc.args...)
 		if r.code != exitUsage || !strings.Contains(r.stderr, tc.says) {
