@@ -3,6 +3,7 @@ package idem_test
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"log/slog"
 	"os"
@@ -158,12 +159,14 @@ func TestRedisStoreConformanceTLSACL(t *testing.T) {
 		if d := aclDenials(t, admin, "idem"); len(d) > 0 {
 			t.Errorf("ACL LOG after the suite as user idem: %q; want no denial", d)
 		}
-		// The server is the TLS one, and verified: a client that does not
-		// trust the test's CA is refused.
-		bad := redis.NewClient(&redis.Options{Addr: rs.Addr, TLSConfig: nil, MaxRetries: -1})
-		t.Cleanup(func() { _ = bad.Close() })
-		if err := bad.Ping(context.Background()).Err(); err == nil {
-			t.Errorf("PING without TLS = nil; want the TLS-only server to refuse it")
+		// The server speaks TLS alone, and the client verifies it: a client
+		// without TLS, or one that does not trust the test's CA, fails.
+		for name, tc := range map[string]*tls.Config{"without TLS": nil, "trusting the system's CAs only": {ServerName: "127.0.0.1"}} {
+			bad := redis.NewClient(&redis.Options{Addr: rs.Addr, TLSConfig: tc, MaxRetries: -1})
+			t.Cleanup(func() { _ = bad.Close() })
+			if err := bad.Ping(context.Background()).Err(); err == nil {
+				t.Errorf("PING %s = nil; want an error", name)
+			}
 		}
 	})
 }
