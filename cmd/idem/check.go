@@ -110,7 +110,7 @@ func (c *cli) openCheck(ctx context.Context, fs *flag.FlagSet, sf *storeFlags) (
 		return nil, usage{err}
 	}
 	if sf.kind == "" {
-		return nil, usage{errors.New("no server given: use --redis, --cluster or --sentinel (or their environment variables)")}
+		return nil, usage{errors.New("no server given: use --redis or --cluster (or their environment variables), or --sentinel with --master")}
 	}
 	if strings.ContainsAny(sf.prefix, "{}") {
 		return nil, usage{fmt.Errorf("--prefix %q must not contain '{' or '}' (the hash tag after it is idem's)", sf.prefix)}

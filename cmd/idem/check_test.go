@@ -73,7 +73,9 @@ func wantPass(t *testing.T, args []string, r result) {
 }
 
 // idem check passes on each server of the matrix, reports its figures, and
-// leaves no key behind.
+// leaves no key behind. The tests that run the whole suite, which waits in
+// real time, run one at a time: side by side they would load the machine
+// and the servers enough to make its expiry checks miss.
 func TestCheckServers(t *testing.T) {
 	testenv.EachServer(t, func(t *testing.T, srv testenv.Server) {
 		c := srv.Client(t)
@@ -126,7 +128,6 @@ func TestCheckEvictingServer(t *testing.T) {
 // A server with CONFIG renamed away, as managed services have it, passes:
 // the eviction policy is read from INFO.
 func TestCheckWithoutConfig(t *testing.T) {
-	t.Parallel()
 	srv := testenv.StartRedisServer(t, "--rename-command", "CONFIG", "")
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
 	t.Cleanup(func() { _ = c.Close() })
@@ -145,7 +146,6 @@ func TestCheckWithoutConfig(t *testing.T) {
 // +ping: it passes; without SCAN and UNLINK the cleanup says what it left
 // to expire.
 func TestCheckTLSACL(t *testing.T) {
-	t.Parallel()
 	srv := testenv.Servers[0].StartTLS(t)
 	admin := redis.NewClient(srv.Options())
 	t.Cleanup(func() { _ = admin.Close() })
