@@ -28,21 +28,19 @@ type Result struct {
 }
 
 // Check runs the suite as Run does, but without package testing: for a
-// program that certifies a backend, such as `idem check`, where no
-// *testing.T exists. newBackend is called once per check, with the check's
+// program that certifies a backend, such as `idem check`, where there is
+// no *testing.T. newBackend is called once per check, with the check's
 // name, and must return a backend whose records no other check sees, as
 // Run's must; its error fails that check. The checks run in parallel, at
-// most GOMAXPROCS at once (as `go test` runs Run's), each with a context
-// that ctx's cancellation cancels. A check still waiting when ctx is done
-// is reported failed, with ctx's error, without running.
+// most GOMAXPROCS at once (as `go test` runs Run's subtests), each with a
+// context that ctx's cancellation cancels; a check still waiting to start
+// when ctx is done fails, with ctx's error, without running.
 //
-// The results are in the suite's order, one per check, the same checks
-// Run runs, Linearizable with as many histories as
-// -storetest.histories says (10 unless the program parsed that flag).
-// Check returns when every check has returned, including the goroutines
-// that called Fatalf or Skip, which end as under package testing (with
-// runtime.Goexit): a check's own goroutines must not outlive it, as under
-// Run.
+// It returns one Result per check, in the suite's order: the checks Run
+// runs, Linearizable with as many histories as -storetest.histories says
+// (10 unless the program parsed that flag). A check that fails a rule
+// goes on or stops as under Run (Errorf or Fatalf); a check that panics
+// fails with the panic's value.
 func Check(ctx context.Context, newBackend func(check string) (Backend, error)) []Result {
 	results := make([]Result, len(checks))
 	sem := make(chan struct{}, runtime.GOMAXPROCS(0))

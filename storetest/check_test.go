@@ -84,6 +84,36 @@ func TestCheckFindsBrokenStore(t *testing.T) {
 	}
 }
 
+// panicky is a store whose Claim panics.
+type panicky struct{ idem.Store }
+
+func (panicky) Claim(context.Context, string, []byte) (idem.Claim, error) { panic("claim exploded") }
+
+// A check that panics fails with the panic, and the others run.
+func TestCheckPanic(t *testing.T) {
+	results := storetest.Check(context.Background(), func(check string) (storetest.Backend, error) {
+		b := storetest.MemoryBackend()
+		if check == "Claim/Fresh" {
+			open := b.Open
+			b.Open = func(o idem.Options) (idem.Store, error) {
+				s, err := open(o)
+				return panicky{s}, err
+			}
+		}
+		return b, nil
+	})
+	for _, r := range results {
+		switch {
+		case r.Name == "Claim/Fresh":
+			if !r.Failed || !strings.Contains(strings.Join(r.Output, "\n"), "panic: claim exploded") {
+				t.Errorf("check Claim/Fresh on a store whose Claim panics = %+v; want a failure saying the panic", r)
+			}
+		case r.Failed:
+			t.Errorf("check %s = %+v; want the others to pass", r.Name, r)
+		}
+	}
+}
+
 func TestCheckCancelled(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
