@@ -23,6 +23,9 @@
 //
 // Each check runs as its own subtest, in parallel, on a backend of its own.
 // A violation says what was expected and why it matters.
+//
+// A program runs the same checks without package testing with Check, which
+// returns a Result per check: how `idem check` certifies a user's server.
 package storetest
 
 import (
@@ -81,7 +84,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) Backend) {
 			if b.Open == nil {
 				t.Fatal("storetest: Backend.Open is nil")
 			}
-			c.run(&suite{T: t, b: b, epoch: time.Now()})
+			c.run(&suite{tb: t, b: b, epoch: time.Now()})
 		})
 	}
 }
@@ -115,9 +118,23 @@ const (
 	realSlack = 150 * time.Millisecond
 )
 
+// tb is what a check needs of its *testing.T: Run gives it the subtest's,
+// Check a runner of its own (see result).
+type tb interface {
+	Helper()
+	Errorf(format string, args ...any)
+	Fatalf(format string, args ...any)
+	Logf(format string, args ...any)
+	Skip(args ...any)
+	Skipf(format string, args ...any)
+	Name() string
+	Context() context.Context
+	Failed() bool
+}
+
 // suite is one check's view of its backend.
 type suite struct {
-	*testing.T
+	tb
 	b Backend
 
 	mu     sync.Mutex

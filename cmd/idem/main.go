@@ -6,6 +6,7 @@
 //	idem prune     delete expired rows from a SQL store
 //	idem schema    the SQL DDL of a store's table, for a migration tool
 //	idem bench     idem beside its alternatives on real Redis, Redis Cluster and Postgres
+//	idem check     certify a Redis for idem: the first contact's checks, the conformance suite, latency and CPU
 //
 // Every command answers --help, listing the flags it takes. A store flag
 // takes an address in any of its forms (--redis: host:port or a redis://,
@@ -83,7 +84,7 @@ type command struct {
 var commands = map[string]command{}
 
 // commandOrder is the order of the commands in the usage text.
-var commandOrder = []string{"demo", "serve", "inspect", "prune", "schema", "bench"}
+var commandOrder = []string{"demo", "serve", "inspect", "prune", "schema", "bench", "check"}
 
 func init() {
 	// Filled here rather than in the declaration: the commands' run funcs
@@ -94,6 +95,7 @@ func init() {
 	commands["prune"] = command{"delete expired rows from a SQL store (run it on a schedule)", (*cli).prune}
 	commands["schema"] = command{"print the SQL DDL of a store's table, for a migration tool", (*cli).schema}
 	commands["bench"] = command{"measure idem beside its alternatives on real Redis, Redis Cluster and Postgres", (*cli).bench}
+	commands["check"] = command{"certify a Redis for idem: first contact's checks, conformance suite, latency, CPU", (*cli).check}
 }
 
 func (c *cli) run(args []string) int {

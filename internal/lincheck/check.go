@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"slices"
-	"testing"
 	"time"
 
 	"github.com/anishathalye/porcupine"
@@ -65,13 +64,22 @@ func (t Tally) String() string {
 		t.Histories, t.Ops, t.Unknown, t.Violations, t.Inconclusive, t.Failures)
 }
 
+// TB is what Verify needs of a *testing.T, so that a program can run it
+// without package testing (storetest.Check does).
+type TB interface {
+	Helper()
+	Errorf(format string, args ...any)
+	Logf(format string, args ...any)
+	Failed() bool
+}
+
 // Verify runs n histories, history i being workload(i) run with seed+i,
 // checks each, and fails t for every history that is not linearizable
 // (naming its seed and its visualization) or whose check is inconclusive.
 // It also fails t when a call failed with an error of the store's logic
 // (ErrDamaged, say), or when more than MaxFailures of the calls failed at
 // all. It returns what it counted.
-func Verify(t testing.TB, n int, seed uint64, workload func(i int) Workload) Tally {
+func Verify(t TB, n int, seed uint64, workload func(i int) Workload) Tally {
 	t.Helper()
 	var tally Tally
 	for i := range n {

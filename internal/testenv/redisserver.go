@@ -3,6 +3,7 @@ package testenv
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"net"
 	"os/exec"
@@ -44,6 +45,9 @@ func DeadRedis(t testing.TB) *redis.Client {
 // both.
 type RedisServer struct {
 	Addr string // host:port
+	// TLS is the client configuration of a server that listens with TLS
+	// (Server.StartTLS), which verifies it; nil for a plain one.
+	TLS *tls.Config
 
 	t    testing.TB
 	bin  string
@@ -75,10 +79,18 @@ func startRedisServer(t testing.TB, port string, extra ...string) *RedisServer {
 // or a server that takes its arguments, such as valkey-server).
 func startServer(t testing.TB, bin, port string, extra ...string) *RedisServer {
 	t.Helper()
+	return startServerTLS(t, bin, port, nil, append([]string{"--port", port}, extra...)...)
+}
+
+// startServerTLS is startServer for a server whose port the arguments set
+// (a TLS server's tls-port), reached with the client configuration tc
+// (nil: plain TCP).
+func startServerTLS(t testing.TB, bin, port string, tc *tls.Config, args ...string) *RedisServer {
+	t.Helper()
 	dir := t.TempDir()
-	s := &RedisServer{t: t, bin: bin, Addr: "127.0.0.1:" + port,
-		args: append([]string{"--port", port, "--bind", "127.0.0.1", "--save", "",
-			"--dir", dir, "--logfile", filepath.Join(dir, "log")}, extra...)}
+	s := &RedisServer{t: t, bin: bin, Addr: "127.0.0.1:" + port, TLS: tc,
+		args: append([]string{"--bind", "127.0.0.1", "--save", "",
+			"--dir", dir, "--logfile", filepath.Join(dir, "log")}, args...)}
 	t.Cleanup(s.Kill)
 	if !s.Start() {
 		t.FailNow()
@@ -97,7 +109,9 @@ func (s *RedisServer) Start() bool {
 		s.cmd = nil
 		return false
 	}
-	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
+	o := s.Options()
+	o.MaxRetries = -1
+	c := redis.NewClient(o)
 	defer func() { _ = c.Close() }()
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		err := c.Ping(context.Background()).Err()
@@ -109,6 +123,12 @@ func (s *RedisServer) Start() bool {
 			return false
 		}
 	}
+}
+
+// Options returns a client's options for the server: its address, and
+// its TLS configuration if it has one.
+func (s *RedisServer) Options() *redis.Options {
+	return &redis.Options{Addr: s.Addr, TLSConfig: s.TLS}
 }
 
 // Kill sends SIGKILL, as a crash would, and reaps the process.

@@ -63,7 +63,7 @@ func EachServer(t *testing.T, f func(t *testing.T, s Server)) {
 func (s Server) Addr(t testing.TB) string {
 	t.Helper()
 	addr := Lookup(t, s.AddrVar)
-	s.check(t, addr, s.AddrVar+"="+addr)
+	s.check(t, &redis.Options{Addr: addr}, s.AddrVar+"="+addr)
 	return addr
 }
 
@@ -92,15 +92,17 @@ func (s Server) Start(t testing.TB, extra ...string) *RedisServer {
 		t.Fatalf("%s: no server binary %q: %v", s.Name, bin, err)
 	}
 	srv := startServer(t, path, FreePort(t), extra...)
-	s.check(t, srv.Addr, path)
+	s.check(t, srv.Options(), path)
 	return srv
 }
 
-// check fails t unless the server at addr is what s names; what says where
-// the address came from.
-func (s Server) check(t testing.TB, addr, what string) {
+// check fails t unless the server o reaches is what s names; what says
+// where the address came from.
+func (s Server) check(t testing.TB, o *redis.Options, what string) {
 	t.Helper()
-	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+	addr := o.Addr
+	o.MaxRetries = -1
+	c := redis.NewClient(o)
 	defer func() { _ = c.Close() }()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
