@@ -317,6 +317,7 @@ func (s *RedisStore) probeNode(ctx context.Context, c redis.Cmdable, addr string
 	var (
 		policy, appendonly, save *redis.MapStringStringCmd
 		memory, replication      *redis.StringCmd
+		wait                     *redis.IntCmd
 		loads                    []*redis.StringCmd
 	)
 	warn := !s.probe.warned.Load()
@@ -326,6 +327,11 @@ func (s *RedisStore) probeNode(ctx context.Context, c redis.Cmdable, addr string
 		}
 		if s.waitReplicas > 0 {
 			replication = p.Info(ctx, "replication")
+			// WAIT for none: answered at once, and refused at first contact
+			// for an ACL user without it, not as ErrNotReplicated on every
+			// Confirm.
+			wait = redis.NewIntCmd(ctx, "wait", 0, 1)
+			_ = p.Process(ctx, wait)
 		}
 		if warn {
 			appendonly, save = p.ConfigGet(ctx, "appendonly"), p.ConfigGet(ctx, "save")
@@ -349,6 +355,9 @@ func (s *RedisStore) probeNode(ctx context.Context, c redis.Cmdable, addr string
 		}
 	}
 	if s.waitReplicas > 0 {
+		if err := wait.Err(); err != nil {
+			return fmt.Errorf("idem: WAIT, which WaitReplicas sends after each Confirm%s: %w", on, err)
+		}
 		n, err := connectedReplicas(replication)
 		if err != nil {
 			return fmt.Errorf("idem: checking Redis replicas%s: %w", on, err)
