@@ -152,6 +152,8 @@ func (o *Options) checkForget(l *Lease) error {
 // checkGrant refuses a lease that this store's home did not grant.
 func (o *Options) checkGrant(l *Lease) error {
 	if o.MaxKeyBytes == 0 {
+		// Before the lease's checks: a zero store has no home, and would
+		// blame the lease for its own want of a constructor.
 		return errZeroStore
 	}
 	switch {

@@ -114,8 +114,8 @@ func (s *RedisStore) contact(ctx context.Context, start time.Time) (time.Time, e
 // without persistence (no AOF, no RDB snapshots) loses every record on a
 // restart: it is logged once as a warning, not refused.
 func (s *RedisStore) Check(ctx context.Context) error {
-	if err := s.o.checkKey("k"); err != nil {
-		return err // a zero-value store
+	if s.probe.gate == nil {
+		return errZeroStore // no constructor made it
 	}
 	return s.check(ctx, true)
 }
