@@ -37,6 +37,10 @@ check:
 		(cd "$$dir" && go vet ./... && $(STATICCHECK) ./...); \
 	done
 	bash .ci/publish-check.sh
+	@# A test rig (internal/testing/...) never ships: no package outside
+	@# it may import one except from its tests.
+	@bad=$$(go list -f '{{.ImportPath}}: {{join .Imports " "}}' ./... | grep -v '^[^:]*/internal/testing/' | grep 'internal/testing/' || true); \
+	if [[ -n $$bad ]]; then echo "a shipped package imports a test rig:" >&2; echo "$$bad" >&2; exit 1; fi
 
 # Pins every nested module's requirement of the root module (and of each
 # other) to VERSION, so that all the modules are tagged on one commit; see
@@ -55,7 +59,7 @@ services-up:
 services-down:
 	bash .ci/services.sh stop $(SERVICES_DIR)
 
-# The long experiments (.ci/soak.sh: the 100k-message crash soak of internal/soak, then the
+# The long experiments (.ci/soak.sh: the 100k-message crash soak of internal/testing/soak, then the
 # Sentinel failover experiment of .ci/failover.sh, live resharding, the Redis Cluster
 # failover experiment) against throwaway servers of their own. SOAK_STEPS="..." picks steps.
 soak:

@@ -15,9 +15,9 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/retry"
-	"github.com/idemgo/idem/internal/sqltest"
 	"github.com/idemgo/idem/internal/storeopts"
-	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/internal/testing/sqltest"
+	"github.com/idemgo/idem/internal/testing/testenv"
 	"github.com/idemgo/idem/sqlstore"
 	"github.com/idemgo/idem/storetest"
 )

@@ -3,9 +3,9 @@
 # while the master is killed (SIGKILL) again and again; afterwards every key whose
 # Confirm returned nil is looked up, and the confirmed-then-lost ones are counted. They
 # take minutes, so `make test` does not run them.
-#   Sentinel (internal/reliability/failover_soak_test.go): a Sentinel set of its own,
+#   Sentinel (internal/testing/reliability/failover_soak_test.go): a Sentinel set of its own,
 #     through redis.NewFailoverClient.
-#   --cluster (internal/reliability/cluster_failover_soak_test.go): a 3+3 Redis Cluster
+#   --cluster (internal/testing/reliability/cluster_failover_soak_test.go): a 3+3 Redis Cluster
 #     of its own, through redis.NewClusterClient, killing each shard's master in turn;
 #     it also measures each kill's time from the promotion to the last failed call.
 #
@@ -70,5 +70,5 @@ cd "$root"
 # say what happened.
 IDEM_FAILOVER_KILLS=$kills IDEM_FAILOVER_WAIT_REPLICAS=$wait IDEM_FAILOVER_DOWN_AFTER_MS=${down:-} \
 	IDEM_FAILOVER_WORKERS=$workers \
-	go test -tags "$tags" -run "^$test\$" -count=1 -v -timeout 60m ./internal/reliability/ 2>&1 |
+	go test -tags "$tags" -run "^$test\$" -count=1 -v -timeout 60m ./internal/testing/reliability/ 2>&1 |
 	grep -v -E '^redis: .* (pool|sentinel)\.go:[0-9]+:'

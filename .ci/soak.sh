@@ -11,11 +11,11 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
 svc="$root/.ci/services.sh"
 
-# The crash soak (internal/soak): 100k messages through the consumer wrapper on Redis
+# The crash soak (internal/testing/soak): 100k messages through the consumer wrapper on Redis
 # and through sqlstore.Store.Run on Postgres, with redeliveries, duplicates and SIGKILLed
 # worker processes. Without the race detector: it is a test of crashes, at volume.
 step_crash() {
-	IDEM_SOAK=1 go test -count=1 -timeout 60m -v -run '^TestSoak(Redis|SQL)$' ./internal/soak/
+	IDEM_SOAK=1 go test -count=1 -timeout 60m -v -run '^TestSoak(Redis|SQL)$' ./internal/testing/soak/
 }
 
 # The failover durability experiment (.ci/failover.sh): 20 master kills on a Sentinel set of
@@ -33,13 +33,13 @@ step_cluster_failover() {
 }
 
 # Live resharding under load, the long form of what `make test` runs
-# (internal/reliability/cluster_reshard_test.go), three times, each on 3+3 clusters of
+# (internal/testing/reliability/cluster_reshard_test.go), three times, each on 3+3 clusters of
 # the tests' own: six redis-cli runs of 400 slots, 12 moves held open until a call met
 # ASK and an even rebalance onto a new master under the ledger workload; 1,000 porcupine
 # histories, each on a slot of its own moved while it runs.
 step_reshard() {
 	go test -race -count=3 -timeout 30m -v -run '^(TestClusterResharding|TestLinearizableClusterResharding)$' \
-		./internal/reliability/ -args -idem.long -idem.histories=1000
+		./internal/testing/reliability/ -args -idem.long -idem.histories=1000
 }
 steps=(crash failover reshard cluster_failover)
 if [[ -n ${SOAK_STEPS:-} ]]; then

@@ -7,7 +7,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
-	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/internal/testing/testenv"
 )
 
 // Allocations on a MemoryStore with no Observer, measured

@@ -14,7 +14,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
-	"github.com/idemgo/idem/internal/obstest"
+	"github.com/idemgo/idem/internal/testing/obstest"
 	"github.com/redis/go-redis/v9"
 )
 

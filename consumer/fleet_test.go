@@ -12,8 +12,8 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
-	"github.com/idemgo/idem/internal/crashstore"
-	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/internal/testing/crashstore"
+	"github.com/idemgo/idem/internal/testing/testenv"
 )
 
 // fleetConfirmBudget is how long the wrapper retries a Confirm: half the

@@ -10,7 +10,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
-	"github.com/idemgo/idem/internal/obstest"
+	"github.com/idemgo/idem/internal/testing/obstest"
 )
 
 var errFailing = errors.New("test: the handler failed")

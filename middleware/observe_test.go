@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/internal/obstest"
+	"github.com/idemgo/idem/internal/testing/obstest"
 )
 
 // One OpRequest event per request the middleware acts on, with the claim's

@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/internal/obstest"
+	"github.com/idemgo/idem/internal/testing/obstest"
 	"github.com/idemgo/idem/sqlstore"
 )
 

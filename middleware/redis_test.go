@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/internal/testing/testenv"
 )
 
 // realRedisStore returns a RedisStore on the real Redis (IDEM_REDIS_ADDR),

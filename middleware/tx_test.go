@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/internal/sqltest"
+	"github.com/idemgo/idem/internal/testing/sqltest"
 	"github.com/idemgo/idem/sqlstore"
 )
 

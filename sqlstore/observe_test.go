@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/internal/obstest"
-	"github.com/idemgo/idem/internal/sqltest"
+	"github.com/idemgo/idem/internal/testing/obstest"
+	"github.com/idemgo/idem/internal/testing/sqltest"
 	"github.com/idemgo/idem/sqlstore"
 )
 

@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/internal/sqltest"
+	"github.com/idemgo/idem/internal/testing/sqltest"
 	"github.com/idemgo/idem/sqlstore"
 )
 

@@ -10,12 +10,12 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/internal/sqltest"
-	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/internal/testing/sqltest"
+	"github.com/idemgo/idem/internal/testing/testenv"
 	"github.com/idemgo/idem/sqlstore"
 )
 
-// runEnv is the ground of the Run tests, shared with internal/reliability.
+// runEnv is the ground of the Run tests, shared with internal/testing/reliability.
 type runEnv = sqltest.RunEnv
 
 // blocked reports whether ch stays open for d.

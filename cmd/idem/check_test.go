@@ -9,7 +9,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/internal/testing/testenv"
 )
 
 // checkPrefix reads the throwaway prefix idem check reported.

@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/internal/testing/testenv"
 )
 
 // checkHTTPReport checks an idem demo http report: the keyed run created

@@ -7,8 +7,8 @@ import (
 	"testing"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/internal/sqltest"
 	"github.com/idemgo/idem/internal/storeopts"
+	"github.com/idemgo/idem/internal/testing/sqltest"
 	"github.com/idemgo/idem/sqlstore"
 )
 

@@ -17,8 +17,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/internal/sqltest"
-	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/internal/testing/sqltest"
+	"github.com/idemgo/idem/internal/testing/testenv"
 	"github.com/idemgo/idem/middleware"
 	"github.com/idemgo/idem/sqlstore"
 )

@@ -13,7 +13,7 @@ import (
 
 	"github.com/idemgo/idem"
 	idemamqp "github.com/idemgo/idem/consumer/amqp"
-	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/internal/testing/testenv"
 	amqp091 "github.com/rabbitmq/amqp091-go"
 )
 

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem/consumer/redisstream"
-	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/internal/testing/testenv"
 	"github.com/redis/go-redis/v9"
 )
 

@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/idemgo/idem/consumer/redisstream"
-	"github.com/idemgo/idem/internal/crashstore"
-	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/internal/testing/crashstore"
+	"github.com/idemgo/idem/internal/testing/testenv"
 	"github.com/redis/go-redis/v9"
 )
 

@@ -16,8 +16,8 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemgo/idem/internal/sqltest"
-	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/internal/testing/sqltest"
+	"github.com/idemgo/idem/internal/testing/testenv"
 )
 
 // sleeper is a contender whose every op takes d: its throughput on g

@@ -1,6 +1,6 @@
 // Package sqltest opens the databases that SQL tests run on: a fresh
 // SQLite file, or the Postgres that `make test` starts (through
-// internal/testenv, so it skips, or fails under CI=true, when missing).
+// internal/testing/testenv, so it skips, or fails under CI=true, when missing).
 // Each database is closed when its test ends. It also opens a
 // sqlstore.Store on a table of its own, and counts the connections a
 // database opens.
@@ -17,7 +17,7 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/internal/testing/testenv"
 	"github.com/idemgo/idem/sqlstore"
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
 	_ "modernc.org/sqlite"             // database/sql driver "sqlite"

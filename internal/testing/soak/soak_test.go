@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemgo/idem/internal/soak"
-	"github.com/idemgo/idem/internal/testenv"
+	"github.com/idemgo/idem/internal/testing/soak"
+	"github.com/idemgo/idem/internal/testing/testenv"
 )
 
 // TestMain lets the broker re-execute this test binary as a worker process

@@ -1,5 +1,5 @@
 // Package reliability holds the reliability tests of the idem stores, run
-// against the real services of internal/testenv (and the embedded stores):
+// against the real services of internal/testing/testenv (and the embedded stores):
 //
 //   - faults_test.go, faults_ledger_test.go, faults_redis_test.go: the
 //     fault-proxy tests (internal/faultproxy between the store and Redis or
@@ -25,9 +25,9 @@
 // The package has no non-test code. `make test` runs it with the rest; by
 // hand, with the services' variables exported (make services-up):
 //
-//	CI=true go test -race -run 'TestFaults|TestLinearizable|TestRun|TestCluster' -v ./internal/reliability/
-//	go test -run 'Resharding' ./internal/reliability/ -args -idem.long -idem.histories=1000
-//	go test -run TestLinearizable -idem.histories 3000 ./internal/reliability/
+//	CI=true go test -race -run 'TestFaults|TestLinearizable|TestRun|TestCluster' -v ./internal/testing/reliability/
+//	go test -run 'Resharding' ./internal/testing/reliability/ -args -idem.long -idem.histories=1000
+//	go test -run TestLinearizable -idem.histories 3000 ./internal/testing/reliability/
 //	bash .ci/failover.sh --kills 20
 //	bash .ci/failover.sh --cluster --kills 10
 //
