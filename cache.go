@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/idemgo/idem/internal/nilcheck"
+
+	"github.com/idemgo/idem/internal/batch"
 )
 
 // CacheOptions configure NewCache in one flat literal. The zero value is
@@ -122,7 +124,7 @@ type Cache struct {
 	s Store
 	b Batcher // s as a Batcher, nil when it is not one
 
-	o      Options // the cache's events and errors: Observer and KeyHasher
+	core   Core // the cache's events and errors: Observer and KeyHasher
 	now    func() time.Time
 	maxAge time.Duration
 	margin time.Duration
@@ -149,7 +151,7 @@ func NewCache(s Store, o CacheOptions) (*Cache, error) {
 	}
 	c := &Cache{
 		s:      s,
-		o:      Options{Observer: o.Observer, KeyHasher: o.KeyHasher},
+		core:   Core{o: Options{Observer: o.Observer, KeyHasher: o.KeyHasher}},
 		now:    o.Now,
 		maxAge: o.MaxAge,
 		margin: o.ClockMargin,
@@ -200,8 +202,8 @@ func (c *Cache) Claim(ctx context.Context, key string, fingerprint []byte) (Clai
 	start := time.Now()
 	if rec := c.hit(ctx, key, fingerprint); rec != nil {
 		cl := Claim{Outcome: Duplicate, Record: rec}
-		err := c.o.checkFingerprint(cl, key, fingerprint)
-		c.o.observe(ctx, Event{Op: OpClaim, Outcome: Duplicate, Cache: CacheHit, Err: err}, key, start)
+		err := c.core.FingerprintMismatch(cl, key, fingerprint)
+		c.core.Observe(ctx, Event{Op: OpClaim, Outcome: Duplicate, Cache: CacheHit, Err: err}, key, start)
 		return cl, err
 	}
 	sent := c.now()
@@ -218,7 +220,7 @@ func (c *Cache) Claim(ctx context.Context, key string, fingerprint []byte) (Clai
 func (c *Cache) Lookup(ctx context.Context, key string) (*Record, error) {
 	start := time.Now()
 	if rec := c.hit(ctx, key, nil); rec != nil {
-		c.o.observe(ctx, Event{Op: OpLookup, Cache: CacheHit}, key, start)
+		c.core.Observe(ctx, Event{Op: OpLookup, Cache: CacheHit}, key, start)
 		return rec, nil
 	}
 	sent := c.now()
@@ -265,7 +267,7 @@ func (c *Cache) ClaimBatch(ctx context.Context, keys []string, fingerprints [][]
 		hitErr []error
 	)
 	for i, k := range keys {
-		fp := at(fingerprints, i)
+		fp := batch.Item(fingerprints, i)
 		rec := c.hit(ctx, k, fp)
 		if rec == nil {
 			missed = append(missed, i)
@@ -273,9 +275,9 @@ func (c *Cache) ClaimBatch(ctx context.Context, keys []string, fingerprints [][]
 		}
 		hits++
 		cs[i] = Claim{Outcome: Duplicate, Record: rec}
-		err := c.o.checkFingerprint(cs[i], k, fp)
-		errs = collect(errs, len(keys), i, err)
-		hitErr = collect(hitErr, len(keys), i, err)
+		err := c.core.FingerprintMismatch(cs[i], k, fp)
+		errs = batch.Collect(errs, len(keys), i, err)
+		hitErr = batch.Collect(hitErr, len(keys), i, err)
 	}
 	if len(missed) == len(keys) {
 		// Nothing answered here: the store's answer is the whole answer.
@@ -299,7 +301,7 @@ func (c *Cache) ClaimBatch(ctx context.Context, keys []string, fingerprints [][]
 		case err == nil:
 		case errors.As(err, &be) && len(be.Errs) == len(missed):
 			for j, i := range missed {
-				errs = collect(errs, len(keys), i, be.Errs[j])
+				errs = batch.Collect(errs, len(keys), i, be.Errs[j])
 			}
 		case errors.Is(err, ErrInvalidKey) || errors.Is(err, ErrTooLarge):
 			// Refused before any I/O, and named by its index among the
@@ -308,7 +310,7 @@ func (c *Cache) ClaimBatch(ctx context.Context, keys []string, fingerprints [][]
 			return c.claimMissed(ctx, keys, fingerprints)
 		default:
 			for _, i := range missed {
-				errs = collect(errs, len(keys), i, err)
+				errs = batch.Collect(errs, len(keys), i, err)
 			}
 		}
 		for j, i := range missed {
@@ -321,7 +323,7 @@ func (c *Cache) ClaimBatch(ctx context.Context, keys []string, fingerprints [][]
 	if hitErr != nil {
 		e.Err = &BatchError{Errs: hitErr}
 	}
-	c.o.observe(ctx, e, "", start)
+	c.core.Observe(ctx, e, "", start)
 	if errs != nil {
 		return cs, &BatchError{Errs: errs}
 	}
@@ -344,8 +346,8 @@ func (c *Cache) claimMissed(ctx context.Context, keys []string, fingerprints [][
 		var errs []error
 		for i, k := range keys {
 			var e error
-			cs[i], e = c.s.Claim(mctx, k, at(fingerprints, i))
-			errs = collect(errs, len(keys), i, e)
+			cs[i], e = c.s.Claim(mctx, k, batch.Item(fingerprints, i))
+			errs = batch.Collect(errs, len(keys), i, e)
 		}
 		if errs != nil {
 			err = &BatchError{Errs: errs}
@@ -371,7 +373,7 @@ func (c *Cache) ConfirmBatch(ctx context.Context, leases []*Lease, results [][]b
 	} else {
 		var errs []error
 		for i, l := range leases {
-			errs = collect(errs, len(leases), i, c.s.Confirm(ctx, l, at(results, i)))
+			errs = batch.Collect(errs, len(leases), i, c.s.Confirm(ctx, l, batch.Item(results, i)))
 		}
 		if errs != nil {
 			err = &BatchError{Errs: errs}

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/idemgo/idem/internal/batch"
 )
 
 // MemoryStore is a Store that lives in one process: for tests and local
@@ -17,7 +19,7 @@ import (
 // It is safe for concurrent use. Its zero value is not usable: call
 // NewMemoryStore.
 type MemoryStore struct {
-	o    Options
+	core Core
 	data *memData
 }
 
@@ -51,16 +53,15 @@ func NewMemoryStore(o Options) (*MemoryStore, error) {
 // so that a test can move time instead of sleeping. now must be safe for
 // concurrent use and never go backwards; a nil now is an error.
 func NewMemoryStoreClock(o Options, now func() time.Time) (*MemoryStore, error) {
-	o, err := o.withDefaults()
-	if err != nil {
-		return nil, err
-	}
 	if now == nil {
 		return nil, errors.New("idem: NewMemoryStoreClock: now is nil; pass time.Now or a test clock")
 	}
 	d := &memData{now: now, recs: make(map[string]*memRecord), nextCap: 1024}
-	o.home = fmt.Sprintf("MemoryStore %p", d)
-	return &MemoryStore{o: o, data: d}, nil
+	core, err := newCore(fmt.Sprintf("MemoryStore %p", d), o)
+	if err != nil {
+		return nil, err
+	}
+	return &MemoryStore{core: core, data: d}, nil
 }
 
 // Share returns a store over m's records with its own options (another
@@ -70,12 +71,11 @@ func (m *MemoryStore) Share(o Options) (*MemoryStore, error) {
 	if err := m.usable(); err != nil {
 		return nil, err
 	}
-	o, err := o.withDefaults()
+	core, err := newCore(m.core.home, o)
 	if err != nil {
 		return nil, err
 	}
-	o.home = m.o.home
-	return &MemoryStore{o: o, data: m.data}, nil
+	return &MemoryStore{core: core, data: m.data}, nil
 }
 
 // usable refuses a MemoryStore that no constructor made.
@@ -131,9 +131,9 @@ func (r *memRecord) record(key string) *Record {
 func (m *MemoryStore) Claim(ctx context.Context, key string, fingerprint []byte) (c Claim, err error) {
 	start := time.Now()
 	defer func() {
-		m.o.observe(ctx, Event{Op: OpClaim, Outcome: c.Outcome, TakeOver: c.TakeOver, Err: err}, key, start)
+		m.core.Observe(ctx, Event{Op: OpClaim, Outcome: c.Outcome, TakeOver: c.TakeOver, Err: err}, key, start)
 	}()
-	if err := m.o.checkClaim(key, fingerprint); err != nil {
+	if err := m.core.CheckClaim(key, fingerprint); err != nil {
 		return Claim{}, err
 	}
 	if err := ctx.Err(); err != nil {
@@ -143,7 +143,7 @@ func (m *MemoryStore) Claim(ctx context.Context, key string, fingerprint []byte)
 	d.mu.Lock()
 	c = m.claimLocked(key, fingerprint)
 	d.mu.Unlock()
-	return c, m.o.checkFingerprint(c, key, fingerprint)
+	return c, m.core.FingerprintMismatch(c, key, fingerprint)
 }
 
 func (m *MemoryStore) claimLocked(key string, fingerprint []byte) Claim {
@@ -162,14 +162,14 @@ func (m *MemoryStore) claimLocked(key string, fingerprint []byte) Claim {
 	d.token++
 	r := &memRecord{
 		token:       d.token,
-		owner:       m.o.Worker,
+		owner:       m.core.o.Worker,
 		fingerprint: bytes.Clone(fingerprint),
-		expires:     now.Add(m.o.LeaseTTL),
+		expires:     now.Add(m.core.o.LeaseTTL),
 	}
 	d.recs[key] = r
 	d.wrote(now)
 	return Claim{Outcome: Claimed, TakeOver: takeOver,
-		Lease: newLease(m.o.home, key, r.token, r.owner, m.o.LeaseTTL, r.expires, bytes.Clone(fingerprint))}
+		Lease: newLease(m.core.home, key, r.token, r.owner, m.core.o.LeaseTTL, r.expires, bytes.Clone(fingerprint))}
 }
 
 // holds reports whether r is l's own live claim.
@@ -180,8 +180,8 @@ func holds(r *memRecord, l *Lease) bool {
 // Renew implements Store.
 func (m *MemoryStore) Renew(ctx context.Context, l *Lease) (err error) {
 	start := time.Now()
-	defer func() { m.o.observe(ctx, Event{Op: OpRenew, Err: err}, leaseKey(l), start) }()
-	if err := m.o.checkLease(l); err != nil {
+	defer func() { m.core.Observe(ctx, Event{Op: OpRenew, Err: err}, leaseKey(l), start) }()
+	if err := m.core.CheckLease(l); err != nil {
 		return err
 	}
 	if err := ctx.Err(); err != nil {
@@ -193,9 +193,9 @@ func (m *MemoryStore) Renew(ctx context.Context, l *Lease) (err error) {
 	now := d.now()
 	r := d.live(l.Key, now)
 	if !holds(r, l) {
-		return fmt.Errorf("%w: renew of %s token %d", ErrLeaseLost, m.o.keyName(l.Key), l.Token)
+		return m.core.LeaseLost("renew", l)
 	}
-	r.expires = now.Add(m.o.LeaseTTL)
+	r.expires = now.Add(m.core.o.LeaseTTL)
 	return nil
 }
 
@@ -203,8 +203,8 @@ func (m *MemoryStore) Renew(ctx context.Context, l *Lease) (err error) {
 func (m *MemoryStore) Confirm(ctx context.Context, l *Lease, result []byte) (err error) {
 	start := time.Now()
 	late := false
-	defer func() { m.o.observe(ctx, Event{Op: OpConfirm, Late: late, Err: err}, leaseKey(l), start) }()
-	if err := m.o.checkResult(l, result); err != nil {
+	defer func() { m.core.Observe(ctx, Event{Op: OpConfirm, Late: late, Err: err}, leaseKey(l), start) }()
+	if err := m.core.CheckResult(l, result); err != nil {
 		return err
 	}
 	if err := ctx.Err(); err != nil {
@@ -215,7 +215,7 @@ func (m *MemoryStore) Confirm(ctx context.Context, l *Lease, result []byte) (err
 	late, err = m.confirmLocked(l, result)
 	d.mu.Unlock()
 	if late {
-		m.o.logLate(ctx, l)
+		m.core.LogLate(ctx, l)
 	}
 	return err
 }
@@ -230,7 +230,7 @@ func (m *MemoryStore) confirmLocked(l *Lease, result []byte) (late bool, err err
 		// The first confirmation stays: duplicates may have been answered
 		// with it already.
 		if r.token != l.Token {
-			return true, m.o.notKept(l)
+			return true, m.core.AlreadyConfirmed(l)
 		}
 		return false, nil
 	}
@@ -240,7 +240,7 @@ func (m *MemoryStore) confirmLocked(l *Lease, result []byte) (late bool, err err
 		token:       l.Token,
 		fingerprint: bytes.Clone(l.Fingerprint),
 		result:      append([]byte{}, result...),
-		expires:     now.Add(m.o.Retention),
+		expires:     now.Add(m.core.o.Retention),
 	}
 	d.wrote(now)
 	return late, nil
@@ -249,8 +249,8 @@ func (m *MemoryStore) confirmLocked(l *Lease, result []byte) (late bool, err err
 // Forget implements Store.
 func (m *MemoryStore) Forget(ctx context.Context, l *Lease) (err error) {
 	start := time.Now()
-	defer func() { m.o.observe(ctx, Event{Op: OpForget, Err: err}, leaseKey(l), start) }()
-	if err := m.o.checkForget(l); err != nil {
+	defer func() { m.core.Observe(ctx, Event{Op: OpForget, Err: err}, leaseKey(l), start) }()
+	if err := m.core.CheckForget(l); err != nil {
 		return err
 	}
 	if err := ctx.Err(); err != nil {
@@ -260,7 +260,7 @@ func (m *MemoryStore) Forget(ctx context.Context, l *Lease) (err error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if !holds(d.live(l.Key, d.now()), l) {
-		return fmt.Errorf("%w: forget of %s token %d", ErrLeaseLost, m.o.keyName(l.Key), l.Token)
+		return m.core.LeaseLost("forget", l)
 	}
 	delete(d.recs, l.Key)
 	return nil
@@ -269,8 +269,8 @@ func (m *MemoryStore) Forget(ctx context.Context, l *Lease) (err error) {
 // Lookup implements Store.
 func (m *MemoryStore) Lookup(ctx context.Context, key string) (rec *Record, err error) {
 	start := time.Now()
-	defer func() { m.o.observe(ctx, Event{Op: OpLookup, Err: err}, key, start) }()
-	if err := m.o.checkKey(key); err != nil {
+	defer func() { m.core.Observe(ctx, Event{Op: OpLookup, Err: err}, key, start) }()
+	if err := m.core.CheckKey(key); err != nil {
 		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
@@ -281,7 +281,7 @@ func (m *MemoryStore) Lookup(ctx context.Context, key string) (rec *Record, err 
 	defer d.mu.Unlock()
 	r := d.live(key, d.now())
 	if r == nil {
-		return nil, fmt.Errorf("%w: %s", ErrNotFound, m.o.keyName(key))
+		return nil, m.core.NotFound(key)
 	}
 	return r.record(key), nil
 }
@@ -289,8 +289,8 @@ func (m *MemoryStore) Lookup(ctx context.Context, key string) (rec *Record, err 
 // ClaimBatch implements Batcher: the whole batch is claimed under one lock.
 func (m *MemoryStore) ClaimBatch(ctx context.Context, keys []string, fingerprints [][]byte) (cs []Claim, err error) {
 	start := time.Now()
-	defer func() { m.o.observe(ctx, Event{Op: OpClaimBatch, Items: len(keys), Err: err}, "", start) }()
-	if err := m.o.checkClaimBatch(keys, fingerprints); err != nil {
+	defer func() { m.core.Observe(ctx, Event{Op: OpClaimBatch, Items: len(keys), Err: err}, "", start) }()
+	if err := m.core.CheckClaimBatch(keys, fingerprints); err != nil {
 		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
@@ -302,8 +302,8 @@ func (m *MemoryStore) ClaimBatch(ctx context.Context, keys []string, fingerprint
 	defer d.mu.Unlock()
 	var errs []error
 	for i, k := range keys {
-		cs[i] = m.claimLocked(k, at(fingerprints, i))
-		errs = collect(errs, len(keys), i, m.o.checkFingerprint(cs[i], k, at(fingerprints, i)))
+		cs[i] = m.claimLocked(k, batch.Item(fingerprints, i))
+		errs = batch.Collect(errs, len(keys), i, m.core.FingerprintMismatch(cs[i], k, batch.Item(fingerprints, i)))
 	}
 	if errs != nil {
 		return cs, &BatchError{Errs: errs}
@@ -316,9 +316,9 @@ func (m *MemoryStore) ConfirmBatch(ctx context.Context, leases []*Lease, results
 	start := time.Now()
 	var late []*Lease
 	defer func() {
-		m.o.observe(ctx, Event{Op: OpConfirmBatch, Items: len(leases), Late: len(late) > 0, Err: err}, "", start)
+		m.core.Observe(ctx, Event{Op: OpConfirmBatch, Items: len(leases), Late: len(late) > 0, Err: err}, "", start)
 	}()
-	if err := m.o.checkConfirmBatch(leases, results); err != nil {
+	if err := m.core.CheckConfirmBatch(leases, results); err != nil {
 		return err
 	}
 	if err := ctx.Err(); err != nil {
@@ -328,15 +328,15 @@ func (m *MemoryStore) ConfirmBatch(ctx context.Context, leases []*Lease, results
 	d := m.data
 	d.mu.Lock()
 	for i, l := range leases {
-		lost, err := m.confirmLocked(l, at(results, i))
+		lost, err := m.confirmLocked(l, batch.Item(results, i))
 		if lost {
 			late = append(late, l)
 		}
-		errs = collect(errs, len(leases), i, err)
+		errs = batch.Collect(errs, len(leases), i, err)
 	}
 	d.mu.Unlock()
 	for _, l := range late {
-		m.o.logLate(ctx, l)
+		m.core.LogLate(ctx, l)
 	}
 	if errs != nil {
 		return &BatchError{Errs: errs}
@@ -347,4 +347,4 @@ func (m *MemoryStore) ConfirmBatch(ctx context.Context, leases []*Lease, results
 // MaxResultBytes returns the largest result Confirm accepts (the option
 // resolved to its default), so that a wrapper recording responses can
 // refuse, where it is configured, a limit the store would not hold.
-func (m *MemoryStore) MaxResultBytes() int { return m.o.MaxResultBytes }
+func (m *MemoryStore) MaxResultBytes() int { return m.core.o.MaxResultBytes }

@@ -197,9 +197,12 @@ func (m multiObserver) Observe(ctx context.Context, e Event) {
 	}
 }
 
-// observe reports e, about key (empty for a batch), to the Observer and,
-// when it needs a human, to the Logger.
-func (o *Options) observe(ctx context.Context, e Event, key string, start time.Time) {
+// Observe reports one operation on key (empty for a batch) that began at
+// start: to the Observer, and to the Logger when it needs a human (a lease
+// found lost on Renew, a store failing: at most one line a second). It
+// costs nothing without either.
+func (c *Core) Observe(ctx context.Context, e Event, key string, start time.Time) {
+	o := &c.o
 	if o.Observer == nil && o.Logger == nil {
 		return
 	}
@@ -214,7 +217,7 @@ func (o *Options) observe(ctx context.Context, e Event, key string, start time.T
 		e.KeyHash = o.KeyHasher.Hash(key)
 	}
 	if o.Logger != nil {
-		o.logEvent(ctx, &e, key)
+		c.logEvent(ctx, &e, key)
 	}
 	if o.Observer != nil {
 		o.Observer.Observe(ctx, e)
@@ -225,7 +228,8 @@ func (o *Options) observe(ctx context.Context, e Event, key string, start time.T
 // Renew (the work goes on unprotected, or stops), and a store failing. A
 // late confirm is logged where it is found, per item (logLate). The key is
 // hashed only for a line that is written.
-func (o *Options) logEvent(ctx context.Context, e *Event, key string) {
+func (c *Core) logEvent(ctx context.Context, e *Event, key string) {
+	o := &c.o
 	hash := func() string {
 		if e.KeyHash == "" && key != "" {
 			e.KeyHash = o.KeyHasher.Hash(key)
@@ -234,7 +238,7 @@ func (o *Options) logEvent(ctx context.Context, e *Event, key string) {
 	}
 	keyAttr := func() slog.Attr {
 		if o.RevealKeys && key != "" {
-			return o.keyAttr(key)
+			return c.keyAttr(key)
 		}
 		return slog.String("key_hash", hash())
 	}
@@ -245,7 +249,7 @@ func (o *Options) logEvent(ctx context.Context, e *Event, key string) {
 				keyAttr())
 		}
 	case ClassStore, ClassDamaged:
-		if n, ok := o.failures.admit(time.Now()); ok {
+		if n, ok := c.failures.admit(time.Now()); ok {
 			o.Logger.LogAttrs(ctx, slog.LevelError, "idem: store operation failed",
 				slog.String("op", e.Op.String()), keyAttr(),
 				slog.Int64("failures_not_logged", n), slog.Any("err", e.Err))

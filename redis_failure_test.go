@@ -421,7 +421,7 @@ func checkDamaged(t *testing.T, s *RedisStore, c *redis.Client, key, value strin
 		t.Fatalf("SET %q: %v", rk, err)
 	}
 	// Each operation gets a lease of its own: Forget's is forgotten.
-	lease := func() *Lease { return grantedLease(s, key, 12, s.o.Worker) }
+	lease := func() *Lease { return grantedLease(s, key, 12, s.core.o.Worker) }
 	for _, tt := range []struct {
 		name string
 		op   func() error
@@ -555,9 +555,9 @@ func TestRedisLostReply(t *testing.T) {
 				if err != nil || again.Outcome != InProgress {
 					t.Fatalf("second Claim(%q) = %v, %v; want in-progress", key, again.Outcome, err)
 				}
-				if again.Record.Token != cl.Lease.Token || again.Record.Owner != s.o.Worker {
+				if again.Record.Token != cl.Lease.Token || again.Record.Owner != s.core.o.Worker {
 					t.Errorf("second Claim(%q): holder token %d owner %q; want %d %q",
-						key, again.Record.Token, again.Record.Owner, cl.Lease.Token, s.o.Worker)
+						key, again.Record.Token, again.Record.Owner, cl.Lease.Token, s.core.o.Worker)
 				}
 			})
 
@@ -642,7 +642,7 @@ func TestRedisLostReply(t *testing.T) {
 // grantedLease is a lease as s would grant it, for a test that needs one
 // on a record it wrote by hand.
 func grantedLease(s *RedisStore, key string, token int64, owner string) *Lease {
-	return newLease(s.o.home, key, token, owner, time.Second, time.Now().Add(time.Second), nil)
+	return newLease(s.core.home, key, token, owner, time.Second, time.Now().Add(time.Second), nil)
 }
 
 // A lease belongs to the Redis records of its Prefix: another prefix's

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/idemgo/idem/internal/batch"
 )
 
 // batchChunk bounds how many keys one batch script handles: a script blocks
@@ -47,8 +49,8 @@ func (s *RedisStore) shared() bool {
 // script call per key, pipelined).
 func (s *RedisStore) ClaimBatch(ctx context.Context, keys []string, fingerprints [][]byte) (cs []Claim, err error) {
 	start := time.Now()
-	defer func() { s.o.observe(ctx, Event{Op: OpClaimBatch, Items: len(keys), Err: err}, "", start) }()
-	if err := s.o.checkClaimBatch(keys, fingerprints); err != nil {
+	defer func() { s.core.Observe(ctx, Event{Op: OpClaimBatch, Items: len(keys), Err: err}, "", start) }()
+	if err := s.core.CheckClaimBatch(keys, fingerprints); err != nil {
 		return nil, err
 	}
 	if len(keys) == 0 {
@@ -59,7 +61,7 @@ func (s *RedisStore) ClaimBatch(ctx context.Context, keys []string, fingerprints
 		return nil, fmt.Errorf("idem: claim batch: %w", err)
 	}
 	fp := func(i int) []byte {
-		if f := at(fingerprints, i); f != nil {
+		if f := batch.Item(fingerprints, i); f != nil {
 			return f
 		}
 		return []byte{}
@@ -72,7 +74,7 @@ func (s *RedisStore) ClaimBatch(ctx context.Context, keys []string, fingerprints
 	// Built in this loop, where item's buffer stays on the stack.
 	tails := make([]any, len(keys))
 	for i := range keys {
-		tails[i] = claimTail(s.o.Worker, item(i), fp(i))
+		tails[i] = claimTail(s.core.o.Worker, item(i), fp(i))
 	}
 	var calls []scriptCall
 	if s.shared() {
@@ -92,7 +94,7 @@ func (s *RedisStore) ClaimBatch(ctx context.Context, keys []string, fingerprints
 		} else {
 			err = s.fail("claim", keys[i], err)
 		}
-		errs = collect(errs, len(keys), i, err)
+		errs = batch.Collect(errs, len(keys), i, err)
 	})
 	if errs != nil {
 		return cs, &BatchError{Errs: errs}
@@ -106,9 +108,9 @@ func (s *RedisStore) ConfirmBatch(ctx context.Context, leases []*Lease, results 
 	start := time.Now()
 	late := false
 	defer func() {
-		s.o.observe(ctx, Event{Op: OpConfirmBatch, Items: len(leases), Late: late, Err: err}, "", start)
+		s.core.Observe(ctx, Event{Op: OpConfirmBatch, Items: len(leases), Late: late, Err: err}, "", start)
 	}()
-	if err := s.o.checkConfirmBatch(leases, results); err != nil {
+	if err := s.core.CheckConfirmBatch(leases, results); err != nil {
 		return err
 	}
 	if len(leases) == 0 {
@@ -120,11 +122,13 @@ func (s *RedisStore) ConfirmBatch(ctx context.Context, leases []*Lease, results 
 	var calls []scriptCall
 	if s.shared() {
 		calls = batchCalls(confirmBatchScript, len(leases), func(i int) string { return s.redisKey(leases[i].Key) }, s.retentionMs,
-			func(args []any, i int) []any { return append(args, s.confirmArgs(leases[i], at(results, i))[1:]...) })
+			func(args []any, i int) []any {
+				return append(args, s.confirmArgs(leases[i], batch.Item(results, i))[1:]...)
+			})
 	} else {
 		for i, l := range leases {
 			calls = append(calls, scriptCall{script: confirmScript, keys: []string{s.redisKey(l.Key)},
-				args: s.confirmArgs(l, at(results, i))})
+				args: s.confirmArgs(l, batch.Item(results, i))})
 		}
 	}
 	var errs []error
@@ -135,12 +139,12 @@ func (s *RedisStore) ConfirmBatch(ctx context.Context, leases []*Lease, results 
 			l, err = s.confirmed(ctx, leases[i], v)
 			late = late || l
 			if err == nil && waitErr != nil {
-				err = fmt.Errorf("idem: confirm of %s: %w", s.o.keyName(leases[i].Key), waitErr)
+				err = fmt.Errorf("idem: confirm of %s: %w", s.core.KeyName(leases[i].Key), waitErr)
 			}
 		} else {
 			err = s.fail("confirm", leases[i].Key, err)
 		}
-		errs = collect(errs, len(leases), i, err)
+		errs = batch.Collect(errs, len(leases), i, err)
 	})
 	if errs != nil {
 		return &BatchError{Errs: errs}
@@ -327,7 +331,7 @@ func (s *RedisStore) pipelineOn(ctx context.Context, p pipeliner, calls []script
 			}
 			if wait && waits {
 				// Pipeliner has no Wait method; WAIT takes milliseconds.
-				w = redis.NewIntCmd(ctx, "wait", s.waitReplicas, ms(s.waitTimeout))
+				w = redis.NewIntCmd(ctx, "wait", s.waitReplicas, roundMs(s.waitTimeout).Milliseconds())
 				_ = pp.Process(ctx, w)
 			}
 			return nil

@@ -378,8 +378,8 @@ func (s *RedisStore) probeNode(ctx context.Context, c redis.Cmdable, addr string
 
 // warn logs a warning about the server to the Logger, if any.
 func (s *RedisStore) warn(ctx context.Context, msg string, attrs ...slog.Attr) {
-	if s.o.Logger != nil {
-		s.o.Logger.LogAttrs(ctx, slog.LevelWarn, msg, attrs...)
+	if s.core.o.Logger != nil {
+		s.core.o.Logger.LogAttrs(ctx, slog.LevelWarn, msg, attrs...)
 	}
 }
 

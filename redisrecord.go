@@ -39,7 +39,7 @@ func damaged(v any) bool {
 
 // errDamaged is op's error on key's damaged record.
 func (s *RedisStore) errDamaged(op, key string) error {
-	return fmt.Errorf("%w: %s of %s", ErrDamaged, op, s.o.keyName(key))
+	return fmt.Errorf("%w: %s of %s", ErrDamaged, op, s.core.KeyName(key))
 }
 
 // parseClaim turns claim.lua's reply into a Claim, and a record made with
@@ -54,7 +54,7 @@ func (s *RedisStore) parseClaim(key string, fingerprint []byte, start time.Time,
 		if err != nil {
 			return Claim{}, s.badReply("claim", key, v)
 		}
-		return s.claimed(key, tok, s.o.LeaseTTL, fingerprint, start), nil
+		return s.claimed(key, tok, s.core.o.LeaseTTL, fingerprint, start), nil
 	}
 	a, ok := v.([]any)
 	if !ok || len(a) == 0 {
@@ -70,7 +70,7 @@ func (s *RedisStore) parseClaim(key string, fingerprint []byte, start time.Time,
 	}
 	switch st {
 	case replyClaimed, replyAgain:
-		ttl := s.o.LeaseTTL
+		ttl := s.core.o.LeaseTTL
 		if st == replyAgain {
 			var p int64
 			if len(a) == 3 {
@@ -91,7 +91,7 @@ func (s *RedisStore) parseClaim(key string, fingerprint []byte, start time.Time,
 		if rec.Confirmed {
 			c.Outcome = Duplicate
 		}
-		return c, s.o.checkFingerprint(c, key, fingerprint)
+		return c, s.core.FingerprintMismatch(c, key, fingerprint)
 	}
 	return Claim{}, s.badReply("claim", key, v)
 }
@@ -99,7 +99,7 @@ func (s *RedisStore) parseClaim(key string, fingerprint []byte, start time.Time,
 // claimed is the Claim of a new lease on key; left is what remains of it.
 func (s *RedisStore) claimed(key string, tok int64, left time.Duration, fingerprint []byte, start time.Time) Claim {
 	return Claim{Outcome: Claimed,
-		Lease: newLease(s.o.home, key, tok, s.o.Worker, s.o.LeaseTTL, start.Add(left), bytes.Clone(fingerprint))}
+		Lease: newLease(s.core.home, key, tok, s.core.o.Worker, s.core.o.LeaseTTL, start.Add(left), bytes.Clone(fingerprint))}
 }
 
 // parseRecord reads the {state, token, pttl, fingerprint, result|owner}
@@ -141,7 +141,7 @@ func token(v any) (int64, bool) {
 }
 
 func (s *RedisStore) badReply(op, key string, v any) error {
-	return fmt.Errorf("idem: %s of %s: unexpected reply from Redis (%T)", op, s.o.keyName(key), v)
+	return fmt.Errorf("idem: %s of %s: unexpected reply from Redis (%T)", op, s.core.KeyName(key), v)
 }
 
 // confirmArgs are confirm.lua's ARGV for l: the retention, which a batch
@@ -170,11 +170,11 @@ func (s *RedisStore) confirmed(ctx context.Context, l *Lease, v any) (late bool,
 	case confirmHeld, confirmRepeat:
 		return false, nil
 	case confirmLate:
-		s.o.logLate(ctx, l)
+		s.core.LogLate(ctx, l)
 		return true, nil
 	case confirmNotKept:
-		s.o.logLate(ctx, l)
-		return true, s.o.notKept(l)
+		s.core.LogLate(ctx, l)
+		return true, s.core.AlreadyConfirmed(l)
 	}
 	return false, s.badReply("confirm", l.Key, v)
 }

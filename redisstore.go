@@ -173,7 +173,7 @@ var ErrNotReplicated = errors.New("idem: not replicated")
 // documentation).
 type RedisStore struct {
 	c      redis.UniversalClient
-	o      Options
+	core   Core
 	prefix string
 
 	// Script arguments that never change, converted to interface values
@@ -206,14 +206,14 @@ func NewRedisStore(c redis.UniversalClient, o RedisOptions) (*RedisStore, error)
 	if c == nil || isNilClient(c) {
 		return nil, errors.New("idem: NewRedisStore with a nil client")
 	}
-	opts, err := o.options().withDefaults()
-	if err != nil {
-		return nil, err
-	}
 	if o.Prefix == "" {
 		o.Prefix = DefaultPrefix
 	}
-	opts.home = "RedisStore Prefix " + strconv.Quote(o.Prefix)
+	core, err := newCore("RedisStore Prefix "+strconv.Quote(o.Prefix), o.options())
+	if err != nil {
+		return nil, err
+	}
+	opts := core.o
 	if strings.ContainsAny(o.Prefix, "{}") {
 		return nil, fmt.Errorf("idem: Prefix %q must not contain '{' or '}' (the hash tag after it is idem's)", o.Prefix)
 	}
@@ -253,10 +253,10 @@ func NewRedisStore(c redis.UniversalClient, o RedisOptions) (*RedisStore, error)
 	_, _ = rand.Read(seed[:]) // crypto/rand.Read never fails (Go 1.24+)
 	s := &RedisStore{
 		c:             c,
-		o:             opts,
+		core:          core,
 		prefix:        o.Prefix,
-		leaseMs:       strconv.FormatInt(ms(opts.LeaseTTL), 10),
-		retentionMs:   strconv.FormatInt(ms(opts.Retention), 10),
+		leaseMs:       strconv.FormatInt(opts.LeaseTTL.Milliseconds(), 10),
+		retentionMs:   strconv.FormatInt(opts.Retention.Milliseconds(), 10),
 		attemptPrefix: hex.EncodeToString(seed[:]) + ".",
 	}
 	if o.AutoPipeline {
@@ -296,27 +296,6 @@ func readTimeout(c redis.UniversalClient) time.Duration {
 		return c.Options().ReadTimeout
 	}
 	return 0
-}
-
-// redisKey returns the Redis key name holding key's record.
-func (s *RedisStore) redisKey(key string) string {
-	// One allocation, sized exactly (an escaped byte takes three): String
-	// does not copy the builder's bytes.
-	n := escapes(key)
-	var b strings.Builder
-	b.Grow(len(s.prefix) + len(key) + 2*n + 2)
-	b.WriteString(s.prefix)
-	b.WriteByte('{')
-	if n == 0 {
-		b.WriteString(key)
-	} else {
-		var esc [3]byte
-		for i := 0; i < len(key); i++ {
-			b.Write(appendEscapedKey(esc[:0], key[i:i+1]))
-		}
-	}
-	b.WriteByte('}')
-	return b.String()
 }
 
 // appendAttempt appends a new attempt id to b: unique to this store
@@ -454,9 +433,9 @@ func unanswered(err error) bool {
 func (s *RedisStore) Claim(ctx context.Context, key string, fingerprint []byte) (c Claim, err error) {
 	start := time.Now()
 	defer func() {
-		s.o.observe(ctx, Event{Op: OpClaim, Outcome: c.Outcome, TakeOver: c.TakeOver, Err: err}, key, start)
+		s.core.Observe(ctx, Event{Op: OpClaim, Outcome: c.Outcome, TakeOver: c.TakeOver, Err: err}, key, start)
 	}()
-	if err := s.o.checkClaim(key, fingerprint); err != nil {
+	if err := s.core.CheckClaim(key, fingerprint); err != nil {
 		return Claim{}, err
 	}
 	sent, err := s.contact(ctx, start)
@@ -464,7 +443,7 @@ func (s *RedisStore) Claim(ctx context.Context, key string, fingerprint []byte) 
 		return Claim{}, s.fail("claim", key, err)
 	}
 	var buf [40]byte
-	v, _, err := s.run(ctx, claimScript, key, s.leaseMs, claimTail(s.o.Worker, s.appendAttempt(buf[:0]), fingerprint))
+	v, _, err := s.run(ctx, claimScript, key, s.leaseMs, claimTail(s.core.o.Worker, s.appendAttempt(buf[:0]), fingerprint))
 	if err != nil {
 		return Claim{}, s.fail("claim", key, err)
 	}
@@ -474,14 +453,14 @@ func (s *RedisStore) Claim(ctx context.Context, key string, fingerprint []byte) 
 // fail wraps a Redis error with the operation and key. The operation's
 // event logs it (see Options.observe), with the key's hash in the error.
 func (s *RedisStore) fail(op, key string, err error) error {
-	return fmt.Errorf("idem: %s of %s: %w", op, s.o.keyName(key), err)
+	return fmt.Errorf("idem: %s of %s: %w", op, s.core.KeyName(key), err)
 }
 
 // Renew implements Store in one round trip.
 func (s *RedisStore) Renew(ctx context.Context, l *Lease) (err error) {
 	start := time.Now()
-	defer func() { s.o.observe(ctx, Event{Op: OpRenew, Err: err}, leaseKey(l), start) }()
-	if err := s.o.checkLease(l); err != nil {
+	defer func() { s.core.Observe(ctx, Event{Op: OpRenew, Err: err}, leaseKey(l), start) }()
+	if err := s.core.CheckLease(l); err != nil {
 		return err
 	}
 	v, _, err := s.run(ctx, renewScript, l.Key, heldPrefix(l), s.leaseMs)
@@ -496,7 +475,7 @@ func (s *RedisStore) Renew(ctx context.Context, l *Lease) (err error) {
 		return s.badReply("renew", l.Key, v)
 	}
 	if n != 1 {
-		return fmt.Errorf("%w: renew of %s token %d", ErrLeaseLost, s.o.keyName(l.Key), l.Token)
+		return s.core.LeaseLost("renew", l)
 	}
 	return nil
 }
@@ -505,8 +484,8 @@ func (s *RedisStore) Renew(ctx context.Context, l *Lease) (err error) {
 func (s *RedisStore) Confirm(ctx context.Context, l *Lease, result []byte) (err error) {
 	start := time.Now()
 	late := false
-	defer func() { s.o.observe(ctx, Event{Op: OpConfirm, Late: late, Err: err}, leaseKey(l), start) }()
-	if err := s.o.checkResult(l, result); err != nil {
+	defer func() { s.core.Observe(ctx, Event{Op: OpConfirm, Late: late, Err: err}, leaseKey(l), start) }()
+	if err := s.core.CheckResult(l, result); err != nil {
 		return err
 	}
 	v, waitErr, err := s.run(ctx, confirmScript, l.Key, s.confirmArgs(l, result)...)
@@ -517,7 +496,7 @@ func (s *RedisStore) Confirm(ctx context.Context, l *Lease, result []byte) (err 
 		return err
 	}
 	if waitErr != nil {
-		return fmt.Errorf("idem: confirm of %s: %w", s.o.keyName(l.Key), waitErr)
+		return fmt.Errorf("idem: confirm of %s: %w", s.core.KeyName(l.Key), waitErr)
 	}
 	return nil
 }
@@ -525,8 +504,8 @@ func (s *RedisStore) Confirm(ctx context.Context, l *Lease, result []byte) (err 
 // Forget implements Store in one round trip.
 func (s *RedisStore) Forget(ctx context.Context, l *Lease) (err error) {
 	start := time.Now()
-	defer func() { s.o.observe(ctx, Event{Op: OpForget, Err: err}, leaseKey(l), start) }()
-	if err := s.o.checkForget(l); err != nil {
+	defer func() { s.core.Observe(ctx, Event{Op: OpForget, Err: err}, leaseKey(l), start) }()
+	if err := s.core.CheckForget(l); err != nil {
 		return err
 	}
 	v, _, err := s.run(ctx, forgetScript, l.Key, heldPrefix(l), strconv.FormatInt(l.Token, 10))
@@ -541,7 +520,7 @@ func (s *RedisStore) Forget(ctx context.Context, l *Lease) (err error) {
 		return s.badReply("forget", l.Key, v)
 	}
 	if n != 1 {
-		return fmt.Errorf("%w: forget of %s token %d", ErrLeaseLost, s.o.keyName(l.Key), l.Token)
+		return s.core.LeaseLost("forget", l)
 	}
 	return nil
 }
@@ -549,8 +528,8 @@ func (s *RedisStore) Forget(ctx context.Context, l *Lease) (err error) {
 // Lookup implements Store in one round trip.
 func (s *RedisStore) Lookup(ctx context.Context, key string) (rec *Record, err error) {
 	start := time.Now()
-	defer func() { s.o.observe(ctx, Event{Op: OpLookup, Err: err}, key, start) }()
-	if err := s.o.checkKey(key); err != nil {
+	defer func() { s.core.Observe(ctx, Event{Op: OpLookup, Err: err}, key, start) }()
+	if err := s.core.CheckKey(key); err != nil {
 		return nil, err
 	}
 	sent, err := s.contact(ctx, start)
@@ -559,7 +538,7 @@ func (s *RedisStore) Lookup(ctx context.Context, key string) (rec *Record, err e
 	}
 	v, _, err := s.run(ctx, lookupScript, key)
 	if errors.Is(err, redis.Nil) {
-		return nil, fmt.Errorf("%w: %s", ErrNotFound, s.o.keyName(key))
+		return nil, s.core.NotFound(key)
 	}
 	if err != nil {
 		return nil, s.fail("lookup", key, err)
@@ -577,4 +556,4 @@ func (s *RedisStore) Lookup(ctx context.Context, key string) (rec *Record, err e
 // MaxResultBytes returns the largest result Confirm accepts (the option
 // resolved to its default), so that a wrapper recording responses can
 // refuse, where it is configured, a limit the store would not hold.
-func (s *RedisStore) MaxResultBytes() int { return s.o.MaxResultBytes }
+func (s *RedisStore) MaxResultBytes() int { return s.core.o.MaxResultBytes }

@@ -272,6 +272,12 @@ func BenchmarkRedisClientCost(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
+		// No server to check or to load the scripts into: pass the first
+		// contact, and take the digests a server would answer.
+		s.probe.passed.Store(true)
+		for _, sc := range scripts {
+			sc.sha.Store(sc.Hash())
+		}
 		b.ReportAllocs()
 		for b.Loop() {
 			cl, err := s.Claim(ctx, key(), nil)

@@ -154,19 +154,6 @@ func (e *BatchError) Unwrap() []error {
 	return errs
 }
 
-// collect records item i's error in errs, allocating errs (n long) on the
-// first error, so that a batch without failures allocates nothing for them.
-func collect(errs []error, n, i int, err error) []error {
-	if err == nil {
-		return errs
-	}
-	if errs == nil {
-		errs = make([]error, n)
-	}
-	errs[i] = err
-	return errs
-}
-
 // The errors a Store returns, matched with errors.Is. Returned errors wrap
 // them with the key.
 var (

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/batch"
 )
 
 // ClaimBatch implements idem.Batcher: the whole batch is one transaction, so it
@@ -35,16 +36,16 @@ func (s *Store) ClaimBatch(ctx context.Context, keys []string, fingerprints [][]
 	err = s.inTx(ctx, func(tx *sql.Tx) error {
 		cs, errs = make([]idem.Claim, len(keys)), nil
 		for _, i := range byteOrder(len(keys), func(i int) string { return keys[i] }) {
-			c, err := s.claimIn(ctx, tx, keys[i], at(fingerprints, i), start)
+			c, err := s.claimIn(ctx, tx, keys[i], batch.Item(fingerprints, i), start)
 			if err != nil {
 				if !errors.Is(err, errChanged) {
 					return s.fail("claim", keys[i], err) // the transaction is lost
 				}
-				errs = collect(errs, len(keys), i, s.fail("claim", keys[i], err))
+				errs = batch.Collect(errs, len(keys), i, s.fail("claim", keys[i], err))
 				continue
 			}
 			cs[i] = c
-			errs = collect(errs, len(keys), i, s.core.Mismatch(c, keys[i], at(fingerprints, i)))
+			errs = batch.Collect(errs, len(keys), i, s.core.FingerprintMismatch(c, keys[i], batch.Item(fingerprints, i)))
 		}
 		return nil
 	})
@@ -80,11 +81,11 @@ func (s *Store) ConfirmBatch(ctx context.Context, leases []*idem.Lease, results 
 	err = s.inTx(ctx, func(tx *sql.Tx) error {
 		lates, errs = nil, nil
 		for _, i := range byteOrder(len(leases), func(i int) string { return leases[i].Key }) {
-			l, err := s.confirmIn(ctx, tx, leases[i], at(results, i), start)
+			l, err := s.confirmIn(ctx, tx, leases[i], batch.Item(results, i), start)
 			if err != nil && !errors.Is(err, idem.ErrAlreadyConfirmed) {
 				return s.fail("confirm", leases[i].Key, err)
 			}
-			errs = collect(errs, len(leases), i, err)
+			errs = batch.Collect(errs, len(leases), i, err)
 			if l {
 				lates = append(lates, leases[i])
 			}
@@ -165,25 +166,4 @@ func (s *Store) PurgeExpired(ctx context.Context) (int64, error) {
 			return total, nil
 		}
 	}
-}
-
-// at returns s[i], or nil when s is nil (the batch calls allow nil for "none").
-func at(s [][]byte, i int) []byte {
-	if s == nil {
-		return nil
-	}
-	return s[i]
-}
-
-// collect records item i's error in errs, allocating errs (n long) on the
-// first error, so that a batch without failures allocates nothing for them.
-func collect(errs []error, n, i int, err error) []error {
-	if err == nil {
-		return errs
-	}
-	if errs == nil {
-		errs = make([]error, n)
-	}
-	errs[i] = err
-	return errs
 }

@@ -152,10 +152,15 @@ func New(db *sql.DB, o Options) (*Store, error) {
 	if o.LockTimeout == 0 {
 		o.LockTimeout = DefaultLockTimeout
 	}
+	// Postgres counts lock_timeout in whole milliseconds, and 0 there
+	// means no bound at all: round up, never down.
+	if r := o.LockTimeout % time.Millisecond; r != 0 {
+		o.LockTimeout += time.Millisecond - r
+	}
 	opts := core.Options()
 	s := &Store{
 		db: db, core: core, o: opts, dialect: o.Dialect, table: t, lockTimeout: o.LockTimeout,
-		leaseMs: ms(opts.LeaseTTL), retentionMs: ms(opts.Retention),
+		leaseMs: opts.LeaseTTL.Milliseconds(), retentionMs: opts.Retention.Milliseconds(),
 	}
 	text := func(q string) string { return sqlText(o.Dialect, t, q) }
 	s.q = sqlStatements{
@@ -216,7 +221,7 @@ func (s *Store) Claim(ctx context.Context, key string, fingerprint []byte) (c id
 	if err != nil {
 		return idem.Claim{}, s.fail("claim", key, err)
 	}
-	return c, s.core.Mismatch(c, key, fingerprint)
+	return c, s.core.FingerprintMismatch(c, key, fingerprint)
 }
 
 // claimIn claims key with q's statements: the database, or a transaction
@@ -388,7 +393,7 @@ func (s *Store) Renew(ctx context.Context, l *idem.Lease) (err error) {
 		return s.fail("renew", l.Key, err)
 	}
 	if !ok {
-		return fmt.Errorf("%w: renew of %s token %d", idem.ErrLeaseLost, s.core.KeyName(l.Key), l.Token)
+		return s.core.LeaseLost("renew", l)
 	}
 	return nil
 }
@@ -443,7 +448,7 @@ func (s *Store) confirmIn(ctx context.Context, q sqlQuerier, l *idem.Lease, resu
 			return false, err
 		}
 		if rec.Token != l.Token {
-			return true, s.core.NotKept(l)
+			return true, s.core.AlreadyConfirmed(l)
 		}
 		return false, nil
 	}
@@ -463,7 +468,7 @@ func (s *Store) Forget(ctx context.Context, l *idem.Lease) (err error) {
 		return s.fail("forget", l.Key, err)
 	}
 	if !ok {
-		return fmt.Errorf("%w: forget of %s token %d", idem.ErrLeaseLost, s.core.KeyName(l.Key), l.Token)
+		return s.core.LeaseLost("forget", l)
 	}
 	return nil
 }
@@ -477,18 +482,12 @@ func (s *Store) Lookup(ctx context.Context, key string) (rec *idem.Record, err e
 	}
 	rec, err = s.read(ctx, s.db, key, start, nil)
 	if errors.Is(err, errNoRecord) {
-		return nil, fmt.Errorf("%w: %s", idem.ErrNotFound, s.core.KeyName(key))
+		return nil, s.core.NotFound(key)
 	}
 	if err != nil {
 		return nil, s.fail("lookup", key, err)
 	}
 	return rec, nil
-}
-
-// ms converts a duration to whole milliseconds, rounding up so that a store
-// never grants less than asked. (A copy of package idem's.)
-func ms(d time.Duration) int64 {
-	return int64((d + time.Millisecond - 1) / time.Millisecond)
 }
 
 // leaseKey is l's key, or "" for a nil lease (which the operation rejects).

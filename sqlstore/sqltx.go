@@ -124,7 +124,7 @@ func (s *Store) run(ctx context.Context, key string, fp []byte,
 		}
 	}()
 	if s.dialect == Postgres {
-		lt := strconv.FormatInt(ms(s.lockTimeout), 10) + "ms"
+		lt := strconv.FormatInt(s.lockTimeout.Milliseconds(), 10) + "ms"
 		if _, err := tx.ExecContext(ctx, "SELECT set_config('lock_timeout', $1, true)", lt); err != nil {
 			return nil, false, s.fail("run", key, err), nil
 		}
@@ -139,7 +139,7 @@ func (s *Store) run(ctx context.Context, key string, fp []byte,
 	}
 	switch c.Outcome {
 	case idem.Duplicate, idem.InProgress:
-		if err := s.core.Mismatch(c, key, fp); err != nil {
+		if err := s.core.FingerprintMismatch(c, key, fp); err != nil {
 			return nil, false, err, nil
 		}
 		if c.Outcome == idem.InProgress {

@@ -1,36 +1,31 @@
 package idem
 
-import (
-	"fmt"
-	"strconv"
-)
+// The Redis key of a record is the store's Prefix, then the user's key
+// escaped and wrapped in braces: "idem:{order-42}". The braces make the
+// escaped key the Redis Cluster hash tag, so a key's slot never depends on
+// the prefix, and the escaping keeps the user's braces out of the tag.
 
-// Keys are byte strings: any non-empty value up to MaxKeyBytes, NUL bytes and
-// invalid UTF-8 included, compared byte for byte.
+import "strings"
 
-// checkKey rejects what no store may hold, before any I/O.
-func (o *Options) checkKey(key string) error {
-	if o.MaxKeyBytes == 0 {
-		// Only a store that no constructor made has unresolved options.
-		return errZeroStore
+// redisKey returns the Redis key name holding key's record.
+func (s *RedisStore) redisKey(key string) string {
+	// One allocation, sized exactly (an escaped byte takes three): String
+	// does not copy the builder's bytes.
+	n := escapes(key)
+	var b strings.Builder
+	b.Grow(len(s.prefix) + len(key) + 2*n + 2)
+	b.WriteString(s.prefix)
+	b.WriteByte('{')
+	if n == 0 {
+		b.WriteString(key)
+	} else {
+		var esc [3]byte
+		for i := 0; i < len(key); i++ {
+			b.Write(appendEscapedKey(esc[:0], key[i:i+1]))
+		}
 	}
-	if key == "" {
-		return fmt.Errorf("%w: empty key", ErrInvalidKey)
-	}
-	if len(key) > o.MaxKeyBytes {
-		return fmt.Errorf("%w: key of %d bytes exceeds MaxKeyBytes %d", ErrInvalidKey, len(key), o.MaxKeyBytes)
-	}
-	return nil
-}
-
-// keyName names a key in error messages by its keyed hash ("key#…"):
-// errors end up in logs, and keys may carry personal data. With RevealKeys
-// it is the key itself, quoted.
-func (o *Options) keyName(key string) string {
-	if o.RevealKeys {
-		return "key " + strconv.Quote(key)
-	}
-	return "key#" + o.KeyHasher.Hash(key)
+	b.WriteByte('}')
+	return b.String()
 }
 
 // appendEscapedKey appends key to dst in the escaped form used inside Redis
