@@ -1,0 +1,379 @@
+package idem
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/idemgo/idem/internal/backoff"
+	"github.com/redis/go-redis/v9"
+)
+
+// The pipeline engine: every call of a RedisStore that sends scripts in a
+// pipeline goes through here (ClaimBatch and ConfirmBatch, the automatic
+// pipeline of single calls, a single confirm followed by WAIT). It builds the script calls (one per
+// 128 keys on a single Redis, one per key on a cluster), sends them in one
+// round trip per node, resends what a resharding redirected, loads again
+// the scripts a server lost (NOSCRIPT), adds WAIT when WaitReplicas asks,
+// and hands each item its reply.
+
+// batchChunk bounds how many keys one batch script handles: a script blocks
+// Redis while it runs, so a huge batch is split into several calls (all in
+// the same pipeline, still one round trip).
+const batchChunk = 128
+
+// scriptCall is one script invocation of a pipeline.
+//
+// The one-key scripts that have a batch form (claim.lua, confirm.lua) take
+// first the argument a batch passes once (the lease, the retention), then
+// the key's own; their batch forms take that first argument, then each
+// key's own in turn. batchCalls relies on it.
+type scriptCall struct {
+	script *luaScript
+	keys   []string
+	args   []any
+}
+
+// confirms reports whether c confirms: with WaitReplicas, it is followed by
+// WAIT.
+func (c scriptCall) confirms() bool {
+	return c.script == confirmScript || c.script == confirmBatchScript
+}
+
+// shared reports whether every key can go into one script call: true on a
+// single Redis (standalone or Sentinel), false on a cluster, where a script
+// may only touch keys of one hash slot.
+func (s *RedisStore) shared() bool {
+	_, ok := s.c.(*redis.Client)
+	return ok
+}
+
+// batchCalls builds the calls of batch (claim_batch.lua, confirm_batch.lua)
+// for n items, at most batchChunk keys each, in order: one script call for
+// many keys costs Redis much less than one each. Each call takes shared
+// once, then every item's own arguments, which item appends (see
+// scriptCall); key(i) is item i's Redis key.
+func batchCalls(batch *luaScript, n int, key func(i int) string, shared any, item func(args []any, i int) []any) []scriptCall {
+	calls := make([]scriptCall, 0, (n+batchChunk-1)/batchChunk)
+	for lo := 0; lo < n; lo += batchChunk {
+		hi := min(lo+batchChunk, n)
+		bc := scriptCall{script: batch, keys: make([]string, 0, hi-lo), args: make([]any, 1, 1+2*(hi-lo))}
+		bc.args[0] = shared
+		for i := lo; i < hi; i++ {
+			bc.keys = append(bc.keys, key(i))
+			bc.args = item(bc.args, i)
+		}
+		calls = append(calls, bc)
+	}
+	return calls
+}
+
+// each hands every item's reply to f, in item order, with the verdict of
+// its call's WAIT (waitErrs may be nil: no WAIT). A batch script's reply is
+// an array with one element per key; a single-key script's reply is the
+// item's own.
+func each(calls []scriptCall, cmds []*redis.Cmd, waitErrs []error, f func(i int, v any, err, waitErr error)) {
+	i := 0
+	for j, c := range calls {
+		v, err := cmds[j].Result()
+		var waitErr error
+		if waitErrs != nil {
+			waitErr = waitErrs[j]
+		}
+		if c.script != claimBatchScript && c.script != confirmBatchScript {
+			f(i, v, err, waitErr)
+			i++
+			continue
+		}
+		a, ok := v.([]any)
+		if err == nil && (!ok || len(a) != len(c.keys)) {
+			err = fmt.Errorf("idem: batch reply of %d items for %d keys", len(a), len(c.keys))
+		}
+		for k := range c.keys {
+			if err != nil {
+				f(i, nil, err, waitErr)
+			} else {
+				f(i, a[k], nil, waitErr)
+			}
+			i++
+		}
+	}
+}
+
+// pipeline sends the calls in one round trip (one per master on a cluster)
+// and returns their commands, each with its own result or error. With
+// WaitReplicas, a call marked wait is followed by WAIT in the same pipeline
+// (see pipelineWait); waitErrs then holds, per call, why its writes are not
+// known to be on enough replicas (nil: they are, or no wait was asked).
+func (s *RedisStore) pipeline(ctx context.Context, calls []scriptCall) (cmds []*redis.Cmd, waitErrs []error) {
+	if s.waitReplicas == 0 || !anyWait(calls) {
+		cmds, _ = s.pipelineOn(ctx, s.c, calls, false)
+		if cc, ok := s.c.(*redis.ClusterClient); ok {
+			s.resendRedirected(ctx, cc, calls, cmds)
+		}
+		return cmds, nil
+	}
+	if cc, ok := s.c.(*redis.ClusterClient); ok {
+		return s.pipelineByMaster(ctx, cc, calls)
+	}
+	return s.pipelineOn(ctx, s.c, calls, true)
+}
+
+// resendRedirected sends again the calls of a cluster pipeline that were
+// answered MOVED or ASK: go-redis follows a pipeline's redirects only
+// MaxRedirects times, against a slot map that may lag a resharding in
+// progress (#20: a batch claim surfaced "MOVED 391 ..." mid-reshard). A
+// redirected command did not run, so sending it again is safe. Each goes
+// alone through the cluster client, which follows a redirect to the
+// address it names; a few rounds, a moment apart, then what is still
+// redirected keeps its error. On a cluster every call is one key's.
+func (s *RedisStore) resendRedirected(ctx context.Context, cc *redis.ClusterClient, calls []scriptCall, cmds []*redis.Cmd) {
+	redirected := func(cmd *redis.Cmd) bool {
+		err := cmd.Err()
+		return err != nil && (redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK"))
+	}
+	for round := range 3 {
+		again := false
+		for i, cmd := range cmds {
+			if !redirected(cmd) || len(calls[i].keys) != 1 {
+				continue
+			}
+			again = true
+			v, err := s.eval(ctx, calls[i].script, calls[i].keys[0], calls[i].args)
+			c := redis.NewCmd(ctx)
+			if err != nil {
+				c.SetErr(err)
+			} else {
+				c.SetVal(v)
+			}
+			cmds[i] = c
+		}
+		if !again || ctx.Err() != nil {
+			return
+		}
+		if round == 0 {
+			cc.ReloadState(ctx)
+		}
+		if !backoff.Sleep(ctx, time.Duration(round+1)*20*time.Millisecond) {
+			return
+		}
+	}
+}
+
+func anyWait(calls []scriptCall) bool {
+	for _, c := range calls {
+		if c.confirms() {
+			return true
+		}
+	}
+	return false
+}
+
+// pipeliner is what a pipeline is sent on: a client, a cluster, or one
+// master of a cluster.
+type pipeliner interface {
+	Pipelined(ctx context.Context, fn func(redis.Pipeliner) error) ([]redis.Cmder, error)
+}
+
+// pipelineOn sends the calls in one pipeline on p, followed by WAIT when
+// wait is set, and returns their commands and, per call marked wait, the
+// WAIT's verdict.
+//
+// A pipelined EVALSHA cannot load its script by itself when Redis has lost
+// its script cache (SCRIPT FLUSH, a restart, a failover to a replica that
+// never saw the script). A NOSCRIPT reply means the command did not run, so
+// the scripts of the commands that got one are loaded again with SCRIPT
+// LOAD and those commands sent again: after a flush a batch costs two more
+// round trips, never an error. The resent commands get a WAIT of their own.
+func (s *RedisStore) pipelineOn(ctx context.Context, p pipeliner, calls []scriptCall, wait bool) ([]*redis.Cmd, []error) {
+	cmds := make([]*redis.Cmd, len(calls))
+	var waitErrs []error
+	if wait {
+		waitErrs = make([]error, len(calls))
+	}
+	for _, c := range calls {
+		if c.script.digest() == nil {
+			if err := s.loadScript(ctx, c.script); err != nil {
+				for i := range cmds {
+					cmds[i] = redis.NewCmd(ctx)
+					cmds[i].SetErr(err)
+				}
+				return cmds, waitErrs
+			}
+		}
+	}
+	send := func(idx []int) {
+		var w *redis.IntCmd
+		// Errors are per command; Exec's own error is the first of them.
+		_, _ = p.Pipelined(ctx, func(pp redis.Pipeliner) error {
+			waits := false
+			for _, i := range idx {
+				c := calls[i]
+				cmds[i] = evalSha(ctx, pp, c.script.digest(), c.keys, c.args)
+				waits = waits || c.confirms()
+			}
+			if wait && waits {
+				// Pipeliner has no Wait method; WAIT takes milliseconds.
+				w = redis.NewIntCmd(ctx, "wait", s.waitReplicas, roundMs(s.waitTimeout).Milliseconds())
+				_ = pp.Process(ctx, w)
+			}
+			return nil
+		})
+		if w == nil {
+			return
+		}
+		err := s.replicated(w)
+		for _, i := range idx {
+			if calls[i].confirms() {
+				waitErrs[i] = err
+			}
+		}
+	}
+	all := make([]int, len(calls))
+	for i := range all {
+		all[i] = i
+	}
+	send(all)
+	for range scriptReloads {
+		if !s.reloadLost(ctx, calls, cmds, send) {
+			break
+		}
+	}
+	for _, cmd := range cmds {
+		if unanswered(cmd.Err()) {
+			s.reloadSlots(cmd.Err())
+			break
+		}
+	}
+	return cmds, waitErrs
+}
+
+// reloadLost loads again the scripts of the calls that got NOSCRIPT and
+// sends those calls again with send; it reports whether there were any.
+func (s *RedisStore) reloadLost(ctx context.Context, calls []scriptCall, cmds []*redis.Cmd, send func(idx []int)) bool {
+	var retry []int
+	var lost []*luaScript
+	for i, cmd := range cmds {
+		if err := cmd.Err(); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+			retry = append(retry, i)
+			if !slices.Contains(lost, calls[i].script) {
+				lost = append(lost, calls[i].script)
+			}
+		}
+	}
+	for _, sc := range lost {
+		if err := s.loadScript(ctx, sc); err != nil {
+			for _, i := range retry {
+				cmds[i].SetErr(err)
+			}
+			return false
+		}
+	}
+	if len(retry) > 0 {
+		send(retry)
+	}
+	return len(retry) > 0
+}
+
+// evalSha queues one EVALSHA of sha (a boxed digest) on p, as go-redis's
+// EvalSha does, without its copies of keys and args.
+func evalSha(ctx context.Context, p redis.Pipeliner, sha any, keys []string, args []any) *redis.Cmd {
+	cmdArgs := make([]any, 0, 3+len(keys)+len(args))
+	cmdArgs = append(cmdArgs, "evalsha", sha, len(keys))
+	for _, k := range keys {
+		cmdArgs = append(cmdArgs, k)
+	}
+	cmdArgs = append(cmdArgs, args...)
+	cmd := redis.NewCmd(ctx, cmdArgs...)
+	if len(keys) > 0 {
+		cmd.SetFirstKeyPos(3)
+	}
+	_ = p.Process(ctx, cmd)
+	return cmd
+}
+
+// replicated is the verdict of a WAIT: nil when enough replicas
+// acknowledged, else an error wrapping ErrNotReplicated, or the command's
+// own error.
+func (s *RedisStore) replicated(w *redis.IntCmd) error {
+	n, err := w.Result()
+	if err != nil {
+		return fmt.Errorf("%w: WAIT failed: %w", ErrNotReplicated, err)
+	}
+	if n < int64(s.waitReplicas) {
+		return fmt.Errorf("%w: %d of %d replicas acknowledged within %v", ErrNotReplicated, n, s.waitReplicas, s.waitTimeout)
+	}
+	return nil
+}
+
+// pipelineByMaster is pipeline on a cluster with WAIT: go-redis does not let
+// WAIT into a cluster pipeline (it has no key, and WAIT counts only the
+// writes of its own connection), so the calls are grouped by the master
+// that owns their slot and each group goes, with its WAIT, down one
+// pipeline on that master: still one round trip per master, in parallel.
+// A call answered MOVED or ASK (the slot moved meanwhile) is sent again
+// after the cluster's slot map is reloaded; after two such attempts it goes
+// through the cluster client, which follows redirects, and is reported not
+// replicated, since its WAIT could not follow it.
+func (s *RedisStore) pipelineByMaster(ctx context.Context, cc *redis.ClusterClient, calls []scriptCall) ([]*redis.Cmd, []error) {
+	cmds := make([]*redis.Cmd, len(calls))
+	waitErrs := make([]error, len(calls))
+	pending := make([]int, len(calls))
+	for i := range pending {
+		pending[i] = i
+	}
+	for attempt := 0; len(pending) > 0; attempt++ {
+		if attempt == 2 {
+			sub := make([]scriptCall, len(pending))
+			for j, i := range pending {
+				sub[j] = calls[i]
+			}
+			got, _ := s.pipelineOn(ctx, cc, sub, false)
+			s.resendRedirected(ctx, cc, sub, got)
+			for j, i := range pending {
+				cmds[i] = got[j]
+				if calls[i].confirms() {
+					waitErrs[i] = fmt.Errorf("%w: the slot moved during the confirm; its replication was not checked", ErrNotReplicated)
+				}
+			}
+			break
+		}
+		if attempt > 0 {
+			cc.ReloadState(ctx)
+		}
+		groups := map[*redis.Client][]int{}
+		for _, i := range pending {
+			m, err := cc.MasterForKey(ctx, calls[i].keys[0])
+			if err != nil {
+				s.reloadSlots(err)
+				cmds[i] = redis.NewCmd(ctx)
+				cmds[i].SetErr(err)
+				continue
+			}
+			groups[m] = append(groups[m], i)
+		}
+		var wg sync.WaitGroup
+		for m, idx := range groups {
+			wg.Go(func() {
+				sub := make([]scriptCall, len(idx))
+				for j, i := range idx {
+					sub[j] = calls[i]
+				}
+				got, werrs := s.pipelineOn(ctx, m, sub, true)
+				for j, i := range idx {
+					cmds[i], waitErrs[i] = got[j], werrs[j]
+				}
+			})
+		}
+		wg.Wait()
+		pending = pending[:0]
+		for i, cmd := range cmds {
+			if err := cmd.Err(); err != nil && (redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK")) {
+				pending = append(pending, i)
+			}
+		}
+	}
+	return cmds, waitErrs
+}
