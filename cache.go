@@ -180,21 +180,6 @@ func NewCache(s Store, o CacheOptions) (*Cache, error) {
 	return c, nil
 }
 
-// missContext marks the context of a call the cache passes on to its
-// store, whose event then says CacheMiss (see Options.observe).
-type cacheMissKey struct{}
-
-func missContext(ctx context.Context) context.Context {
-	return context.WithValue(ctx, cacheMissKey{}, CacheMiss)
-}
-
-// cacheResult is what ctx says of the cache: CacheMiss for the context of
-// a call a Cache passed on, else zero.
-func cacheResult(ctx context.Context) CacheResult {
-	r, _ := ctx.Value(cacheMissKey{}).(CacheResult)
-	return r
-}
-
 // Claim implements Store: Duplicate from memory when the key's confirmed
 // record is cached, else the store's answer, whose confirmed record it
 // then keeps.

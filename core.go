@@ -3,11 +3,20 @@ package idem
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
+	"unsafe"
+
+	"github.com/dchest/siphash"
 
 	"github.com/idemgo/idem/internal/batch"
 )
@@ -29,6 +38,18 @@ type Core struct {
 	home string
 	// failures limits the Logger's store-failure lines; shared by copies.
 	failures *logLimit
+}
+
+// grant is what a store knows of a lease it granted, beyond its fields.
+type grant struct {
+	// store names the records' home (kind and prefix, table or memory):
+	// a store accepts leases of the same home only, or a Confirm would
+	// write a record for a key never claimed there.
+	store string
+	// forgotten is set by Forget: the caller said the work did not
+	// happen, so a later Confirm or Renew of the lease is refused
+	// locally, before it could touch another holder's claim.
+	forgotten atomic.Bool
 }
 
 // NewCore validates o and resolves its defaults, as every store's
@@ -72,7 +93,15 @@ func (c *Core) Options() Options { return c.o }
 // Lease returns a new lease granted by this Core's home: Claim's lease.
 // fingerprint is kept as given (not copied).
 func (c *Core) Lease(key string, token int64, ttl time.Duration, expires time.Time, fingerprint []byte) *Lease {
-	return newLease(c.home, key, token, c.o.Worker, ttl, expires, fingerprint)
+	// The lease and its grant are one allocation.
+	b := &struct {
+		l Lease
+		g grant
+	}{}
+	b.g.store = c.home
+	b.l = Lease{Key: key, Token: token, Owner: c.o.Worker, TTL: ttl, Expires: expires,
+		Fingerprint: fingerprint, grant: &b.g}
+	return &b.l
 }
 
 // CheckKey returns ErrInvalidKey for an empty key or one over MaxKeyBytes:
@@ -239,12 +268,69 @@ func (c *Core) KeyName(key string) string {
 	return "key#" + c.o.KeyHasher.Hash(key)
 }
 
-// keyAttr names key in a log line: by its hash, or with RevealKeys as it is.
-func (c *Core) keyAttr(key string) slog.Attr {
-	if c.o.RevealKeys {
-		return slog.String("key", key)
+// roundMs rounds d up to whole milliseconds.
+func roundMs(d time.Duration) time.Duration {
+	return (d + time.Millisecond - 1) / time.Millisecond * time.Millisecond
+}
+
+// Observe reports one operation on key (empty for a batch) that began at
+// start: to the Observer, and to the Logger when it needs a human (a lease
+// found lost on Renew, a store failing: at most one line a second). It
+// costs nothing without either.
+func (c *Core) Observe(ctx context.Context, e Event, key string, start time.Time) {
+	o := &c.o
+	if o.Observer == nil && o.Logger == nil {
+		return
 	}
-	return slog.String("key_hash", c.o.KeyHasher.Hash(key))
+	e.Took = time.Since(start)
+	if e.Cache == 0 {
+		e.Cache = cacheResult(ctx)
+	}
+	if e.Items == 0 {
+		e.Items = 1
+	}
+	if key != "" && o.Observer != nil {
+		e.KeyHash = o.KeyHasher.Hash(key)
+	}
+	if o.Logger != nil {
+		c.logEvent(ctx, &e, key)
+	}
+	if o.Observer != nil {
+		o.Observer.Observe(ctx, e)
+	}
+}
+
+// logEvent logs the events an operator must see: a lease found lost on
+// Renew (the work goes on unprotected, or stops), and a store failing. A
+// late confirm is logged where it is found, per item (LogLate). The key is
+// hashed only for a line that is written.
+func (c *Core) logEvent(ctx context.Context, e *Event, key string) {
+	o := &c.o
+	hash := func() string {
+		if e.KeyHash == "" && key != "" {
+			e.KeyHash = o.KeyHasher.Hash(key)
+		}
+		return e.KeyHash
+	}
+	keyAttr := func() slog.Attr {
+		if o.RevealKeys && key != "" {
+			return c.keyAttr(key)
+		}
+		return slog.String("key_hash", hash())
+	}
+	switch e.Class() {
+	case ClassLeaseLost:
+		if e.Op == OpRenew {
+			o.Logger.LogAttrs(ctx, slog.LevelWarn, "idem: lease lost: another worker may take the key over",
+				keyAttr())
+		}
+	case ClassStore, ClassDamaged:
+		if n, ok := c.failures.admit(time.Now()); ok {
+			o.Logger.LogAttrs(ctx, slog.LevelError, "idem: store operation failed",
+				slog.String("op", e.Op.String()), keyAttr(),
+				slog.Int64("failures_not_logged", n), slog.Any("err", e.Err))
+		}
+	}
 }
 
 // LogLate logs a confirmation recorded after l was lost: the work may have
@@ -257,7 +343,119 @@ func (c *Core) LogLate(ctx context.Context, l *Lease) {
 		c.keyAttr(l.Key), slog.Int64("token", l.Token), slog.String("owner", l.Owner))
 }
 
-// roundMs rounds d up to whole milliseconds.
-func roundMs(d time.Duration) time.Duration {
-	return (d + time.Millisecond - 1) / time.Millisecond * time.Millisecond
+// keyAttr names key in a log line: by its hash, or with RevealKeys as it is.
+func (c *Core) keyAttr(key string) slog.Attr {
+	if c.o.RevealKeys {
+		return slog.String("key", key)
+	}
+	return slog.String("key_hash", c.o.KeyHasher.Hash(key))
+}
+
+// logLimit lets one store-failure line a second through, so that an outage
+// at thousands of operations a second is one line a second, each saying how
+// many failures it stands for.
+type logLimit struct {
+	mu      sync.Mutex
+	next    time.Time
+	dropped int64
+}
+
+// admit reports whether to log a failure at now and how many were dropped
+// since the last one logged.
+func (l *logLimit) admit(now time.Time) (int64, bool) {
+	if l == nil {
+		return 0, true
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if now.Before(l.next) {
+		l.dropped++
+		return 0, false
+	}
+	n := l.dropped
+	l.dropped, l.next = 0, now.Add(time.Second)
+	return n, true
+}
+
+// MinKeyHashSecret is the shortest secret NewKeyHasher accepts.
+const MinKeyHashSecret = 16
+
+// KeyHasher computes the keyed hash idem writes in place of a key in logs,
+// events, metrics and traces: 16 hex digits of SipHash-2-4(k, key), where
+// the 128-bit k is drawn from SHA-256 of the secret. Keys are often
+// guessable (order numbers, message ids), so a plain hash would reveal them
+// to anyone who tries candidates; a keyed one does not without the secret.
+// SipHash is a pseudorandom function made for short inputs: it costs tens
+// of nanoseconds where HMAC-SHA256 costs hundreds, which matters because an
+// observed store hashes a key per operation. Processes that share the
+// secret produce the same hash for a key, so their logs correlate. A nil
+// *KeyHasher hashes with the process's default secret. Safe for concurrent
+// use.
+type KeyHasher struct {
+	k0, k1 uint64
+}
+
+// NewKeyHasher returns a KeyHasher keyed by secret, which must be at least
+// MinKeyHashSecret bytes.
+func NewKeyHasher(secret []byte) (*KeyHasher, error) {
+	if len(secret) < MinKeyHashSecret {
+		return nil, fmt.Errorf("idem: key hash secret of %d bytes; need at least %d", len(secret), MinKeyHashSecret)
+	}
+	k := sha256.Sum256(secret)
+	return &KeyHasher{k0: binary.LittleEndian.Uint64(k[0:8]), k1: binary.LittleEndian.Uint64(k[8:16])}, nil
+}
+
+// defaultKeyHasher has a random secret: hashes are stable within this
+// process and meaningless outside it.
+var defaultKeyHasher = func() *KeyHasher {
+	var secret [32]byte
+	if _, err := rand.Read(secret[:]); err != nil {
+		panic("idem: no randomness for the key hash secret: " + err.Error())
+	}
+	h, _ := NewKeyHasher(secret[:])
+	return h
+}()
+
+// Hash returns the keyed hash of key.
+func (h *KeyHasher) Hash(key string) string {
+	if h == nil {
+		h = defaultKeyHasher
+	}
+	var sum [8]byte
+	// siphash only reads p: the key's bytes are lent to it without the copy
+	// that []byte(key) would allocate for a key over 32 bytes.
+	p := unsafe.Slice(unsafe.StringData(key), len(key))
+	binary.BigEndian.PutUint64(sum[:], siphash.Hash(h.k0, h.k1, p))
+	var out [16]byte
+	hex.Encode(out[:], sum[:])
+	return string(out[:])
+}
+
+// KeyHash returns the hash of key with the process's default KeyHasher: it
+// correlates log lines of this process only. To correlate across processes,
+// give them all a KeyHasher with one secret (Options.KeyHasher, and the
+// wrappers' options).
+func KeyHash(key string) string { return defaultKeyHasher.Hash(key) }
+
+// leaseKey is l's key, or "" for a nil lease (which the operation rejects).
+func leaseKey(l *Lease) string {
+	if l == nil {
+		return ""
+	}
+	return l.Key
+}
+
+// missContext marks the context of a call the cache passes on to its
+// store, whose event then says CacheMiss (see Core.Observe).
+type cacheMissKey struct{}
+
+func missContext(ctx context.Context) context.Context {
+	return context.WithValue(ctx, cacheMissKey{}, CacheMiss)
+}
+
+// cacheResult is what ctx says of the cache: CacheMiss for the context of
+// a call a Cache passed on, else zero.
+func cacheResult(ctx context.Context) CacheResult {
+	r, _ := ctx.Value(cacheMissKey{}).(CacheResult)
+	return r
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/idemgo/idem/internal/nilcheck"
@@ -44,31 +43,6 @@ type Lease struct {
 	// Forget; copies of the lease share it. A Lease not made by a Claim has
 	// none, and every store refuses it.
 	grant *grant
-}
-
-// grant is what a store knows of a lease it granted, beyond its fields.
-type grant struct {
-	// store names the records' home (kind and prefix, table or memory):
-	// a store accepts leases of the same home only, or a Confirm would
-	// write a record for a key never claimed there.
-	store string
-	// forgotten is set by Forget: the caller said the work did not
-	// happen, so a later Confirm or Renew of the lease is refused
-	// locally, before it could touch another holder's claim.
-	forgotten atomic.Bool
-}
-
-// newLease returns a lease granted by a store of home store. The lease and
-// its grant are one allocation.
-func newLease(store, key string, token int64, owner string, ttl time.Duration, expires time.Time, fingerprint []byte) *Lease {
-	b := &struct {
-		l Lease
-		g grant
-	}{}
-	b.g.store = store
-	b.l = Lease{Key: key, Token: token, Owner: owner, TTL: ttl, Expires: expires,
-		Fingerprint: fingerprint, grant: &b.g}
-	return &b.l
 }
 
 // KeepAlive renews l every l.TTL/3 until the returned stop function is

@@ -169,7 +169,7 @@ func (m *MemoryStore) claimLocked(key string, fingerprint []byte) Claim {
 	d.recs[key] = r
 	d.wrote(now)
 	return Claim{Outcome: Claimed, TakeOver: takeOver,
-		Lease: newLease(m.core.home, key, r.token, r.owner, m.core.o.LeaseTTL, r.expires, bytes.Clone(fingerprint))}
+		Lease: m.core.Lease(key, r.token, m.core.o.LeaseTTL, r.expires, bytes.Clone(fingerprint))}
 }
 
 // holds reports whether r is l's own live claim.

@@ -642,7 +642,9 @@ func TestRedisLostReply(t *testing.T) {
 // grantedLease is a lease as s would grant it, for a test that needs one
 // on a record it wrote by hand.
 func grantedLease(s *RedisStore, key string, token int64, owner string) *Lease {
-	return newLease(s.core.home, key, token, owner, time.Second, time.Now().Add(time.Second), nil)
+	l := s.core.Lease(key, token, time.Second, time.Now().Add(time.Second), nil)
+	l.Owner = owner
+	return l
 }
 
 // A lease belongs to the Redis records of its Prefix: another prefix's

@@ -7,8 +7,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/idemgo/idem/internal/backoff"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/idemgo/idem/internal/backoff"
 )
 
 // The pipeline engine: every call of a RedisStore that sends scripts in a
@@ -277,23 +278,6 @@ func (s *RedisStore) reloadLost(ctx context.Context, calls []scriptCall, cmds []
 	return len(retry) > 0
 }
 
-// evalSha queues one EVALSHA of sha (a boxed digest) on p, as go-redis's
-// EvalSha does, without its copies of keys and args.
-func evalSha(ctx context.Context, p redis.Pipeliner, sha any, keys []string, args []any) *redis.Cmd {
-	cmdArgs := make([]any, 0, 3+len(keys)+len(args))
-	cmdArgs = append(cmdArgs, "evalsha", sha, len(keys))
-	for _, k := range keys {
-		cmdArgs = append(cmdArgs, k)
-	}
-	cmdArgs = append(cmdArgs, args...)
-	cmd := redis.NewCmd(ctx, cmdArgs...)
-	if len(keys) > 0 {
-		cmd.SetFirstKeyPos(3)
-	}
-	_ = p.Process(ctx, cmd)
-	return cmd
-}
-
 // replicated is the verdict of a WAIT: nil when enough replicas
 // acknowledged, else an error wrapping ErrNotReplicated, or the command's
 // own error.
@@ -376,4 +360,17 @@ func (s *RedisStore) pipelineByMaster(ctx context.Context, cc *redis.ClusterClie
 		}
 	}
 	return cmds, waitErrs
+}
+
+// runNow runs script on key (a Redis key) at once, as one command; a
+// confirm with WaitReplicas is followed by WAIT in the same pipeline, and
+// waitErr is its verdict.
+func (s *RedisStore) runNow(ctx context.Context, script *luaScript, key string, args []any) (v any, waitErr, err error) {
+	if s.waitReplicas > 0 && (scriptCall{script: script}).confirms() {
+		cmds, waitErrs := s.pipeline(ctx, []scriptCall{{script: script, keys: []string{key}, args: args}})
+		v, err := cmds[0].Result()
+		return v, waitErrs[0], err
+	}
+	v, err = s.eval(ctx, script, key, args)
+	return v, nil, err
 }

@@ -214,22 +214,6 @@ func scriptsLoaded(loads []*redis.StringCmd, on string) error {
 	return nil
 }
 
-// scriptsRefused marks a server's refusal of a script command as
-// ErrScriptsRefused; an error reaching the server stays as it is.
-func scriptsRefused(err error) error {
-	var reply redis.Error
-	if !errors.As(err, &reply) {
-		return err
-	}
-	// Replies that say "not now" or "not here", not "never".
-	for _, transient := range []string{"NOSCRIPT", "LOADING", "BUSY", "CLUSTERDOWN", "MOVED", "ASK", "TRYAGAIN", "READONLY", "MASTERDOWN"} {
-		if redis.HasErrorPrefix(err, transient) {
-			return err
-		}
-	}
-	return fmt.Errorf("%w: %w", ErrScriptsRefused, err)
-}
-
 // probeTTL is the TTL of the probe's key, which it deletes at once.
 const probeTTL = 10_000
 

@@ -99,7 +99,7 @@ func (s *RedisStore) parseClaim(key string, fingerprint []byte, start time.Time,
 // claimed is the Claim of a new lease on key; left is what remains of it.
 func (s *RedisStore) claimed(key string, tok int64, left time.Duration, fingerprint []byte, start time.Time) Claim {
 	return Claim{Outcome: Claimed,
-		Lease: newLease(s.core.home, key, tok, s.core.o.Worker, s.core.o.LeaseTTL, start.Add(left), bytes.Clone(fingerprint))}
+		Lease: s.core.Lease(key, tok, s.core.o.LeaseTTL, start.Add(left), bytes.Clone(fingerprint))}
 }
 
 // parseRecord reads the {state, token, pttl, fingerprint, result|owner}

@@ -36,7 +36,11 @@
 // "files": the number of moves into a file the walk had already been in
 // and left, returns from a callee included. A callee in its caller's file
 // costs nothing; a round trip to a file not yet visited costs one climb
-// (the return), to a file already visited two.
+// (the return), to a file already visited two. "calls back up" counts the
+// calls (first or "(seen)") whose callee is declared in a file of a
+// function further up the walk's stack, other than the caller's own: a
+// layer calling back into one that called it. The tree marks each with a
+// "^" after the callee's name.
 //
 // # Following the key
 //
@@ -71,6 +75,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 )
 
@@ -97,6 +102,9 @@ type walker struct {
 	carriers map[types.Object]bool // variables and fields carrying the key
 	tree     strings.Builder
 	files    []string // the collapsed file sequence
+	stack    []string // the files of the functions being expanded, outermost first
+	ups      int      // calls back up: into a file further up the stack
+	up       bool     // the function expand prints next is such a call
 }
 
 // run loads the package in dir and writes the walk from the function named
@@ -135,8 +143,8 @@ func run(out io.Writer, dir, fn, key string) error {
 	for _, f := range w.files {
 		distinct[f] = true
 	}
-	_, err = fmt.Fprintf(out, "%s\npath: %s\nfiles: %d\nclimbs back: %d\n", w.tree.String(),
-		strings.Join(w.files, " > "), len(distinct), len(w.files)-len(distinct))
+	_, err = fmt.Fprintf(out, "%s\npath: %s\nfiles: %d\nclimbs back: %d\ncalls back up: %d\n", w.tree.String(),
+		strings.Join(w.files, " > "), len(distinct), len(w.files)-len(distinct), w.ups)
 	return err
 }
 
@@ -219,9 +227,15 @@ func (w *walker) step(file string) {
 func (w *walker) expand(fn *types.Func, depth int) {
 	decl := w.decls[fn]
 	w.seen[fn] = true
-	w.print(depth, funcName(fn), decl.Name.Pos())
-	file := filepath.Base(w.fset.Position(decl.Pos()).Filename)
+	name := funcName(fn)
+	if w.up {
+		name, w.up = name+" ^", false
+	}
+	w.print(depth, name, decl.Name.Pos())
+	file := w.file(fn)
 	w.step(file)
+	w.stack = append(w.stack, file)
+	defer func() { w.stack = w.stack[:len(w.stack)-1] }()
 	ast.Inspect(decl.Body, func(n ast.Node) bool {
 		switch n := n.(type) {
 		case *ast.AssignStmt:
@@ -249,6 +263,22 @@ func (w *walker) expand(fn *types.Func, depth int) {
 		}
 		return true
 	})
+}
+
+// file is the base name of the file declaring fn.
+func (w *walker) file(fn *types.Func) string {
+	return filepath.Base(w.fset.Position(w.decls[fn].Pos()).Filename)
+}
+
+// upCall counts and reports a call from file into a file further up the
+// stack: a lower layer calling back into one above it.
+func (w *walker) upCall(file string, callee *types.Func) bool {
+	to := w.file(callee)
+	if to == file || !slices.Contains(w.stack, to) {
+		return false
+	}
+	w.ups++
+	return true
 }
 
 func ident(e ast.Expr) *ast.Ident { id, _ := e.(*ast.Ident); return id }
@@ -349,9 +379,14 @@ func (w *walker) call(c *ast.CallExpr, depth int, file string) {
 		}
 	case w.seen[callee]:
 		if !w.keyed || w.mentions(c) {
-			w.print(depth, funcName(callee)+" (seen)", w.decls[callee].Name.Pos())
+			up := ""
+			if w.upCall(file, callee) {
+				up = " ^"
+			}
+			w.print(depth, funcName(callee)+" (seen)"+up, w.decls[callee].Name.Pos())
 		}
 	case !w.keyed || w.pass(callee, recv, args):
+		w.up = w.upCall(file, callee)
 		w.expand(callee, depth)
 		w.step(file)
 	}

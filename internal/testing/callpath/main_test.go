@@ -6,7 +6,8 @@ import (
 )
 
 // The fixture's three files and their calls are known: the walk must print
-// exactly this tree and these figures. ignored.go, excluded by its build
+// exactly this tree and these figures (count, in c.go, calls back up into
+// a.go once). ignored.go, excluded by its build
 // constraint, would declare check twice.
 func TestRun(t *testing.T) {
 	for _, tc := range []struct{ key, want string }{
@@ -15,33 +16,38 @@ func TestRun(t *testing.T) {
   prefix  b.go:3
     check  c.go:3
   (*T).store  b.go:5
-    (*T).count  c.go:5
+    (*T).count  c.go:6
+      (*T).done (seen) ^  a.go:21
     f (func value)  b.go:8
-    (*T).count (seen)  c.go:5
+    (*T).count (seen)  c.go:6
   d.Do (interface)  a.go:15
   (*T).done (seen)  a.go:21
-  (*T).count (seen)  c.go:5
-  skip  c.go:8
+  (*T).count (seen)  c.go:6
+  skip  c.go:9
 
 path: a.go > b.go > c.go > b.go > a.go > b.go > c.go > b.go > a.go > c.go > a.go
 files: 3
 climbs back: 8
+calls back up: 1
 `},
-		// done is called on a receiver that does not carry the key, and
-		// skip gets the key but does not use it.
+		// Start's own done is called on a receiver that does not carry
+		// the key yet; count's is, once store gave t the key, and climbs
+		// back up into a.go. skip gets the key but does not use it.
 		{"key", `(*T).Start  a.go:11
   prefix  b.go:3
     check  c.go:3
   (*T).store  b.go:5
-    (*T).count  c.go:5
+    (*T).count  c.go:6
+      (*T).done ^  a.go:21
     f (func value)  b.go:8
-    (*T).count (seen)  c.go:5
+    (*T).count (seen)  c.go:6
   d.Do (interface)  a.go:15
-  (*T).count (seen)  c.go:5
+  (*T).count (seen)  c.go:6
 
-path: a.go > b.go > c.go > b.go > a.go > b.go > c.go > b.go > a.go
+path: a.go > b.go > c.go > b.go > a.go > b.go > c.go > a.go > c.go > b.go > a.go
 files: 3
-climbs back: 6
+climbs back: 8
+calls back up: 1
 `},
 	} {
 		var out strings.Builder
