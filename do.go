@@ -57,8 +57,7 @@ func Do[T any](ctx context.Context, s Store, key string, fn func(ctx context.Con
 	if err != nil {
 		return v, err
 	}
-	b := backoff.Backoff{First: 10 * time.Millisecond, Most: 250 * time.Millisecond}
-	deadline := time.Now().Add(o.Wait)
+	poll := backoff.NewPoll(o.Wait)
 	for {
 		cl, err := s.Claim(ctx, key, o.Fingerprint)
 		if err != nil {
@@ -73,7 +72,7 @@ func Do[T any](ctx context.Context, s Store, key string, fn func(ctx context.Con
 		default:
 			return v, fmt.Errorf("idem: Do: Claim answered an unknown outcome %v", cl.Outcome)
 		}
-		if err := waitHolder(ctx, s, key, deadline, &b); err != nil {
+		if err := waitHolder(ctx, s, key, &poll); err != nil {
 			return v, err
 		}
 	}
@@ -179,19 +178,18 @@ func doSetup(s Store, key string, nilFn bool, opts []DoOptions) (DoOptions, erro
 	return o, nil
 }
 
-// waitHolder waits for the holder of key to finish: it polls Lookup with
-// b's backoff until the claim is gone or done, when Do claims again. A
+// waitHolder waits for the holder of key to finish: it polls Lookup at
+// poll's pace until the claim is gone or done, when Do claims again. A
 // Lookup reads where a Claim would write (on SQL, a SELECT where a Claim
 // is an INSERT), so many waiters do not load the store with writes. It
-// returns an error matching ErrInProgress when deadline or ctx comes
-// first, or Lookup's error.
-func waitHolder(ctx context.Context, s Store, key string, deadline time.Time, b *backoff.Backoff) error {
+// returns an error matching ErrInProgress when poll's deadline or ctx
+// comes first, or Lookup's error.
+func waitHolder(ctx context.Context, s Store, key string, poll *backoff.Poll) error {
 	for {
-		left := time.Until(deadline)
-		if left <= 0 {
+		if poll.Expired() {
 			return fmt.Errorf("%w: key %s is held by another call past DoOptions.Wait", ErrInProgress, KeyHash(key))
 		}
-		if !backoff.Sleep(ctx, min(b.Next(), left)) {
+		if !poll.Wait(ctx) {
 			return fmt.Errorf("%w: key %s: the wait ended: %w", ErrInProgress, KeyHash(key), context.Cause(ctx))
 		}
 		rec, err := s.Lookup(ctx, key)

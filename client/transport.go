@@ -11,8 +11,8 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/cenkalti/backoff/v5"
 	"github.com/google/uuid"
+	"github.com/idemgo/idem/internal/backoff"
 )
 
 // Transport is an http.RoundTripper that gives each logical request of a
@@ -59,7 +59,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	// retry would carry an empty or partial body under the same key.
 	resendable := req.Body == nil || req.Body == http.NoBody || req.GetBody != nil
 	start := time.Now()
-	var bo *backoff.ExponentialBackOff // only once a retry is needed: a first-time success allocates nothing
+	bo := backoff.Backoff{First: c.InitialWait, Most: c.MaxWait, Growth: 1.5}
 	sent := first
 	for n := 1; ; n++ {
 		resp, err := c.Base.RoundTrip(sent)
@@ -76,11 +76,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		case n >= c.MaxAttempts:
 			a.Reason = "attempts"
 		default:
-			if bo == nil {
-				bo = &backoff.ExponentialBackOff{InitialInterval: c.InitialWait, RandomizationFactor: 0.5, Multiplier: 1.5, MaxInterval: c.MaxWait}
-				bo.Reset()
-			}
-			a.Wait = min(max(bo.NextBackOff(), retryAfter(resp)), c.MaxWait)
+			a.Wait = min(max(bo.Next(), retryAfter(resp)), c.MaxWait)
 			if time.Now().Add(a.Wait).After(c.deadline(ctx, start)) {
 				a.Reason, a.Wait = "elapsed", 0
 			}
@@ -94,8 +90,8 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return resp, nil
 		}
 		discard(resp)
-		if err := sleep(ctx, a.Wait); err != nil {
-			return nil, errors.Join(err, a.Err)
+		if !backoff.Sleep(ctx, a.Wait) {
+			return nil, errors.Join(ctx.Err(), a.Err)
 		}
 		if sent, err = again(first); err != nil {
 			return nil, fmt.Errorf("client: %s %s: GetBody for attempt %d: %w", req.Method, req.URL.Redacted(), n+1, err)
@@ -207,20 +203,4 @@ func discard(resp *http.Response) {
 	}
 	_, _ = io.CopyN(io.Discard, resp.Body, drainBytes)
 	_ = resp.Body.Close()
-}
-
-// sleep waits d, or until ctx ends, whichever is first; it returns ctx's
-// error in the second case.
-func sleep(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }

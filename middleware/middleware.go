@@ -5,13 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"net/http"
 	"strconv"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/backoff"
 	"github.com/idemgo/idem/internal/httprecord"
 	"github.com/idemgo/idem/internal/retry"
 )
@@ -228,8 +228,7 @@ func (h *handler) clientKey(r *http.Request) (string, *Problem) {
 // or replay; or wait for the holder.
 func (h *handler) serveLease(w http.ResponseWriter, r *http.Request, key, sk string, fp []byte, body *spool) result {
 	store := h.c.Store
-	deadline := time.Now().Add(h.c.LockTimeout)
-	wait := 10 * time.Millisecond
+	poll := backoff.NewPoll(h.c.LockTimeout)
 	for {
 		cl, err := store.Claim(r.Context(), sk, fp)
 		// A different request under the key is answered at once, in flight
@@ -248,16 +247,11 @@ func (h *handler) serveLease(w http.ResponseWriter, r *http.Request, key, sk str
 		if cl.Outcome == idem.Duplicate {
 			return result{outcome: idem.Duplicate, err: h.replay(w, r, cl.Record.Result)}
 		}
-		left := time.Until(deadline)
-		if left <= 0 {
+		if poll.Expired() {
 			h.inProgress(w, r, key)
 			return result{outcome: idem.InProgress, err: idem.ErrInProgress}
 		}
-		// Jittered, growing waits: many retries of one key do not poll the
-		// store in step.
-		d := min(wait/2+rand.N(wait), left)
-		wait = min(2*wait, 250*time.Millisecond)
-		if !sleep(r.Context(), d) {
+		if !poll.Wait(r.Context()) {
 			// The client is gone: nobody to answer.
 			return result{outcome: idem.InProgress, err: context.Cause(r.Context())}
 		}
@@ -515,17 +509,5 @@ func (h *handler) fail(w http.ResponseWriter, r *http.Request, p *Problem) {
 func (h *handler) log(r *http.Request, msg, key string, err error) {
 	if h.c.Logger != nil {
 		h.c.Logger.ErrorContext(r.Context(), msg, "key_hash", h.c.KeyHasher.Hash(key), "err", err)
-	}
-}
-
-// sleep waits d, or returns false when ctx is done first.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
 	}
 }

@@ -4,11 +4,10 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"math/rand/v2"
 	"net/http"
-	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/backoff"
 	"github.com/idemgo/idem/sqlstore"
 )
 
@@ -41,8 +40,7 @@ var errNotKept = errors.New("middleware: response not kept")
 // sent only once that transaction committed (or, for a response not kept,
 // rolled back).
 func (h *handler) serveTx(w http.ResponseWriter, r *http.Request, key, sk string, fp []byte, body *spool) result {
-	deadline := time.Now().Add(h.c.LockTimeout)
-	wait := 10 * time.Millisecond
+	poll := backoff.NewPoll(h.c.LockTimeout)
 	var rec *recorder
 	defer func() {
 		if rec != nil { // also when the handler panicked
@@ -74,19 +72,17 @@ func (h *handler) serveTx(w http.ResponseWriter, r *http.Request, key, sk string
 			h.fail(w, r, keyProblem(kindFingerprintMismatch, key, "", nil))
 			return result{err: err}
 		case errors.Is(err, idem.ErrInProgress) && rec == nil:
-			left := time.Until(deadline)
-			if left <= 0 && h.busy(err, sk) {
+			expired := poll.Expired()
+			if expired && h.busy(err, sk) {
 				w.Header().Set("Retry-After", h.c.retryAfter)
 				h.fail(w, r, problem(kindStoreBusy, "", err))
 				return result{err: err}
 			}
-			if left <= 0 {
+			if expired {
 				h.inProgress(w, r, key)
 				return result{outcome: idem.InProgress, err: err}
 			}
-			d := min(wait/2+rand.N(wait), left)
-			wait = min(2*wait, 250*time.Millisecond)
-			if sleep(r.Context(), d) {
+			if poll.Wait(r.Context()) {
 				continue
 			}
 			return result{outcome: idem.InProgress, err: context.Cause(r.Context())}

@@ -5,13 +5,13 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"runtime"
 	"sync"
 	"time"
 	"weak"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/backoff"
 )
 
 // SQLite has one writer per database. A write that finds the lock taken
@@ -121,20 +121,15 @@ func (s *Store) inTx(ctx context.Context, f func(tx *sql.Tx) error) error {
 // do, so it works whether or not the connections set busy_timeout.
 func (s *Store) retryBusy(ctx context.Context, deadline time.Time, f func() error) error {
 	err := f()
-	wait := 500 * time.Microsecond
+	b := backoff.Backoff{First: 500 * time.Microsecond, Most: 20 * time.Millisecond}
 	for s.dialect == SQLite && isBusy(err) {
-		d := wait/2 + rand.N(wait)
+		d := b.Next()
 		if time.Until(deadline) < d {
 			return fmt.Errorf("%w: %w: SQLite's write lock was taken for LockTimeout %v: %w", ErrBusy, idem.ErrInProgress, s.lockTimeout, err)
 		}
-		t := time.NewTimer(d)
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if !backoff.Sleep(ctx, d) {
 			return errors.Join(ctx.Err(), err)
-		case <-t.C:
 		}
-		wait = min(2*wait, 20*time.Millisecond)
 		err = f()
 	}
 	return err

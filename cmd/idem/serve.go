@@ -19,6 +19,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/cmd/idem/internal/metrics"
+	"github.com/idemgo/idem/internal/backoff"
 	"github.com/idemgo/idem/middleware"
 )
 
@@ -182,9 +183,7 @@ func (a *paymentsAPI) create(w http.ResponseWriter, r *http.Request) {
 	// answer 5xx, which the middleware does not record, so that the key is
 	// released and the client's retry charges. (A 200 without a body would
 	// be recorded and replayed as if the charge had happened.)
-	select {
-	case <-time.After(a.delay):
-	case <-r.Context().Done():
+	if !backoff.Sleep(r.Context(), a.delay) {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "cancelled before charging"})
 		return
 	}

@@ -53,6 +53,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
+	"github.com/idemgo/idem/internal/backoff"
 	"github.com/idemgo/idem/internal/nilcheck"
 	"github.com/redis/go-redis/v9"
 )
@@ -284,10 +285,12 @@ func (r *Reader) key(m redis.XMessage) string {
 // acked, the rest left pending for another reader to reclaim.
 //
 // Redis errors other than a missing group are logged and retried after a
-// growing pause (up to Block). If a handler panics, the rest of its batch
-// is settled in the store (see consumer.Batch), nothing of it is acked,
-// and the panic is re-raised: the batch's entries stay pending and are
-// reclaimed, the done ones as duplicates.
+// growing pause: doubling from 10ms up to Block, jittered by half, so that
+// the readers of a group do not come back in step after an outage. If a
+// handler panics, the rest of its batch is settled in the store (see
+// consumer.Batch), nothing of it is acked, and the panic is re-raised: the
+// batch's entries stay pending and are reclaimed, the done ones as
+// duplicates.
 func (r *Reader) Run(ctx context.Context) error {
 	err := r.c.XGroupCreateMkStream(ctx, r.o.Stream, r.o.Group, "0").Err()
 	if err != nil && !isBusyGroup(err) {
@@ -297,7 +300,7 @@ func (r *Reader) Run(ctx context.Context) error {
 		return fmt.Errorf("redisstream: creating group %q of stream %q: %w", r.o.Group, r.o.Stream, err)
 	}
 	var lastClaim time.Time
-	pause := time.Duration(0)
+	pause := backoff.Backoff{First: min(10*time.Millisecond, r.o.Block), Most: r.o.Block}
 	for ctx.Err() == nil {
 		var err error
 		if time.Since(lastClaim) >= r.o.MinIdle/2 {
@@ -308,19 +311,16 @@ func (r *Reader) Run(ctx context.Context) error {
 			err = r.read(ctx)
 		}
 		if err == nil || ctx.Err() != nil {
-			pause = 0
+			pause.Reset()
 			continue
 		}
 		if isNoGroup(err) {
 			return fmt.Errorf("redisstream: group %q of stream %q: %w", r.o.Group, r.o.Stream, err)
 		}
-		pause = min(max(2*pause, 10*time.Millisecond), r.o.Block)
+		d := pause.Next()
 		r.o.Logger.LogAttrs(ctx, slog.LevelWarn, "idem/redisstream: reading the stream failed; retrying",
-			slog.String("stream", r.o.Stream), slog.Duration("pause", pause), slog.Any("err", err))
-		select {
-		case <-ctx.Done():
-		case <-time.After(pause):
-		}
+			slog.String("stream", r.o.Stream), slog.Duration("pause", d), slog.Any("err", err))
+		backoff.Sleep(ctx, d)
 	}
 	return ctx.Err()
 }
