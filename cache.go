@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemgo/idem/internal/badopt"
 	"github.com/idemgo/idem/internal/nilcheck"
 
 	"github.com/idemgo/idem/internal/batch"
@@ -141,13 +142,13 @@ func NewCache(s Store, o CacheOptions) (*Cache, error) {
 	}
 	switch {
 	case o.MaxBytes < 0:
-		return nil, fmt.Errorf("idem: negative CacheOptions.MaxBytes %d (0 means the default %d)", o.MaxBytes, DefaultCacheMaxBytes)
+		return nil, badopt.Default("idem", "CacheOptions.MaxBytes", o.MaxBytes, DefaultCacheMaxBytes, "is negative")
 	case o.MaxAge < 0:
-		return nil, fmt.Errorf("idem: negative CacheOptions.MaxAge %v (0 means the default %v)", o.MaxAge, DefaultCacheMaxAge)
+		return nil, badopt.Default("idem", "CacheOptions.MaxAge", o.MaxAge, DefaultCacheMaxAge, "is negative")
 	case o.MaxAge > 0 && o.MaxAge < time.Millisecond:
-		return nil, fmt.Errorf("idem: CacheOptions.MaxAge %v is under 1ms", o.MaxAge)
+		return nil, badopt.Error("idem", "CacheOptions.MaxAge", o.MaxAge, "is under 1ms")
 	case o.ClockMargin < 0:
-		return nil, fmt.Errorf("idem: negative CacheOptions.ClockMargin %v (0 means the default %v)", o.ClockMargin, DefaultCacheClockMargin)
+		return nil, badopt.Default("idem", "CacheOptions.ClockMargin", o.ClockMargin, DefaultCacheClockMargin, "is negative")
 	}
 	c := &Cache{
 		s:      s,

@@ -632,10 +632,10 @@ func TestNewCacheOptions(t *testing.T) {
 		o    idem.CacheOptions
 		says string
 	}{
-		{idem.CacheOptions{MaxBytes: -1}, "MaxBytes -1"},
-		{idem.CacheOptions{MaxAge: -time.Second}, "MaxAge -1s"},
-		{idem.CacheOptions{MaxAge: time.Microsecond}, "MaxAge 1µs is under 1ms"},
-		{idem.CacheOptions{ClockMargin: -time.Second}, "ClockMargin -1s"},
+		{idem.CacheOptions{MaxBytes: -1}, "idem: CacheOptions.MaxBytes: -1 is negative; 0 means the default, 33554432"},
+		{idem.CacheOptions{MaxAge: -time.Second}, "idem: CacheOptions.MaxAge: -1s is negative; 0 means the default, 1s"},
+		{idem.CacheOptions{MaxAge: time.Microsecond}, "idem: CacheOptions.MaxAge: 1µs is under 1ms"},
+		{idem.CacheOptions{ClockMargin: -time.Second}, "idem: CacheOptions.ClockMargin: -1s is negative; 0 means the default, 1s"},
 	} {
 		if _, err := idem.NewCache(s, tc.o); err == nil || !strings.Contains(err.Error(), tc.says) {
 			t.Errorf("NewCache(%+v) = %v; want an error saying %q", tc.o, err, tc.says)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem/internal/backoff"
+	"github.com/idemgo/idem/internal/badopt"
 	"github.com/idemgo/idem/internal/nilcheck"
 )
 
@@ -162,14 +163,14 @@ func doSetup(s Store, key string, nilFn bool, opts []DoOptions) (DoOptions, erro
 		o = opts[0]
 	}
 	if o.Wait < 0 {
-		return o, fmt.Errorf("idem: Do: Wait %v is negative; 0 means the default, %v", o.Wait, defaultWait)
+		return o, badopt.Default("idem", "DoOptions.Wait", o.Wait, defaultWait, "is negative")
 	}
 	if o.MaxHold < 0 {
-		return o, fmt.Errorf("idem: Do: MaxHold %v is negative; 0 means no cap", o.MaxHold)
+		return o, badopt.Default("idem", "DoOptions.MaxHold", o.MaxHold, "no cap", "is negative")
 	}
 	for i, e := range o.Errors {
 		if e == nil {
-			return o, fmt.Errorf("idem: Do: Errors[%d] is nil; want a sentinel error", i)
+			return o, badopt.Error("idem", fmt.Sprintf("DoOptions.Errors[%d]", i), e, "matches no error; give a sentinel error")
 		}
 	}
 	if o.Wait == 0 {

@@ -392,12 +392,12 @@ func TestDoRefusesBadInputBeforeIO(t *testing.T) {
 		{"nil fn", func() error { _, err := idem.Do[int](ctx, s, "k", nil); return err }, "fn is nil"},
 		{"empty key", func() error { _, err := idem.Do(ctx, s, "", fn); return err }, "empty key"},
 		{"two DoOptions", func() error { _, err := idem.Do(ctx, s, "k", fn, idem.DoOptions{}, idem.DoOptions{}); return err }, "2 DoOptions"},
-		{"negative Wait", func() error { _, err := idem.Do(ctx, s, "k", fn, idem.DoOptions{Wait: -time.Second}); return err }, "Wait -1s is negative; 0 means the default, 5s"},
-		{"negative MaxHold", func() error { _, err := idem.Do(ctx, s, "k", fn, idem.DoOptions{MaxHold: -1}); return err }, "MaxHold -1ns is negative"},
+		{"negative Wait", func() error { _, err := idem.Do(ctx, s, "k", fn, idem.DoOptions{Wait: -time.Second}); return err }, "idem: DoOptions.Wait: -1s is negative; 0 means the default, 5s"},
+		{"negative MaxHold", func() error { _, err := idem.Do(ctx, s, "k", fn, idem.DoOptions{MaxHold: -1}); return err }, "idem: DoOptions.MaxHold: -1ns is negative; 0 means the default, no cap"},
 		{"nil sentinel", func() error {
 			_, err := idem.Do(ctx, s, "k", fn, idem.DoOptions{Errors: []error{errDeclined, nil}})
 			return err
-		}, "Errors[1] is nil"},
+		}, "idem: DoOptions.Errors[1]: nil matches no error"},
 	} {
 		if err := c.do(); err == nil || !strings.Contains(err.Error(), c.says) {
 			t.Errorf("Do with %s = %v; want an error saying %q", c.name, err, c.says)

@@ -3,12 +3,12 @@ package idem
 import (
 	"cmp"
 	"errors"
-	"fmt"
 	"log/slog"
 	"strings"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/idemgo/idem/internal/badopt"
 )
 
 // MaxFingerprintBytes bounds a fingerprint: it is meant to be a hash of the
@@ -63,24 +63,24 @@ var errZeroStore = errors.New("idem: a zero-value store: make it with NewRedisSt
 // one field at fault.
 func (o Options) withDefaults() (Options, error) {
 	if o.Retention < 0 {
-		return o, fmt.Errorf("idem: negative Retention %v", o.Retention)
+		return o, badopt.Default("idem", "Retention", o.Retention, DefaultRetention, "is negative")
 	}
 	if o.LeaseTTL < 0 {
-		return o, fmt.Errorf("idem: negative LeaseTTL %v", o.LeaseTTL)
+		return o, badopt.Default("idem", "LeaseTTL", o.LeaseTTL, DefaultLeaseTTL, "is negative")
 	}
 	if o.MaxKeyBytes < 0 {
-		return o, fmt.Errorf("idem: negative MaxKeyBytes %d", o.MaxKeyBytes)
+		return o, badopt.Default("idem", "MaxKeyBytes", o.MaxKeyBytes, DefaultMaxKeyBytes, "is negative")
 	}
 	if o.MaxResultBytes < 0 {
-		return o, fmt.Errorf("idem: negative MaxResultBytes %d", o.MaxResultBytes)
+		return o, badopt.Default("idem", "MaxResultBytes", o.MaxResultBytes, DefaultMaxResultBytes, "is negative")
 	}
 	// Stores keep time in milliseconds (Redis PX): a sub-millisecond
 	// duration would round to nothing and expire at once.
 	if o.Retention > 0 && o.Retention < time.Millisecond {
-		return o, fmt.Errorf("idem: Retention %v is under 1ms", o.Retention)
+		return o, badopt.Error("idem", "Retention", o.Retention, "is under 1ms")
 	}
 	if o.LeaseTTL > 0 && o.LeaseTTL < time.Millisecond {
-		return o, fmt.Errorf("idem: LeaseTTL %v is under 1ms", o.LeaseTTL)
+		return o, badopt.Error("idem", "LeaseTTL", o.LeaseTTL, "is under 1ms")
 	}
 	setRetention := o.Retention != 0
 	o.Retention = cmp.Or(o.Retention, DefaultRetention)
@@ -89,16 +89,15 @@ func (o Options) withDefaults() (Options, error) {
 	// duplicate in while its original could still be running.
 	if o.Retention < o.LeaseTTL {
 		if setRetention {
-			return o, fmt.Errorf("idem: Retention %v is shorter than LeaseTTL %v", o.Retention, o.LeaseTTL)
+			return o, badopt.Error("idem", "Retention", o.Retention, "is shorter than LeaseTTL %v", o.LeaseTTL)
 		}
-		return o, fmt.Errorf("idem: LeaseTTL %v is longer than the default Retention %v; set Retention too",
-			o.LeaseTTL, o.Retention)
+		return o, badopt.Error("idem", "LeaseTTL", o.LeaseTTL, "is longer than the default Retention %v; set Retention too", o.Retention)
 	}
 	if o.Worker == "" {
 		o.Worker = uuid.NewString()
 	}
 	if strings.ContainsRune(o.Worker, 0) || len(o.Worker) > 255 {
-		return o, fmt.Errorf("idem: Worker %q must be at most 255 bytes without NUL", o.Worker)
+		return o, badopt.Error("idem", "Worker", o.Worker, "must be at most 255 bytes without NUL")
 	}
 	o.MaxKeyBytes = cmp.Or(o.MaxKeyBytes, DefaultMaxKeyBytes)
 	o.MaxResultBytes = cmp.Or(o.MaxResultBytes, DefaultMaxResultBytes)

@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemgo/idem/internal/badopt"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -149,26 +150,26 @@ func NewRedisStore(c redis.UniversalClient, o RedisOptions) (*RedisStore, error)
 	}
 	opts := core.o
 	if strings.ContainsAny(o.Prefix, "{}") {
-		return nil, fmt.Errorf("idem: Prefix %q must not contain '{' or '}' (the hash tag after it is idem's)", o.Prefix)
+		return nil, badopt.Error("idem", "Prefix", o.Prefix, "must not contain '{' or '}' (the hash tag after it is idem's)")
 	}
 	if o.WaitReplicas < 0 {
-		return nil, fmt.Errorf("idem: negative WaitReplicas %d", o.WaitReplicas)
+		return nil, badopt.Default("idem", "WaitReplicas", o.WaitReplicas, "no wait", "is negative")
 	}
 	if o.WaitTimeout < 0 {
-		return nil, fmt.Errorf("idem: negative WaitTimeout %v", o.WaitTimeout)
+		return nil, badopt.Default("idem", "WaitTimeout", o.WaitTimeout, DefaultWaitTimeout, "is negative")
 	}
 	if o.WaitTimeout > 0 && o.WaitReplicas == 0 {
-		return nil, fmt.Errorf("idem: WaitTimeout %v without WaitReplicas: set WaitReplicas, or leave WaitTimeout 0", o.WaitTimeout)
+		return nil, badopt.Error("idem", "WaitTimeout", o.WaitTimeout, "is set without WaitReplicas; set WaitReplicas, or leave WaitTimeout 0")
 	}
 	// A record is one Redis string, whose size the server bounds
 	// (proto-max-bulk-len, 512 MiB by default): a limit above it would
 	// accept a result that no Confirm can write.
 	if opts.MaxResultBytes > maxRedisResult {
-		return nil, fmt.Errorf("idem: MaxResultBytes %d exceeds %d, what a Redis string holds with the record around it",
-			opts.MaxResultBytes, maxRedisResult)
+		return nil, badopt.Error("idem", "MaxResultBytes", opts.MaxResultBytes,
+			"exceeds %d, what a Redis string holds with the record around it", maxRedisResult)
 	}
 	if maxKey := (maxRedisString - len(o.Prefix) - 2) / 3; opts.MaxKeyBytes > maxKey {
-		return nil, fmt.Errorf("idem: MaxKeyBytes %d exceeds %d, what a Redis key name holds once escaped", opts.MaxKeyBytes, maxKey)
+		return nil, badopt.Error("idem", "MaxKeyBytes", opts.MaxKeyBytes, "exceeds %d, what a Redis key name holds once escaped", maxKey)
 	}
 	if o.WaitReplicas > 0 {
 		if o.WaitTimeout == 0 {
@@ -176,11 +177,11 @@ func NewRedisStore(c redis.UniversalClient, o RedisOptions) (*RedisStore, error)
 		}
 		if o.WaitTimeout < time.Millisecond {
 			// WAIT counts milliseconds, and WAIT 0 would wait forever.
-			return nil, fmt.Errorf("idem: WaitTimeout %v must be at least 1ms", o.WaitTimeout)
+			return nil, badopt.Error("idem", "WaitTimeout", o.WaitTimeout, "is under 1ms")
 		}
 		if rt := readTimeout(c); rt > 0 && o.WaitTimeout >= rt {
-			return nil, fmt.Errorf("idem: WaitTimeout %v must be shorter than the client's ReadTimeout %v, "+
-				"or reading WAIT's reply would time out first", o.WaitTimeout, rt)
+			return nil, badopt.Error("idem", "WaitTimeout", o.WaitTimeout, "must be shorter than the client's ReadTimeout %v, "+
+				"or reading WAIT's reply would time out first", rt)
 		}
 	}
 	var seed [8]byte

@@ -2,12 +2,12 @@ package client
 
 import (
 	"cmp"
-	"fmt"
 	"net/http"
 	"net/textproto"
 	"strings"
 	"time"
 
+	"github.com/idemgo/idem/internal/badopt"
 	"github.com/idemgo/idem/internal/nilcheck"
 )
 
@@ -86,7 +86,7 @@ type config struct {
 func (o Options) config() (*config, error) {
 	o.Header = cmp.Or(o.Header, DefaultHeader)
 	if !isToken(o.Header) {
-		return nil, fmt.Errorf("client: Header: %q is not a header field name (an RFC 9110 token)", o.Header)
+		return nil, badopt.Error("client", "Header", o.Header, "is not a header field name (an RFC 9110 token)")
 	}
 	o.Header = textproto.CanonicalMIMEHeaderKey(o.Header)
 	for _, f := range []struct {
@@ -95,23 +95,23 @@ func (o Options) config() (*config, error) {
 		def  time.Duration
 	}{{"MaxElapsed", o.MaxElapsed, DefaultMaxElapsed}, {"InitialWait", o.InitialWait, DefaultInitialWait}, {"MaxWait", o.MaxWait, DefaultMaxWait}} {
 		if f.v < 0 {
-			return nil, fmt.Errorf("client: %s: %v is negative; 0 means the default, %v", f.name, f.v, f.def)
+			return nil, badopt.Default("client", f.name, f.v, f.def, "is negative")
 		}
 	}
 	if o.MaxAttempts < 0 {
-		return nil, fmt.Errorf("client: MaxAttempts: %d is negative; 0 means the default, %d", o.MaxAttempts, DefaultMaxAttempts)
+		return nil, badopt.Default("client", "MaxAttempts", o.MaxAttempts, DefaultMaxAttempts, "is negative")
 	}
 	o.MaxAttempts = cmp.Or(o.MaxAttempts, DefaultMaxAttempts)
 	o.MaxElapsed = cmp.Or(o.MaxElapsed, DefaultMaxElapsed)
 	o.InitialWait = cmp.Or(o.InitialWait, DefaultInitialWait)
 	o.MaxWait = cmp.Or(o.MaxWait, DefaultMaxWait)
 	if o.InitialWait > o.MaxWait {
-		return nil, fmt.Errorf("client: InitialWait: %v is longer than MaxWait, %v, which caps every wait", o.InitialWait, o.MaxWait)
+		return nil, badopt.Error("client", "InitialWait", o.InitialWait, "is longer than MaxWait %v, which caps every wait", o.MaxWait)
 	}
 	if o.Base == nil {
 		o.Base = http.DefaultTransport
 	} else if nilcheck.Nil(o.Base) {
-		return nil, fmt.Errorf("client: Base: a nil %T, which would panic on the first request; leave Base nil for the default, http.DefaultTransport", o.Base)
+		return nil, badopt.Error("client", "Base", o.Base, "is nil and would panic on the first request; leave Base nil for the default, http.DefaultTransport")
 	}
 	methods := o.Methods
 	if len(methods) == 0 {
@@ -121,13 +121,13 @@ func (o Options) config() (*config, error) {
 	for _, m := range methods {
 		switch {
 		case !isToken(m):
-			return nil, fmt.Errorf("client: Methods: %q is not a method (an RFC 9110 token)", m)
+			return nil, badopt.Error("client", "Methods", m, "is not a method (an RFC 9110 token)")
 		case strings.ToUpper(m) != m:
 			// Methods are case-sensitive and requests carry the standard
 			// ones in upper case: "post" would cover nothing.
-			return nil, fmt.Errorf("client: Methods: %q never matches a request; HTTP methods are case-sensitive, use %q", m, strings.ToUpper(m))
+			return nil, badopt.Error("client", "Methods", m, "never matches a request; HTTP methods are case-sensitive, use %q", strings.ToUpper(m))
 		case set[m]:
-			return nil, fmt.Errorf("client: Methods: %q is listed twice", m)
+			return nil, badopt.Error("client", "Methods", m, "is listed twice")
 		}
 		set[m] = true
 	}

@@ -113,7 +113,7 @@ func TestNewRefusesMistakes(t *testing.T) {
 	if _, err := New(Options{}); err != nil {
 		t.Errorf("New(Options{}) = %v; want the defaults, Base http.DefaultTransport", err)
 	}
-	want := "client: Base: a nil *http.Transport, which would panic on the first request; leave Base nil for the default, http.DefaultTransport"
+	want := "client: Base: (*http.Transport)(nil) is nil and would panic on the first request; leave Base nil for the default, http.DefaultTransport"
 	if _, err := New(Options{Base: (*http.Transport)(nil)}); err == nil || err.Error() != want {
 		t.Errorf("New with a typed-nil Base = %v; want %q", err, want)
 	}

@@ -3,6 +3,7 @@ package consumer_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/idemgo/idem"
@@ -37,7 +38,7 @@ func TestWrapperMistakesPanic(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		args args
-		want string // after "consumer.Idempotent: " or "consumer.Batch: "; "" for no panic
+		want string // after "consumer.Idempotent: " or "consumer.Batch: ", or whole when it starts "consumer: "; "" for no panic
 	}{
 		{"valid", args{store, msgKey, nop, nil}, ""},
 		{"zero Options", args{store, msgKey, nop, []consumer.Options[msg]{o}}, ""},
@@ -46,8 +47,8 @@ func TestWrapperMistakesPanic(t *testing.T) {
 		{"nil key func", args{store, nil, nop, nil}, "nil key func"},
 		{"nil handler", args{store, msgKey, nil, nil}, "nil handler"},
 		{"two Options", args{store, msgKey, nop, []consumer.Options[msg]{o, o}}, "2 Options; want at most one"},
-		{"negative ConfirmBudget", args{store, msgKey, nop, []consumer.Options[msg]{{ConfirmBudget: -1}}}, "negative Options.ConfirmBudget -1ns"},
-		{"negative Concurrency", args{store, msgKey, nop, []consumer.Options[msg]{{Concurrency: -2}}}, "negative Options.Concurrency -2"},
+		{"negative ConfirmBudget", args{store, msgKey, nop, []consumer.Options[msg]{{ConfirmBudget: -1}}}, "consumer: ConfirmBudget: -1ns is negative; 0 means the default, two thirds of the lease's TTL"},
+		{"negative Concurrency", args{store, msgKey, nop, []consumer.Options[msg]{{Concurrency: -2}}}, "consumer: Concurrency: -2 is negative; 0 means the default, 16"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a := tc.args
@@ -55,9 +56,9 @@ func TestWrapperMistakesPanic(t *testing.T) {
 				"consumer.Idempotent": func() { consumer.Idempotent(a.store, a.key, a.h, a.opts...) },
 				"consumer.Batch":      func() { consumer.Batch(a.store, a.key, a.h, a.opts...) },
 			} {
-				want := ""
-				if tc.want != "" {
-					want = fn + ": " + tc.want
+				want := tc.want
+				if want != "" && !strings.HasPrefix(want, "consumer: ") {
+					want = fn + ": " + want
 				}
 				if got := panicked(build); got != want {
 					t.Errorf("%s with %s: panic %q; want %q", fn, tc.name, got, want)

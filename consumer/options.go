@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/badopt"
 	"github.com/idemgo/idem/internal/nilcheck"
 )
 
@@ -108,6 +109,10 @@ type Options[M any] struct {
 // DefaultConcurrency is Batch's default bound on concurrent handlers.
 const DefaultConcurrency = 16
 
+// defaultConfirmBudget is what a zero ConfirmBudget means, as the message
+// refusing a negative one says it.
+const defaultConfirmBudget = "two thirds of the lease's TTL"
+
 // config is Options without the message type, checked, with defaults
 // filled in.
 type config struct {
@@ -140,9 +145,9 @@ func setup[M any](fn string, store idem.Store, key func(M) string, h func(contex
 	}
 	switch {
 	case o.ConfirmBudget < 0:
-		panic(fmt.Sprintf("%s: negative Options.ConfirmBudget %v", fn, o.ConfirmBudget))
+		panic(badopt.Default("consumer", "ConfirmBudget", o.ConfirmBudget, defaultConfirmBudget, "is negative").Error())
 	case o.Concurrency < 0:
-		panic(fmt.Sprintf("%s: negative Options.Concurrency %d", fn, o.Concurrency))
+		panic(badopt.Default("consumer", "Concurrency", o.Concurrency, DefaultConcurrency, "is negative").Error())
 	}
 	c := &config{observer: o.Observer, keyHasher: o.KeyHasher, hook: o.Hook,
 		confirmBudget: o.ConfirmBudget, concurrency: o.Concurrency}

@@ -97,7 +97,7 @@ type Client struct {
 // InitialWait longer than MaxWait.
 func NewClient(o ClientOptions) (*Client, error) {
 	var err error
-	if o.Metadata, err = metadataName("Metadata", cmp.Or(o.Metadata, DefaultMetadata)); err != nil {
+	if o.Metadata, err = metadataName("ClientOptions.Metadata", cmp.Or(o.Metadata, DefaultMetadata)); err != nil {
 		return nil, err
 	}
 	for _, f := range []struct {
@@ -105,23 +105,23 @@ func NewClient(o ClientOptions) (*Client, error) {
 		v, def time.Duration
 	}{{"MaxElapsed", o.MaxElapsed, DefaultMaxElapsed}, {"InitialWait", o.InitialWait, DefaultInitialWait}, {"MaxWait", o.MaxWait, DefaultMaxWait}} {
 		if f.v < 0 {
-			return nil, fmt.Errorf("idemgrpc: %s: %v is negative; 0 means the default, %v", f.name, f.v, f.def)
+			return nil, fmt.Errorf("idemgrpc: ClientOptions.%s: %v is negative; 0 means the default, %v", f.name, f.v, f.def)
 		}
 	}
 	if o.AttemptTimeout < 0 {
-		return nil, fmt.Errorf("idemgrpc: AttemptTimeout: %v is negative; 0 means the default, none", o.AttemptTimeout)
+		return nil, fmt.Errorf("idemgrpc: ClientOptions.AttemptTimeout: %v is negative; 0 means the default, none", o.AttemptTimeout)
 	}
 	if o.MaxAttempts < 0 {
-		return nil, fmt.Errorf("idemgrpc: MaxAttempts: %d is negative; 0 means the default, %d", o.MaxAttempts, DefaultMaxAttempts)
+		return nil, fmt.Errorf("idemgrpc: ClientOptions.MaxAttempts: %d is negative; 0 means the default, %d", o.MaxAttempts, DefaultMaxAttempts)
 	}
 	o.MaxAttempts = cmp.Or(o.MaxAttempts, DefaultMaxAttempts)
 	o.MaxElapsed = cmp.Or(o.MaxElapsed, DefaultMaxElapsed)
 	o.InitialWait = cmp.Or(o.InitialWait, DefaultInitialWait)
 	o.MaxWait = cmp.Or(o.MaxWait, DefaultMaxWait)
 	if o.InitialWait > o.MaxWait {
-		return nil, fmt.Errorf("idemgrpc: InitialWait: %v is longer than MaxWait, %v, which caps every wait", o.InitialWait, o.MaxWait)
+		return nil, fmt.Errorf("idemgrpc: ClientOptions.InitialWait: %v is longer than MaxWait %v, which caps every wait", o.InitialWait, o.MaxWait)
 	}
-	methods, err := methodSet("Methods", o.Methods)
+	methods, err := methodSet("ClientOptions.Methods", o.Methods)
 	if err != nil {
 		return nil, err
 	}

@@ -189,19 +189,19 @@ func TestNewClientRefusesMistakes(t *testing.T) {
 		o    ClientOptions
 		want string
 	}{
-		{ClientOptions{Metadata: "grpc-key"}, `Metadata: "grpc-key" is reserved`},
-		{ClientOptions{Metadata: "key-bin"}, `Metadata: "key-bin" is a binary`},
-		{ClientOptions{Metadata: "a key"}, `Metadata: "a key" is not a metadata key`},
-		{ClientOptions{MaxAttempts: -1}, "MaxAttempts: -1 is negative; 0 means the default, 5"},
-		{ClientOptions{MaxElapsed: -time.Second}, "MaxElapsed: -1s is negative"},
-		{ClientOptions{AttemptTimeout: -time.Second}, "AttemptTimeout: -1s is negative"},
-		{ClientOptions{InitialWait: time.Minute}, "InitialWait: 1m0s is longer than MaxWait, 5s"},
-		{ClientOptions{Methods: []string{"Create"}}, `Methods: "Create" is not a full method name`},
-		{ClientOptions{Methods: []string{methodCreate, methodCreate}}, "is listed twice"},
+		{ClientOptions{Metadata: "grpc-key"}, `idemgrpc: ClientOptions.Metadata: "grpc-key" is reserved`},
+		{ClientOptions{Metadata: "key-bin"}, `idemgrpc: ClientOptions.Metadata: "key-bin" is a binary`},
+		{ClientOptions{Metadata: "a key"}, `idemgrpc: ClientOptions.Metadata: "a key" is not a metadata key`},
+		{ClientOptions{MaxAttempts: -1}, "idemgrpc: ClientOptions.MaxAttempts: -1 is negative; 0 means the default, 5"},
+		{ClientOptions{MaxElapsed: -time.Second}, "idemgrpc: ClientOptions.MaxElapsed: -1s is negative; 0 means the default, "},
+		{ClientOptions{AttemptTimeout: -time.Second}, "idemgrpc: ClientOptions.AttemptTimeout: -1s is negative; 0 means the default, none"},
+		{ClientOptions{InitialWait: time.Minute}, "idemgrpc: ClientOptions.InitialWait: 1m0s is longer than MaxWait 5s, which caps every wait"},
+		{ClientOptions{Methods: []string{"Create"}}, `idemgrpc: ClientOptions.Methods: "Create" is not a full method name`},
+		{ClientOptions{Methods: []string{methodCreate, methodCreate}}, "idemgrpc: ClientOptions.Methods: \"" + methodCreate + "\" is listed twice"},
 	} {
 		_, err := NewClient(tc.o)
-		if err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("NewClient(%+v) = %v; want an error containing %q", tc.o, err, tc.want)
+		if err == nil || !strings.HasPrefix(err.Error(), tc.want) || !badOption.MatchString(err.Error()) {
+			t.Errorf("NewClient(%+v) = %v; want an error starting %q", tc.o, err, tc.want)
 		}
 	}
 	if _, err := NewClient(ClientOptions{}); err != nil {

@@ -154,26 +154,26 @@ func (o ServerOptions) config() (*serverConfig, error) {
 		// An interface holding a nil pointer is not == nil: it would pass
 		// for set and panic on the first call, far from the mistake.
 		if f.v != nil && isNil(f.v) {
-			return nil, fmt.Errorf("idemgrpc: %s: (%T)(nil) is nil and would panic on the first call", f.name, f.v)
+			return nil, fmt.Errorf("idemgrpc: ServerOptions.%s: (%T)(nil) is nil and would panic on the first call", f.name, f.v)
 		}
 	}
 	if o.Store == nil {
-		return nil, errors.New("idemgrpc: Store: nil; set an idem.Store (idem.NewRedisStore, sqlstore.New, idem.NewMemoryStore)")
+		return nil, errors.New("idemgrpc: ServerOptions.Store: nil is not a store; set an idem.Store (idem.NewRedisStore, sqlstore.New, idem.NewMemoryStore)")
 	}
 	switch {
 	case o.Scope == nil && !o.SingleTenant:
 		// One scope for every call by default would let a client that
 		// learns another's key receive its recorded response.
-		return nil, errors.New("idemgrpc: Scope: nil, and SingleTenant is false; set Scope to name each call's tenant from its authenticated principal, or SingleTenant: true when the service has one tenant")
+		return nil, errors.New("idemgrpc: ServerOptions.Scope: nil while SingleTenant is false; set Scope to name each call's tenant from its authenticated principal, or SingleTenant: true when the service has one tenant")
 	case o.Scope != nil && o.SingleTenant:
-		return nil, errors.New("idemgrpc: SingleTenant: true, and Scope is set; set one: Scope names each call's tenant, SingleTenant says there is one")
+		return nil, errors.New("idemgrpc: ServerOptions.SingleTenant: true while Scope is set; set one: Scope names each call's tenant, SingleTenant says there is one")
 	}
 	var err error
-	if o.Metadata, err = metadataName("Metadata", cmp.Or(o.Metadata, DefaultMetadata)); err != nil {
+	if o.Metadata, err = metadataName("ServerOptions.Metadata", cmp.Or(o.Metadata, DefaultMetadata)); err != nil {
 		return nil, err
 	}
 	if o.KeyField != "" && !isIdent(o.KeyField) {
-		return nil, fmt.Errorf("idemgrpc: KeyField: %q is not a protobuf field name (a letter or _, then letters, digits or _)", o.KeyField)
+		return nil, fmt.Errorf("idemgrpc: ServerOptions.KeyField: %q is not a protobuf field name (a letter or _, then letters, digits or _)", o.KeyField)
 	}
 	for _, d := range []struct {
 		name     string
@@ -190,14 +190,14 @@ func (o ServerOptions) config() (*serverConfig, error) {
 			if d.v >= 0 {
 				rule = "is over " + d.maxWords
 			}
-			return nil, fmt.Errorf("idemgrpc: %s: %v %s; 0 means the default, %v", d.name, d.v, rule, d.def)
+			return nil, fmt.Errorf("idemgrpc: ServerOptions.%s: %v %s; 0 means the default, %v", d.name, d.v, rule, d.def)
 		}
 	}
 	if o.MaxKeyBytes < 0 {
-		return nil, fmt.Errorf("idemgrpc: MaxKeyBytes: %d is negative; 0 means the default, %d", o.MaxKeyBytes, DefaultMaxKeyBytes)
+		return nil, fmt.Errorf("idemgrpc: ServerOptions.MaxKeyBytes: %d is negative; 0 means the default, %d", o.MaxKeyBytes, DefaultMaxKeyBytes)
 	}
 	if o.MaxResponseBytes < 0 {
-		return nil, fmt.Errorf("idemgrpc: MaxResponseBytes: %d is negative; 0 means the default, %d", o.MaxResponseBytes, DefaultMaxResponseBytes)
+		return nil, fmt.Errorf("idemgrpc: ServerOptions.MaxResponseBytes: %d is negative; 0 means the default, %d", o.MaxResponseBytes, DefaultMaxResponseBytes)
 	}
 	o.LockTimeout = cmp.Or(o.LockTimeout, DefaultLockTimeout)
 	o.RecordTimeout = cmp.Or(o.RecordTimeout, DefaultRecordTimeout)
@@ -211,21 +211,21 @@ func (o ServerOptions) config() (*serverConfig, error) {
 		o.Keep = DefaultKeep
 	}
 	c := &serverConfig{maxResult: maxResult}
-	if c.methods, err = methodSet("Methods", o.Methods); err != nil {
+	if c.methods, err = methodSet("ServerOptions.Methods", o.Methods); err != nil {
 		return nil, err
 	}
 	for _, k := range o.ReplayMetadata {
-		name, err := metadataName("ReplayMetadata", k)
+		name, err := metadataName("ServerOptions.ReplayMetadata", k)
 		if err != nil {
 			return nil, err
 		}
 		switch {
 		case slices.Contains(neverReplayed, name):
-			return nil, fmt.Errorf("idemgrpc: ReplayMetadata: %q may not be replayed: it carries credentials", k)
+			return nil, fmt.Errorf("idemgrpc: ServerOptions.ReplayMetadata: %q may not be replayed: it carries credentials", k)
 		case strings.HasPrefix(name, "idempotent-"):
-			return nil, fmt.Errorf("idemgrpc: ReplayMetadata: %q is the interceptor's own (idempotent-*), set on every replay", k)
+			return nil, fmt.Errorf("idemgrpc: ServerOptions.ReplayMetadata: %q is the interceptor's own (idempotent-*), set on every replay", k)
 		case slices.Contains(c.replay, name):
-			return nil, fmt.Errorf("idemgrpc: ReplayMetadata: %q is listed twice", k)
+			return nil, fmt.Errorf("idemgrpc: ServerOptions.ReplayMetadata: %q is listed twice", k)
 		}
 		c.replay = append(c.replay, name)
 	}
@@ -251,11 +251,11 @@ func (o *ServerOptions) fitResponse() (int, error) {
 	room := maxResult - RecordOverhead
 	switch {
 	case room <= 0:
-		return 0, fmt.Errorf("idemgrpc: Store: its MaxResultBytes %d leaves no room for a response beside RecordOverhead %d; give the store a MaxResultBytes above %d", maxResult, RecordOverhead, RecordOverhead)
+		return 0, fmt.Errorf("idemgrpc: ServerOptions.Store: %T with MaxResultBytes %d leaves no room for a response beside RecordOverhead %d; give the store a MaxResultBytes above %d", o.Store, maxResult, RecordOverhead, RecordOverhead)
 	case o.MaxResponseBytes == 0:
 		o.MaxResponseBytes = min(DefaultMaxResponseBytes, room)
 	case o.MaxResponseBytes > room:
-		return 0, fmt.Errorf("idemgrpc: MaxResponseBytes: %d exceeds the store's MaxResultBytes %d less RecordOverhead %d; at most %d", o.MaxResponseBytes, maxResult, RecordOverhead, room)
+		return 0, fmt.Errorf("idemgrpc: ServerOptions.MaxResponseBytes: %d exceeds the store's MaxResultBytes %d less RecordOverhead %d; at most %d", o.MaxResponseBytes, maxResult, RecordOverhead, room)
 	}
 	return maxResult, nil
 }

@@ -2,8 +2,6 @@ package middleware
 
 import (
 	"cmp"
-	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -15,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/badopt"
 	"github.com/idemgo/idem/internal/nilcheck"
 )
 
@@ -208,51 +207,51 @@ func (o Options) config() (*config, error) {
 		// An interface holding a nil pointer is not == nil: it would pass
 		// for set and panic on the first request, far from the mistake.
 		if f.v != nil && nilcheck.Nil(f.v) {
-			return nil, fmt.Errorf("middleware: %s: (%T)(nil) is nil and would panic on the first request", f.name, f.v)
+			return nil, badopt.Error("middleware", f.name, f.v, "is nil and would panic on the first request")
 		}
 	}
 	switch {
 	case o.Store == nil && o.Tx == nil:
-		return nil, errors.New("middleware: neither Store (lease mode: any idem.Store) nor Tx (transactional mode: a TxStore) is set; set one")
+		return nil, badopt.Error("middleware", "Store", nil, "while Tx is nil too; set one: Store (lease mode: any idem.Store) or Tx (transactional mode: a TxStore)")
 	case o.Store != nil && o.Tx != nil:
-		return nil, errors.New("middleware: both Store (lease mode) and Tx (transactional mode) are set; set one")
+		return nil, badopt.Error("middleware", "Tx", o.Tx, "while Store is set too; set one: Store (lease mode) or Tx (transactional mode)")
 	}
 	switch {
 	case o.Scope == nil && !o.SingleTenant:
 		// One scope for every request by default would let a client that
 		// learns another's key receive its recorded response.
-		return nil, errors.New("middleware: Scope: nil, and SingleTenant is false; set Scope to name each request's tenant from its authenticated principal, or SingleTenant: true when the service has one tenant")
+		return nil, badopt.Error("middleware", "Scope", nil, "while SingleTenant is false; set Scope to name each request's tenant from its authenticated principal, or SingleTenant: true when the service has one tenant")
 	case o.Scope != nil && o.SingleTenant:
-		return nil, errors.New("middleware: SingleTenant: true, and Scope is set; set one: Scope names each request's tenant, SingleTenant says there is one")
+		return nil, badopt.Error("middleware", "SingleTenant", true, "while Scope is set; set one: Scope names each request's tenant, SingleTenant says there is one")
 	}
 	if o.Header != "" && o.Key != nil {
-		return nil, fmt.Errorf("middleware: Header: %q is never read: the Key func supplies the key", o.Header)
+		return nil, badopt.Error("middleware", "Header", o.Header, "is never read: the Key func supplies the key")
 	}
 	o.Header = cmp.Or(o.Header, DefaultHeader)
 	if !validFieldName(o.Header) {
-		return nil, fmt.Errorf("middleware: Header: %q is not a header field name (an RFC 9110 token)", o.Header)
+		return nil, badopt.Error("middleware", "Header", o.Header, "is not a header field name (an RFC 9110 token)")
 	}
 	o.Header = textproto.CanonicalMIMEHeaderKey(o.Header)
 	if err := o.checkRequestID(); err != nil {
 		return nil, err
 	}
 	if o.LockTimeout < 0 {
-		return nil, fmt.Errorf("middleware: LockTimeout: %v is negative; 0 means the default, %v", o.LockTimeout, DefaultLockTimeout)
+		return nil, badopt.Default("middleware", "LockTimeout", o.LockTimeout, DefaultLockTimeout, "is negative")
 	}
 	if o.RecordTimeout < 0 {
-		return nil, fmt.Errorf("middleware: RecordTimeout: %v is negative; 0 means the default, %v", o.RecordTimeout, DefaultRecordTimeout)
+		return nil, badopt.Default("middleware", "RecordTimeout", o.RecordTimeout, DefaultRecordTimeout, "is negative")
 	}
 	if o.RetryAfter < 0 || o.RetryAfter > time.Hour {
-		return nil, fmt.Errorf("middleware: RetryAfter: %v is outside 0..1h; 0 means the default, %v", o.RetryAfter, DefaultRetryAfter)
+		return nil, badopt.Default("middleware", "RetryAfter", o.RetryAfter, DefaultRetryAfter, "is outside 0..1h")
 	}
 	if o.MaxKeyBytes < 0 {
-		return nil, fmt.Errorf("middleware: MaxKeyBytes: %d is negative; 0 means the default, %d", o.MaxKeyBytes, DefaultMaxKeyBytes)
+		return nil, badopt.Default("middleware", "MaxKeyBytes", o.MaxKeyBytes, DefaultMaxKeyBytes, "is negative")
 	}
 	if o.MaxBodyBytes < 0 {
-		return nil, fmt.Errorf("middleware: MaxBodyBytes: %d is negative; 0 means the default, %d", o.MaxBodyBytes, DefaultMaxBodyBytes)
+		return nil, badopt.Default("middleware", "MaxBodyBytes", o.MaxBodyBytes, DefaultMaxBodyBytes, "is negative")
 	}
 	if o.MaxResponseBytes < 0 {
-		return nil, fmt.Errorf("middleware: MaxResponseBytes: %d is negative; 0 means the default, %d", o.MaxResponseBytes, DefaultMaxResponseBytes)
+		return nil, badopt.Default("middleware", "MaxResponseBytes", o.MaxResponseBytes, DefaultMaxResponseBytes, "is negative")
 	}
 	o.LockTimeout = cmp.Or(o.LockTimeout, DefaultLockTimeout)
 	o.RecordTimeout = cmp.Or(o.RecordTimeout, DefaultRecordTimeout)
@@ -305,11 +304,11 @@ func (o *Options) fitResponse() (int, error) {
 	room := maxResult - RecordOverhead
 	switch {
 	case room <= 0:
-		return 0, fmt.Errorf("middleware: %s: its MaxResultBytes %d leaves no room for a response body beside RecordOverhead %d (the record's status and headers); give the store a MaxResultBytes above %d", field, maxResult, RecordOverhead, RecordOverhead)
+		return 0, badopt.Error("middleware", field, store, "with MaxResultBytes %d leaves no room for a response body beside RecordOverhead %d (the record's status and headers); give the store a MaxResultBytes above %d", maxResult, RecordOverhead, RecordOverhead)
 	case o.MaxResponseBytes == 0:
 		o.MaxResponseBytes = min(DefaultMaxResponseBytes, room)
 	case o.MaxResponseBytes > room:
-		return 0, fmt.Errorf("middleware: MaxResponseBytes: %d exceeds the store's MaxResultBytes %d less RecordOverhead %d (the record's status and headers); at most %d", o.MaxResponseBytes, maxResult, RecordOverhead, room)
+		return 0, badopt.Error("middleware", "MaxResponseBytes", o.MaxResponseBytes, "exceeds the store's MaxResultBytes %d less RecordOverhead %d (the record's status and headers); at most %d", maxResult, RecordOverhead, room)
 	}
 	return maxResult, nil
 }
@@ -322,15 +321,15 @@ func (o *Options) checkRequestID() error {
 	}
 	h := o.RequestIDHeader
 	if !validFieldName(h) {
-		return fmt.Errorf("middleware: RequestIDHeader: %q is not a header field name (an RFC 9110 token)", h)
+		return badopt.Error("middleware", "RequestIDHeader", h, "is not a header field name (an RFC 9110 token)")
 	}
 	ch := textproto.CanonicalMIMEHeaderKey(h)
 	if o.Key == nil && ch == o.Header {
-		return fmt.Errorf("middleware: RequestIDHeader: %q is the header of the idempotency key, not of the request's id", h)
+		return badopt.Error("middleware", "RequestIDHeader", h, "is the header of the idempotency key, not of the request's id")
 	}
 	if ch == "Authorization" || ch == "Proxy-Authorization" || ch == "Cookie" {
 		// A replay goes to whoever holds the key.
-		return fmt.Errorf("middleware: RequestIDHeader: %q carries credentials, which a replay would show to whoever holds the key", h)
+		return badopt.Error("middleware", "RequestIDHeader", h, "carries credentials, which a replay would show to whoever holds the key")
 	}
 	o.RequestIDHeader = ch
 	return nil
@@ -345,13 +344,13 @@ func methodSet(methods []string) (map[string]bool, error) {
 	for _, m := range methods {
 		switch {
 		case !validFieldName(m): // a method is a token, as a field name is
-			return nil, fmt.Errorf("middleware: Methods: %q is not a method (an RFC 9110 token)", m)
+			return nil, badopt.Error("middleware", "Methods", m, "is not a method (an RFC 9110 token)")
 		case strings.ToUpper(m) != m:
 			// net/http compares r.Method as sent, and clients send the
 			// standard methods in upper case: "post" would cover nothing.
-			return nil, fmt.Errorf("middleware: Methods: %q never matches a request; HTTP methods are case-sensitive, use %q", m, strings.ToUpper(m))
+			return nil, badopt.Error("middleware", "Methods", m, "never matches a request; HTTP methods are case-sensitive, use %q", strings.ToUpper(m))
 		case set[m]:
-			return nil, fmt.Errorf("middleware: Methods: %q is listed twice", m)
+			return nil, badopt.Error("middleware", "Methods", m, "is listed twice")
 		}
 		set[m] = true
 	}
@@ -367,14 +366,14 @@ func replayList(headers []string) ([]string, error) {
 	list := make([]string, 0, len(headers))
 	for _, h := range headers {
 		if !validFieldName(h) {
-			return nil, fmt.Errorf("middleware: ReplayHeaders: %q is not a header field name (an RFC 9110 token)", h)
+			return nil, badopt.Error("middleware", "ReplayHeaders", h, "is not a header field name (an RFC 9110 token)")
 		}
 		ch := textproto.CanonicalMIMEHeaderKey(h)
 		if neverReplayed[ch] {
-			return nil, fmt.Errorf("middleware: ReplayHeaders: %q may not be replayed: it carries credentials", h)
+			return nil, badopt.Error("middleware", "ReplayHeaders", h, "may not be replayed: it carries credentials")
 		}
 		if slices.Contains(list, ch) {
-			return nil, fmt.Errorf("middleware: ReplayHeaders: %q is listed twice", h)
+			return nil, badopt.Error("middleware", "ReplayHeaders", h, "is listed twice")
 		}
 		list = append(list, ch)
 	}

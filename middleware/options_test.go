@@ -1,7 +1,6 @@
 package middleware
 
 import (
-	"cmp"
 	"context"
 	"database/sql"
 	"io"
@@ -32,11 +31,11 @@ func TestNewRefuses(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		o     Options
-		field string   // the message starts "middleware: <field>: "; "" for Store and Tx together
+		field string   // the message starts "middleware: <field>: "
 		want  []string // what else it says: the value given, ...
 	}{
-		{"no store", Options{}, "", []string{"neither", "Store", "lease mode", "Tx", "transactional mode"}},
-		{"both stores", Options{SingleTenant: true, Store: st, Tx: &txStub{}}, "", []string{"both", "Store", "lease mode", "Tx", "transactional mode"}},
+		{"no store", Options{}, "Store", []string{"Store: nil while Tx is nil too", "lease mode", "Tx", "transactional mode"}},
+		{"both stores", Options{SingleTenant: true, Store: st, Tx: &txStub{}}, "Tx", []string{"Tx: *middleware.txStub while Store is set too", "lease mode", "transactional mode"}},
 		{"typed-nil store", Options{SingleTenant: true, Store: (*idem.RedisStore)(nil)}, "Store", []string{"(*idem.RedisStore)(nil)"}},
 		{"typed-nil store, tx set", Options{SingleTenant: true, Store: (*idem.MemoryStore)(nil), Tx: &txStub{}}, "Store", []string{"(*idem.MemoryStore)(nil)"}},
 		{"typed-nil tx", Options{SingleTenant: true, Tx: (*sqlstore.Store)(nil)}, "Tx", []string{"(*sqlstore.Store)(nil)"}},
@@ -68,7 +67,7 @@ func TestNewRefuses(t *testing.T) {
 		{"response over the tx store's", Options{SingleTenant: true, Tx: &limitedTx{max: 64 << 10}, MaxResponseBytes: 64 << 10}, "MaxResponseBytes",
 			[]string{"65536", "at most 57344"}},
 		{"store too small for a record", Options{SingleTenant: true, Store: memStore(idem.Options{MaxResultBytes: 4 << 10})}, "Store",
-			[]string{"MaxResultBytes 4096", "RecordOverhead 8192"}},
+			[]string{"Store: *idem.MemoryStore with MaxResultBytes 4096", "RecordOverhead 8192"}},
 
 		{"method not a token", Options{SingleTenant: true, Store: st, Methods: []string{"PO ST"}}, "Methods", []string{`"PO ST"`}},
 		{"method empty", Options{SingleTenant: true, Store: st, Methods: []string{"POST", ""}}, "Methods", []string{`""`}},
@@ -87,10 +86,10 @@ func TestNewRefuses(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := New(tc.o)
 			if err == nil {
-				t.Fatalf("New(%s) = nil error; want one naming %s", tc.name, cmp.Or(tc.field, "Store and Tx"))
+				t.Fatalf("New(%s) = nil error; want one naming %s", tc.name, tc.field)
 			}
 			msg := err.Error()
-			if tc.field != "" && !strings.HasPrefix(msg, "middleware: "+tc.field+": ") {
+			if !strings.HasPrefix(msg, "middleware: "+tc.field+": ") {
 				t.Errorf("New(%s) = %q; want it to start %q: the field at fault first", tc.name, msg, "middleware: "+tc.field+": ")
 			}
 			for _, w := range tc.want {

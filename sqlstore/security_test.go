@@ -58,7 +58,7 @@ func TestSecuritySQLIdentifiers(t *testing.T) {
 			db, conns := countingDB(t, d)
 			for _, table := range attempts {
 				before := conns.Load()
-				if _, err := sqlstore.New(db, sqlstore.Options{Dialect: d, Table: table}); err == nil || !strings.Contains(err.Error(), "Table ") {
+				if _, err := sqlstore.New(db, sqlstore.Options{Dialect: d, Table: table}); err == nil || !strings.Contains(err.Error(), "sqlstore: Table: ") {
 					t.Errorf("New(Table %q) = %v; want an error naming the Table field", table, err)
 				}
 				if ddl, err := sqlstore.SchemaDDL(d, table); err == nil {

@@ -8,6 +8,8 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+
+	"github.com/idemgo/idem/internal/badopt"
 )
 
 // Dialect names the SQL database a Store talks to. Placeholders, the
@@ -56,12 +58,12 @@ type sqlTable struct {
 func parseTable(s string) (sqlTable, error) {
 	parts := strings.Split(s, ".")
 	if len(parts) > 2 {
-		return sqlTable{}, fmt.Errorf("sqlstore: Table %q: at most one schema qualifier", s)
+		return sqlTable{}, badopt.Error("sqlstore", "Table", s, "has more than one schema qualifier; at most schema.table")
 	}
 	for _, p := range parts {
 		if !plainIdent(p) {
-			return sqlTable{}, fmt.Errorf("sqlstore: Table %q: each part must match [A-Za-z_][A-Za-z0-9_]* and be at most %d bytes",
-				s, maxIdentBytes)
+			return sqlTable{}, badopt.Error("sqlstore", "Table", s, "is not a plain identifier: each part must match [A-Za-z_][A-Za-z0-9_]* and be at most %d bytes",
+				maxIdentBytes)
 		}
 	}
 	if len(parts) == 2 {
@@ -186,9 +188,9 @@ func (t sqlTable) String() string {
 
 func errDialect(d Dialect) error {
 	if d == 0 {
-		return errors.New("sqlstore: Dialect is required: sqlstore.Postgres or sqlstore.SQLite")
+		return badopt.Error("sqlstore", "Dialect", int(d), "is unset; set sqlstore.Postgres or sqlstore.SQLite")
 	}
-	return fmt.Errorf("sqlstore: Dialect %v is unknown: want sqlstore.Postgres or sqlstore.SQLite", d)
+	return badopt.Error("sqlstore", "Dialect", d, "is unknown; set sqlstore.Postgres or sqlstore.SQLite")
 }
 
 // sqlText builds the dialect's version of a statement written with these
@@ -268,8 +270,8 @@ func checkDriver(db *sql.DB, d Dialect) error {
 	if speaks == SQLite {
 		want = "sqlstore.SQLite"
 	}
-	return fmt.Errorf("sqlstore: Dialect %v does not match the *sql.DB's driver %s (%s), which speaks %v: set Dialect: %s",
-		d, name, pkg, speaks, want)
+	return badopt.Error("sqlstore", "Dialect", d, "does not match the *sql.DB's driver %s (%s), which speaks %v; set Dialect: %s",
+		name, pkg, speaks, want)
 }
 
 // missingTable says, when err is the database's answer to a statement on a

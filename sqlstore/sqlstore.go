@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/badopt"
 )
 
 // DefaultLockTimeout is how long a Store waits for a lock by default.
@@ -147,7 +148,7 @@ func New(db *sql.DB, o Options) (*Store, error) {
 		return nil, err
 	}
 	if o.LockTimeout < 0 {
-		return nil, fmt.Errorf("sqlstore: negative LockTimeout %v", o.LockTimeout)
+		return nil, badopt.Default("sqlstore", "LockTimeout", o.LockTimeout, DefaultLockTimeout, "is negative")
 	}
 	if o.LockTimeout == 0 {
 		o.LockTimeout = DefaultLockTimeout

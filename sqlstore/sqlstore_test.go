@@ -40,21 +40,21 @@ func TestNewRejects(t *testing.T) {
 		want string
 	}{
 		{"nil db", nil, sqlstore.Options{Dialect: sqlstore.SQLite}, "nil *sql.DB"},
-		{"no dialect", db, sqlstore.Options{}, "Dialect is required"},
-		{"unknown dialect", db, sqlstore.Options{Dialect: 3}, "Dialect dialect(3) is unknown"},
-		{"negative LockTimeout", db, sqlstore.Options{Dialect: sqlstore.SQLite, LockTimeout: -time.Second}, "negative LockTimeout -1s"},
-		{"negative LeaseTTL", db, sqlstore.Options{Dialect: sqlstore.SQLite, LeaseTTL: -1}, "negative LeaseTTL"},
-		{"negative Retention", db, sqlstore.Options{Dialect: sqlstore.SQLite, Retention: -1}, "negative Retention"},
-		{"Retention shorter than LeaseTTL", db, sqlstore.Options{Dialect: sqlstore.SQLite, Retention: time.Second, LeaseTTL: time.Hour}, "Retention 1s is shorter than LeaseTTL 1h0m0s"},
-		{"quote in table", db, sqlstore.Options{Dialect: sqlstore.SQLite, Table: `keys"; DROP TABLE x; --`}, "Table"},
-		{"space in table", db, sqlstore.Options{Dialect: sqlstore.SQLite, Table: "idem keys"}, `Table "idem keys"`},
-		{"leading digit", db, sqlstore.Options{Dialect: sqlstore.SQLite, Table: "1keys"}, `Table "1keys"`},
-		{"three parts", db, sqlstore.Options{Dialect: sqlstore.SQLite, Table: "a.b.c"}, `Table "a.b.c"`},
-		{"empty schema", db, sqlstore.Options{Dialect: sqlstore.SQLite, Table: ".keys"}, `Table ".keys"`},
-		{"empty table", db, sqlstore.Options{Dialect: sqlstore.SQLite, Table: "main."}, `Table "main."`},
-		{"64-byte table", db, sqlstore.Options{Dialect: sqlstore.SQLite, Table: long}, "Table"},
-		{"64-byte schema", db, sqlstore.Options{Dialect: sqlstore.SQLite, Table: long + ".keys"}, "Table"},
-		{"non-ASCII table", db, sqlstore.Options{Dialect: sqlstore.SQLite, Table: "clés"}, `Table "clés"`},
+		{"no dialect", db, sqlstore.Options{}, "sqlstore: Dialect: 0 is unset; set sqlstore.Postgres or sqlstore.SQLite"},
+		{"unknown dialect", db, sqlstore.Options{Dialect: 3}, "sqlstore: Dialect: dialect(3) is unknown; set sqlstore.Postgres or sqlstore.SQLite"},
+		{"negative LockTimeout", db, sqlstore.Options{Dialect: sqlstore.SQLite, LockTimeout: -time.Second}, "sqlstore: LockTimeout: -1s is negative; 0 means the default, 5s"},
+		{"negative LeaseTTL", db, sqlstore.Options{Dialect: sqlstore.SQLite, LeaseTTL: -1}, "idem: LeaseTTL: -1ns is negative; 0 means the default, 30s"},
+		{"negative Retention", db, sqlstore.Options{Dialect: sqlstore.SQLite, Retention: -1}, "idem: Retention: -1ns is negative; 0 means the default, 24h0m0s"},
+		{"Retention shorter than LeaseTTL", db, sqlstore.Options{Dialect: sqlstore.SQLite, Retention: time.Second, LeaseTTL: time.Hour}, "idem: Retention: 1s is shorter than LeaseTTL 1h0m0s"},
+		{"quote in table", db, sqlstore.Options{Dialect: sqlstore.SQLite, Table: `keys"; DROP TABLE x; --`}, `sqlstore: Table: "keys\"; DROP TABLE x; --" is not a plain identifier`},
+		{"space in table", db, sqlstore.Options{Dialect: sqlstore.SQLite, Table: "idem keys"}, `sqlstore: Table: "idem keys" is not a plain identifier`},
+		{"leading digit", db, sqlstore.Options{Dialect: sqlstore.SQLite, Table: "1keys"}, `sqlstore: Table: "1keys" is not a plain identifier`},
+		{"three parts", db, sqlstore.Options{Dialect: sqlstore.SQLite, Table: "a.b.c"}, `sqlstore: Table: "a.b.c" has more than one schema qualifier`},
+		{"empty schema", db, sqlstore.Options{Dialect: sqlstore.SQLite, Table: ".keys"}, `sqlstore: Table: ".keys" is not a plain identifier`},
+		{"empty table", db, sqlstore.Options{Dialect: sqlstore.SQLite, Table: "main."}, `sqlstore: Table: "main." is not a plain identifier`},
+		{"64-byte table", db, sqlstore.Options{Dialect: sqlstore.SQLite, Table: long}, `sqlstore: Table: "` + long + `" is not a plain identifier: each part must match [A-Za-z_][A-Za-z0-9_]* and be at most 63 bytes`},
+		{"64-byte schema", db, sqlstore.Options{Dialect: sqlstore.SQLite, Table: long + ".keys"}, `sqlstore: Table: "` + long + `.keys" is not a plain identifier`},
+		{"non-ASCII table", db, sqlstore.Options{Dialect: sqlstore.SQLite, Table: "clés"}, `sqlstore: Table: "clés" is not a plain identifier`},
 	}
 	for _, c := range cases {
 		if st, err := sqlstore.New(c.db, c.o); err == nil || !strings.Contains(err.Error(), c.want) {
@@ -83,8 +83,8 @@ func TestNewRefusesDialectOfAnotherDriver(t *testing.T) {
 		d    sqlstore.Dialect
 		want string
 	}{
-		{"SQLite db, Dialect Postgres", lite, sqlstore.Postgres, "Dialect postgres does not match the *sql.DB's driver *sqlite.Driver (modernc.org/sqlite), which speaks sqlite: set Dialect: sqlstore.SQLite"},
-		{"pgx db, Dialect SQLite", pg, sqlstore.SQLite, "Dialect sqlite does not match the *sql.DB's driver *stdlib.Driver (github.com/jackc/pgx/v5/stdlib), which speaks postgres: set Dialect: sqlstore.Postgres"},
+		{"SQLite db, Dialect Postgres", lite, sqlstore.Postgres, "sqlstore: Dialect: postgres does not match the *sql.DB's driver *sqlite.Driver (modernc.org/sqlite), which speaks sqlite; set Dialect: sqlstore.SQLite"},
+		{"pgx db, Dialect SQLite", pg, sqlstore.SQLite, "sqlstore: Dialect: sqlite does not match the *sql.DB's driver *stdlib.Driver (github.com/jackc/pgx/v5/stdlib), which speaks postgres; set Dialect: sqlstore.Postgres"},
 	} {
 		if _, err := sqlstore.New(tc.db, sqlstore.Options{Dialect: tc.d}); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("New on a %s = %v; want an error saying %q", tc.name, err, tc.want)

@@ -25,7 +25,6 @@ package amqp
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"strconv"
 	"sync"
@@ -33,6 +32,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
+	"github.com/idemgo/idem/internal/badopt"
 	"github.com/idemgo/idem/internal/nilcheck"
 	"github.com/idemgo/idem/internal/retry"
 	amqp091 "github.com/rabbitmq/amqp091-go"
@@ -154,11 +154,11 @@ func Handler(store idem.Store, h func(ctx context.Context, d amqp091.Delivery) e
 func (o Options) withDefaults() Options {
 	switch {
 	case o.MinDelay < 0:
-		panic(fmt.Sprintf("amqp.Handler: negative Options.MinDelay %v", o.MinDelay))
+		panic(badopt.Default("amqp", "MinDelay", o.MinDelay, DefaultMinDelay, "is negative").Error())
 	case o.MaxDelay < 0:
-		panic(fmt.Sprintf("amqp.Handler: negative Options.MaxDelay %v", o.MaxDelay))
+		panic(badopt.Default("amqp", "MaxDelay", o.MaxDelay, DefaultMaxDelay, "is negative").Error())
 	case o.ConfirmBudget < 0:
-		panic(fmt.Sprintf("amqp.Handler: negative Options.ConfirmBudget %v", o.ConfirmBudget))
+		panic(badopt.Default("amqp", "ConfirmBudget", o.ConfirmBudget, "two thirds of the lease's TTL", "is negative").Error())
 	}
 	if o.MinDelay == 0 {
 		o.MinDelay = DefaultMinDelay

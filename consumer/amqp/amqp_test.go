@@ -341,9 +341,9 @@ func TestHandlerMistakesPanic(t *testing.T) {
 		{"nil store", nil, nop, idemamqp.Options{}, "amqp.Handler: nil store"},
 		{"typed nil store", (*idem.RedisStore)(nil), nop, idemamqp.Options{}, "amqp.Handler: nil store"},
 		{"nil handler", store, nil, idemamqp.Options{}, "amqp.Handler: nil handler"},
-		{"negative MinDelay", store, nop, idemamqp.Options{MinDelay: -time.Second}, "amqp.Handler: negative Options.MinDelay -1s"},
-		{"negative MaxDelay", store, nop, idemamqp.Options{MaxDelay: -time.Second}, "amqp.Handler: negative Options.MaxDelay -1s"},
-		{"negative ConfirmBudget", store, nop, idemamqp.Options{ConfirmBudget: -time.Second}, "amqp.Handler: negative Options.ConfirmBudget -1s"},
+		{"negative MinDelay", store, nop, idemamqp.Options{MinDelay: -time.Second}, "amqp: MinDelay: -1s is negative; 0 means the default, 50ms"},
+		{"negative MaxDelay", store, nop, idemamqp.Options{MaxDelay: -time.Second}, "amqp: MaxDelay: -1s is negative; 0 means the default, 5s"},
+		{"negative ConfirmBudget", store, nop, idemamqp.Options{ConfirmBudget: -time.Second}, "amqp: ConfirmBudget: -1s is negative; 0 means the default, two thirds of the lease's TTL"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := func() (msg string) {

@@ -192,17 +192,17 @@ func NewHandler(store idem.Store, h func(ctx context.Context, m jetstream.Msg) e
 func (o Options) withDefaults() (Options, error) {
 	switch {
 	case o.MinDelay < 0:
-		return o, fmt.Errorf("jetstream.NewHandler: negative Options.MinDelay %v", o.MinDelay)
+		return o, fmt.Errorf("jetstream: MinDelay: %v is negative; 0 means the default, %v", o.MinDelay, DefaultMinDelay)
 	case o.MaxDelay < 0:
-		return o, fmt.Errorf("jetstream.NewHandler: negative Options.MaxDelay %v", o.MaxDelay)
+		return o, fmt.Errorf("jetstream: MaxDelay: %v is negative; 0 means the default, %v", o.MaxDelay, DefaultMaxDelay)
 	case o.MaxDelay > 0 && o.MaxDelay < o.MinDelay:
-		return o, fmt.Errorf("jetstream.NewHandler: Options.MaxDelay %v less than Options.MinDelay %v", o.MaxDelay, o.MinDelay)
+		return o, fmt.Errorf("jetstream: MaxDelay: %v is less than MinDelay %v", o.MaxDelay, o.MinDelay)
 	case o.ProgressInterval < 0:
-		return o, fmt.Errorf("jetstream.NewHandler: negative Options.ProgressInterval %v", o.ProgressInterval)
+		return o, fmt.Errorf("jetstream: ProgressInterval: %v is negative; 0 means the default, %v", o.ProgressInterval, DefaultProgressInterval)
 	case o.ConfirmBudget < 0:
-		return o, fmt.Errorf("jetstream.NewHandler: negative Options.ConfirmBudget %v", o.ConfirmBudget)
+		return o, fmt.Errorf("jetstream: ConfirmBudget: %v is negative; 0 means the default, two thirds of the lease's TTL", o.ConfirmBudget)
 	case o.Concurrency < 0:
-		return o, fmt.Errorf("jetstream.NewHandler: negative Options.Concurrency %d", o.Concurrency)
+		return o, fmt.Errorf("jetstream: Concurrency: %d is negative; 0 means the default, %d", o.Concurrency, consumer.DefaultConcurrency)
 	}
 	if o.KeyHeader == "" {
 		o.KeyHeader = DefaultKeyHeader

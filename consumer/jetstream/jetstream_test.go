@@ -214,18 +214,21 @@ func TestInProgressKeepsAckWait(t *testing.T) {
 func TestOptionsRefused(t *testing.T) {
 	store := memStore(idem.Options{})
 	h := func(context.Context, jetstream.Msg) error { return nil }
+	// Each message has the one shape of every package's: "<pkg>: <Field>:
+	// <value> <rule>", and what 0 means where it means the default.
 	for _, c := range []struct {
-		o     idemjs.Options
-		field string
+		o    idemjs.Options
+		want string
 	}{
-		{idemjs.Options{MinDelay: -1}, "Options.MinDelay"},
-		{idemjs.Options{MaxDelay: -1}, "Options.MaxDelay"},
-		{idemjs.Options{MinDelay: time.Second, MaxDelay: time.Millisecond}, "Options.MaxDelay"},
-		{idemjs.Options{ProgressInterval: -1}, "Options.ProgressInterval"},
-		{idemjs.Options{ConfirmBudget: -1}, "Options.ConfirmBudget"},
+		{idemjs.Options{MinDelay: -1}, "jetstream: MinDelay: -1ns is negative; 0 means the default, 50ms"},
+		{idemjs.Options{MaxDelay: -1}, "jetstream: MaxDelay: -1ns is negative; 0 means the default, 5s"},
+		{idemjs.Options{MinDelay: 2 * time.Second, MaxDelay: time.Second}, "jetstream: MaxDelay: 1s is less than MinDelay 2s"},
+		{idemjs.Options{ProgressInterval: -1}, "jetstream: ProgressInterval: -1ns is negative; 0 means the default, 10s"},
+		{idemjs.Options{ConfirmBudget: -1}, "jetstream: ConfirmBudget: -1ns is negative; 0 means the default, two thirds of the lease's TTL"},
+		{idemjs.Options{Concurrency: -1}, "jetstream: Concurrency: -1 is negative; 0 means the default, 16"},
 	} {
-		if _, err := idemjs.NewHandler(store, h, c.o); err == nil || !strings.Contains(err.Error(), c.field) {
-			t.Errorf("NewHandler(%+v) = %v; want an error naming %s", c.o, err, c.field)
+		if _, err := idemjs.NewHandler(store, h, c.o); err == nil || err.Error() != c.want {
+			t.Errorf("NewHandler(%+v) = %v; want %q", c.o, err, c.want)
 		}
 	}
 	if _, err := idemjs.NewHandler(store, h, idemjs.Options{}); err != nil {

@@ -296,27 +296,29 @@ func NewConsumer(store idem.Store, h func(ctx context.Context, r *kgo.Record) er
 func (o Options) withDefaults() (Options, error) {
 	switch {
 	case o.Group == "":
-		return o, errors.New("kafka.NewConsumer: empty Options.Group")
+		return o, fmt.Errorf("kafka: Group: %q is empty; set the consumer group", o.Group)
 	case len(o.Topics) == 0:
-		return o, errors.New("kafka.NewConsumer: no Options.Topics")
+		return o, fmt.Errorf("kafka: Topics: %v is empty; list the topics to consume", o.Topics)
 	case o.MaxAttempts < 0:
-		return o, fmt.Errorf("kafka.NewConsumer: negative Options.MaxAttempts %d", o.MaxAttempts)
+		return o, fmt.Errorf("kafka: MaxAttempts: %d is negative; 0 means the default, %d", o.MaxAttempts, DefaultMaxAttempts)
 	case o.MaxPollRecords < 0:
-		return o, fmt.Errorf("kafka.NewConsumer: negative Options.MaxPollRecords %d", o.MaxPollRecords)
+		return o, fmt.Errorf("kafka: MaxPollRecords: %d is negative; 0 means the default, %d", o.MaxPollRecords, DefaultMaxPollRecords)
 	case o.MinDelay < 0:
-		return o, fmt.Errorf("kafka.NewConsumer: negative Options.MinDelay %v", o.MinDelay)
+		return o, fmt.Errorf("kafka: MinDelay: %v is negative; 0 means the default, %v", o.MinDelay, DefaultMinDelay)
 	case o.MaxDelay < 0:
-		return o, fmt.Errorf("kafka.NewConsumer: negative Options.MaxDelay %v", o.MaxDelay)
-	case o.CommitInterval < 0 || o.CommitInterval > 0 && o.CommitInterval < MinCommitInterval:
-		return o, fmt.Errorf("kafka.NewConsumer: Options.CommitInterval %v below %v (franz-go's minimum)", o.CommitInterval, MinCommitInterval)
+		return o, fmt.Errorf("kafka: MaxDelay: %v is negative; 0 means the default, %v", o.MaxDelay, DefaultMaxDelay)
+	case o.CommitInterval < 0:
+		return o, fmt.Errorf("kafka: CommitInterval: %v is negative; 0 means the default, %v", o.CommitInterval, DefaultCommitInterval)
+	case o.CommitInterval > 0 && o.CommitInterval < MinCommitInterval:
+		return o, fmt.Errorf("kafka: CommitInterval: %v is under %v, franz-go's minimum; 0 means the default, %v", o.CommitInterval, MinCommitInterval, DefaultCommitInterval)
 	case o.Concurrency < 0:
-		return o, fmt.Errorf("kafka.NewConsumer: negative Options.Concurrency %d", o.Concurrency)
+		return o, fmt.Errorf("kafka: Concurrency: %d is negative; 0 means the default, %d", o.Concurrency, consumer.DefaultConcurrency)
 	case o.ConfirmBudget < 0:
-		return o, fmt.Errorf("kafka.NewConsumer: negative Options.ConfirmBudget %v", o.ConfirmBudget)
+		return o, fmt.Errorf("kafka: ConfirmBudget: %v is negative; 0 means the default, two thirds of the lease's TTL", o.ConfirmBudget)
 	}
 	for i, t := range o.Topics {
 		if t == "" {
-			return o, fmt.Errorf("kafka.NewConsumer: empty Options.Topics[%d]", i)
+			return o, fmt.Errorf("kafka: Topics[%d]: %q is empty; name a topic", i, t)
 		}
 	}
 	if o.KeyHeader == "" {
@@ -335,7 +337,7 @@ func (o Options) withDefaults() (Options, error) {
 		o.MaxDelay = max(DefaultMaxDelay, o.MinDelay)
 	}
 	if o.MaxDelay < o.MinDelay {
-		return o, fmt.Errorf("kafka.NewConsumer: Options.MaxDelay %v below Options.MinDelay %v", o.MaxDelay, o.MinDelay)
+		return o, fmt.Errorf("kafka: MaxDelay: %v is less than MinDelay %v", o.MaxDelay, o.MinDelay)
 	}
 	if o.CommitInterval == 0 {
 		o.CommitInterval = DefaultCommitInterval

@@ -382,23 +382,29 @@ func TestOptionsMistakes(t *testing.T) {
 	s := memStore(idem.Options{})
 	h := func(context.Context, *kgo.Record) error { return nil }
 	ok := kafka.Options{Group: "g", Topics: []string{topic}, Client: []kgo.Opt{kgo.SeedBrokers("127.0.0.1:1")}}
-	for field, mod := range map[string]func(*kafka.Options){
-		"Options.Group":          func(o *kafka.Options) { o.Group = "" },
-		"Options.Topics":         func(o *kafka.Options) { o.Topics = nil },
-		"Options.Topics[1]":      func(o *kafka.Options) { o.Topics = []string{topic, ""} },
-		"Options.MaxAttempts":    func(o *kafka.Options) { o.MaxAttempts = -1 },
-		"Options.MaxPollRecords": func(o *kafka.Options) { o.MaxPollRecords = -1 },
-		"Options.MinDelay":       func(o *kafka.Options) { o.MinDelay = -1 },
-		"Options.MaxDelay":       func(o *kafka.Options) { o.MinDelay, o.MaxDelay = time.Second, time.Millisecond },
-		"Options.CommitInterval": func(o *kafka.Options) { o.CommitInterval = 10 * time.Millisecond },
-		"Options.Concurrency":    func(o *kafka.Options) { o.Concurrency = -1 },
-		"Options.ConfirmBudget":  func(o *kafka.Options) { o.ConfirmBudget = -1 },
+	// Each message has the one shape of every package's: "<pkg>: <Field>:
+	// <value> <rule>", and what 0 means where it means the default.
+	for want, mod := range map[string]func(*kafka.Options){
+		`kafka: Group: "" is empty; set the consumer group`:                                          func(o *kafka.Options) { o.Group = "" },
+		"kafka: Topics: [] is empty; list the topics to consume":                                     func(o *kafka.Options) { o.Topics = nil },
+		`kafka: Topics[1]: "" is empty; name a topic`:                                                func(o *kafka.Options) { o.Topics = []string{topic, ""} },
+		"kafka: MaxAttempts: -1 is negative; 0 means the default, 3":                                 func(o *kafka.Options) { o.MaxAttempts = -1 },
+		"kafka: MaxPollRecords: -1 is negative; 0 means the default, 500":                            func(o *kafka.Options) { o.MaxPollRecords = -1 },
+		"kafka: MinDelay: -1ns is negative; 0 means the default, 50ms":                               func(o *kafka.Options) { o.MinDelay = -1 },
+		"kafka: MaxDelay: -1ns is negative; 0 means the default, 5s":                                 func(o *kafka.Options) { o.MaxDelay = -1 },
+		"kafka: MaxDelay: 1ms is less than MinDelay 1s":                                              func(o *kafka.Options) { o.MinDelay, o.MaxDelay = time.Second, time.Millisecond },
+		"kafka: CommitInterval: -1ns is negative; 0 means the default, 1s":                           func(o *kafka.Options) { o.CommitInterval = -1 },
+		"kafka: Concurrency: -1 is negative; 0 means the default, 16":                                func(o *kafka.Options) { o.Concurrency = -1 },
+		"kafka: ConfirmBudget: -1ns is negative; 0 means the default, two thirds of the lease's TTL": func(o *kafka.Options) { o.ConfirmBudget = -1 },
+		"kafka: CommitInterval: 10ms is under 100ms, franz-go's minimum; 0 means the default, 1s": func(o *kafka.Options) {
+			o.CommitInterval = 10 * time.Millisecond
+		},
 	} {
 		o := ok
 		mod(&o)
 		_, err := kafka.NewConsumer(s, h, o)
-		if err == nil || !strings.Contains(err.Error(), field) {
-			t.Errorf("%s: NewConsumer error %v; want one naming %s", field, err, field)
+		if err == nil || err.Error() != want {
+			t.Errorf("NewConsumer error %v; want %q", err, want)
 		}
 	}
 	c, err := kafka.NewConsumer(s, h, ok)

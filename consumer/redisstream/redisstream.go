@@ -54,6 +54,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
 	"github.com/idemgo/idem/internal/backoff"
+	"github.com/idemgo/idem/internal/badopt"
 	"github.com/idemgo/idem/internal/nilcheck"
 	"github.com/redis/go-redis/v9"
 )
@@ -218,21 +219,21 @@ func NewReader(c Client, store idem.Store, h func(ctx context.Context, m redis.X
 func (o Options) withDefaults() (Options, error) {
 	switch {
 	case o.Stream == "":
-		return o, errors.New("redisstream.NewReader: empty Options.Stream")
+		return o, badopt.Error("redisstream", "Stream", o.Stream, "is empty; set the stream to read")
 	case o.Group == "":
-		return o, errors.New("redisstream.NewReader: empty Options.Group")
+		return o, badopt.Error("redisstream", "Group", o.Group, "is empty; set the consumer group to read as")
 	case o.Consumer == "":
-		return o, errors.New("redisstream.NewReader: empty Options.Consumer")
+		return o, badopt.Error("redisstream", "Consumer", o.Consumer, "is empty; name this reader, unique in its group")
 	case o.Count < 0:
-		return o, fmt.Errorf("redisstream.NewReader: negative Options.Count %d", o.Count)
+		return o, badopt.Default("redisstream", "Count", o.Count, DefaultCount, "is negative")
 	case o.Block < 0:
-		return o, fmt.Errorf("redisstream.NewReader: negative Options.Block %v", o.Block)
+		return o, badopt.Default("redisstream", "Block", o.Block, DefaultBlock, "is negative")
 	case o.MinIdle < 0:
-		return o, fmt.Errorf("redisstream.NewReader: negative Options.MinIdle %v", o.MinIdle)
+		return o, badopt.Default("redisstream", "MinIdle", o.MinIdle, DefaultMinIdle, "is negative")
 	case o.Concurrency < 0:
-		return o, fmt.Errorf("redisstream.NewReader: negative Options.Concurrency %d", o.Concurrency)
+		return o, badopt.Default("redisstream", "Concurrency", o.Concurrency, consumer.DefaultConcurrency, "is negative")
 	case o.ConfirmBudget < 0:
-		return o, fmt.Errorf("redisstream.NewReader: negative Options.ConfirmBudget %v", o.ConfirmBudget)
+		return o, badopt.Default("redisstream", "ConfirmBudget", o.ConfirmBudget, "two thirds of the lease's TTL", "is negative")
 	}
 	if o.Count == 0 {
 		o.Count = DefaultCount

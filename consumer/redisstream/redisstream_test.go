@@ -343,23 +343,24 @@ func TestNewReaderMistakes(t *testing.T) {
 	h := func(context.Context, redis.XMessage) error { return nil }
 	ok := redisstream.Options{Stream: "s", Group: "g", Consumer: "c"}
 	for _, tc := range []struct {
-		name  string
-		edit  func(*redisstream.Options)
-		field string
+		name string
+		edit func(*redisstream.Options)
+		want string
 	}{
-		{"no stream", func(o *redisstream.Options) { o.Stream = "" }, "Options.Stream"},
-		{"no group", func(o *redisstream.Options) { o.Group = "" }, "Options.Group"},
-		{"no consumer", func(o *redisstream.Options) { o.Consumer = "" }, "Options.Consumer"},
-		{"negative count", func(o *redisstream.Options) { o.Count = -1 }, "Options.Count"},
-		{"negative block", func(o *redisstream.Options) { o.Block = -1 }, "Options.Block"},
-		{"negative min idle", func(o *redisstream.Options) { o.MinIdle = -1 }, "Options.MinIdle"},
-		{"negative concurrency", func(o *redisstream.Options) { o.Concurrency = -1 }, "Options.Concurrency"},
-		{"negative confirm budget", func(o *redisstream.Options) { o.ConfirmBudget = -1 }, "Options.ConfirmBudget"},
+		{"no stream", func(o *redisstream.Options) { o.Stream = "" }, `redisstream: Stream: "" is empty; set the stream to read`},
+		{"no group", func(o *redisstream.Options) { o.Group = "" }, `redisstream: Group: "" is empty; set the consumer group to read as`},
+		{"no consumer", func(o *redisstream.Options) { o.Consumer = "" }, `redisstream: Consumer: "" is empty; name this reader, unique in its group`},
+		{"negative count", func(o *redisstream.Options) { o.Count = -1 }, "redisstream: Count: -1 is negative; 0 means the default, 100"},
+		{"negative block", func(o *redisstream.Options) { o.Block = -1 }, "redisstream: Block: -1ns is negative; 0 means the default, 1s"},
+		{"negative min idle", func(o *redisstream.Options) { o.MinIdle = -1 }, "redisstream: MinIdle: -1ns is negative; 0 means the default, 30s"},
+		{"negative concurrency", func(o *redisstream.Options) { o.Concurrency = -1 }, "redisstream: Concurrency: -1 is negative; 0 means the default, 16"},
+		{"negative confirm budget", func(o *redisstream.Options) { o.ConfirmBudget = -1 },
+			"redisstream: ConfirmBudget: -1ns is negative; 0 means the default, two thirds of the lease's TTL"},
 	} {
 		o := ok
 		tc.edit(&o)
-		if _, err := redisstream.NewReader(c, store, h, o); err == nil || !strings.Contains(err.Error(), tc.field) {
-			t.Errorf("%s: NewReader error %v; want one naming %s", tc.name, err, tc.field)
+		if _, err := redisstream.NewReader(c, store, h, o); err == nil || err.Error() != tc.want {
+			t.Errorf("%s: NewReader error %v; want %q", tc.name, err, tc.want)
 		}
 	}
 	if _, err := redisstream.NewReader(c, store, h, ok); err != nil {

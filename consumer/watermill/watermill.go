@@ -101,7 +101,7 @@ func Middleware(store idem.Store, o Options) message.HandlerMiddleware {
 	case isNil(store):
 		panic("watermill.Middleware: nil store")
 	case o.ConfirmBudget < 0:
-		panic(fmt.Sprintf("watermill.Middleware: negative Options.ConfirmBudget %v", o.ConfirmBudget))
+		panic(fmt.Sprintf("watermill: ConfirmBudget: %v is negative; 0 means the default, two thirds of the lease's TTL", o.ConfirmBudget))
 	}
 	key := o.keyFunc()
 	logger := o.Logger

@@ -362,7 +362,7 @@ func TestMiddlewareMistakesPanic(t *testing.T) {
 		{"nil store", nil, idemwatermill.Options{}, nop, "watermill.Middleware: nil store"},
 		{"typed nil store", (*idem.RedisStore)(nil), idemwatermill.Options{}, nop, "watermill.Middleware: nil store"},
 		{"negative ConfirmBudget", store, idemwatermill.Options{ConfirmBudget: -time.Second}, nop,
-			"watermill.Middleware: negative Options.ConfirmBudget -1s"},
+			"watermill: ConfirmBudget: -1s is negative; 0 means the default, two thirds of the lease's TTL"},
 		{"nil handler", store, idemwatermill.Options{}, nil, "watermill.Middleware: nil handler"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
