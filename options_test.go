@@ -3,11 +3,17 @@ package idem_test
 import (
 	"context"
 	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"net/http"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
+
+	amqp091 "github.com/rabbitmq/amqp091-go"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/client"
@@ -17,8 +23,6 @@ import (
 	"github.com/idemgo/idem/internal/testing/sqltest"
 	"github.com/idemgo/idem/middleware"
 	"github.com/idemgo/idem/sqlstore"
-	amqp091 "github.com/rabbitmq/amqp091-go"
-	"github.com/redis/go-redis/v9"
 )
 
 // badOption is the one shape of a message refusing an option, in every
@@ -213,4 +217,105 @@ func panics(f func()) func() error {
 		f()
 		return nil
 	}
+}
+
+// A constructor that can fail says so with an error naming the field at
+// fault, never a panic: one rule for bad input across every package.
+func TestNewMemoryStoreRefusesBadOptions(t *testing.T) {
+	cases := []struct {
+		o     idem.Options
+		field string
+	}{
+		{idem.Options{LeaseTTL: -time.Second}, "LeaseTTL"},
+		{idem.Options{Retention: time.Second, LeaseTTL: time.Minute}, "Retention"},
+		{idem.Options{MaxKeyBytes: -1}, "MaxKeyBytes"},
+		{idem.Options{Worker: "a\x00b"}, "Worker"},
+	}
+	for _, c := range cases {
+		s, err := idem.NewMemoryStore(c.o)
+		if err == nil || s != nil {
+			t.Errorf("NewMemoryStore(%+v) = %v, %v; want nil and an error naming %s", c.o, s, err, c.field)
+			continue
+		}
+		if !strings.Contains(err.Error(), c.field) {
+			t.Errorf("NewMemoryStore(%+v) error %q; want it to name %s", c.o, err, c.field)
+		}
+		m := memStore(idem.Options{})
+		if _, err := m.Share(c.o); err == nil || !strings.Contains(err.Error(), c.field) {
+			t.Errorf("Share(%+v) error %v; want one naming %s", c.o, err, c.field)
+		}
+	}
+	if _, err := idem.NewMemoryStoreClock(idem.Options{}, nil); err == nil {
+		t.Error("NewMemoryStoreClock(nil clock) = nil error; want one")
+	}
+}
+
+// A store that no constructor made says which constructor to use, instead
+// of judging a key against limits it never resolved.
+func TestZeroValueStoreNamesItsConstructor(t *testing.T) {
+	ctx := context.Background()
+	for name, s := range map[string]idem.Store{"memory": &idem.MemoryStore{}, "redis": &idem.RedisStore{}} {
+		_, err := s.Claim(ctx, "k", nil)
+		if err == nil || !strings.Contains(err.Error(), "New"+map[string]string{"memory": "MemoryStore", "redis": "RedisStore"}[name]) {
+			t.Errorf("%s zero value: Claim error %v; want one naming its constructor", name, err)
+		}
+		if _, err := s.Lookup(ctx, "k"); err == nil {
+			t.Errorf("%s zero value: Lookup error nil; want one", name)
+		}
+		if err := s.Confirm(ctx, &idem.Lease{Key: "k", Token: 1, Owner: "w"}, nil); err == nil {
+			t.Errorf("%s zero value: Confirm error nil; want one", name)
+		}
+	}
+}
+
+// The options every store shares are repeated in each store's flat options
+// (RedisOptions, sqlstore.Options): their docs must say the same, or a
+// user reading one store's options learns another contract.
+func TestSharedOptionDocsAgree(t *testing.T) {
+	want := fieldDocs(t, "options.go", "Options")
+	for _, o := range []struct{ file, typ string }{
+		{"redisstore.go", "RedisOptions"},
+		{"sqlstore/sqlstore.go", "Options"},
+	} {
+		got := fieldDocs(t, o.file, o.typ)
+		for name, doc := range want {
+			d, ok := got[name]
+			if !ok {
+				t.Errorf("%s.%s is missing; want the shared option %s", o.typ, name, name)
+				continue
+			}
+			if d != doc {
+				t.Errorf("%s.%s (%s) is documented\n\t%q\nwant, as idem.Options.%s,\n\t%q", o.typ, name, o.file, d, name, doc)
+			}
+		}
+	}
+}
+
+// fieldDocs returns the doc comment of each exported field of type typ in
+// file.
+func fieldDocs(t *testing.T, file, typ string) map[string]string {
+	t.Helper()
+	f, err := parser.ParseFile(token.NewFileSet(), file, nil, parser.ParseComments)
+	if err != nil {
+		t.Fatal(err)
+	}
+	docs := map[string]string{}
+	ast.Inspect(f, func(n ast.Node) bool {
+		ts, ok := n.(*ast.TypeSpec)
+		if !ok || ts.Name.Name != typ {
+			return true
+		}
+		for _, fl := range ts.Type.(*ast.StructType).Fields.List {
+			for _, name := range fl.Names {
+				if name.IsExported() {
+					docs[name.Name] = strings.TrimSpace(fl.Doc.Text())
+				}
+			}
+		}
+		return false
+	})
+	if len(docs) == 0 {
+		t.Fatalf("no type %s in %s", typ, file)
+	}
+	return docs
 }
