@@ -135,6 +135,7 @@ func (s *RedisStore) resendRedirected(ctx context.Context, cc *redis.ClusterClie
 		err := cmd.Err()
 		return err != nil && (redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK"))
 	}
+	wait := backoff.Backoff{First: 20 * time.Millisecond, Most: 60 * time.Millisecond}
 	for round := range 3 {
 		again := false
 		for i, cmd := range cmds {
@@ -157,7 +158,7 @@ func (s *RedisStore) resendRedirected(ctx context.Context, cc *redis.ClusterClie
 		if round == 0 {
 			cc.ReloadState(ctx)
 		}
-		if !backoff.Sleep(ctx, time.Duration(round+1)*20*time.Millisecond) {
+		if !backoff.Sleep(ctx, wait.Next()) {
 			return
 		}
 	}
