@@ -3,7 +3,6 @@ package idem
 import (
 	"context"
 	"errors"
-	"fmt"
 	"hash/maphash"
 	"math"
 	"sync"
@@ -241,8 +240,8 @@ func (c *Cache) Confirm(ctx context.Context, l *Lease, result []byte) error {
 // and the cached ones are still answered; input the store refuses is
 // refused for the whole batch, as the store refuses it.
 func (c *Cache) ClaimBatch(ctx context.Context, keys []string, fingerprints [][]byte) ([]Claim, error) {
-	if fingerprints != nil && len(fingerprints) != len(keys) {
-		return nil, fmt.Errorf("idem: ClaimBatch with %d keys and %d fingerprints", len(keys), len(fingerprints))
+	if err := claimBatchPairs(keys, fingerprints); err != nil {
+		return nil, err
 	}
 	start := time.Now()
 	cs := make([]Claim, len(keys))
@@ -354,8 +353,8 @@ func (c *Cache) ConfirmBatch(ctx context.Context, leases []*Lease, results [][]b
 	var err error
 	if c.b != nil {
 		err = c.b.ConfirmBatch(ctx, leases, results)
-	} else if results != nil && len(results) != len(leases) {
-		return fmt.Errorf("idem: ConfirmBatch with %d leases and %d results", len(leases), len(results))
+	} else if err := confirmBatchPairs(leases, results); err != nil {
+		return err
 	} else {
 		var errs []error
 		for i, l := range leases {

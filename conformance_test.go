@@ -222,7 +222,10 @@ func checkRefusedBeforeIO(t *testing.T, s idem.Store, io func() int64) {
 			call{"ClaimBatch(fingerprints not matching keys)", func() error {
 				_, err := b.ClaimBatch(ctx, []string{"sec-a", "sec-b"}, [][]byte{nil})
 				return err
-			}, nil, "2 keys and 1 fingerprints"},
+			}, idem.ErrInvalidKey, "2 keys and 1 fingerprints"},
+			call{"ConfirmBatch(results not matching leases)", func() error {
+				return b.ConfirmBatch(ctx, []*idem.Lease{good, good}, [][]byte{nil})
+			}, idem.ErrInvalidLease, "2 leases and 1 results"},
 			call{"ConfirmBatch(one oversized result)", func() error {
 				return b.ConfirmBatch(ctx, []*idem.Lease{good, good}, [][]byte{nil, bigResult})
 			}, idem.ErrTooLarge, "batch item 1"},

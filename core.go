@@ -29,7 +29,31 @@ import (
 // it, and so can a Store of your own be, answering as they do: run
 // storetest.Run on it to confirm.
 //
-// A Core is immutable and safe for concurrent use.
+// Each operation of such a store takes the same steps, Claim for example:
+//
+//	func (s *MyStore) Claim(ctx context.Context, key string, fp []byte) (c idem.Claim, err error) {
+//		start := time.Now()
+//		defer func() {
+//			s.core.Observe(ctx, idem.Event{Op: idem.OpClaim, Outcome: c.Outcome, TakeOver: c.TakeOver, Err: err}, key, start)
+//		}()
+//		if err := s.core.CheckClaim(key, fp); err != nil {
+//			return idem.Claim{}, err // before any I/O
+//		}
+//		// ... claim key in the database; a new claim's lease is
+//		// s.core.Lease(key, token, ttl, expires, fp), a record found is
+//		// returned with s.core.FingerprintMismatch(c, key, fp) ...
+//	}
+//
+// Renew starts with CheckLease, Confirm with CheckResult, Forget with
+// CheckForget, Lookup with CheckKey, the batches with CheckClaimBatch and
+// CheckConfirmBatch; a lease is the store's own claim only when both its
+// Token and its Owner match the record's. A store tells the size of the
+// results it records with a MaxResultBytes() int method (its
+// Options().MaxResultBytes), which package middleware reads to refuse, at
+// construction, a response it could not record.
+//
+// A Core is immutable and safe for concurrent use; a copy is the same Core.
+// A zero or nil Core answers every check with an error naming NewCore.
 type Core struct {
 	o Options
 	// home names where the store keeps its records (kind and place, say
@@ -54,9 +78,12 @@ type grant struct {
 
 // NewCore validates o and resolves its defaults, as every store's
 // constructor does: an error names the one field at fault. home names
-// where the store keeps its records (its kind and place, say
-// `sqlstore table "idem_keys"`): a Core accepts only leases granted by a
-// Core of the same home (Lease), and refuses others with ErrInvalidLease.
+// where the store keeps its records, and must tell apart every set of
+// records in the process (say `mystore db "orders" table "idem_keys"`): a
+// Core accepts only leases granted by a Core of the same home (Lease), and
+// refuses others with ErrInvalidLease. Two stores sharing one set of
+// records (two workers, say) give the same home; two Cores with one home
+// over different records would accept each other's leases.
 func NewCore(home string, o Options) (*Core, error) {
 	if home == "" {
 		return nil, errors.New("idem: NewCore: home is empty; name the store's kind and place")
@@ -90,8 +117,10 @@ func newCore(home string, o Options) (Core, error) {
 // set, LeaseTTL and Retention rounded up to whole milliseconds.
 func (c *Core) Options() Options { return c.o }
 
-// Lease returns a new lease granted by this Core's home: Claim's lease.
-// fingerprint is kept as given (not copied).
+// Lease returns a new lease granted by this Core's home: Claim's lease,
+// owned by Options().Worker. expires is when the claim lapses by the
+// store's own clock (the one that judges expiry); fingerprint is kept as
+// given (not copied).
 func (c *Core) Lease(key string, token int64, ttl time.Duration, expires time.Time, fingerprint []byte) *Lease {
 	// The lease and its grant are one allocation.
 	b := &struct {
@@ -104,12 +133,16 @@ func (c *Core) Lease(key string, token int64, ttl time.Duration, expires time.Ti
 	return &b.l
 }
 
+// zero reports whether c is nil or a zero Core, which no constructor made:
+// its options were never resolved, so no check or default can be trusted,
+// and every check answers errZeroStore.
+func (c *Core) zero() bool { return c == nil || c.o.MaxKeyBytes == 0 }
+
 // CheckKey returns ErrInvalidKey for an empty key or one over MaxKeyBytes:
 // Lookup's check. Keys are byte strings otherwise: NUL bytes and invalid
 // UTF-8 included, compared byte for byte.
 func (c *Core) CheckKey(key string) error {
-	if c.o.MaxKeyBytes == 0 {
-		// Only a store that no constructor made has unresolved options.
+	if c.zero() {
 		return errZeroStore
 	}
 	if key == "" {
@@ -162,7 +195,7 @@ func (c *Core) CheckForget(l *Lease) error {
 
 // checkGrant refuses a lease that this store's home did not grant.
 func (c *Core) checkGrant(l *Lease) error {
-	if c.o.MaxKeyBytes == 0 {
+	if c.zero() {
 		// Before the lease's checks: a zero store has no home, and would
 		// blame the lease for its own want of a constructor.
 		return errZeroStore
@@ -198,8 +231,11 @@ func (c *Core) CheckResult(l *Lease, result []byte) error {
 // CheckClaimBatch checks ClaimBatch's input as CheckClaim does each item,
 // and that fingerprints (when not nil) has one entry per key.
 func (c *Core) CheckClaimBatch(keys []string, fingerprints [][]byte) error {
-	if fingerprints != nil && len(fingerprints) != len(keys) {
-		return fmt.Errorf("idem: ClaimBatch with %d keys and %d fingerprints", len(keys), len(fingerprints))
+	if c.zero() {
+		return errZeroStore
+	}
+	if err := claimBatchPairs(keys, fingerprints); err != nil {
+		return err
 	}
 	for i, k := range keys {
 		if err := c.CheckClaim(k, batch.Item(fingerprints, i)); err != nil {
@@ -212,13 +248,36 @@ func (c *Core) CheckClaimBatch(keys []string, fingerprints [][]byte) error {
 // CheckConfirmBatch checks ConfirmBatch's input as CheckResult does each
 // item, and that results (when not nil) has one entry per lease.
 func (c *Core) CheckConfirmBatch(leases []*Lease, results [][]byte) error {
-	if results != nil && len(results) != len(leases) {
-		return fmt.Errorf("idem: ConfirmBatch with %d leases and %d results", len(leases), len(results))
+	if c.zero() {
+		return errZeroStore
+	}
+	if err := confirmBatchPairs(leases, results); err != nil {
+		return err
 	}
 	for i, l := range leases {
 		if err := c.CheckResult(l, batch.Item(results, i)); err != nil {
 			return fmt.Errorf("batch item %d: %w", i, err)
 		}
+	}
+	return nil
+}
+
+// claimBatchPairs refuses a ClaimBatch whose fingerprints, when not nil,
+// do not pair with its keys.
+func claimBatchPairs(keys []string, fingerprints [][]byte) error {
+	if fingerprints != nil && len(fingerprints) != len(keys) {
+		return fmt.Errorf("%w: ClaimBatch with %d keys and %d fingerprints; want one fingerprint per key, or nil",
+			ErrInvalidKey, len(keys), len(fingerprints))
+	}
+	return nil
+}
+
+// confirmBatchPairs refuses a ConfirmBatch whose results, when not nil, do
+// not pair with its leases.
+func confirmBatchPairs(leases []*Lease, results [][]byte) error {
+	if results != nil && len(results) != len(leases) {
+		return fmt.Errorf("%w: ConfirmBatch with %d leases and %d results; want one result per lease, or nil",
+			ErrInvalidLease, len(leases), len(results))
 	}
 	return nil
 }
@@ -246,9 +305,10 @@ func (c *Core) AlreadyConfirmed(l *Lease) error {
 	return fmt.Errorf("%w: confirm of %s token %d", ErrAlreadyConfirmed, c.KeyName(l.Key), l.Token)
 }
 
-// LeaseLost is the error op ("renew", "forget", ...) returns when the store
-// holds nothing of l's (wrapping ErrLeaseLost).
-func (c *Core) LeaseLost(op string, l *Lease) error {
+// LeaseLost is the error op (OpRenew, OpForget, ...) returns when the store
+// holds nothing of l's: no live claim with l's Token and Owner (wrapping
+// ErrLeaseLost).
+func (c *Core) LeaseLost(op Op, l *Lease) error {
 	return fmt.Errorf("%w: %s of %s token %d", ErrLeaseLost, op, c.KeyName(l.Key), l.Token)
 }
 
@@ -275,9 +335,15 @@ func roundMs(d time.Duration) time.Duration {
 
 // Observe reports one operation on key (empty for a batch) that began at
 // start: to the Observer, and to the Logger when it needs a human (a lease
-// found lost on Renew, a store failing: at most one line a second). It
-// costs nothing without either.
+// found lost on Renew, a store failing: at most one line a second). The
+// caller sets e's Op, Err and what it knows (Outcome and TakeOver of a
+// Claim, Late of a Confirm, or of a ConfirmBatch when any item was late,
+// Items of a batch); Observe fills in Took, KeyHash, Cache and Items (1
+// when zero). It costs nothing without an Observer or a Logger.
 func (c *Core) Observe(ctx context.Context, e Event, key string, start time.Time) {
+	if c == nil {
+		return // a zero store's error is its caller's answer
+	}
 	o := &c.o
 	if o.Observer == nil && o.Logger == nil {
 		return
@@ -334,7 +400,8 @@ func (c *Core) logEvent(ctx context.Context, e *Event, key string) {
 }
 
 // LogLate logs a confirmation recorded after l was lost: the work may have
-// run twice, which an operator wants to know.
+// run twice, which an operator wants to know. A batch calls it once per
+// late item; the event's Late says the same to the Observer.
 func (c *Core) LogLate(ctx context.Context, l *Lease) {
 	if c.o.Logger == nil {
 		return

@@ -193,7 +193,7 @@ func (m *MemoryStore) Renew(ctx context.Context, l *Lease) (err error) {
 	now := d.now()
 	r := d.live(l.Key, now)
 	if !holds(r, l) {
-		return m.core.LeaseLost("renew", l)
+		return m.core.LeaseLost(OpRenew, l)
 	}
 	r.expires = now.Add(m.core.o.LeaseTTL)
 	return nil
@@ -260,7 +260,7 @@ func (m *MemoryStore) Forget(ctx context.Context, l *Lease) (err error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if !holds(d.live(l.Key, d.now()), l) {
-		return m.core.LeaseLost("forget", l)
+		return m.core.LeaseLost(OpForget, l)
 	}
 	delete(d.recs, l.Key)
 	return nil

@@ -8,7 +8,9 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
 	"github.com/idemgo/idem/internal/badopt"
+	"github.com/idemgo/idem/internal/nilcheck"
 )
 
 // MaxFingerprintBytes bounds a fingerprint: it is meant to be a hash of the
@@ -57,7 +59,8 @@ const (
 
 // errZeroStore is what every operation of a store's zero value answers: its
 // options were never resolved, so no check or default can be trusted.
-var errZeroStore = errors.New("idem: a zero-value store: make it with NewRedisStore, NewMemoryStore or sqlstore.New")
+var errZeroStore = errors.New("idem: a zero-value store: make it with its constructor " +
+	"(NewRedisStore, NewMemoryStore, sqlstore.New; a store of one's own, its Core with NewCore)")
 
 // withDefaults validates o and fills in its defaults. Each error names the
 // one field at fault.
@@ -82,22 +85,33 @@ func (o Options) withDefaults() (Options, error) {
 	if o.LeaseTTL > 0 && o.LeaseTTL < time.Millisecond {
 		return o, badopt.Error("idem", "LeaseTTL", o.LeaseTTL, "is under 1ms")
 	}
-	setRetention := o.Retention != 0
+	setRetention, setLease := o.Retention != 0, o.LeaseTTL != 0
 	o.Retention = cmp.Or(o.Retention, DefaultRetention)
 	o.LeaseTTL = cmp.Or(o.LeaseTTL, DefaultLeaseTTL)
 	// A confirmation forgotten before a claim would have expired lets a
 	// duplicate in while its original could still be running.
 	if o.Retention < o.LeaseTTL {
-		if setRetention {
+		if setRetention && setLease {
 			return o, badopt.Error("idem", "Retention", o.Retention, "is shorter than LeaseTTL %v", o.LeaseTTL)
+		}
+		if setRetention {
+			return o, badopt.Error("idem", "Retention", o.Retention, "is shorter than the default LeaseTTL %v; set LeaseTTL too", o.LeaseTTL)
 		}
 		return o, badopt.Error("idem", "LeaseTTL", o.LeaseTTL, "is longer than the default Retention %v; set Retention too", o.Retention)
 	}
 	if o.Worker == "" {
 		o.Worker = uuid.NewString()
 	}
-	if strings.ContainsRune(o.Worker, 0) || len(o.Worker) > 255 {
-		return o, badopt.Error("idem", "Worker", o.Worker, "must be at most 255 bytes without NUL")
+	if len(o.Worker) > 255 {
+		return o, badopt.Error("idem", "Worker", o.Worker[:32]+"...", "is %d bytes; at most 255", len(o.Worker))
+	}
+	if strings.ContainsRune(o.Worker, 0) {
+		return o, badopt.Error("idem", "Worker", o.Worker, "contains a NUL byte")
+	}
+	// A typed nil would pass every check here and panic on the first
+	// operation, far from the mistake.
+	if o.Observer != nil && nilcheck.Nil(o.Observer) {
+		return o, badopt.Error("idem", "Observer", o.Observer, "is nil and would panic on the first operation; leave Observer nil for none")
 	}
 	o.MaxKeyBytes = cmp.Or(o.MaxKeyBytes, DefaultMaxKeyBytes)
 	o.MaxResultBytes = cmp.Or(o.MaxResultBytes, DefaultMaxResultBytes)

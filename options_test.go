@@ -109,9 +109,12 @@ func TestBadOptionMessages(t *testing.T) {
 		{memory(idem.Options{MaxResultBytes: -1}), "idem: MaxResultBytes: -1 is negative; 0 means the default, 1048576"},
 		{memory(idem.Options{Retention: 500 * time.Microsecond}), "idem: Retention: 500µs is under 1ms"},
 		{memory(idem.Options{LeaseTTL: 500 * time.Microsecond}), "idem: LeaseTTL: 500µs is under 1ms"},
-		{memory(idem.Options{Retention: 10 * time.Millisecond}), "idem: Retention: 10ms is shorter than LeaseTTL 30s"},
+		{memory(idem.Options{Retention: 10 * time.Millisecond}), "idem: Retention: 10ms is shorter than the default LeaseTTL 30s; set LeaseTTL too"},
+		{memory(idem.Options{Retention: time.Second, LeaseTTL: 2 * time.Second}), "idem: Retention: 1s is shorter than LeaseTTL 2s"},
 		{memory(idem.Options{LeaseTTL: 48 * time.Hour}), "idem: LeaseTTL: 48h0m0s is longer than the default Retention 24h0m0s; set Retention too"},
-		{memory(idem.Options{Worker: "a\x00b"}), `idem: Worker: "a\x00b" must be at most 255 bytes without NUL`},
+		{memory(idem.Options{Worker: "a\x00b"}), `idem: Worker: "a\x00b" contains a NUL byte`},
+		{memory(idem.Options{Worker: strings.Repeat("w", 300)}), `idem: Worker: "` + strings.Repeat("w", 32) + `..." is 300 bytes; at most 255`},
+		{memory(idem.Options{Observer: (*startingObserver)(nil)}), "idem: Observer: (*idem_test.startingObserver)(nil) is nil and would panic on the first operation; leave Observer nil for none"},
 		{func() error { _, err := mem.Share(idem.Options{LeaseTTL: -1}); return err }, "idem: LeaseTTL: -1ns is negative; 0 means the default, 30s"},
 		{redisStore(idem.RedisOptions{LeaseTTL: -1}), "idem: LeaseTTL: -1ns is negative; 0 means the default, 30s"},
 		{sql(sqlstore.Options{Dialect: sqlstore.SQLite, LeaseTTL: -1}), "idem: LeaseTTL: -1ns is negative; 0 means the default, 30s"},
@@ -254,17 +257,47 @@ func TestNewMemoryStoreRefusesBadOptions(t *testing.T) {
 // of judging a key against limits it never resolved.
 func TestZeroValueStoreNamesItsConstructor(t *testing.T) {
 	ctx := context.Background()
-	for name, s := range map[string]idem.Store{"memory": &idem.MemoryStore{}, "redis": &idem.RedisStore{}} {
-		_, err := s.Claim(ctx, "k", nil)
-		if err == nil || !strings.Contains(err.Error(), "New"+map[string]string{"memory": "MemoryStore", "redis": "RedisStore"}[name]) {
-			t.Errorf("%s zero value: Claim error %v; want one naming its constructor", name, err)
+	l := &idem.Lease{Key: "k", Token: 1, Owner: "w"}
+	for _, tc := range []struct {
+		name, constructor string
+		s                 idem.Store
+	}{
+		{"MemoryStore", "NewMemoryStore", &idem.MemoryStore{}},
+		{"RedisStore", "NewRedisStore", &idem.RedisStore{}},
+		{"sqlstore.Store", "sqlstore.New", &sqlstore.Store{}},
+	} {
+		b := tc.s.(idem.Batcher)
+		for op, call := range map[string]func() error{
+			"Claim":        func() error { _, err := tc.s.Claim(ctx, "k", nil); return err },
+			"Renew":        func() error { return tc.s.Renew(ctx, l) },
+			"Confirm":      func() error { return tc.s.Confirm(ctx, l, nil) },
+			"Forget":       func() error { return tc.s.Forget(ctx, l) },
+			"Lookup":       func() error { _, err := tc.s.Lookup(ctx, "k"); return err },
+			"ClaimBatch":   func() error { _, err := b.ClaimBatch(ctx, nil, nil); return err },
+			"ConfirmBatch": func() error { return b.ConfirmBatch(ctx, nil, nil) },
+		} {
+			if err := call(); err == nil || !strings.Contains(err.Error(), tc.constructor) {
+				t.Errorf("zero %s: %s = %v; want an error naming %s", tc.name, op, err, tc.constructor)
+			}
 		}
-		if _, err := s.Lookup(ctx, "k"); err == nil {
-			t.Errorf("%s zero value: Lookup error nil; want one", name)
+	}
+	// A store of one's own built on a zero or nil Core answers the same,
+	// naming NewCore, and never panics.
+	for name, c := range map[string]*idem.Core{"zero Core": {}, "nil *Core": nil} {
+		for op, err := range map[string]error{
+			"CheckClaim":        c.CheckClaim("k", nil),
+			"CheckKey":          c.CheckKey("k"),
+			"CheckLease":        c.CheckLease(l),
+			"CheckForget":       c.CheckForget(l),
+			"CheckResult":       c.CheckResult(l, nil),
+			"CheckClaimBatch":   c.CheckClaimBatch(nil, nil),
+			"CheckConfirmBatch": c.CheckConfirmBatch(nil, nil),
+		} {
+			if err == nil || !strings.Contains(err.Error(), "NewCore") {
+				t.Errorf("%s: %s = %v; want an error naming NewCore", name, op, err)
+			}
 		}
-		if err := s.Confirm(ctx, &idem.Lease{Key: "k", Token: 1, Owner: "w"}, nil); err == nil {
-			t.Errorf("%s zero value: Confirm error nil; want one", name)
-		}
+		c.Observe(ctx, idem.Event{Op: idem.OpClaim}, "k", time.Now()) // must not panic
 	}
 }
 

@@ -301,7 +301,7 @@ func (s *RedisStore) Renew(ctx context.Context, l *Lease) (err error) {
 		return s.badReply("renew", l.Key, v)
 	}
 	if n != 1 {
-		return s.core.LeaseLost("renew", l)
+		return s.core.LeaseLost(OpRenew, l)
 	}
 	return nil
 }
@@ -346,7 +346,7 @@ func (s *RedisStore) Forget(ctx context.Context, l *Lease) (err error) {
 		return s.badReply("forget", l.Key, v)
 	}
 	if n != 1 {
-		return s.core.LeaseLost("forget", l)
+		return s.core.LeaseLost(OpForget, l)
 	}
 	return nil
 }

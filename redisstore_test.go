@@ -726,7 +726,7 @@ func TestRedisOptionsRefused(t *testing.T) {
 		{"LeaseTTL over the default Retention", c, RedisOptions{LeaseTTL: 48 * time.Hour}, "idem: LeaseTTL: 48h0m0s is longer than the default Retention 24h0m0s; set Retention too"},
 		{"negative MaxKeyBytes", c, RedisOptions{MaxKeyBytes: -1}, "idem: MaxKeyBytes: -1 is negative; 0 means the default, 1024"},
 		{"negative MaxResultBytes", c, RedisOptions{MaxResultBytes: -1}, "idem: MaxResultBytes: -1 is negative; 0 means the default, 1048576"},
-		{"Worker with NUL", c, RedisOptions{Worker: "a\x00b"}, `idem: Worker: "a\x00b" must be at most 255 bytes without NUL`},
+		{"Worker with NUL", c, RedisOptions{Worker: "a\x00b"}, `idem: Worker: "a\x00b" contains a NUL byte`},
 		{"negative WaitReplicas", c, RedisOptions{WaitReplicas: -1}, "idem: WaitReplicas: -1 is negative; 0 means the default, no wait"},
 		{"negative WaitTimeout", c, RedisOptions{WaitReplicas: 1, WaitTimeout: -time.Second}, "idem: WaitTimeout: -1s is negative; 0 means the default, 1s"},
 		{"sub-millisecond WaitTimeout", c, RedisOptions{WaitReplicas: 1, WaitTimeout: time.Microsecond}, "idem: WaitTimeout: 1µs is under 1ms"},

@@ -67,7 +67,9 @@ type Claim struct {
 // Every method is safe for concurrent use by many goroutines and, for the
 // shared stores (Redis, SQL), by many processes. Expiry is judged by the
 // store's clock, never the caller's. Methods validate their input before any
-// I/O: a bad key is ErrInvalidKey, an oversized result ErrTooLarge.
+// I/O: a bad key is ErrInvalidKey, an oversized result ErrTooLarge. A
+// Claim whose ctx is done before it starts fails with ctx's error and
+// claims nothing.
 type Store interface {
 	// Claim atomically claims key under a new lease (Claimed), or reports a
 	// live confirmation (Duplicate) or a live claim by anyone, this worker
@@ -161,7 +163,8 @@ var (
 	ErrLeaseLost = errors.New("idem: lease lost")
 	// ErrNotFound: no live record for the key.
 	ErrNotFound = errors.New("idem: not found")
-	// ErrInvalidKey: the key is empty or longer than MaxKeyBytes.
+	// ErrInvalidKey: the key is empty or longer than MaxKeyBytes (or a
+	// ClaimBatch's fingerprints do not pair with its keys).
 	ErrInvalidKey = errors.New("idem: invalid key")
 	// ErrTooLarge: a result over MaxResultBytes, or a fingerprint over
 	// MaxFingerprintBytes.
@@ -174,8 +177,10 @@ var (
 	// ErrAlreadyConfirmed: Confirm found the key confirmed by another lease.
 	// The first confirmation stays; the work was done more than once.
 	ErrAlreadyConfirmed = errors.New("idem: already confirmed by another lease")
-	// ErrInvalidLease: a Lease given back to a store that no Claim returned
-	// (nil, or a zero Token or Owner), refused before any I/O.
+	// ErrInvalidLease: a Lease given back to a store that no Claim of that
+	// store returned (nil, made by hand, or granted by another store),
+	// refused before any I/O (or a ConfirmBatch's results do not pair with
+	// its leases).
 	ErrInvalidLease = errors.New("idem: invalid lease")
 	// ErrDamaged: a stored record could not be decoded. The record is left
 	// as it is for an operator to inspect.

@@ -43,7 +43,7 @@ func TestWrapperMistakesPanic(t *testing.T) {
 		{"valid", args{store, msgKey, nop, nil}, ""},
 		{"zero Options", args{store, msgKey, nop, []consumer.Options[msg]{o}}, ""},
 		{"nil store", args{nil, msgKey, nop, nil}, "nil store"},
-		{"typed nil store", args{(*idem.MemoryStore)(nil), msgKey, nop, nil}, "nil store"},
+		{"typed nil store", args{(*idem.MemoryStore)(nil), msgKey, nop, nil}, "store (*idem.MemoryStore)(nil) is nil and would panic on the first message"},
 		{"nil key func", args{store, nil, nop, nil}, "nil key func"},
 		{"nil handler", args{store, msgKey, nil, nil}, "nil handler"},
 		{"two Options", args{store, msgKey, nop, []consumer.Options[msg]{o, o}}, "2 Options; want at most one"},

@@ -130,8 +130,10 @@ type config struct {
 // in a goroutine of KeepAlive's, a nil handler after the claim).
 func setup[M any](fn string, store idem.Store, key func(M) string, h func(context.Context, M) error, opts []Options[M]) (*config, func(M) []byte) {
 	switch {
-	case nilcheck.Nil(store):
+	case store == nil:
 		panic(fn + ": nil store")
+	case nilcheck.Nil(store):
+		panic(fmt.Sprintf("%s: store (%T)(nil) is nil and would panic on the first message", fn, store))
 	case key == nil:
 		panic(fn + ": nil key func")
 	case h == nil:

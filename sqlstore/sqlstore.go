@@ -394,7 +394,7 @@ func (s *Store) Renew(ctx context.Context, l *idem.Lease) (err error) {
 		return s.fail("renew", l.Key, err)
 	}
 	if !ok {
-		return s.core.LeaseLost("renew", l)
+		return s.core.LeaseLost(idem.OpRenew, l)
 	}
 	return nil
 }
@@ -469,7 +469,7 @@ func (s *Store) Forget(ctx context.Context, l *idem.Lease) (err error) {
 		return s.fail("forget", l.Key, err)
 	}
 	if !ok {
-		return s.core.LeaseLost("forget", l)
+		return s.core.LeaseLost(idem.OpForget, l)
 	}
 	return nil
 }

@@ -46,7 +46,7 @@ func linearizable(s *suite) {
 		clients = append(clients, lincheck.Client{Store: st, Worker: worker}, lincheck.Client{Store: st, Worker: worker})
 	}
 	start := time.Now()
-	tally := lincheck.Verify(s.tb, n, seed, func(i int) lincheck.Workload {
+	tally := lincheck.Verify(s.tb, n, seed, "storetest.seed", func(i int) lincheck.Workload {
 		w := lincheck.Workload{Clients: clients, Ops: 10, Batch: 0.2}
 		for k := range 3 {
 			w.Keys = append(w.Keys, s.key(fmt.Sprintf("h%d/{k%d}\x00", i, k)))

@@ -75,11 +75,12 @@ type TB interface {
 
 // Verify runs n histories, history i being workload(i) run with seed+i,
 // checks each, and fails t for every history that is not linearizable
-// (naming its seed and its visualization) or whose check is inconclusive.
+// (naming its seed, the flag seedFlag that reruns it, and its
+// visualization) or whose check is inconclusive.
 // It also fails t when a call failed with an error of the store's logic
 // (ErrDamaged, say), or when more than MaxFailures of the calls failed at
 // all. It returns what it counted.
-func Verify(t TB, n int, seed uint64, workload func(i int) Workload) Tally {
+func Verify(t TB, n int, seed uint64, seedFlag string, workload func(i int) Workload) Tally {
 	t.Helper()
 	var tally Tally
 	for i := range n {
@@ -104,8 +105,8 @@ func Verify(t TB, n int, seed uint64, workload func(i int) Workload) Tally {
 			if err != nil {
 				path = fmt.Sprintf("(not written: %v)", err)
 			}
-			t.Errorf("history %d (seed %d, rerun with -idem.seed=%d) is not linearizable: no sequential store keeping the Store contract answers it so; visualization: %s",
-				i, s, s, path)
+			t.Errorf("history %d (seed %d, rerun with -%s=%d) is not linearizable: no sequential store keeping the Store contract answers it so; the calls and their answers are drawn in %s",
+				i, s, seedFlag, s, path)
 		default:
 			tally.Inconclusive++
 			t.Errorf("history %d (seed %d): the linearizability check ran out of %v", i, s, CheckTimeout)

@@ -33,7 +33,7 @@ func same(s idem.Store, _ string) idem.Store { return s }
 // TestMemoryStoreLinearizable checks the reference store, and that the
 // recorder and model agree with it, unknown outcomes included.
 func TestMemoryStoreLinearizable(t *testing.T) {
-	tally := Verify(t, 50, 1, func(i int) Workload { return memWorkload(i, 0.1, same) })
+	tally := Verify(t, 50, 1, "idem.seed", func(i int) Workload { return memWorkload(i, 0.1, same) })
 	t.Logf("MemoryStore: %v", tally)
 	// A batch call records one operation per item.
 	if tally.Histories != 50 || tally.Ops <= 50*5*20 {
@@ -225,7 +225,7 @@ func TestBrokenStoresCaught(t *testing.T) {
 	// The same store without a bug passes, so the cases above are caught
 	// for their bug and nothing else.
 	t.Run("no bug", func(t *testing.T) {
-		Verify(t, 50, 0, func(i int) Workload {
+		Verify(t, 50, 0, "idem.seed", func(i int) Workload {
 			d := &naive{recs: map[string]*naiveRec{}}
 			return memWorkload(i, 0, func(_ idem.Store, worker string) idem.Store { return newNaiveStore(d, worker) })
 		})

@@ -93,7 +93,7 @@ func checkLinearizableOn(t *testing.T, size linSize, open func(worker string) id
 	}
 	run := time.Now().UnixNano() // keys of one run apart from an earlier run's on a shared server
 	start := time.Now()
-	tally := lincheck.Verify(t, *linHistories, seed, func(i int) lincheck.Workload {
+	tally := lincheck.Verify(t, *linHistories, seed, "idem.seed", func(i int) lincheck.Workload {
 		w := lincheck.Workload{Clients: clients, Ops: size.ops, Cut: size.cut, Batch: linBatch}
 		for k := range linKeys {
 			w.Keys = append(w.Keys, key(run, i, k))
