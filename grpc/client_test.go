@@ -134,10 +134,17 @@ func TestClientBounds(t *testing.T) {
 	if took := time.Since(start); status.Code(err) != codes.Unavailable || last.Reason != "elapsed" || took > time.Second {
 		t.Errorf("MaxElapsed 100ms: Invoke = %v after %v, reason %q; want Unavailable within it, reason elapsed", err, took, last.Reason)
 	}
+	// Cancelled as the second attempt's wait begins (OnAttempt reports
+	// it just before): a timer instead could land mid-attempt on a loaded
+	// machine, and the attempt's own Canceled would be the answer.
 	s = &script{errs: always}
-	cc = scripted(t, s, ClientOptions{MaxAttempts: 100, InitialWait: 50 * time.Millisecond})
 	ctx, cancel := context.WithCancel(context.Background())
-	time.AfterFunc(120*time.Millisecond, cancel)
+	defer cancel()
+	cc = scripted(t, s, ClientOptions{MaxAttempts: 100, InitialWait: 50 * time.Millisecond, OnAttempt: func(a Attempt) {
+		if a.N == 2 && a.Retry {
+			cancel()
+		}
+	}})
 	err = cc.Invoke(ctx, methodCreate, wrapperspb.String("x"), new(wrapperspb.StringValue))
 	if status.Code(err) != codes.Canceled || !strings.Contains(err.Error(), "down") {
 		t.Errorf("context canceled during a wait: Invoke = %v; want Canceled naming the last attempt's error", err)
