@@ -81,7 +81,7 @@ func (s *RedisStore) ConfirmBatch(ctx context.Context, leases []*Lease, results 
 	if len(leases) == 0 {
 		return nil
 	}
-	if err := s.ready(ctx); err != nil {
+	if err := s.leaseReady(ctx); err != nil {
 		return fmt.Errorf("idem: confirm batch: %w", err)
 	}
 	var calls []scriptCall

@@ -72,24 +72,33 @@ const probeRetry = time.Second
 // contact, then never again while it holds (one atomic load per call).
 type probe struct {
 	passed atomic.Bool
+	// once is set when the server first passed: a later finding (of
+	// Check) refuses new claims, never the record of work done or the
+	// renewal of work under way (see leaseReady).
+	once   atomic.Bool
 	gate   chan struct{} // one probe at a time; the others wait for its verdict
 	found  error         // the last finding (guarded by gate)
 	at     time.Time     // when it was found (guarded by gate)
 	warned atomic.Bool   // persistence off was logged
 }
 
-// ready runs the server check unless it has passed: every call's first
-// step, free after the first contact.
-func (s *RedisStore) ready(ctx context.Context) error {
-	if s.probe.passed.Load() {
+// leaseReady is the first step of the calls that give a lease back (Renew,
+// Confirm, Forget, ConfirmBatch): the server check, until the server passed
+// it once, then free. A finding of a later Check does not stop them: work
+// already done must still be recorded (or it would be done again), and
+// work under way renewed.
+func (s *RedisStore) leaseReady(ctx context.Context) error {
+	if s.probe.once.Load() {
 		return nil
 	}
 	return s.check(ctx, false)
 }
 
-// contact is ready for the calls that reckon expiries from their start:
-// it returns the time to reckon from, start or, when the check ran, its
-// end, so that a first contact's probe does not shorten the estimates.
+// contact is the first step of the calls that start something (Claim,
+// ClaimBatch, Lookup): the server check unless it has passed, free after
+// the first contact. It returns the time to reckon expiries from: start
+// or, when the check ran, its end, so that a first contact's probe does
+// not shorten the estimates.
 func (s *RedisStore) contact(ctx context.Context, start time.Time) (time.Time, error) {
 	if s.probe.passed.Load() {
 		return start, nil
@@ -122,8 +131,12 @@ func (s *RedisStore) Check(ctx context.Context) error {
 
 // check runs the probe; again is set by Check, to run it even after it
 // passed. A finding stands for probeRetry; an error reaching the server
-// does not stand (the next call tries again).
+// stands only for the callers that were already waiting for that probe's
+// verdict (the next call tries again): while Redis does not answer, the
+// callers queued at first contact share one probe's failure instead of
+// each waiting out a probe of its own.
 func (s *RedisStore) check(ctx context.Context, again bool) error {
+	asked := time.Now()
 	select {
 	case s.probe.gate <- struct{}{}:
 	case <-ctx.Done():
@@ -134,8 +147,8 @@ func (s *RedisStore) check(ctx context.Context, again bool) error {
 		if s.probe.passed.Load() {
 			return nil
 		}
-		if s.probe.found != nil && time.Since(s.probe.at) < probeRetry {
-			return s.probe.found
+		if f := s.probe.found; f != nil && (s.probe.at.After(asked) || isFinding(f) && time.Since(s.probe.at) < probeRetry) {
+			return f
 		}
 	}
 	err := s.runProbe(ctx)
@@ -143,10 +156,16 @@ func (s *RedisStore) check(ctx context.Context, again bool) error {
 	case err == nil:
 		s.probe.found = nil
 		s.probe.passed.Store(true)
+		s.probe.once.Store(true)
 	case isFinding(err):
 		s.probe.found, s.probe.at = err, time.Now()
 		s.probe.passed.Store(false)
 	default:
+		if ctx.Err() == nil {
+			// The server's failure, not this caller's context ending:
+			// the callers waiting meanwhile share it.
+			s.probe.found, s.probe.at = err, time.Now()
+		}
 		// A node that does not answer may be gone from the cluster: the
 		// probe's failure asks for a new slot map, as a call's does.
 		s.reloadSlots(err)

@@ -2,15 +2,19 @@ package idem
 
 import (
 	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
 
 	"bytes"
 	"context"
 	"errors"
-	"github.com/google/uuid"
 	"log/slog"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/google/uuid"
 
 	"github.com/redis/go-redis/v9"
 
@@ -325,4 +329,106 @@ func TestRedisScriptsStayLoaded(t *testing.T) {
 		t.Logf("%s: %d foreign EVAL scripts (evicted_scripts %q), %d Claim+Confirm at 2 round trips each, 0 NOSCRIPT",
 			srv.Name, foreign, evicted, ops)
 	})
+}
+
+// pipelineCounter counts the pipelines a client sends: one per probe of a
+// single Redis.
+type pipelineCounter struct{ n atomic.Int64 }
+
+func (p *pipelineCounter) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (p *pipelineCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (p *pipelineCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		p.n.Add(1)
+		return next(ctx, cmds)
+	}
+}
+
+// While Redis accepts connections but never answers (a service starting
+// before its server, a host half up), the callers queued at first contact
+// share the failure of the probe they waited for: each running a probe of
+// its own, the last of 8 failed after 8 read timeouts.
+func TestRedisProbeFailureShared(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			t.Cleanup(func() { _ = conn.Close() }) // held open, never answered
+		}
+	}()
+	c := redis.NewClient(&redis.Options{Addr: ln.Addr().String(), MaxRetries: -1, ReadTimeout: 300 * time.Millisecond,
+		WriteTimeout: 300 * time.Millisecond, PoolSize: 16})
+	t.Cleanup(func() { _ = c.Close() })
+	pipelines := &pipelineCounter{}
+	c.AddHook(pipelines)
+	s, err := NewRedisStore(c, RedisOptions{Prefix: testenv.UniquePrefix()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const callers = 8
+	var wg sync.WaitGroup
+	errs := make([]error, callers)
+	for i := range callers {
+		wg.Go(func() { _, errs[i] = s.Claim(context.Background(), "k", nil) })
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err == nil {
+			t.Errorf("Claim %d against a server that never answers = nil error; want one", i)
+		}
+	}
+	// One probe for all; a caller arriving after it ended may run one more.
+	if n := pipelines.n.Load(); n > callers/2 {
+		t.Errorf("%d callers at first contact ran %d probes; want them to share one", callers, n)
+	}
+}
+
+// A finding of Check after first contact refuses new claims, never the
+// record of work done: a Confirm refused would have the work done again.
+func TestRedisCheckFindingSparesLeases(t *testing.T) {
+	t.Parallel()
+	srv := testenv.StartRedisServer(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { _ = c.Close() })
+	ctx := context.Background()
+	s := newTestRedisStore(t, c, RedisOptions{})
+	cl, err := s.Claim(ctx, "k", nil)
+	if err != nil || cl.Outcome != Claimed {
+		t.Fatalf("Claim = %v, %v; want claimed", cl.Outcome, err)
+	}
+	if err := c.ConfigSet(ctx, "maxmemory-policy", "allkeys-lru").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Check(ctx); !errors.Is(err, ErrEviction) {
+		t.Fatalf("Check on an evicting server = %v; want ErrEviction", err)
+	}
+	if _, err := s.Claim(ctx, "k2", nil); !errors.Is(err, ErrEviction) {
+		t.Errorf("Claim after Check's finding = %v; want ErrEviction", err)
+	}
+	if err := s.Renew(ctx, cl.Lease); err != nil {
+		t.Errorf("Renew of work under way after Check's finding = %v; want nil", err)
+	}
+	if err := s.Confirm(ctx, cl.Lease, []byte("done")); err != nil {
+		t.Errorf("Confirm of work done after Check's finding = %v; want nil (recorded)", err)
+	}
+	if rec, err := s.Lookup(ctx, "k"); !errors.Is(err, ErrEviction) {
+		t.Errorf("Lookup after Check's finding = %v, %v; want ErrEviction", rec, err)
+	}
+	if err := c.ConfigSet(ctx, "maxmemory-policy", "noeviction").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Check(ctx); err != nil {
+		t.Fatalf("Check once fixed = %v; want nil", err)
+	}
+	if rec, err := s.Lookup(ctx, "k"); err != nil || !rec.Confirmed || string(rec.Result) != "done" {
+		t.Errorf("Lookup once fixed = %+v, %v; want the confirmation made meanwhile", rec, err)
+	}
 }

@@ -242,11 +242,9 @@ func (s *RedisStore) appendAttempt(b []byte) []byte {
 
 // run runs script on key's record and returns its reply: at once, or with
 // AutoPipeline in the next pipeline. A confirm with WaitReplicas is followed
-// by WAIT in the same pipeline; waitErr is its verdict.
+// by WAIT in the same pipeline; waitErr is its verdict. The caller has
+// passed its gate of first contact (contact or leaseReady).
 func (s *RedisStore) run(ctx context.Context, script *luaScript, key string, args ...any) (v any, waitErr, err error) {
-	if err := s.ready(ctx); err != nil {
-		return nil, nil, err
-	}
 	if s.auto != nil {
 		return s.auto.do(ctx, script, s.redisKey(key), args)
 	}
@@ -289,6 +287,9 @@ func (s *RedisStore) Renew(ctx context.Context, l *Lease) (err error) {
 	if err := s.core.CheckLease(l); err != nil {
 		return err
 	}
+	if err := s.leaseReady(ctx); err != nil {
+		return s.fail("renew", l.Key, err)
+	}
 	v, _, err := s.run(ctx, renewScript, l.Key, heldPrefix(l), s.leaseMs)
 	if err != nil {
 		return s.fail("renew", l.Key, err)
@@ -314,6 +315,9 @@ func (s *RedisStore) Confirm(ctx context.Context, l *Lease, result []byte) (err 
 	if err := s.core.CheckResult(l, result); err != nil {
 		return err
 	}
+	if err := s.leaseReady(ctx); err != nil {
+		return s.fail("confirm", l.Key, err)
+	}
 	v, waitErr, err := s.run(ctx, confirmScript, l.Key, s.confirmArgs(l, result)...)
 	if err != nil {
 		return s.fail("confirm", l.Key, err)
@@ -333,6 +337,9 @@ func (s *RedisStore) Forget(ctx context.Context, l *Lease) (err error) {
 	defer func() { s.core.Observe(ctx, Event{Op: OpForget, Err: err}, leaseKey(l), start) }()
 	if err := s.core.CheckForget(l); err != nil {
 		return err
+	}
+	if err := s.leaseReady(ctx); err != nil {
+		return s.fail("forget", l.Key, err)
 	}
 	v, _, err := s.run(ctx, forgetScript, l.Key, heldPrefix(l), strconv.FormatInt(l.Token, 10))
 	if err != nil {
