@@ -104,7 +104,8 @@ type DoOptions struct {
 	// Wait bounds how long a call that finds the key in progress waits for
 	// the holder's result (ctx bounds it too), polling with a jittered
 	// backoff from 10ms up to 250ms; then Do returns an error matching
-	// ErrInProgress. A Wait under 10ms answers after one Claim. Negative
+	// ErrInProgress. A Wait under 10ms waits once, looks once more, then
+	// answers. Negative
 	// is an error. Default 5s.
 	Wait time.Duration
 	// MaxHold caps the total time the lease is kept alive for fn. When it
@@ -188,10 +189,10 @@ func doSetup(s Store, key string, nilFn bool, opts []DoOptions) (DoOptions, erro
 func waitHolder(ctx context.Context, s Store, key string, poll *backoff.Poll) error {
 	for {
 		if poll.Expired() {
-			return fmt.Errorf("%w: key %s is held by another call past DoOptions.Wait", ErrInProgress, KeyHash(key))
+			return fmt.Errorf("%w: key#%s is held by another call past DoOptions.Wait", ErrInProgress, KeyHash(key))
 		}
 		if !poll.Wait(ctx) {
-			return fmt.Errorf("%w: key %s: the wait ended: %w", ErrInProgress, KeyHash(key), context.Cause(ctx))
+			return fmt.Errorf("%w: key#%s: the wait ended: %w", ErrInProgress, KeyHash(key), context.Cause(ctx))
 		}
 		rec, err := s.Lookup(ctx, key)
 		switch {
@@ -215,26 +216,23 @@ func run[T any](ctx context.Context, s Store, l *Lease, fn func(context.Context)
 			fmt.Errorf("%w: renewals stopped after %v", ErrMaxHold, o.MaxHold))
 		defer cancel()
 	}
-	r := &renewals{Store: s}
-	work, stop := KeepAlive(parent, r, l)
+	work, stop := Hold(parent, s, l)
 	returned := false
 	defer func() {
 		if !returned {
 			// fn panicked or called runtime.Goexit: release the key so a
 			// later call runs fn, and let the panic go on.
-			stop()
-			_ = settle(ctx, l, r.end(l), func(ctx context.Context) error { return s.Forget(ctx, l) })
+			_ = settle(ctx, l, stop(), func(ctx context.Context) error { return s.Forget(ctx, l) })
 		}
 	}()
 	v, err = fn(work)
 	returned = true
-	stop() // no Renew in flight from here on: r's last renewal is settled
-	end := r.end(l)
+	end := stop() // no Renew in flight from here on
 	var result []byte
 	switch {
 	case err == nil:
 		if result, err = encodeValue(v, o); err != nil {
-			return v, fmt.Errorf("%w: key %s token %d: %w", ErrNotRecorded, KeyHash(l.Key), l.Token, err)
+			return v, fmt.Errorf("%w: key#%s token %d: %w", ErrNotRecorded, KeyHash(l.Key), l.Token, err)
 		}
 	case isPermanent(err):
 		result = encodeError(err, o)
@@ -248,7 +246,7 @@ func run[T any](ctx context.Context, s Store, l *Lease, fn func(context.Context)
 	case errors.Is(cerr, ErrAlreadyConfirmed):
 		err = errors.Join(err, cerr)
 	default:
-		err = errors.Join(err, fmt.Errorf("%w: key %s token %d: %w", ErrNotRecorded, KeyHash(l.Key), l.Token, cerr))
+		err = errors.Join(err, fmt.Errorf("%w: key#%s token %d: %w", ErrNotRecorded, KeyHash(l.Key), l.Token, cerr))
 	}
 	return v, err
 }
@@ -279,34 +277,6 @@ func unfixable(err error) bool {
 		}
 	}
 	return false
-}
-
-// renewals is the Store that KeepAlive renews Do's lease through: it notes
-// when the last renewal that succeeded was sent, since the lease runs until
-// then plus its TTL (Lease.Expires is the claim's estimate and is not
-// renewed).
-type renewals struct {
-	Store
-	renewed time.Time
-}
-
-// Renew renews l and notes when, on success.
-func (s *renewals) Renew(ctx context.Context, l *Lease) error {
-	sent := time.Now()
-	err := s.Store.Renew(ctx, l)
-	if err == nil {
-		s.renewed = sent
-	}
-	return err
-}
-
-// end is a conservative estimate of when l runs out now that its renewals
-// have stopped.
-func (s *renewals) end(l *Lease) time.Time {
-	if e := s.renewed.Add(l.TTL); !s.renewed.IsZero() && e.After(l.Expires) {
-		return e
-	}
-	return l.Expires
 }
 
 // Permanent marks err as the final answer of Do's fn for its key: Do
@@ -403,7 +373,7 @@ func encodeError(err error, o *DoOptions) []byte {
 // replay decodes what an earlier call of key recorded.
 func replay[T any](key string, result []byte, o *DoOptions) (v T, err error) {
 	if len(result) == 0 {
-		return v, fmt.Errorf("%w: key %s: an empty result is not a record of Do's", ErrDamaged, KeyHash(key))
+		return v, fmt.Errorf("%w: key#%s: an empty result is not a record of Do's", ErrDamaged, KeyHash(key))
 	}
 	body := result[1:]
 	switch result[0] {
@@ -424,13 +394,13 @@ func replay[T any](key string, result []byte, o *DoOptions) (v T, err error) {
 			err = json.Unmarshal(body, &v)
 		}
 		if err != nil {
-			return v, fmt.Errorf("%w: key %s: the recorded result does not decode as a %T: %w", ErrDamaged, KeyHash(key), v, err)
+			return v, fmt.Errorf("%w: key#%s: the recorded result does not decode as a %T: %w", ErrDamaged, KeyHash(key), v, err)
 		}
 		return v, nil
 	case resultError:
 		var r recordedError
 		if err := json.Unmarshal(body, &r); err != nil {
-			return v, fmt.Errorf("%w: key %s: the recorded error does not decode: %w", ErrDamaged, KeyHash(key), err)
+			return v, fmt.Errorf("%w: key#%s: the recorded error does not decode: %w", ErrDamaged, KeyHash(key), err)
 		}
 		e := &replayedError{msg: r.Error}
 		for _, s := range o.Errors {
@@ -441,7 +411,7 @@ func replay[T any](key string, result []byte, o *DoOptions) (v T, err error) {
 		}
 		return v, &PermanentError{Err: e, Replayed: true}
 	}
-	return v, fmt.Errorf("%w: key %s: a result beginning with %q is not a record of Do's", ErrDamaged, KeyHash(key), result[0])
+	return v, fmt.Errorf("%w: key#%s: a result beginning with %q is not a record of Do's", ErrDamaged, KeyHash(key), result[0])
 }
 
 // replayedError is a recorded permanent error: its message, and the

@@ -64,35 +64,68 @@ type Lease struct {
 // nil) or l is nil: the renewals would otherwise fail later, in a goroutine
 // of their own.
 func KeepAlive(ctx context.Context, s Store, l *Lease) (context.Context, func()) {
+	work, h := hold("KeepAlive", ctx, s, l)
+	return work, h.halt
+}
+
+// Hold is KeepAlive for work whose result is recorded next: its stop
+// function, once the renewals have stopped, also returns when l runs out
+// now, a conservative estimate (l.Expires, or the send time of the last
+// renewal that succeeded plus l.TTL, whichever is later) that bounds the
+// Confirm or Forget that follows. Every call of stop returns the same
+// time.
+func Hold(ctx context.Context, s Store, l *Lease) (context.Context, func() time.Time) {
+	work, h := hold("Hold", ctx, s, l)
+	return work, h.stop
+}
+
+// holding is one lease kept alive by KeepAlive or Hold.
+type holding struct {
+	once       sync.Once
+	cancel     context.CancelCauseFunc
+	quit, done chan struct{}
+	ls         [1]renew.Lease // settled once done is closed
+}
+
+func hold(fn string, ctx context.Context, s Store, l *Lease) (context.Context, *holding) {
 	if nilcheck.Nil(s) {
-		panic("idem: KeepAlive with a nil Store")
+		panic("idem: " + fn + " with a nil Store")
 	}
 	if l == nil {
-		panic("idem: KeepAlive with a nil *Lease")
+		panic("idem: " + fn + " with a nil *Lease")
 	}
 	work, cancel := context.WithCancelCause(ContextWithLease(ctx, l))
+	h := &holding{cancel: cancel, ls: [1]renew.Lease{{TTL: l.TTL, Expires: l.Expires}}}
 	if l.TTL <= 0 {
-		cancel(fmt.Errorf("%w: KeepAlive needs a lease with a TTL", ErrLeaseLost))
-		return work, func() {}
+		cancel(fmt.Errorf("%w: %s needs a lease with a TTL", ErrLeaseLost, fn))
+		h.once.Do(func() {}) // nothing to stop
+		return work, h
 	}
-	done := make(chan struct{})
-	quit := make(chan struct{})
+	h.quit, h.done = make(chan struct{}), make(chan struct{})
 	go func() {
-		defer close(done)
-		ls := [1]renew.Lease{{TTL: l.TTL, Expires: l.Expires}}
-		renew.Run(work, quit, ls[:], renew.Funcs{
+		defer close(h.done)
+		renew.Run(work, h.quit, h.ls[:], renew.Funcs{
 			Renew: func(ctx context.Context, _ int) error { return s.Renew(ctx, l) },
 			Lost:  func(_ int, cause error) { cancel(cause) },
 		}, ErrLeaseLost)
 	}()
-	var once sync.Once
-	return work, func() {
-		once.Do(func() {
-			cancel(context.Canceled) // also cuts short a renewal in flight
-			close(quit)
-			<-done
-		})
-	}
+	return work, h
+}
+
+// stop ends the renewals, waits for the renewing goroutine to exit, and
+// returns when the lease runs out now.
+func (h *holding) stop() time.Time {
+	h.halt()
+	return h.ls[0].Deadline() // settled: the renewing goroutine is gone
+}
+
+// halt is stop without its answer: KeepAlive's stop.
+func (h *holding) halt() {
+	h.once.Do(func() {
+		h.cancel(context.Canceled) // also cuts short a renewal in flight
+		close(h.quit)
+		<-h.done
+	})
 }
 
 type ctxLeaseKey struct{}

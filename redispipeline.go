@@ -105,19 +105,19 @@ func each(calls []scriptCall, cmds []*redis.Cmd, waitErrs []error, f func(i int,
 
 // pipeline sends the calls in one round trip (one per master on a cluster)
 // and returns their commands, each with its own result or error. With
-// WaitReplicas, a call marked wait is followed by WAIT in the same pipeline
-// (see pipelineWait); waitErrs then holds, per call, why its writes are not
+// WaitReplicas, a confirm call (scriptCall.confirms) is followed by WAIT in
+// the same pipeline; waitErrs then holds, per call, why its writes are not
 // known to be on enough replicas (nil: they are, or no wait was asked).
 func (s *RedisStore) pipeline(ctx context.Context, calls []scriptCall) (cmds []*redis.Cmd, waitErrs []error) {
 	if s.waitReplicas == 0 || !anyWait(calls) {
 		cmds, _ = s.pipelineOn(ctx, s.c, calls, false)
-		if cc, ok := s.c.(*redis.ClusterClient); ok {
-			s.resendRedirected(ctx, cc, calls, cmds)
+		if s.cluster != nil {
+			s.resendRedirected(ctx, s.cluster, calls, cmds)
 		}
 		return cmds, nil
 	}
-	if cc, ok := s.c.(*redis.ClusterClient); ok {
-		return s.pipelineByMaster(ctx, cc, calls)
+	if s.cluster != nil {
+		return s.pipelineByMaster(ctx, s.cluster, calls)
 	}
 	return s.pipelineOn(ctx, s.c, calls, true)
 }
@@ -180,7 +180,7 @@ type pipeliner interface {
 }
 
 // pipelineOn sends the calls in one pipeline on p, followed by WAIT when
-// wait is set, and returns their commands and, per call marked wait, the
+// wait is set, and returns their commands and, per confirm call, the
 // WAIT's verdict.
 //
 // A pipelined EVALSHA cannot load its script by itself when Redis has lost

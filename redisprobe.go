@@ -111,17 +111,23 @@ func (s *RedisStore) contact(ctx context.Context, start time.Time) (time.Time, e
 
 // Check runs the checks of first contact now, whether or not they passed
 // before, and returns what they found: nil when the server is fit, an error
-// wrapping ErrEviction or ErrTooFewReplicas for a server that is not, or
-// the error of a server that cannot be reached. Made for readiness probes;
-// a store checks its server by itself on first contact, so calling Check
-// is never required.
+// wrapping one of the findings (ErrEviction, ErrTooFewReplicas,
+// ErrScriptsRefused, ErrScriptTime, ErrSetNX, ErrSlotsUncovered) for a
+// server that is not, or the error of a server that cannot be reached. Made
+// for readiness probes; a store checks its server by itself on first
+// contact, so calling Check is never required. A finding refuses the
+// store's Claim, ClaimBatch and Lookup until a check passes again; calls
+// that give a lease back go on.
 //
 // The checks: maxmemory-policy is noeviction (unless AllowEviction), read
 // with CONFIG GET or, where CONFIG is refused as on managed services, INFO
 // memory, and accepted with a warning to the Logger when neither answers;
-// each master has at least WaitReplicas connected replicas. A server
-// without persistence (no AOF, no RDB snapshots) loses every record on a
-// restart: it is logged once as a warning, not refused.
+// each master has at least WaitReplicas connected replicas; on a cluster,
+// every slot is served; the scripts load (SCRIPT LOAD, on every node);
+// probe.lua finds TIME advancing inside a script and SET NX PX exclusive,
+// writing, with its TTL. A server without persistence (no AOF, no RDB
+// snapshots) loses every record on a restart: it is logged once as a
+// warning, not refused.
 func (s *RedisStore) Check(ctx context.Context) error {
 	if s.probe.gate == nil {
 		return errZeroStore // no constructor made it
@@ -178,7 +184,7 @@ func (s *RedisStore) check(ctx context.Context, again bool) error {
 // that a failover finds them), and asks the server what the scripts rely
 // on.
 func (s *RedisStore) runProbe(ctx context.Context) error {
-	if cc, ok := s.c.(*redis.ClusterClient); ok {
+	if cc := s.cluster; cc != nil {
 		err := cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
 			return s.probeNode(ctx, c, c.Options().Addr, false)
 		})

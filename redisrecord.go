@@ -57,10 +57,7 @@ func (s *RedisStore) parseClaim(key string, fingerprint []byte, start time.Time,
 		return s.claimed(key, tok, s.core.o.LeaseTTL, fingerprint, start), nil
 	}
 	a, ok := v.([]any)
-	if !ok || len(a) == 0 {
-		return Claim{}, s.badReply("claim", key, v)
-	}
-	if len(a) < 2 {
+	if !ok || len(a) < 2 {
 		return Claim{}, s.badReply("claim", key, v)
 	}
 	st, _ := a[0].(string)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/batch"
 	"github.com/idemgo/idem/internal/retry"
 )
 
@@ -312,14 +313,6 @@ type job struct {
 	late     bool
 }
 
-// item returns s[i], or nil when s is nil (no fingerprints).
-func item(s [][]byte, i int) []byte {
-	if s == nil {
-		return nil
-	}
-	return s[i]
-}
-
 // runAll runs the jobs' handlers on at most n goroutines, each taking the
 // next job as it becomes free.
 func runAll[M any](n int, jobs []*job, h func(context.Context, M) error, ms []M) {
@@ -379,7 +372,7 @@ func claimAll(ctx context.Context, s idem.Store, b idem.Batcher, keys []string, 
 	var errs []error
 	for i, k := range keys {
 		var err error
-		if cs[i], err = s.Claim(ctx, k, item(fps, i)); err != nil {
+		if cs[i], err = s.Claim(ctx, k, batch.Item(fps, i)); err != nil {
 			if errs == nil {
 				errs = make([]error, len(keys))
 			}

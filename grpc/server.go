@@ -306,8 +306,7 @@ func (s *Server) storeFailed(cl *call, err error) error {
 // run runs the handler under l, then records its answer or releases the
 // key.
 func (s *Server) run(cl *call, l *idem.Lease) {
-	ren := &renewals{Store: s.c.Store}
-	work, stop := idem.KeepAlive(cl.ctx, ren, l)
+	work, stop := idem.Hold(cl.ctx, s.c.Store, l)
 	cp := &capture{ServerTransportStream: grpc.ServerTransportStreamFromContext(cl.ctx), method: cl.method}
 	work = grpc.NewContextWithServerTransportStream(work, cp)
 	done := false
@@ -315,15 +314,13 @@ func (s *Server) run(cl *call, l *idem.Lease) {
 		if !done {
 			// The handler panicked: release the key so that a retry does
 			// the work, and let the panic go on.
-			stop()
-			s.forget(cl.ctx, l, ren.end(l))
+			s.forget(cl.ctx, l, stop())
 		}
 	}()
 	cl.handlerOK = true
 	cl.resp, cl.err = cl.handler(work, cl.req)
 	done = true
-	stop() // waits for the renewals: ren is settled
-	end := ren.end(l)
+	end := stop() // waits for the renewals
 	if !s.c.Keep(status.Code(cl.err)) {
 		s.forget(cl.ctx, l, end)
 		return
@@ -602,36 +599,6 @@ func storeKey(scope, key string) string {
 		b = append(b, p...)
 	}
 	return string(b)
-}
-
-// renewals is the Store that KeepAlive renews a lease through: it notes
-// when the last renewal that succeeded was sent, since the lease runs
-// until then plus its TTL.
-type renewals struct {
-	idem.Store
-	renewed time.Time
-}
-
-// Renew renews l and notes when, on success.
-func (r *renewals) Renew(ctx context.Context, l *idem.Lease) error {
-	sent := time.Now()
-	err := r.Store.Renew(ctx, l)
-	if err == nil {
-		r.renewed = sent
-	}
-	return err
-}
-
-// end is a conservative estimate of when l runs out now that its renewals
-// stopped.
-func (r *renewals) end(l *idem.Lease) time.Time {
-	if r.renewed.IsZero() {
-		return l.Expires
-	}
-	if e := r.renewed.Add(l.TTL); e.After(l.Expires) {
-		return e
-	}
-	return l.Expires
 }
 
 // sleep waits d, or returns false when ctx is done first.

@@ -263,16 +263,14 @@ func (h *handler) serveLease(w http.ResponseWriter, r *http.Request, key, sk str
 // recorded.
 func (h *handler) run(w http.ResponseWriter, r *http.Request, l *idem.Lease, body *spool) error {
 	rec := newRecorder(h.c.MaxResponseBytes)
-	rec.lease = renewals{Store: h.c.Store}
-	work, stop := idem.KeepAlive(r.Context(), &rec.lease, l)
+	work, stop := idem.Hold(r.Context(), h.c.Store, l)
 	defer rec.body.Close()
 	done := false
 	defer func() {
 		if !done {
 			// The handler panicked: release the key so that a retry does
 			// the work, and let the panic go on.
-			stop()
-			h.forget(r, l, rec.lease.end(l))
+			h.forget(r, l, stop())
 		}
 	}()
 	h.handlerRuns(r)
@@ -280,8 +278,7 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, l *idem.Lease, bod
 	r2.Body = spoolBody{body.Reader()}
 	h.next.ServeHTTP(rec, r2)
 	done = true
-	stop() // waits for the renewals: rec.lease is settled
-	end := rec.lease.end(l)
+	end := stop() // waits for the renewals
 	rec.finish()
 	if !h.c.Keep(rec.status) {
 		h.forget(r, l, end)
@@ -353,41 +350,6 @@ func (h *handler) record(r *http.Request, end time.Time, op func(context.Context
 		return op(ctx)
 	}
 	return retry.Do(ctx, op)
-}
-
-// renewals is the Store that KeepAlive renews a lease through: it notes
-// when the last renewal that succeeded was sent, since the lease runs
-// until then plus its TTL (idem.Lease.Expires is the claim's estimate and
-// is not renewed).
-type renewals struct {
-	idem.Store
-	renewed time.Time
-}
-
-// Renew renews l and notes when, on success.
-func (s *renewals) Renew(ctx context.Context, l *idem.Lease) error {
-	sent := time.Now()
-	err := s.Store.Renew(ctx, l)
-	if err == nil {
-		s.renewed = sent
-	}
-	return err
-}
-
-// end is a conservative estimate of when l runs out now that its renewals
-// stopped: the later of the claim's and the last renewal's estimate.
-func (s *renewals) end(l *idem.Lease) time.Time {
-	if s.renewed.IsZero() {
-		return l.Expires
-	}
-	return later(l.Expires, s.renewed.Add(l.TTL))
-}
-
-func later(a, b time.Time) time.Time {
-	if a.After(b) {
-		return a
-	}
-	return b
 }
 
 // response is what of rec, the response to r, is recorded: the

@@ -17,7 +17,6 @@ type recorder struct {
 	header http.Header
 	status int
 	body   spool
-	lease  renewals // in lease mode, the renewals of the handler's lease
 }
 
 func newRecorder(memory int) *recorder {

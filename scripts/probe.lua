@@ -13,9 +13,11 @@
 local t = redis.call('TIME')
 redis.call('DEL', KEYS[1])
 local first = redis.call('SET', KEYS[1], '1', 'NX', 'PX', ARGV[1]) and 1 or 0
+-- Read before PEXPIRE below, which would set a TTL of its own and hide a
+-- server whose SET ignores PX.
+local pttl = redis.call('PTTL', KEYS[1])
 local second = redis.call('SET', KEYS[1], '2', 'NX', 'PX', ARGV[1]) and 1 or 0
 redis.call('GET', KEYS[1])
 redis.call('PEXPIRE', KEYS[1], ARGV[1])
-local pttl = redis.call('PTTL', KEYS[1])
 redis.call('DEL', KEYS[1])
 return {t[1], t[2], first, second, pttl}

@@ -23,7 +23,7 @@
 -- Building them in Lua would cost Redis, which every client shares, what
 -- costs a client next to nothing.
 
--- The answers the scripts share, named as redisstore.go names them. A
+-- The answers the scripts share, named as redisrecord.go names them. A
 -- damaged record is always answered DAMAGED, alone or as a batch's item,
 -- and left as it is for an operator to inspect.
 local DAMAGED = 'X'

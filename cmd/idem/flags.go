@@ -370,8 +370,8 @@ type backend struct {
 	table   string
 	prefix  string
 	// allowEviction lets a command that only reads (inspect) work on a
-	// Redis whose maxmemory-policy may evict keys; NewRedisStore refuses
-	// such a Redis to stores that record work.
+	// Redis whose maxmemory-policy may evict keys; a store that records
+	// work refuses such a Redis at first contact (ErrEviction).
 	allowEviction bool
 	closers       []func()
 }

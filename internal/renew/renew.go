@@ -23,6 +23,16 @@ type Lease struct {
 	over           bool
 }
 
+// Deadline is when the lease runs out as far as Run knows: Expires, or the
+// send time of the last renewal that succeeded plus TTL, whichever is
+// later. Read it once Run has returned.
+func (l *Lease) Deadline() time.Time {
+	if l.deadline.After(l.Expires) {
+		return l.deadline
+	}
+	return l.Expires
+}
+
 // Funcs act on lease i of Run's slice.
 type Funcs struct {
 	// Renew renews lease i once.
