@@ -41,7 +41,9 @@ type ServerOptions struct {
 	// never from what the client merely claims), so that one tenant's key
 	// never replays another's response: the record's key is the scope and
 	// the client's key. An error that is a gRPC status is the call's
-	// answer; any other answers Unauthenticated, its text never shown.
+	// answer; any other, or an empty scope (which every call without a
+	// principal would share), answers Unauthenticated, its text never
+	// shown.
 	// Set Scope or SingleTenant: NewServer refuses neither and both.
 	// Default: none.
 	Scope func(ctx context.Context, fullMethod string) (string, error)

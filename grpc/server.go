@@ -11,7 +11,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/idemgo/idem"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
@@ -22,6 +21,8 @@ import (
 	"google.golang.org/protobuf/protoadapt"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/idemgo/idem"
 )
 
 // Metadata the interceptor adds to the header of a replay.
@@ -197,7 +198,12 @@ func (s *Server) serve(cl *call, keyErr error) {
 	var scope string
 	if c.Scope != nil {
 		var err error
-		if scope, err = c.Scope(cl.ctx, cl.method); err != nil {
+		if scope, err = c.Scope(cl.ctx, cl.method); err == nil && scope == "" {
+			// Every call without a principal would share one scope, and
+			// replay each other's responses.
+			err = errors.New("idemgrpc: Scope returned an empty scope")
+		}
+		if err != nil {
 			if _, ok := status.FromError(err); !ok {
 				err = s.answer(cl.ctx, codes.Unauthenticated, ReasonKeyInvalid, "the call's tenant could not be determined", "", err)
 			}

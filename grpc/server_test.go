@@ -320,6 +320,10 @@ func TestUnaryScope(t *testing.T) {
 	if _, err := call("banned"); status.Code(err) != codes.PermissionDenied {
 		t.Errorf("Create from a tenant the Scope refuses with a status = %v; want that status", err)
 	}
+	// An empty tenant would be one scope for every call without one.
+	if _, err := call(""); status.Code(err) != codes.Unauthenticated {
+		t.Errorf("Create whose Scope says \"\" = %v; want Unauthenticated", err)
+	}
 	_ = tenant{}
 }
 

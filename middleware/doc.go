@@ -124,8 +124,11 @@
 //	status                   kept  why
 //	2xx                      yes   the work was done: its answer is the one to replay
 //	3xx                      yes   the answer says where the result is (Location)
-//	400 406 410 411 413 414  yes   the request itself is at fault (malformed, too large, gone for
-//	415 417 422 428 431            good, unprocessable): the same request gets the same answer
+//	400 410 413 414 415 422  yes   what the fingerprint covers is at fault (malformed, too large,
+//	                               gone for good, unprocessable): the same request gets the same answer
+//	406 411 417 428 431      no    a header the fingerprint does not cover is at fault (Accept,
+//	                               Content-Length, Expect, If-Match, their size): the retry that
+//	                               fixes it is the same request to the middleware, and runs
 //	401 403 407              no    credentials: the client may sign in again, or be granted access
 //	404 405 421              no    the request reached no endpoint that acts (a router's answer, a
 //	                               resource that may exist later): nothing was done

@@ -226,7 +226,14 @@ func ExampleOptions_key() {
 		Store:        store,
 		SingleTenant: true,
 		Required:     true,
-		Key:          func(r *http.Request) (string, error) { return r.Header.Get("Webhook-Id"), nil },
+		// The sender may deliver one event to several endpoints: each
+		// endpoint records its own.
+		Key: func(r *http.Request) (string, error) {
+			if id := r.Header.Get("Webhook-Id"); id != "" {
+				return r.URL.Path + " " + id, nil
+			}
+			return "", nil
+		},
 	})
 	handled := 0
 	h := idempotent(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -3,8 +3,12 @@ package middleware
 import (
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
+	"strings"
 	"testing"
+
+	"github.com/idemgo/idem"
 )
 
 // keptByDefault is the table of the package documentation's Keep rules,
@@ -13,8 +17,7 @@ func keptByDefault(status int) bool {
 	switch {
 	case 200 <= status && status < 400:
 		return true
-	case status == 400, status == 406, status == 410, status == 411, status == 413, status == 414,
-		status == 415, status == 417, status == 422, status == 428, status == 431:
+	case status == 400, status == 410, status == 413, status == 414, status == 415, status == 422:
 		return true
 	}
 	return false
@@ -22,7 +25,7 @@ func keptByDefault(status int) bool {
 
 // Statuses that say the work did not happen and may on a later try: never
 // recorded by default, or the key is poisoned for the whole retention.
-var neverKept = []int{401, 402, 403, 404, 405, 407, 408, 409, 412, 416, 421, 423, 424, 425, 426, 429, 451,
+var neverKept = []int{401, 402, 403, 404, 405, 406, 407, 408, 409, 411, 412, 416, 417, 421, 423, 424, 425, 426, 428, 429, 431, 451,
 	500, 501, 502, 503, 504, 507, 599}
 
 func TestDefaultKeep(t *testing.T) {
@@ -148,5 +151,43 @@ func TestReplayCarriesStatusHeaders(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A refusal of a header the fingerprint does not cover (428: If-Match
+// missing) is not recorded: the retry that adds the header is the same
+// request to the middleware, and must run, not get the refusal back.
+func TestHeaderRefusalNotReplayed(t *testing.T) {
+	store, err := idem.NewMemoryStore(idem.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	mw, err := New(Options{Store: store, SingleTenant: true, Methods: []string{"PATCH"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs := 0
+	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs++
+		if r.Header.Get("If-Match") == "" {
+			w.WriteHeader(http.StatusPreconditionRequired)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	}))
+	for i, ifMatch := range []string{"", `"v1"`} {
+		r := httptest.NewRequest("PATCH", "/orders/1", strings.NewReader(`{"qty":2}`))
+		r.Header.Set(DefaultHeader, "k-1")
+		if ifMatch != "" {
+			r.Header.Set("If-Match", ifMatch)
+		}
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		if want := []int{428, 200}[i]; w.Code != want || w.Header().Get(HeaderReplayed) != "" {
+			t.Errorf("PATCH %d (If-Match %q) = %d, replayed %q; want %d, not replayed", i+1, ifMatch, w.Code, w.Header().Get(HeaderReplayed), want)
+		}
+	}
+	if runs != 2 {
+		t.Errorf("handler ran %d times; want 2 (the retry with If-Match runs)", runs)
 	}
 }

@@ -144,6 +144,8 @@ var (
 	// errPanicked is reported for a request whose Scope, Key or
 	// Fingerprint func panicked.
 	errPanicked = errors.New("middleware: an option's func panicked")
+	// errEmptyScope is a Scope func's "" without an error.
+	errEmptyScope = errors.New("middleware: Scope returned an empty scope")
 )
 
 // serve handles a request the middleware covers, with its key (or the
@@ -161,7 +163,12 @@ func (h *handler) serve(w http.ResponseWriter, r *http.Request, key string, p *P
 	var scope string
 	if c.Scope != nil {
 		var err error
-		if scope, err = c.Scope(r); err != nil {
+		if scope, err = c.Scope(r); err == nil && scope == "" {
+			// Every request without a principal would share one scope,
+			// and replay each other's responses.
+			err = errEmptyScope
+		}
+		if err != nil {
 			h.fail(w, r, problem(kindScopeInvalid, "", err))
 			return result{err: errKeyRefused}
 		}

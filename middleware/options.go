@@ -53,16 +53,19 @@ type Options struct {
 	// Key takes the client's key from elsewhere than a header, a webhook's
 	// event id say: it returns the key, "" for none (then Required
 	// decides), or an error (400; the error is never shown). The key is
-	// bounded by MaxKeyBytes too. Default: the Header's value, an RFC 8941
-	// string or a bare token.
+	// bounded by MaxKeyBytes too. A key names one operation per scope,
+	// whichever endpoint receives it: a sender that delivers one event id
+	// to several endpoints (as webhook senders do) needs the endpoint in
+	// the key, r.URL.Path+" "+id, or each endpoint after the first answers
+	// 422. Default: the Header's value, an RFC 8941 string or a bare token.
 	Key func(*http.Request) (string, error)
 	// Scope names the tenant the request acts for, taken from its
 	// authenticated principal (an account id, an API key's id; never from
 	// what the client merely claims), so that one tenant's key never
 	// replays another's response: the record's key is the scope and the
-	// client's key. An error answers 400 unless the Error hook decides
-	// otherwise; return one for a request without a principal rather than
-	// a scope that every such request shares. Set Scope or SingleTenant:
+	// client's key. An error, or an empty scope (which every request
+	// without a principal would share), answers 400 unless the Error hook
+	// decides otherwise. Set Scope or SingleTenant:
 	// New refuses neither and both. Default: none.
 	Scope func(*http.Request) (string, error)
 	// SingleTenant states that the service has one tenant: every request

@@ -181,6 +181,12 @@ func TestProblemAnswers(t *testing.T) {
 		{name: "scope refused", opts: Options{Scope: func(*http.Request) (string, error) { return "", errStoreDown }}, steps: []step{
 			{q: req{key: "k-1", body: `{}`}, want: &answer{status: 400, typ: TypeScopeInvalid}},
 		}},
+		// A Scope that finds no principal and says "" would put every such
+		// request in one scope, replaying each other's responses.
+		{name: "empty scope", opts: Options{Scope: func(*http.Request) (string, error) { return "", nil }}, steps: []step{
+			{q: req{key: "k-1", body: `{}`}, want: &answer{status: 400, typ: TypeScopeInvalid}},
+			{q: req{key: "k-1", body: `{}`}, want: &answer{status: 400, typ: TypeScopeInvalid}},
+		}},
 		{name: "body too large", opts: Options{MaxBodyBytes: 4}, steps: []step{
 			{q: req{key: "k-1", body: `{"a":1}`}, want: &answer{status: 413, typ: TypeBodyTooLarge}},
 		}},

@@ -180,10 +180,11 @@ func TestInspectHTTP(t *testing.T) {
 	path, store := sqliteFile(t, idem.Options{})
 	serve := func(pattern, scope, requestID, key, body string) {
 		t.Helper()
-		mw, err := middleware.New(middleware.Options{
-			Store: store, RequestIDHeader: "X-Request-Id",
-			Scope: func(*http.Request) (string, error) { return scope, nil },
-		})
+		o := middleware.Options{Store: store, RequestIDHeader: "X-Request-Id", SingleTenant: scope == ""}
+		if scope != "" {
+			o.Scope = func(*http.Request) (string, error) { return scope, nil }
+		}
+		mw, err := middleware.New(o)
 		if err != nil {
 			t.Fatal(err)
 		}
