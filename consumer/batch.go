@@ -96,10 +96,15 @@ var errNotRun = errors.New("consumer: not handled: a handler of an earlier round
 
 // rounds handles a batch whose keys repeat: round r holds each key's
 // (r+1)-th message, so a key's next message is claimed only once the
-// previous one is settled, and finds its outcome.
+// previous one is settled, and finds its outcome. A message whose
+// previous one's work was done but not recorded (ErrNotRecorded) gets
+// that answer too, unclaimed: its claim would find the key in progress
+// and have it redelivered, to run the work again once the lease runs out.
 func (w *wrapper[M]) rounds(ctx context.Context, ms []M, keys []string, at []int, fps [][]byte, errs []error, ob *batchObs) *panicValue {
 	seen := make(map[string]int, len(keys)) // key → its messages so far
 	var split [][]int                       // split[r]: the indexes j of round r
+	prev := make([]int, len(keys))          // prev[j]: the index of key j's previous message, or -1
+	last := make(map[string]int, len(keys))
 	for j, k := range keys {
 		r := seen[k]
 		seen[k] = r + 1
@@ -107,8 +112,27 @@ func (w *wrapper[M]) rounds(ctx context.Context, ms []M, keys []string, at []int
 			split = append(split, nil)
 		}
 		split[r] = append(split[r], j)
+		prev[j] = -1
+		if p, ok := last[k]; ok {
+			prev[j] = p
+		}
+		last[k] = j
 	}
 	for r, js := range split {
+		if r > 0 {
+			kept := js[:0:0]
+			for _, j := range js {
+				if e := errs[at[prev[j]]]; errors.Is(e, ErrNotRecorded) {
+					errs[at[j]] = e
+					ob.set(at[j], keys[j], 0, e)
+					continue
+				}
+				kept = append(kept, j)
+			}
+			if js = kept; len(js) == 0 {
+				continue
+			}
+		}
 		rkeys, rat := make([]string, len(js)), make([]int, len(js))
 		var rfps [][]byte
 		if fps != nil {

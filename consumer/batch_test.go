@@ -445,3 +445,25 @@ func TestBatchRepeatedKeysPanic(t *testing.T) {
 		t.Errorf("Lookup(%q) = %v; want ErrNotFound (the panicking claim forgotten)", boom, err)
 	}
 }
+
+// A repeated key whose first message's work was done but not recorded
+// gives its later messages that answer (ack and alert), unclaimed: claimed,
+// they would find the key in progress and be redelivered, to run the work
+// again once the lease ran out.
+func TestBatchRepeatedKeyNotRecorded(t *testing.T) {
+	sp := spy(memStore(idem.Options{}))
+	sp.setFail("confirm_batch", func(int) error { return errDown })
+	k := uniq(t, "k")
+	ran := 0
+	h := consumer.Batch(sp.asStore(), msgKey, func(context.Context, msg) error { ran++; return nil },
+		consumer.Options[msg]{ConfirmBudget: 50 * time.Millisecond})
+	errs := h(context.Background(), []msg{{ID: k}, {ID: k}})
+	for i, err := range errs {
+		if a := consumer.ActionFor(err); a != consumer.AckAndAlert {
+			t.Errorf("message %d: %v (%v); want ErrNotRecorded, ack and alert", i, err, a)
+		}
+	}
+	if ran != 1 {
+		t.Errorf("handler ran %d times; want once", ran)
+	}
+}
