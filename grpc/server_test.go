@@ -387,14 +387,16 @@ func TestUnaryLeaseInContext(t *testing.T) {
 		}
 		token = l.Token
 		// KeepAlive keeps the lease: a handler longer than its TTL still
-		// holds it.
-		time.Sleep(250 * time.Millisecond)
+		// holds it. The TTL leaves each renewal (every TTL/3) more than
+		// half a second of slack on a busy machine; a 60ms one lost the
+		// lease 2 runs in 30 under load.
+		time.Sleep(1300 * time.Millisecond)
 		if err := context.Cause(ctx); err != nil {
 			return nil, status.Error(codes.Internal, err.Error())
 		}
 		return wrapperspb.String("ok"), nil
 	}
-	st, err := idem.NewMemoryStore(idem.Options{LeaseTTL: 60 * time.Millisecond, Retention: time.Minute})
+	st, err := idem.NewMemoryStore(idem.Options{LeaseTTL: time.Second, Retention: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -352,7 +352,10 @@ func TestHandlePanic(t *testing.T) {
 // the lease runs out and do the work a second time. One message through
 // Handle, one through HandleBatch.
 func TestNotRecordedIsAcked(t *testing.T) {
-	const ttl = 200 * time.Millisecond // idem's lease, and the consumer's AckWait
+	// idem's lease, and the consumer's AckWait: long enough that a busy
+	// machine's fetch-to-ack never outlasts it (the test would then see
+	// the broker's redelivery, not the adapter's).
+	const ttl = time.Second
 	rc := testRedis(t)
 	_, js := connect(t, startServer(t))
 	cons := newConsumer(t, js, ttl)
