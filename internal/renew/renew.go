@@ -85,6 +85,11 @@ func Run(ctx context.Context, quit <-chan struct{}, leases []Lease, f Funcs, los
 		case <-quit:
 			return
 		case <-timer.C:
+			// Both may be ready at once, and select picks at random: no
+			// renewal goes out after the work's end.
+			if ctx.Err() != nil {
+				return
+			}
 		}
 		for i := range leases {
 			l := &leases[i]
