@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/storeopts"
+	"github.com/idemgo/idem/internal/testing/obstest"
 	"github.com/idemgo/idem/internal/testing/sqltest"
 	"github.com/idemgo/idem/internal/testing/testenv"
 	"github.com/idemgo/idem/sqlstore"
@@ -186,25 +186,11 @@ func (s *countingStore) ConfirmBatch(ctx context.Context, ls []*idem.Lease, resu
 	return s.Store.(idem.Batcher).ConfirmBatch(ctx, ls, results)
 }
 
-// eventLog keeps the events an Observer receives.
-type eventLog struct {
-	mu sync.Mutex
-	es []idem.Event
-}
-
-func (l *eventLog) Observe(_ context.Context, e idem.Event) {
-	l.mu.Lock()
-	l.es = append(l.es, e)
-	l.mu.Unlock()
-}
-
-// count returns how many events of op with cache result r it kept.
-func (l *eventLog) count(op idem.Op, r idem.CacheResult) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
+// cacheEvents counts the events of op with cache result r that l kept.
+func cacheEvents(l *obstest.Log, op idem.Op, r idem.CacheResult) int {
 	n := 0
-	for _, e := range l.es {
-		if e.Op == op && e.Cache == r {
+	for _, e := range l.Of(op) {
+		if e.Cache == r {
 			n++
 		}
 	}
@@ -217,13 +203,13 @@ type cacheUnderTest struct {
 	*idem.Cache
 	inner  idem.Store // the rig's store, behind the counter
 	store  *countingStore
-	events *eventLog
+	events *obstest.Log
 	rig    *cacheRig
 }
 
 func newCacheUnderTest(t *testing.T, r *cacheRig, o idem.Options, co idem.CacheOptions) *cacheUnderTest {
 	t.Helper()
-	events := &eventLog{}
+	events := &obstest.Log{}
 	o.Observer = events
 	if o.LeaseTTL == 0 {
 		o.LeaseTTL = time.Second
@@ -310,7 +296,7 @@ func TestCacheConfirmedOnly(t *testing.T) {
 		if err != nil || want.Outcome != idem.Duplicate || !asked {
 			t.Fatalf("first Claim(%q) after Confirm = %v, %v, store asked %v; want Duplicate from the store", key, want.Outcome, err, asked)
 		}
-		if n := c.events.count(idem.OpClaim, idem.CacheMiss); n != 5 {
+		if n := cacheEvents(c.events, idem.OpClaim, idem.CacheMiss); n != 5 {
 			t.Errorf("store's claim events marked CacheMiss = %d; want 5 (every Claim the cache passed on)", n)
 		}
 		var cmds int64
@@ -335,10 +321,10 @@ func TestCacheConfirmedOnly(t *testing.T) {
 				t.Errorf("Redis commands sent for 101 cached duplicates = %d; want 0", n)
 			}
 		}
-		if n := c.events.count(idem.OpClaim, idem.CacheHit); n != 100 {
+		if n := cacheEvents(c.events, idem.OpClaim, idem.CacheHit); n != 100 {
 			t.Errorf("claim events marked CacheHit = %d; want 100", n)
 		}
-		if n := c.events.count(idem.OpLookup, idem.CacheHit); n != 1 {
+		if n := cacheEvents(c.events, idem.OpLookup, idem.CacheHit); n != 1 {
 			t.Errorf("lookup events marked CacheHit = %d; want 1", n)
 		}
 		// The caller's copy is its own: changing it changes no other answer.
@@ -577,10 +563,10 @@ func TestCacheClaimBatch(t *testing.T) {
 			cs[2].Outcome != idem.Duplicate || string(cs[2].Record.Result) != "r2" {
 			t.Errorf("ClaimBatch = %v %v %v; want Duplicate(r1), Claimed, Duplicate(r2)", cs[0].Outcome, cs[1].Outcome, cs[2].Outcome)
 		}
-		if n := c.events.count(idem.OpClaimBatch, idem.CacheHit); n != 1 {
+		if n := cacheEvents(c.events, idem.OpClaimBatch, idem.CacheHit); n != 1 {
 			t.Errorf("ClaimBatch events marked CacheHit = %d; want 1", n)
 		}
-		if n := c.events.count(idem.OpClaimBatch, idem.CacheMiss); n != 1 {
+		if n := cacheEvents(c.events, idem.OpClaimBatch, idem.CacheMiss); n != 1 {
 			t.Errorf("ClaimBatch events marked CacheMiss = %d; want 1", n)
 		}
 		var cmds int64

@@ -14,7 +14,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -30,24 +29,6 @@ import (
 	"github.com/idemgo/idem/sqlstore"
 	"github.com/idemgo/idem/storetest"
 )
-
-// fakeClock is a clock that moves only when told.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	c.mu.Unlock()
-}
 
 func TestMemoryStoreConformance(t *testing.T) {
 	storetest.Run(t, func(*testing.T) storetest.Backend { return storetest.MemoryBackend() })

@@ -19,6 +19,7 @@ import (
 	"github.com/idemgo/idem/internal/testing/sqltest"
 	"github.com/idemgo/idem/internal/testing/testenv"
 	"github.com/idemgo/idem/sqlstore"
+	"github.com/idemgo/idem/storetest"
 )
 
 // recorder is an Observer that keeps every event.
@@ -251,10 +252,10 @@ func takeOverSequence(t *testing.T, st idem.Store, rec *recorder, expire func())
 }
 
 func TestClaimTakeOverMemory(t *testing.T) {
-	clock := &fakeClock{now: time.Now()}
 	rec := &recorder{}
-	st := must(idem.NewMemoryStoreClock(idem.Options{LeaseTTL: time.Second, Observer: rec}, clock.Now))
-	takeOverSequence(t, st, rec, func() { clock.Advance(2 * time.Second) })
+	b := storetest.MemoryBackend()
+	st := must(b.Open(idem.Options{LeaseTTL: time.Second, Observer: rec}))
+	takeOverSequence(t, st, rec, func() { b.Advance(2 * time.Second) })
 }
 
 // The Logger gets the events that need a human, with keyed hashes for keys,

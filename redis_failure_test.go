@@ -47,8 +47,8 @@ func TestRedisNoScript(t *testing.T) {
 	flush()
 	keys := uuidKeys(50)
 	leases := claimAllOK(t, s, keys, nil)
-	// The pipeline, SCRIPT LOAD of what it lost, the pipeline again (another
-	// test may load the script in between): at most 3.
+	// The pipeline, SCRIPT LOAD of what it lost, the pipeline again: at
+	// most 3.
 	if n, sent := h.take(); n > 3 {
 		t.Errorf("ClaimBatch after SCRIPT FLUSH cost %d round trips (%v); want at most 3", n, sent)
 	}

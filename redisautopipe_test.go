@@ -336,7 +336,7 @@ func TestRedisAutoPipelineOnePipeline(t *testing.T) {
 
 // TestRedisAutoPipelineLoneCall: a call on an idle store is sent at once,
 // alone, as without AutoPipeline. A store that waited for company, even for a
-// millisecond, would show it in the median time of a lone call next to a
+// millisecond, would show it in the fifth-quickest lone call next to a
 // store without AutoPipeline (calls alternate, so that the machine's load
 // weighs on both alike).
 func TestRedisAutoPipelineLoneCall(t *testing.T) {
@@ -467,7 +467,8 @@ func TestRedisAutoPipelineCancel(t *testing.T) {
 }
 
 // TestRedisAutoPipelineNoScript: concurrent calls after SCRIPT FLUSH all
-// succeed (the pipeline resends NOSCRIPT commands as EVAL).
+// succeed (the pipeline loads what it lost with SCRIPT LOAD and resends
+// the NOSCRIPT commands by EVALSHA).
 func TestRedisAutoPipelineNoScript(t *testing.T) {
 	for _, backend := range autoBackends[1:] {
 		t.Run(backend.name, func(t *testing.T) {

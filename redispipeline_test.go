@@ -50,22 +50,9 @@ func (h *askTally) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pro
 // slot. base must need no escaping (letters, digits, ':'): the store key is
 // then its record's hash tag, and its slot that of its CRC16.
 func keyInSlot(base string, slot int) string {
-	start := crc16(base)
 	for n := 0; ; n++ {
-		d := strconv.Itoa(n)
-		crc := start
-		for i := 0; i < len(d); i++ {
-			crc ^= uint16(d[i]) << 8
-			for range 8 {
-				if crc&0x8000 != 0 {
-					crc = crc<<1 ^ 0x1021
-				} else {
-					crc <<= 1
-				}
-			}
-		}
-		if int(crc%16384) == slot {
-			return base + d
+		if k := base + strconv.Itoa(n); int(crc16(k)%16384) == slot {
+			return k
 		}
 	}
 }
