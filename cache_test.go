@@ -97,7 +97,7 @@ func redisRig(c *redis.Client, advance func(time.Duration)) *cacheRig {
 		r.now = clock.Now
 		r.b.Advance = func(d time.Duration) { advance(d); clock.Advance(d) }
 	}
-	r.del = func(key string) error { return c.Del(context.Background(), redisKeyName(prefix, key)).Err() }
+	r.del = func(key string) error { return c.Del(context.Background(), redisKeyName(c, prefix, key)).Err() }
 	return r
 }
 

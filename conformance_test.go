@@ -6,7 +6,6 @@ import (
 	"crypto/tls"
 	"database/sql"
 	"errors"
-	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -112,26 +111,19 @@ func redisBackend(c redis.UniversalClient, ro idem.RedisOptions, advance func(ti
 		Advance: advance,
 		// What forget.lua leaves: "1F<token>", for a lease.
 		PlantForgotten: func(key string, token int64) error {
-			return c.Set(context.Background(), redisKeyName(ro.Prefix, key), "1F"+strconv.FormatInt(token, 10), time.Minute).Err()
+			return c.Set(context.Background(), redisKeyName(c, ro.Prefix, key), "1F"+strconv.FormatInt(token, 10), time.Minute).Err()
 		},
 	}
 }
 
-// redisKeyName is the Redis key of key's record under prefix, as
-// RedisStore names it (see RedisStore): bytes other than printable ASCII,
-// and '%', '{', '}', escaped as %XX inside a hash tag.
-func redisKeyName(prefix, key string) string {
-	var b strings.Builder
-	b.WriteString(prefix + "{")
-	for i := 0; i < len(key); i++ {
-		if c := key[i]; c <= 0x20 || c >= 0x7f || c == '%' || c == '{' || c == '}' {
-			fmt.Fprintf(&b, "%%%02X", c)
-		} else {
-			b.WriteByte(c)
-		}
+// redisKeyName is the Redis key of key's record under prefix on c, as a
+// RedisStore names it (constructing one sends nothing).
+func redisKeyName(c redis.UniversalClient, prefix, key string) string {
+	s, err := idem.NewRedisStore(c, idem.RedisOptions{Prefix: prefix})
+	if err != nil {
+		panic(err)
 	}
-	b.WriteString("}")
-	return b.String()
+	return s.RecordKey(key)
 }
 
 func TestRedisStoreConformanceSentinel(t *testing.T) {

@@ -7,6 +7,12 @@ package idem
 
 import "strings"
 
+// RecordKey returns the name of the Redis key that holds key's record, as
+// the store writes it: its Prefix, then key escaped inside a hash tag
+// ("idem:{order-42}"), for an operator's redis-cli or a tool that plants a
+// record. It does no I/O.
+func (s *RedisStore) RecordKey(key string) string { return s.redisKey(key) }
+
 // redisKey returns the Redis key name holding key's record.
 func (s *RedisStore) redisKey(key string) string {
 	// One allocation, sized exactly (an escaped byte takes three): String
