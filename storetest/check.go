@@ -47,9 +47,18 @@ func Check(ctx context.Context, newBackend func(check string) (Backend, error)) 
 	var wg sync.WaitGroup
 	for i, c := range checks {
 		results[i].Name = c.name
+		// ctx is asked after a slot is won too: when both are ready,
+		// select picks either.
+		acquired := false
 		select {
 		case sem <- struct{}{}:
+			acquired = true
 		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
+			if acquired {
+				<-sem
+			}
 			results[i].Failed = true
 			results[i].Output = []string{"not run: " + ctx.Err().Error()}
 			continue
