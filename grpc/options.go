@@ -94,10 +94,11 @@ type ServerOptions struct {
 	// keep only answers that a retry of the same call cannot change (see
 	// Keep rules in the package documentation). Default: DefaultKeep.
 	Keep func(codes.Code) bool
-	// RecordTimeout bounds the store calls that record (Confirm) or
-	// release (Forget) the key after the handler ran, retries included;
-	// they run detached from the call's cancellation and never retry past
-	// the lease's end. Default 10s.
+	// RecordTimeout bounds the Claim before the handler and the store
+	// calls that record (Confirm) or release (Forget) the key after it,
+	// retries included; they run detached from the call's cancellation
+	// (a Claim cut off may have been applied) and never retry past the
+	// lease's end. Default 10s.
 	RecordTimeout time.Duration
 	// Logger receives one line per error the interceptor answers (level
 	// Error for Unavailable and Internal, Info otherwise) and what it

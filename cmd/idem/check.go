@@ -256,11 +256,7 @@ func serverVersion(ctx context.Context, c redis.UniversalClient) string {
 	if err != nil {
 		return "version unknown: INFO refused"
 	}
-	product, ok := redisadmin.InfoValue(info, "server_name")
-	if !ok || product == "" {
-		product = "redis"
-	}
-	v, _ := redisadmin.InfoValue(info, product+"_version")
+	product, v := redisadmin.ServerIdentity(info)
 	return product + " " + or(v, "version unknown")
 }
 

@@ -95,3 +95,16 @@ func InfoValue(info, field string) (v string, ok bool) {
 	}
 	return "", false
 }
+
+// ServerIdentity reads the product and version from the text of INFO
+// server. Valkey names itself in server_name and reports its version as
+// valkey_version (its redis_version is the Redis version it is compatible
+// with); Redis has no server_name. version is "" when INFO has none.
+func ServerIdentity(info string) (product, version string) {
+	product, _ = InfoValue(info, "server_name")
+	if product == "" {
+		product = "redis"
+	}
+	version, _ = InfoValue(info, product+"_version")
+	return product, version
+}

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/idemgo/idem/internal/redisadmin"
 )
 
 // The variables that name the servers of the matrix beyond the standalone
@@ -110,27 +112,9 @@ func (s Server) check(t testing.TB, o *redis.Options, what string) {
 	if err != nil {
 		t.Fatalf("%s: the server of %s does not answer INFO: %v", s.Name, what, err)
 	}
-	product, version := serverIdentity(info)
+	product, version := redisadmin.ServerIdentity(info)
 	if product != s.product || !strings.HasPrefix(version, s.version) {
 		t.Fatalf("%s: the server of %s is %s %s; want %s %sx", s.Name, what, product, version, s.product, s.version)
 	}
 	t.Logf("%s: %s %s at %s", s.Name, product, version, addr)
-}
-
-// serverIdentity reads the product and version from the text of INFO
-// server. Valkey names itself in server_name and reports its version as
-// valkey_version (its redis_version is the Redis version it is compatible
-// with); Redis has no server_name.
-func serverIdentity(info string) (product, version string) {
-	fields := map[string]string{}
-	for _, line := range strings.Split(info, "\n") {
-		if k, v, ok := strings.Cut(strings.TrimSpace(line), ":"); ok {
-			fields[k] = v
-		}
-	}
-	product = fields["server_name"]
-	if product == "" {
-		product = "redis"
-	}
-	return product, fields[product+"_version"]
 }

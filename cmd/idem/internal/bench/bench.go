@@ -416,8 +416,10 @@ func throughput(ctx context.Context, in *Instance, msgs, g int, d time.Duration)
 func machine(ctx context.Context, e *Env) string {
 	s := fmt.Sprintf("%s/%s, %d CPUs (GOMAXPROCS %d), %s", runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version())
 	if e.Redis != nil {
-		if v, ok := redisadmin.InfoField(ctx, e.Redis, "server", "redis_version"); ok {
-			s += ", Redis " + v
+		if info, err := e.Redis.Info(ctx, "server").Result(); err == nil {
+			if product, v := redisadmin.ServerIdentity(info); v != "" {
+				s += ", " + product + " " + v
+			}
 		}
 	}
 	if e.DB != nil {
