@@ -78,11 +78,10 @@ func (s Server) Client(t testing.TB) *redis.Client {
 	return c
 }
 
-// Start starts a server of this kind for t alone, as StartRedisServer does
-// (killed when t ends), and checks its product and version. It skips t
-// (fails it under CI=true) when the shared instance's variable, which says
-// the machine has the server, or its binary's variable is unset.
-func (s Server) Start(t testing.TB, extra ...string) *RedisServer {
+// binary is the path of this kind's server binary. It skips t (fails it
+// under CI=true) when the shared instance's variable, which says the
+// machine has the server, or the binary's variable is unset.
+func (s Server) binary(t testing.TB) string {
 	t.Helper()
 	Lookup(t, s.AddrVar)
 	bin := "redis-server"
@@ -93,6 +92,16 @@ func (s Server) Start(t testing.TB, extra ...string) *RedisServer {
 	if err != nil {
 		t.Fatalf("%s: no server binary %q: %v", s.Name, bin, err)
 	}
+	return path
+}
+
+// Start starts a server of this kind for t alone, as StartRedisServer does
+// (killed when t ends), and checks its product and version. It skips t
+// (fails it under CI=true) when the shared instance's variable, which says
+// the machine has the server, or its binary's variable is unset.
+func (s Server) Start(t testing.TB, extra ...string) *RedisServer {
+	t.Helper()
+	path := s.binary(t)
 	srv := startServer(t, path, FreePort(t), extra...)
 	s.check(t, srv.Options(), path)
 	return srv

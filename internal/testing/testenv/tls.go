@@ -11,7 +11,6 @@ import (
 	"math/big"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
@@ -103,15 +102,7 @@ func writePEM(t testing.TB, path, kind string, der []byte) {
 // server's TLS field holds the client configuration, which verifies it.
 func (s Server) StartTLS(t testing.TB, extra ...string) *RedisServer {
 	t.Helper()
-	Lookup(t, s.AddrVar)
-	bin := "redis-server"
-	if s.BinVar != "" {
-		bin = Lookup(t, s.BinVar)
-	}
-	path, err := exec.LookPath(bin)
-	if err != nil {
-		t.Fatalf("%s: no server binary %q: %v", s.Name, bin, err)
-	}
+	path := s.binary(t)
 	c := NewTLS(t)
 	port := FreePort(t)
 	args := append([]string{"--port", "0", "--tls-port", port, "--tls-cert-file", c.CertFile,
