@@ -317,7 +317,7 @@ func TestDoPanicForgets(t *testing.T) {
 // whose Wait (or context) ends first says the key is in progress.
 func TestDoWaitsForTheKeyInFlight(t *testing.T) {
 	onEveryBackend(t, func(t *testing.T, open func(int, idem.Options) idem.Store) {
-		holder, waiter := open(0, idem.Options{}), open(1, idem.Options{})
+		holder, waiter := open(0, idem.Options{}), &recordingStore{Store: open(1, idem.Options{})}
 		key := doKey("wait")
 		release, started := make(chan struct{}), make(chan struct{})
 		var runs atomic.Int64
@@ -349,12 +349,18 @@ func TestDoWaitsForTheKeyInFlight(t *testing.T) {
 
 		got := make(chan error, 1)
 		var v []byte
+		calls := waiter.calls.Load()
 		go func() {
 			var err error
 			v, err = idem.Do(t.Context(), waiter, key, fn)
 			got <- err
 		}()
-		time.Sleep(300 * time.Millisecond) // the waiter polls
+		// Released once the waiter has polled: its Claim, then a Lookup.
+		for deadline := time.Now().Add(10 * time.Second); waiter.calls.Load() < calls+2; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the waiter made %d calls in 10s; want a Claim and a Lookup", waiter.calls.Load()-calls)
+			}
+		}
 		close(release)
 		if err := <-first; err != nil {
 			t.Fatalf("the holder's Do = %v; want nil", err)
