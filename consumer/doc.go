@@ -137,7 +137,9 @@
 //	consumer/watermill     nil (ack)           the error (nack)           the error: route it to a
 //	                                                                        poison queue
 //
-// Every one logs AckAndAlert and DeadLetter at error level. Package
+// Every one logs AckAndAlert at error level, and DeadLetter too unless it
+// hands the message to a dead-letter destination of yours (kafka's
+// Options.DeadLetter). Package
 // consumer/amqp is for RabbitMQ (github.com/rabbitmq/amqp091-go);
 // consumer/redisstream reads a Redis Streams consumer group (XREADGROUP,
 // XACK, XAUTOCLAIM); the nested modules consumer/jetstream (NATS

@@ -363,7 +363,7 @@ func (hd *Handler) term(ctx context.Context, m jetstream.Msg, k string, err erro
 	case errors.Is(err, idem.ErrFingerprintMismatch):
 		reason = "idem: fingerprint mismatch"
 	case errors.Is(err, idem.ErrTooLarge):
-		reason = "idem: fingerprint too large"
+		reason = "idem: too large (a fingerprint or a result)"
 	case errors.Is(err, idem.ErrDamaged):
 		reason = "idem: damaged record"
 	case k != "":
