@@ -65,29 +65,6 @@ const CacheEntryOverhead = 256
 // power of two.
 const cacheShards = 16
 
-// CacheResult says how a Cache handled an operation (Event.Cache).
-type CacheResult uint8
-
-const (
-	// CacheHit: the cache answered from memory; the store was not called.
-	CacheHit CacheResult = iota + 1
-	// CacheMiss: the cache had no live entry for the key and passed the
-	// call on to the store.
-	CacheMiss
-)
-
-// String returns "hit" or "miss" ("" for the zero value), for metric
-// labels.
-func (r CacheResult) String() string {
-	switch r {
-	case CacheHit:
-		return "hit"
-	case CacheMiss:
-		return "miss"
-	}
-	return ""
-}
-
 // Cache is a Store and Batcher that keeps, in this process, the confirmed
 // records its store answered, and answers a Claim or Lookup of such a key
 // from memory: Duplicate, with no round trip. Use it where duplicates come

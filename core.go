@@ -511,18 +511,3 @@ func leaseKey(l *Lease) string {
 	}
 	return l.Key
 }
-
-// missContext marks the context of a call the cache passes on to its
-// store, whose event then says CacheMiss (see Core.Observe).
-type cacheMissKey struct{}
-
-func missContext(ctx context.Context) context.Context {
-	return context.WithValue(ctx, cacheMissKey{}, CacheMiss)
-}
-
-// cacheResult is what ctx says of the cache: CacheMiss for the context of
-// a call a Cache passed on, else zero.
-func cacheResult(ctx context.Context) CacheResult {
-	r, _ := ctx.Value(cacheMissKey{}).(CacheResult)
-	return r
-}

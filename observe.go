@@ -70,6 +70,45 @@ type Event struct {
 	Cache CacheResult
 }
 
+// CacheResult says how a Cache handled an operation (Event.Cache).
+type CacheResult uint8
+
+const (
+	// CacheHit: the cache answered from memory; the store was not called.
+	CacheHit CacheResult = iota + 1
+	// CacheMiss: the cache had no live entry for the key and passed the
+	// call on to the store.
+	CacheMiss
+)
+
+// String returns "hit" or "miss" ("" for the zero value), for metric
+// labels.
+func (r CacheResult) String() string {
+	switch r {
+	case CacheHit:
+		return "hit"
+	case CacheMiss:
+		return "miss"
+	}
+	return ""
+}
+
+// cacheMissKey is the context key missContext sets.
+type cacheMissKey struct{}
+
+// missContext marks the context of a call the cache passes on to its
+// store, whose event then says CacheMiss (see Core.Observe).
+func missContext(ctx context.Context) context.Context {
+	return context.WithValue(ctx, cacheMissKey{}, CacheMiss)
+}
+
+// cacheResult is what ctx says of the cache: CacheMiss for the context of
+// a call a Cache passed on, else zero.
+func cacheResult(ctx context.Context) CacheResult {
+	r, _ := ctx.Value(cacheMissKey{}).(CacheResult)
+	return r
+}
+
 // ErrorClass sorts an Event's error for metrics and alerting.
 type ErrorClass uint8
 
