@@ -185,4 +185,9 @@ var (
 	// ErrDamaged: a stored record could not be decoded. The record is left
 	// as it is for an operator to inspect.
 	ErrDamaged = errors.New("idem: damaged record")
+	// ErrBusy: the store gave up waiting for something other than the key
+	// (a database's single writer, a free connection) and wraps
+	// ErrInProgress too. A caller that tells the two apart (the HTTP
+	// middleware answers 503, not "key in flight") checks ErrBusy first.
+	ErrBusy = errors.New("idem: store busy")
 )

@@ -8,7 +8,6 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/backoff"
-	"github.com/idemgo/idem/sqlstore"
 )
 
 // TxStore is what transactional mode (Options.Tx) needs of a store: one
@@ -100,13 +99,13 @@ func (h *handler) serveTx(w http.ResponseWriter, r *http.Request, key, sk string
 
 // busy reports whether err, the store's answer to a Run of sk, is waiting
 // for the database rather than for sk: SQLite's single writer held by
-// other work (sqlstore.ErrBusy), and no request of this middleware running
-// sk's handler. Such a wait is not "this key is in flight" (#17: requests
+// other work (idem.ErrBusy, which sqlstore returns), and no request of
+// this middleware running sk's handler. Such a wait is not "this key is in flight" (#17: requests
 // with distinct keys got 409 while they queued for SQLite's writer); a
 // request of the same key in another process is not visible here, and is
 // answered as busy too.
 func (h *handler) busy(err error, sk string) bool {
-	if !errors.Is(err, sqlstore.ErrBusy) {
+	if !errors.Is(err, idem.ErrBusy) {
 		return false
 	}
 	_, held := h.c.running.Load(sk)

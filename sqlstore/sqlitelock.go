@@ -30,13 +30,16 @@ import (
 // Reads need no lock in WAL mode. On Postgres none of this applies.
 
 // ErrBusy is wrapped by the error of an operation that gave up after
-// LockTimeout waiting for SQLite's single writer: other work, on any key,
-// held the database. The error wraps idem.ErrInProgress too, as it did
-// before ErrBusy existed, for callers that retry that; a caller that tells
-// the two apart (the HTTP middleware answers 503, not "key in flight")
-// checks ErrBusy first. Postgres waits for the key's own row, never for the
-// database: there ErrInProgress alone means that key is held.
-var ErrBusy = errors.New("sqlstore: database busy")
+// LockTimeout waiting for SQLite's single writer or for a free connection:
+// other work, on any key, held the database. It is idem.ErrBusy, so that a
+// caller of any store (the HTTP middleware's transactional mode) matches
+// it without knowing this package. The error wraps idem.ErrInProgress too,
+// as it did before ErrBusy existed, for callers that retry that; a caller
+// that tells the two apart (the HTTP middleware answers 503, not "key in
+// flight") checks ErrBusy first. Postgres waits for the key's own row,
+// never for the database: there ErrInProgress alone means that key is
+// held.
+var ErrBusy = idem.ErrBusy
 
 // sqliteGates maps a *sql.DB, weakly, to its write gate: a channel of
 // capacity one, held by the writer. The entry goes when the DB does.
