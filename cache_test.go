@@ -16,7 +16,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/internal/storeopts"
 	"github.com/idemgo/idem/internal/testing/obstest"
 	"github.com/idemgo/idem/internal/testing/sqltest"
 	"github.com/idemgo/idem/internal/testing/testenv"
@@ -112,7 +111,7 @@ func sqlRig(t *testing.T, db *sql.DB, d sqlstore.Dialect, handle func() *sql.DB)
 	}
 	return &cacheRig{
 		b: storetest.Backend{Open: func(o idem.Options) (idem.Store, error) {
-			so := storeopts.SQL(o, d)
+			so := sqlstore.OptionsFrom(o, d)
 			so.Table = table
 			return sqlstore.New(handle(), so)
 		}},

@@ -22,7 +22,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/internal/storeopts"
 	"github.com/idemgo/idem/internal/testing/sqltest"
 	"github.com/idemgo/idem/internal/testing/testenv"
 	"github.com/idemgo/idem/sqlstore"
@@ -104,7 +103,7 @@ func miniredisBackend(t *testing.T, ro idem.RedisOptions) storetest.Backend {
 func redisBackend(c redis.UniversalClient, ro idem.RedisOptions, advance func(time.Duration)) storetest.Backend {
 	return storetest.Backend{
 		Open: func(o idem.Options) (idem.Store, error) {
-			so := storeopts.Redis(o)
+			so := idem.RedisOptionsFrom(o)
 			so.Prefix, so.AutoPipeline, so.WaitReplicas, so.WaitTimeout = ro.Prefix, ro.AutoPipeline, ro.WaitReplicas, ro.WaitTimeout
 			return idem.NewRedisStore(c, so)
 		},
@@ -246,7 +245,7 @@ func TestSecurityOversizedInputsBeforeIO(t *testing.T) {
 		t.Cleanup(func() { _ = c.Close() })
 		io := &testenv.IOCounter{}
 		c.AddHook(io)
-		ro := storeopts.Redis(o)
+		ro := idem.RedisOptionsFrom(o)
 		ro.Prefix = testenv.UniquePrefix()
 		s, err := idem.NewRedisStore(c, ro)
 		if err != nil {
@@ -277,7 +276,7 @@ func TestSecurityOversizedInputsBeforeIO(t *testing.T) {
 				}
 			}
 			t.Cleanup(func() { _, _ = db.Exec(`DROP TABLE "` + table + `"`) })
-			so := storeopts.SQL(o, d)
+			so := sqlstore.OptionsFrom(o, d)
 			so.Table = table
 			s, err := sqlstore.New(db, so)
 			if err != nil {

@@ -15,7 +15,6 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/retry"
-	"github.com/idemgo/idem/internal/storeopts"
 	"github.com/idemgo/idem/internal/testing/sqltest"
 	"github.com/idemgo/idem/internal/testing/testenv"
 	"github.com/idemgo/idem/sqlstore"
@@ -49,7 +48,7 @@ var doBackends = []struct {
 		table := sqltest.UniqueTable()
 		sqltest.NewStore(t, sqltest.OpenSQLite(t, path), sqlstore.Options{Dialect: sqlstore.SQLite, Table: table})
 		return storetest.Backend{Open: func(o idem.Options) (idem.Store, error) {
-			so := storeopts.SQL(o, sqlstore.SQLite)
+			so := sqlstore.OptionsFrom(o, sqlstore.SQLite)
 			so.Table = table
 			return sqlstore.New(sqltest.OpenSQLite(t, path), so)
 		}}
@@ -59,7 +58,7 @@ var doBackends = []struct {
 		table := sqltest.UniqueTable()
 		sqltest.NewStore(t, db, sqlstore.Options{Dialect: sqlstore.Postgres, Table: table})
 		return storetest.Backend{Open: func(o idem.Options) (idem.Store, error) {
-			so := storeopts.SQL(o, sqlstore.Postgres)
+			so := sqlstore.OptionsFrom(o, sqlstore.Postgres)
 			so.Table = table
 			return sqlstore.New(db, so)
 		}}

@@ -15,7 +15,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/internal/storeopts"
 	"github.com/idemgo/idem/internal/testing/sqltest"
 	"github.com/idemgo/idem/internal/testing/testenv"
 	"github.com/idemgo/idem/sqlstore"
@@ -140,12 +139,12 @@ func observedStores(t *testing.T, o idem.Options) map[string]idem.Store {
 	m := miniredis.RunT(t)
 	c := redis.NewClient(&redis.Options{Addr: m.Addr()})
 	t.Cleanup(func() { _ = c.Close() })
-	rs, err := idem.NewRedisStore(c, storeopts.Redis(o))
+	rs, err := idem.NewRedisStore(c, idem.RedisOptionsFrom(o))
 	if err != nil {
 		t.Fatal(err)
 	}
 	db, _ := sqltest.SQLite(t)
-	so := storeopts.SQL(o, sqlstore.SQLite)
+	so := sqlstore.OptionsFrom(o, sqlstore.SQLite)
 	so.Table = sqltest.UniqueTable()
 	ss := sqltest.NewStore(t, db, so)
 	return map[string]idem.Store{"memory": memStore(o), "redis": rs, "sqlite": ss}

@@ -74,6 +74,16 @@ type RedisOptions struct {
 	WaitTimeout time.Duration
 }
 
+// RedisOptionsFrom returns RedisOptions with the fields of o, the options
+// every store shares; the Redis-only fields are left zero for the caller
+// to set. It serves code that holds the shared options, as a storetest
+// Backend's Open does.
+func RedisOptionsFrom(o Options) RedisOptions {
+	return RedisOptions{Retention: o.Retention, LeaseTTL: o.LeaseTTL, Worker: o.Worker,
+		MaxKeyBytes: o.MaxKeyBytes, MaxResultBytes: o.MaxResultBytes, Logger: o.Logger,
+		Observer: o.Observer, KeyHasher: o.KeyHasher, RevealKeys: o.RevealKeys}
+}
+
 // options returns the settings o shares with every store.
 func (o RedisOptions) options() Options {
 	return Options{Retention: o.Retention, LeaseTTL: o.LeaseTTL, Worker: o.Worker,

@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/internal/storeopts"
 	"github.com/idemgo/idem/internal/testing/sqltest"
 	"github.com/idemgo/idem/sqlstore"
 	"github.com/idemgo/idem/storetest"
@@ -31,7 +30,7 @@ func TestConformanceSQLite(t *testing.T) {
 		table := sqltest.UniqueTable()
 		sqltest.NewStore(t, sqltest.OpenSQLite(t, path), sqlstore.Options{Dialect: sqlstore.SQLite, Table: table})
 		return storetest.Backend{Open: func(o idem.Options) (idem.Store, error) {
-			so := storeopts.SQL(o, sqlstore.SQLite)
+			so := sqlstore.OptionsFrom(o, sqlstore.SQLite)
 			so.Table = table
 			return sqlstore.New(sqltest.OpenSQLite(t, path), so)
 		}}
@@ -44,7 +43,7 @@ func sqlBackend(t *testing.T, db *sql.DB, d sqlstore.Dialect) storetest.Backend 
 	table := sqltest.UniqueTable()
 	sqltest.NewStore(t, db, sqlstore.Options{Dialect: d, Table: table})
 	return storetest.Backend{Open: func(o idem.Options) (idem.Store, error) {
-		so := storeopts.SQL(o, d)
+		so := sqlstore.OptionsFrom(o, d)
 		so.Table = table
 		return sqlstore.New(db, so)
 	}}

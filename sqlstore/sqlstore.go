@@ -61,6 +61,16 @@ type Options struct {
 	LockTimeout time.Duration
 }
 
+// OptionsFrom returns Options with the fields of o, the options every
+// store shares, and dialect d; Table and LockTimeout are left zero for the
+// caller to set. It serves code that holds the shared options, as a
+// storetest Backend's Open does.
+func OptionsFrom(o idem.Options, d Dialect) Options {
+	return Options{Retention: o.Retention, LeaseTTL: o.LeaseTTL, Worker: o.Worker,
+		MaxKeyBytes: o.MaxKeyBytes, MaxResultBytes: o.MaxResultBytes, Logger: o.Logger,
+		Observer: o.Observer, KeyHasher: o.KeyHasher, RevealKeys: o.RevealKeys, Dialect: d}
+}
+
 // shared returns the settings o shares with every store.
 func (o Options) shared() idem.Options {
 	return idem.Options{Retention: o.Retention, LeaseTTL: o.LeaseTTL, Worker: o.Worker,

@@ -22,7 +22,6 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/redisadmin"
-	"github.com/idemgo/idem/internal/storeopts"
 	"github.com/idemgo/idem/storetest"
 )
 
@@ -196,7 +195,7 @@ func (k *checker) run(ctx context.Context) int {
 // store opens a RedisStore on the throwaway prefix (or under it), whose
 // warnings go to log.
 func (k *checker) store(prefix string, o idem.Options, log io.Writer) (*idem.RedisStore, error) {
-	ro := storeopts.Redis(o)
+	ro := idem.RedisOptionsFrom(o)
 	ro.Prefix = prefix
 	if log != nil {
 		ro.Logger = slog.New(slog.NewTextHandler(log, &slog.HandlerOptions{

@@ -20,7 +20,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/internal/storeopts"
 	"github.com/idemgo/idem/sqlstore"
 )
 
@@ -391,14 +390,14 @@ func (b *backend) store(o idem.Options) (idem.Store, error) {
 	if b.isSQL() {
 		return b.sqlStore(o)
 	}
-	ro := storeopts.Redis(o)
+	ro := idem.RedisOptionsFrom(o)
 	ro.Prefix = b.prefix
 	ro.AllowEviction = b.allowEviction
 	return idem.NewRedisStore(b.redis, ro)
 }
 
 func (b *backend) sqlStore(o idem.Options) (*sqlstore.Store, error) {
-	so := storeopts.SQL(o, b.dialect)
+	so := sqlstore.OptionsFrom(o, b.dialect)
 	so.Table = b.table
 	return sqlstore.New(b.db, so)
 }

@@ -7,7 +7,6 @@ import (
 	"testing"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/internal/storeopts"
 	"github.com/idemgo/idem/internal/testing/sqltest"
 	"github.com/idemgo/idem/sqlstore"
 )
@@ -47,7 +46,7 @@ func (r result) wantOneLine(t *testing.T, args []string) {
 func sqliteFile(t *testing.T, o idem.Options) (string, *sqlstore.Store) {
 	t.Helper()
 	db, path := sqltest.SQLite(t)
-	s, err := sqlstore.New(db, storeopts.SQL(o, sqlstore.SQLite))
+	s, err := sqlstore.New(db, sqlstore.OptionsFrom(o, sqlstore.SQLite))
 	if err != nil {
 		t.Fatalf("sqlstore.New = %v", err)
 	}

@@ -14,7 +14,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/internal/storeopts"
 	"github.com/idemgo/idem/internal/testing/testenv"
 )
 
@@ -323,7 +322,7 @@ func clusterStores(t *testing.T, client *redis.ClusterClient, observe func(path 
 	open func(int, idem.Options) idem.Store, batch, auto *idem.RedisStore) {
 	t.Helper()
 	open = func(i int, o idem.Options) idem.Store {
-		ro := storeopts.Redis(o)
+		ro := idem.RedisOptionsFrom(o)
 		ro.Observer = observe("single", o.Observer)
 		s, err := idem.NewRedisStore(client, ro)
 		if err != nil {

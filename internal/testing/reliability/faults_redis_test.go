@@ -11,7 +11,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/internal/storeopts"
 	"github.com/idemgo/idem/internal/testing/testenv"
 )
 
@@ -251,7 +250,7 @@ func faultsRedisRestart(t *testing.T, kind testenv.Server) {
 			DialTimeout: 300 * time.Millisecond, ReadTimeout: 300 * time.Millisecond})
 		t.Cleanup(func() { _ = c.Close() })
 		c.AddHook(&evals)
-		s, err := idem.NewRedisStore(c, storeopts.Redis(o))
+		s, err := idem.NewRedisStore(c, idem.RedisOptionsFrom(o))
 		if err != nil {
 			t.Fatalf("NewRedisStore: %v", err)
 		}

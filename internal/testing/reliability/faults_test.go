@@ -15,7 +15,6 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/faultproxy"
-	"github.com/idemgo/idem/internal/storeopts"
 	"github.com/idemgo/idem/internal/testing/sqltest"
 	"github.com/idemgo/idem/internal/testing/testenv"
 	"github.com/idemgo/idem/sqlstore"
@@ -233,7 +232,7 @@ func TestFaultsRedis(t *testing.T) {
 						DialTimeout: 300 * time.Millisecond, ReadTimeout: 300 * time.Millisecond,
 						WriteTimeout: 300 * time.Millisecond})
 					t.Cleanup(func() { _ = c.Close() })
-					ro := storeopts.Redis(o)
+					ro := idem.RedisOptionsFrom(o)
 					ro.Prefix = prefix
 					s, err := idem.NewRedisStore(c, ro)
 					if err != nil {
@@ -272,7 +271,7 @@ func TestFaultsPostgres(t *testing.T) {
 			pdb.SetMaxIdleConns(8)
 			t.Cleanup(func() { _ = pdb.Close() })
 			open := func(i int, o idem.Options) idem.Store {
-				so := storeopts.SQL(o, sqlstore.Postgres)
+				so := sqlstore.OptionsFrom(o, sqlstore.Postgres)
 				so.Table = table
 				s, err := sqlstore.New(pdb, so)
 				if err != nil {

@@ -9,7 +9,6 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/lincheck"
-	"github.com/idemgo/idem/internal/storeopts"
 	"github.com/idemgo/idem/internal/testing/sqltest"
 	"github.com/idemgo/idem/internal/testing/testenv"
 	"github.com/idemgo/idem/sqlstore"
@@ -120,7 +119,7 @@ func TestLinearizableMemoryStore(t *testing.T) {
 func linRedis(t *testing.T, c redis.UniversalClient) func(worker string) idem.Store {
 	prefix := testenv.UniquePrefix()
 	return func(worker string) idem.Store {
-		ro := storeopts.Redis(linOptions(worker))
+		ro := idem.RedisOptionsFrom(linOptions(worker))
 		ro.Prefix = prefix
 		s, err := idem.NewRedisStore(c, ro)
 		if err != nil {
@@ -151,7 +150,7 @@ func TestLinearizableSQLStorePostgres(t *testing.T) {
 	table := sqltest.UniqueTable()
 	sqltest.NewStore(t, db, sqlstore.Options{Dialect: sqlstore.Postgres, Table: table})
 	checkLinearizable(t, linPostgres, func(worker string) idem.Store {
-		so := storeopts.SQL(linOptions(worker), sqlstore.Postgres)
+		so := sqlstore.OptionsFrom(linOptions(worker), sqlstore.Postgres)
 		so.Table = table
 		s, err := sqlstore.New(db, so)
 		if err != nil {
@@ -166,7 +165,7 @@ func TestLinearizableSQLStoreSQLite(t *testing.T) {
 	table := sqltest.UniqueTable()
 	sqltest.NewStore(t, db, sqlstore.Options{Dialect: sqlstore.SQLite, Table: table})
 	checkLinearizable(t, linSQLite, func(worker string) idem.Store {
-		so := storeopts.SQL(linOptions(worker), sqlstore.SQLite)
+		so := sqlstore.OptionsFrom(linOptions(worker), sqlstore.SQLite)
 		so.Table = table
 		s, err := sqlstore.New(db, so)
 		if err != nil {
