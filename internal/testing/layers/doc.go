@@ -1,0 +1,6 @@
+// Package layers holds the test of the rules docs/ARCHITECTURE.md lists
+// (section Rules): which package of the root module, and which file of
+// package idem, may use which. It reads the code's imports and, resolved by
+// the type checker, the identifiers each non-test file uses, and names the
+// file and identifier of each use a rule forbids. It ships nothing.
+package layers
