@@ -3,6 +3,7 @@ package idem
 import (
 	"context"
 	"errors"
+	"fmt"
 	"hash/maphash"
 	"math"
 	"sync"
@@ -347,6 +348,35 @@ func (c *Cache) ConfirmBatch(ctx context.Context, leases []*Lease, results [][]b
 		}
 	}
 	return err
+}
+
+// Checkpoint implements Checkpointer: the store records the checkpoint,
+// or, when it is not a Checkpointer, an error saying so.
+func (c *Cache) Checkpoint(ctx context.Context, l *Lease, data []byte) error {
+	cp, ok := c.s.(Checkpointer)
+	if !ok {
+		return fmt.Errorf("idem: Checkpoint: the cache's store %T does not implement idem.Checkpointer", c.s)
+	}
+	return cp.Checkpoint(ctx, l, data)
+}
+
+// Resolve implements Resolver: the store settles the key (the cache holds
+// no quarantined key), or, when it is not a Resolver, an error saying so.
+func (c *Cache) Resolve(ctx context.Context, key string, r Resolution) error {
+	rs, ok := c.s.(Resolver)
+	if !ok {
+		return fmt.Errorf("idem: Resolve: the cache's store %T does not implement idem.Resolver", c.s)
+	}
+	return rs.Resolve(ctx, key, r)
+}
+
+// Quarantined implements Resolver: the store's quarantined records.
+func (c *Cache) Quarantined(ctx context.Context, limit int) ([]*Record, error) {
+	rs, ok := c.s.(Resolver)
+	if !ok {
+		return nil, fmt.Errorf("idem: Quarantined: the cache's store %T does not implement idem.Resolver", c.s)
+	}
+	return rs.Quarantined(ctx, limit)
 }
 
 // MaxResultBytes returns the store's MaxResultBytes when it reports one

@@ -400,6 +400,9 @@ const (
 	// and routing).
 	aclWait    = "+wait"
 	aclCluster = "+cluster|info +cluster|slots +command"
+	// aclOps is for an operator's listing of quarantined keys
+	// (RedisStore.Quarantined, idem inspect --quarantined).
+	aclOps = "+scan"
 )
 
 // aclLine returns the ACL SETUSER rules of a store's user under prefix
@@ -503,7 +506,7 @@ func TestRedisStoreConformanceTLSACL(t *testing.T) {
 		rs := srv.StartTLS(t)
 		admin := redis.NewClient(rs.Options())
 		t.Cleanup(func() { _ = admin.Close() })
-		setUser(t, admin, "idem", aclLine(aclKeys, []string{aclStore, connectRules(srv)}))
+		setUser(t, admin, "idem", aclLine(aclKeys, []string{aclStore, connectRules(srv), aclOps}))
 		o := rs.Options()
 		o.Username, o.Password = "idem", "secret"
 		c := redis.NewClient(o)
@@ -534,7 +537,7 @@ func TestRedisStoreConformanceTLSACL(t *testing.T) {
 func TestRedisStoreConformanceACLCluster(t *testing.T) {
 	admin := testenv.Cluster(t)
 	user := "idem-" + strings.TrimSuffix(strings.TrimPrefix(testenv.UniquePrefix(), "idemtest:"), ":")
-	setUser(t, admin, user, aclLine(aclKeys, []string{aclStore, aclCluster}))
+	setUser(t, admin, user, aclLine(aclKeys, []string{aclStore, aclCluster, aclOps}))
 	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: admin.Options().Addrs, Username: user, Password: "secret"})
 	t.Cleanup(func() { _ = c.Close() })
 	t.Run("suite", func(t *testing.T) {
@@ -569,7 +572,7 @@ func TestRedisStoreConformanceACLWaitReplicas(t *testing.T) {
 		nodes = append(nodes, r["ip"]+":"+r["port"])
 	}
 	user := "idem-" + strings.TrimSuffix(strings.TrimPrefix(testenv.UniquePrefix(), "idemtest:"), ":")
-	rules := aclLine(aclKeys, []string{aclStore, aclWait})
+	rules := aclLine(aclKeys, []string{aclStore, aclWait, aclOps})
 	for _, n := range nodes {
 		c := redis.NewClient(&redis.Options{Addr: n})
 		t.Cleanup(func() {
@@ -714,7 +717,7 @@ func TestREADMEPrintsACLLine(t *testing.T) {
 		t.Fatal(err)
 	}
 	line := "ACL SETUSER idem on >password " + aclKeys + " resetchannels -@all " + aclStore
-	for _, want := range []string{line, aclConnect, aclWait, aclCluster} {
+	for _, want := range []string{line, aclConnect, aclWait, aclCluster, aclOps} {
 		if !bytes.Contains(b, []byte(want)) {
 			t.Errorf("README.md does not say %q; want it to print the ACL line the tests use", want)
 		}

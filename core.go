@@ -299,6 +299,48 @@ func (c *Core) FingerprintMismatch(cl Claim, key string, fingerprint []byte) err
 		ErrFingerprintMismatch, c.KeyName(key), found)
 }
 
+// CheckCheckpoint is Checkpoint's check: the lease as CheckLease, and the
+// checkpoint (ErrTooLarge over MaxCheckpointBytes).
+func (c *Core) CheckCheckpoint(l *Lease, data []byte) error {
+	if err := c.CheckLease(l); err != nil {
+		return err
+	}
+	if len(data) > MaxCheckpointBytes {
+		return fmt.Errorf("%w: checkpoint of %d bytes for %s exceeds MaxCheckpointBytes %d",
+			ErrTooLarge, len(data), c.KeyName(l.Key), MaxCheckpointBytes)
+	}
+	return nil
+}
+
+// CheckResolve is Resolve's check: the key as CheckKey, and a Result only
+// with Confirm, within MaxResultBytes.
+func (c *Core) CheckResolve(key string, r Resolution) error {
+	if err := c.CheckKey(key); err != nil {
+		return err
+	}
+	if !r.Confirm && r.Result != nil {
+		return fmt.Errorf("idem: Resolution.Result is set without Confirm; a forgotten key records no result")
+	}
+	if len(r.Result) > c.o.MaxResultBytes {
+		return fmt.Errorf("%w: Resolution.Result of %d bytes for %s exceeds MaxResultBytes %d",
+			ErrTooLarge, len(r.Result), c.KeyName(key), c.o.MaxResultBytes)
+	}
+	return nil
+}
+
+// Quarantined is the error Claim returns, with the quarantined record in
+// its Claim, when key is quarantined (wrapping ErrQuarantined).
+func (c *Core) Quarantined(rec *Record) error {
+	return fmt.Errorf("%w: claim of %s: %d take-overs, last attempt token %d by %q",
+		ErrQuarantined, c.KeyName(rec.Key), rec.TakeOvers, rec.Token, rec.Owner)
+}
+
+// NotQuarantined is the error Resolve returns when key is not quarantined
+// (wrapping ErrNotFound).
+func (c *Core) NotQuarantined(key string) error {
+	return fmt.Errorf("%w: no quarantined record for %s", ErrNotFound, c.KeyName(key))
+}
+
 // AlreadyConfirmed is the error Confirm returns when another lease's
 // confirmation of l's key was kept (wrapping ErrAlreadyConfirmed).
 func (c *Core) AlreadyConfirmed(l *Lease) error {

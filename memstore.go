@@ -35,11 +35,18 @@ type memData struct {
 
 type memRecord struct {
 	confirmed   bool
+	quarantined bool
 	token       int64
 	owner       string
 	fingerprint []byte
 	result      []byte
-	expires     time.Time
+	expires     time.Time // the lease's end while claimed; the retention's or quarantine's once not
+	// What a claim keeps for the next holder after a take-over.
+	claimed    time.Time     // when claimed
+	remember   time.Duration // how long a lapsed claim is kept after its lease: its store's Retention
+	takeovers  int
+	prior      *Attempt
+	checkpoint []byte
 }
 
 // NewMemoryStore returns an empty MemoryStore, or an error naming the
@@ -86,27 +93,55 @@ func (m *MemoryStore) usable() error {
 	return nil
 }
 
-// live returns the key's record if it has not expired, deleting it if it has.
-// The caller holds the lock.
-func (d *memData) live(key string, now time.Time) *memRecord {
+// claim reports whether r is a claim (live or lapsed).
+func (r *memRecord) claim() bool { return !r.confirmed && !r.quarantined }
+
+// lapsed reports whether r is a claim whose lease has run out by now.
+func (r *memRecord) lapsed(now time.Time) bool { return r.claim() && !now.Before(r.expires) }
+
+// gone reports whether nothing of r is remembered by now: a claim lives on
+// for remember after its lease, so that the next claim is told it takes
+// over; anything else ends at its expiry.
+func (r *memRecord) gone(now time.Time) bool {
+	if r.claim() {
+		return !now.Before(r.expires.Add(r.remember))
+	}
+	return !now.Before(r.expires)
+}
+
+// get returns the key's record, lapsed claims included, deleting it once
+// nothing of it is remembered. The caller holds the lock.
+func (d *memData) get(key string, now time.Time) *memRecord {
 	r := d.recs[key]
-	if r != nil && !now.Before(r.expires) {
+	if r != nil && r.gone(now) {
 		delete(d.recs, key)
 		return nil
 	}
 	return r
 }
 
-// wrote counts a write and, now and then, drops every expired record, so
-// that keys nobody asks for again do not pile up. The cost is amortized over
-// the writes: a full scan at most once per len(recs) writes.
+// live returns the key's record if it is live: a confirmation or
+// quarantine within its time, a claim within its lease. The caller holds
+// the lock.
+func (d *memData) live(key string, now time.Time) *memRecord {
+	r := d.get(key, now)
+	if r != nil && r.lapsed(now) {
+		return nil
+	}
+	return r
+}
+
+// wrote counts a write and, now and then, drops every record nothing of
+// which is remembered, so that keys nobody asks for again do not pile up.
+// The cost is amortized over the writes: a full scan at most once per
+// len(recs) writes.
 func (d *memData) wrote(now time.Time) {
 	d.writes++
 	if len(d.recs) < d.nextCap || d.writes < len(d.recs) {
 		return
 	}
 	for k, r := range d.recs {
-		if !now.Before(r.expires) {
+		if r.gone(now) {
 			delete(d.recs, k)
 		}
 	}
@@ -123,6 +158,15 @@ func (r *memRecord) record(key string) *Record {
 		Fingerprint: bytes.Clone(r.fingerprint),
 		Result:      bytes.Clone(r.result),
 		Expires:     r.expires,
+	}
+	if !r.confirmed {
+		rec.Quarantined = r.quarantined
+		rec.TakeOvers = r.takeovers
+		rec.Checkpoint = bytes.Clone(r.checkpoint)
+		if r.prior != nil {
+			p := *r.prior
+			rec.Prior = &p
+		}
 	}
 	return rec
 }
@@ -141,35 +185,58 @@ func (m *MemoryStore) Claim(ctx context.Context, key string, fingerprint []byte)
 	}
 	d := m.data
 	d.mu.Lock()
-	c = m.claimLocked(key, fingerprint)
+	c, err = m.claimLocked(key, fingerprint)
 	d.mu.Unlock()
+	if err != nil {
+		return c, err
+	}
 	return c, m.core.FingerprintMismatch(c, key, fingerprint)
 }
 
-func (m *MemoryStore) claimLocked(key string, fingerprint []byte) Claim {
+// claimLocked claims key; err is the quarantine's (with the Claim), the
+// only error it can answer.
+func (m *MemoryStore) claimLocked(key string, fingerprint []byte) (Claim, error) {
 	d := m.data
 	now := d.now()
-	// Looked at before live drops it: an expired unconfirmed claim here is
-	// a take-over.
-	old := d.recs[key]
-	takeOver := old != nil && !old.confirmed && !now.Before(old.expires)
-	if r := d.live(key, now); r != nil {
-		if r.confirmed {
-			return Claim{Outcome: Duplicate, Record: r.record(key)}
-		}
-		return Claim{Outcome: InProgress, Record: r.record(key)}
+	r := d.get(key, now)
+	switch {
+	case r == nil:
+	case r.confirmed:
+		return Claim{Outcome: Duplicate, Record: r.record(key)}, nil
+	case r.quarantined:
+		rec := r.record(key)
+		return Claim{Record: rec}, m.core.Quarantined(rec)
+	case !r.lapsed(now):
+		return Claim{Outcome: InProgress, Record: r.record(key)}, nil
+	case r.takeovers >= m.core.o.MaxTakeOvers:
+		// The last take-over allowed lapsed too: stop the crash loop.
+		r.quarantined = true
+		r.expires = now.Add(m.core.o.Retention)
+		rec := r.record(key)
+		return Claim{Record: rec}, m.core.Quarantined(rec)
 	}
 	d.token++
-	r := &memRecord{
+	n := &memRecord{
 		token:       d.token,
 		owner:       m.core.o.Worker,
 		fingerprint: bytes.Clone(fingerprint),
 		expires:     now.Add(m.core.o.LeaseTTL),
+		claimed:     now,
+		remember:    m.core.o.Retention,
 	}
-	d.recs[key] = r
+	c := Claim{Outcome: Claimed}
+	if r != nil {
+		// A lapsed claim: taken over, and the next holder told.
+		n.takeovers = r.takeovers + 1
+		n.prior = &Attempt{Owner: r.owner, Token: r.token, Claimed: r.claimed}
+		n.checkpoint = r.checkpoint
+		p := *n.prior
+		c.TakeOver, c.Prior, c.TakeOvers, c.Checkpoint = true, &p, n.takeovers, bytes.Clone(r.checkpoint)
+	}
+	d.recs[key] = n
 	d.wrote(now)
-	return Claim{Outcome: Claimed, TakeOver: takeOver,
-		Lease: m.core.Lease(key, r.token, m.core.o.LeaseTTL, r.expires, bytes.Clone(fingerprint))}
+	c.Lease = m.core.Lease(key, n.token, m.core.o.LeaseTTL, n.expires, bytes.Clone(fingerprint))
+	return c, nil
 }
 
 // holds reports whether r is l's own live claim.
@@ -225,7 +292,7 @@ func (m *MemoryStore) Confirm(ctx context.Context, l *Lease, result []byte) (err
 func (m *MemoryStore) confirmLocked(l *Lease, result []byte) (late bool, err error) {
 	d := m.data
 	now := d.now()
-	r := d.live(l.Key, now)
+	r := d.get(l.Key, now)
 	if r != nil && r.confirmed {
 		// The first confirmation stays: duplicates may have been answered
 		// with it already.
@@ -234,7 +301,8 @@ func (m *MemoryStore) confirmLocked(l *Lease, result []byte) (late bool, err err
 		}
 		return false, nil
 	}
-	late = !holds(r, l)
+	// Over anything else, a quarantine included: the work happened.
+	late = !holds(r, l) || r.lapsed(now)
 	d.recs[l.Key] = &memRecord{
 		confirmed:   true,
 		token:       l.Token,
@@ -302,8 +370,11 @@ func (m *MemoryStore) ClaimBatch(ctx context.Context, keys []string, fingerprint
 	defer d.mu.Unlock()
 	var errs []error
 	for i, k := range keys {
-		cs[i] = m.claimLocked(k, batch.Item(fingerprints, i))
-		errs = batch.Collect(errs, len(keys), i, m.core.FingerprintMismatch(cs[i], k, batch.Item(fingerprints, i)))
+		var err error
+		if cs[i], err = m.claimLocked(k, batch.Item(fingerprints, i)); err == nil {
+			err = m.core.FingerprintMismatch(cs[i], k, batch.Item(fingerprints, i))
+		}
+		errs = batch.Collect(errs, len(keys), i, err)
 	}
 	if errs != nil {
 		return cs, &BatchError{Errs: errs}
@@ -342,6 +413,82 @@ func (m *MemoryStore) ConfirmBatch(ctx context.Context, leases []*Lease, results
 		return &BatchError{Errs: errs}
 	}
 	return nil
+}
+
+// Checkpoint implements Checkpointer.
+func (m *MemoryStore) Checkpoint(ctx context.Context, l *Lease, data []byte) (err error) {
+	start := time.Now()
+	defer func() { m.core.Observe(ctx, Event{Op: OpCheckpoint, Err: err}, leaseKey(l), start) }()
+	if err := m.core.CheckCheckpoint(l, data); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	d := m.data
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	r := d.live(l.Key, d.now())
+	if !holds(r, l) {
+		return m.core.LeaseLost(OpCheckpoint, l)
+	}
+	r.checkpoint = nil
+	if len(data) > 0 {
+		r.checkpoint = bytes.Clone(data)
+	}
+	return nil
+}
+
+// Resolve implements Resolver.
+func (m *MemoryStore) Resolve(ctx context.Context, key string, res Resolution) (err error) {
+	start := time.Now()
+	defer func() { m.core.Observe(ctx, Event{Op: OpResolve, Err: err}, key, start) }()
+	if err := m.core.CheckResolve(key, res); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	d := m.data
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	now := d.now()
+	r := d.get(key, now)
+	if r == nil || !r.quarantined {
+		return m.core.NotQuarantined(key)
+	}
+	if !res.Confirm {
+		delete(d.recs, key)
+		return nil
+	}
+	// A token of its own: a stalled attempt's late Confirm is then told
+	// another confirmation was kept.
+	d.token++
+	d.recs[key] = &memRecord{confirmed: true, token: d.token, fingerprint: r.fingerprint,
+		result: append([]byte{}, res.Result...), expires: now.Add(m.core.o.Retention)}
+	d.wrote(now)
+	return nil
+}
+
+// Quarantined implements Resolver.
+func (m *MemoryStore) Quarantined(ctx context.Context, limit int) ([]*Record, error) {
+	if err := m.usable(); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	d := m.data
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	now := d.now()
+	var out []*Record
+	for k, r := range d.recs {
+		if r.quarantined && !r.gone(now) && (limit <= 0 || len(out) < limit) {
+			out = append(out, r.record(k))
+		}
+	}
+	return out, nil
 }
 
 // MaxResultBytes returns the largest result Confirm accepts (the option

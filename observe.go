@@ -28,9 +28,14 @@ const (
 	OpRequest
 	// OpMessage is one message through the consumer wrapper.
 	OpMessage
+	// OpCheckpoint is a holder's Checkpoint (see Checkpointer).
+	OpCheckpoint
+	// OpResolve is an operator's Resolve of a quarantined key (see
+	// Resolver).
+	OpResolve
 )
 
-var opNames = [...]string{"", "claim", "renew", "confirm", "forget", "lookup", "claim_batch", "confirm_batch", "run", "request", "message"}
+var opNames = [...]string{"", "claim", "renew", "confirm", "forget", "lookup", "claim_batch", "confirm_batch", "run", "request", "message", "checkpoint", "resolve"}
 
 // String returns the operation's name in snake case, for metric labels.
 func (op Op) String() string {
@@ -48,7 +53,9 @@ type Event struct {
 	// and OpMessage the outcome of the claim they made); zero for other
 	// operations and when the claim failed.
 	Outcome Outcome
-	// TakeOver is Claim.TakeOver: a claim replaced an expired one.
+	// TakeOver is Claim.TakeOver: a claim replaced an expired one. A
+	// Claim refused because the key is quarantined has Err wrapping
+	// ErrQuarantined (ClassQuarantined).
 	TakeOver bool
 	// Items is the number of keys a batch operation carried; 1 otherwise.
 	Items int
@@ -133,9 +140,12 @@ const (
 	ClassDamaged
 	// ClassStore: anything else, usually the store being unreachable.
 	ClassStore
+	// ClassQuarantined: ErrQuarantined, a key whose work crashed
+	// repeatedly, waiting for an operator.
+	ClassQuarantined
 )
 
-var classNames = [...]string{"", "lease_lost", "not_found", "invalid", "conflict", "canceled", "damaged", "store"}
+var classNames = [...]string{"", "lease_lost", "not_found", "invalid", "conflict", "canceled", "damaged", "store", "quarantined"}
 
 // String returns the class's name in snake case ("" for ClassNone), for
 // metric labels.
@@ -154,6 +164,8 @@ func (e *Event) Class() ErrorClass {
 		return ClassNone
 	case errors.Is(err, ErrLeaseLost):
 		return ClassLeaseLost
+	case errors.Is(err, ErrQuarantined):
+		return ClassQuarantined
 	case errors.Is(err, ErrNotFound):
 		return ClassNotFound
 	case errors.Is(err, ErrInvalidKey), errors.Is(err, ErrTooLarge), errors.Is(err, ErrInvalidLease):

@@ -47,6 +47,11 @@ type Options struct {
 	// instead of by their hash, for debugging. Keys may carry personal
 	// data: leave it off in production. Default false.
 	RevealKeys bool
+	// MaxTakeOvers is how many take-overs in a row (claims whose lease ran
+	// out unconfirmed, each taken over by the next Claim) a key may have;
+	// when the last of them lapses too, the next Claim quarantines the key
+	// instead of running the work once more. Not negative. Default 3.
+	MaxTakeOvers int
 }
 
 // Defaults of Options.
@@ -76,6 +81,9 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.MaxResultBytes < 0 {
 		return o, badopt.Default("idem", "MaxResultBytes", o.MaxResultBytes, DefaultMaxResultBytes, "is negative")
+	}
+	if o.MaxTakeOvers < 0 {
+		return o, badopt.Default("idem", "MaxTakeOvers", o.MaxTakeOvers, DefaultMaxTakeOvers, "is negative")
 	}
 	// Stores keep time in milliseconds (Redis PX): a sub-millisecond
 	// duration would round to nothing and expire at once.
@@ -115,5 +123,6 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	o.MaxKeyBytes = cmp.Or(o.MaxKeyBytes, DefaultMaxKeyBytes)
 	o.MaxResultBytes = cmp.Or(o.MaxResultBytes, DefaultMaxResultBytes)
+	o.MaxTakeOvers = cmp.Or(o.MaxTakeOvers, DefaultMaxTakeOvers)
 	return o, nil
 }

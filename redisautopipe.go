@@ -270,8 +270,10 @@ func (s *RedisStore) mergeCalls(live []*pipeCall) ([]scriptCall, []*pipeCall) {
 			order = append(order, cs[0])
 			return
 		}
-		calls = append(calls, batchCalls(batch, len(cs), func(i int) string { return cs[i].keys[0] }, cs[0].args[0],
-			func(args []any, i int) []any { return append(args, cs[i].args[1:]...) })...)
+		// A claim's and a confirm's first two arguments are the ones
+		// their batch forms take once (see sharedArgs).
+		calls = append(calls, batchCalls(batch, len(cs), func(i int) string { return cs[i].keys[0] }, cs[0].args[:sharedArgs],
+			func(args []any, i int) []any { return append(args, cs[i].args[sharedArgs:]...) })...)
 		order = append(order, cs...)
 	}
 	merge(claims, claimBatchScript)

@@ -39,15 +39,15 @@ func (s *RedisStore) ClaimBatch(ctx context.Context, keys []string, fingerprints
 	// Built in this loop, where item's buffer stays on the stack.
 	tails := make([]any, len(keys))
 	for i := range keys {
-		tails[i] = claimTail(s.core.o.Worker, item(i), fp(i))
+		tails[i] = claimTail(s.core.o.Worker, item(i), s.keep, fp(i))
 	}
 	var calls []scriptCall
 	if s.shared() {
-		calls = batchCalls(claimBatchScript, len(keys), func(i int) string { return s.redisKey(keys[i]) }, s.leaseMs,
+		calls = batchCalls(claimBatchScript, len(keys), func(i int) string { return s.redisKey(keys[i]) }, []any{s.claimMs, s.maxTakeOvers},
 			func(args []any, i int) []any { return append(args, tails[i]) })
 	} else {
 		for i, k := range keys {
-			calls = append(calls, scriptCall{script: claimScript, keys: []string{s.redisKey(k)}, args: []any{s.leaseMs, tails[i]}})
+			calls = append(calls, scriptCall{script: claimScript, keys: []string{s.redisKey(k)}, args: []any{s.claimMs, s.maxTakeOvers, tails[i]}})
 		}
 	}
 	cs = make([]Claim, len(keys))
@@ -86,9 +86,9 @@ func (s *RedisStore) ConfirmBatch(ctx context.Context, leases []*Lease, results 
 	}
 	var calls []scriptCall
 	if s.shared() {
-		calls = batchCalls(confirmBatchScript, len(leases), func(i int) string { return s.redisKey(leases[i].Key) }, s.retentionMs,
+		calls = batchCalls(confirmBatchScript, len(leases), func(i int) string { return s.redisKey(leases[i].Key) }, []any{s.retentionMs, s.retentionMs},
 			func(args []any, i int) []any {
-				return append(args, s.confirmArgs(leases[i], batch.Item(results, i))[1:]...)
+				return append(args, s.confirmArgs(leases[i], batch.Item(results, i))[sharedArgs:]...)
 			})
 	} else {
 		for i, l := range leases {

@@ -5,7 +5,10 @@ package idem
 // escaped key the Redis Cluster hash tag, so a key's slot never depends on
 // the prefix, and the escaping keeps the user's braces out of the tag.
 
-import "strings"
+import (
+	"strconv"
+	"strings"
+)
 
 // RecordKey returns the name of the Redis key that holds key's record, as
 // the store writes it: its Prefix, then key escaped inside a hash tag
@@ -69,4 +72,51 @@ func escapes(key string) int {
 
 func mustEscape(c byte) bool {
 	return c <= 0x20 || c >= 0x7F || c == '%' || c == '{' || c == '}'
+}
+
+// userKey returns the user's key of a Redis key name that redisKey made,
+// and false for any other name.
+func (s *RedisStore) userKey(name string) (string, bool) {
+	rest, ok := strings.CutPrefix(name, s.prefix+"{")
+	if !ok {
+		return "", false
+	}
+	rest, ok = strings.CutSuffix(rest, "}")
+	if !ok {
+		return "", false
+	}
+	b := make([]byte, 0, len(rest))
+	for i := 0; i < len(rest); i++ {
+		c := rest[i]
+		if c != '%' {
+			if mustEscape(c) {
+				return "", false
+			}
+			b = append(b, c)
+			continue
+		}
+		if i+2 >= len(rest) {
+			return "", false
+		}
+		v, err := strconv.ParseUint(rest[i+1:i+3], 16, 8)
+		if err != nil || rest[i+1:i+3] != strings.ToUpper(rest[i+1:i+3]) {
+			return "", false
+		}
+		b = append(b, byte(v))
+		i += 2
+	}
+	return string(b), true
+}
+
+// escapeGlob escapes the glob characters of s for SCAN's MATCH.
+func escapeGlob(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		switch s[i] {
+		case '*', '?', '[', ']', '\\':
+			b.WriteByte('\\')
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
 }

@@ -56,12 +56,12 @@ func (s *RedisStore) shared() bool {
 // many keys costs Redis much less than one each. Each call takes shared
 // once, then every item's own arguments, which item appends (see
 // scriptCall); key(i) is item i's Redis key.
-func batchCalls(batch *luaScript, n int, key func(i int) string, shared any, item func(args []any, i int) []any) []scriptCall {
+func batchCalls(batch *luaScript, n int, key func(i int) string, shared []any, item func(args []any, i int) []any) []scriptCall {
 	calls := make([]scriptCall, 0, (n+batchChunk-1)/batchChunk)
 	for lo := 0; lo < n; lo += batchChunk {
 		hi := min(lo+batchChunk, n)
-		bc := scriptCall{script: batch, keys: make([]string, 0, hi-lo), args: make([]any, 1, 1+2*(hi-lo))}
-		bc.args[0] = shared
+		bc := scriptCall{script: batch, keys: make([]string, 0, hi-lo), args: make([]any, 0, len(shared)+2*(hi-lo))}
+		bc.args = append(bc.args, shared...)
 		for i := lo; i < hi; i++ {
 			bc.keys = append(bc.keys, key(i))
 			bc.args = item(bc.args, i)

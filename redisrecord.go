@@ -21,8 +21,10 @@ const (
 	// claim.lua's states, the first element of an array reply.
 	replyClaimed = "C" // a new lease after a forgotten claim
 	replyAgain   = "A" // the lease this same attempt was given before
+	replyTaken   = "T" // a new lease, the take-over of a lapsed claim
 	replyDone    = "D" // confirmed
 	replyHeld    = "P" // held by a live claim
+	replyQuar    = "Q" // quarantined
 
 	// confirm.lua's answers.
 	confirmHeld    = 1 // the lease was held
@@ -66,6 +68,8 @@ func (s *RedisStore) parseClaim(key string, fingerprint []byte, start time.Time,
 		return Claim{}, s.badReply("claim", key, v)
 	}
 	switch st {
+	case replyTaken:
+		return s.parseTakeOver(key, tok, fingerprint, start, a)
 	case replyClaimed, replyAgain:
 		ttl := s.core.o.LeaseTTL
 		if st == replyAgain {
@@ -79,10 +83,13 @@ func (s *RedisStore) parseClaim(key string, fingerprint []byte, start time.Time,
 			ttl = time.Duration(p) * time.Millisecond
 		}
 		return s.claimed(key, tok, ttl, fingerprint, start), nil
-	case replyDone, replyHeld:
+	case replyDone, replyHeld, replyQuar:
 		rec, err := s.parseRecord(key, start, a)
 		if err != nil {
 			return Claim{}, err
+		}
+		if rec.Quarantined {
+			return Claim{Record: rec}, s.core.Quarantined(rec)
 		}
 		c := Claim{Outcome: InProgress, Record: rec}
 		if rec.Confirmed {
@@ -99,10 +106,43 @@ func (s *RedisStore) claimed(key string, tok int64, left time.Duration, fingerpr
 		Lease: s.core.Lease(key, tok, s.core.o.LeaseTTL, start.Add(left), bytes.Clone(fingerprint))}
 }
 
-// parseRecord reads the {state, token, pttl, fingerprint, result|owner}
-// reply that claim.lua and lookup.lua share.
+// parseTakeOver reads claim.lua's {'T', token, n, cp, ptoken, powner}: a
+// new lease that took over the lapsed claim of ptoken's attempt.
+func (s *RedisStore) parseTakeOver(key string, tok int64, fingerprint []byte, start time.Time, a []any) (Claim, error) {
+	if len(a) != 6 {
+		return Claim{}, s.badReply("claim", key, a)
+	}
+	n, ok1 := a[2].(int64)
+	cp, ok2 := a[3].(string)
+	prior, ok3 := attempt(a[4], a[5])
+	if !ok1 || !ok2 || !ok3 || n <= 0 {
+		return Claim{}, s.badReply("claim", key, a)
+	}
+	c := s.claimed(key, tok, s.core.o.LeaseTTL, fingerprint, start)
+	c.TakeOver, c.Prior, c.TakeOvers = true, prior, int(n)
+	if cp != "" {
+		c.Checkpoint = []byte(cp)
+	}
+	return c, nil
+}
+
+// attempt reads an earlier attempt as the scripts send it: its token (the
+// store's clock in microseconds when it was claimed) and owner.
+func attempt(tv, ov any) (*Attempt, bool) {
+	tok, ok1 := token(tv)
+	owner, ok2 := ov.(string)
+	if !ok1 || !ok2 {
+		return nil, false
+	}
+	return &Attempt{Owner: owner, Token: tok, Claimed: time.UnixMicro(tok)}, true
+}
+
+// parseRecord reads the replies that claim.lua and lookup.lua share:
+// {'D', token, pttl, fingerprint, result}, or for a live claim ('P') or a
+// quarantined key ('Q') {state, token, pttl, fingerprint, owner, n, cp}
+// and, when n > 0, the prior attempt's token and owner.
 func (s *RedisStore) parseRecord(key string, start time.Time, a []any) (*Record, error) {
-	if len(a) != 5 {
+	if len(a) < 5 {
 		return nil, s.badReply("record", key, a)
 	}
 	st, _ := a[0].(string)
@@ -110,14 +150,32 @@ func (s *RedisStore) parseRecord(key string, start time.Time, a []any) (*Record,
 	pttl, ok2 := a[2].(int64)
 	fp, ok3 := a[3].(string)
 	last, ok4 := a[4].(string)
-	if !ok1 || !ok2 || !ok3 || !ok4 || (st != replyDone && st != replyHeld) {
+	if !ok1 || !ok2 || !ok3 || !ok4 {
 		return nil, s.badReply("record", key, a)
 	}
 	rec := &Record{Key: key, Confirmed: st == replyDone, Token: tok, Fingerprint: []byte(fp)}
-	if rec.Confirmed {
+	switch {
+	case st == replyDone && len(a) == 5:
 		rec.Result = []byte(last)
-	} else {
-		rec.Owner = last
+	case (st == replyHeld || st == replyQuar) && (len(a) == 7 || len(a) == 9):
+		rec.Owner, rec.Quarantined = last, st == replyQuar
+		n, ok1 := a[5].(int64)
+		cp, ok2 := a[6].(string)
+		if !ok1 || !ok2 || n < 0 || (n > 0) != (len(a) == 9) {
+			return nil, s.badReply("record", key, a)
+		}
+		rec.TakeOvers = int(n)
+		if cp != "" {
+			rec.Checkpoint = []byte(cp)
+		}
+		if n > 0 {
+			var ok bool
+			if rec.Prior, ok = attempt(a[7], a[8]); !ok {
+				return nil, s.badReply("record", key, a)
+			}
+		}
+	default:
+		return nil, s.badReply("record", key, a)
 	}
 	// A key without a TTL (-1) was persisted by someone else: it never
 	// expires, which the zero Expires says.
@@ -141,8 +199,12 @@ func (s *RedisStore) badReply(op, key string, v any) error {
 	return fmt.Errorf("idem: %s of %s: unexpected reply from Redis (%T)", op, s.core.KeyName(key), v)
 }
 
-// confirmArgs are confirm.lua's ARGV for l: the retention, which a batch
-// shares, then l's own (see scriptCall).
+// sharedArgs is how many of claim.lua's and confirm.lua's first arguments
+// their batch forms take once for all their keys.
+const sharedArgs = 2
+
+// confirmArgs are confirm.lua's ARGV for l: the retention and the claim's
+// keep, which a batch shares, then l's own (see scriptCall).
 func (s *RedisStore) confirmArgs(l *Lease, result []byte) []any {
 	// Both values in one allocation; the held prefix is capped so that
 	// nothing appended to it could overwrite the confirmation. 48 bytes
@@ -153,7 +215,7 @@ func (s *RedisStore) confirmArgs(l *Lease, result []byte) []any {
 	b = appendHeld(b, l)
 	n := len(b)
 	b = appendDone(b, l, result)
-	return []any{s.retentionMs, b[:n:n], b[n:]}
+	return []any{s.retentionMs, s.retentionMs, b[:n:n], b[n:]}
 }
 
 // confirmed interprets confirm.lua's answer v, logging a late confirm;
@@ -180,26 +242,29 @@ func (s *RedisStore) confirmed(ctx context.Context, l *Lease, v any) (late bool,
 // builds: it knows them before the call, and a byte copied here is a byte
 // Redis, which every client shares, does not have to assemble.
 
-// claimTail is a claim's value after "1C<token>:":
-// <#owner>:<owner><#attempt>:<attempt><fingerprint>.
-func claimTail(owner string, attempt, fingerprint []byte) []byte {
-	b := make([]byte, 0, len(owner)+len(attempt)+len(fingerprint)+8)
+// claimTail is a new claim's value after "2C<token>:":
+// <#owner>:<owner><#attempt>:<attempt><keep>:0:0:<fingerprint> (no
+// take-overs, no checkpoint).
+func claimTail(owner string, attempt []byte, keep string, fingerprint []byte) []byte {
+	b := make([]byte, 0, len(owner)+len(attempt)+len(keep)+len(fingerprint)+12)
 	b = appendField(b, owner)
 	b = strconv.AppendInt(b, int64(len(attempt)), 10)
 	b = append(b, ':')
 	b = append(b, attempt...)
+	b = append(b, keep...)
+	b = append(b, ":0:0:"...)
 	return append(b, fingerprint...)
 }
 
-// heldPrefix is how the live claim of a lease begins:
-// 1C<token>:<#owner>:<owner>.
+// heldPrefix is how the claim of a lease begins:
+// 2C<token>:<#owner>:<owner>.
 func heldPrefix(l *Lease) []byte {
 	return appendHeld(make([]byte, 0, 24+len(l.Owner)), l)
 }
 
 // appendHeld appends heldPrefix(l) to b.
 func appendHeld(b []byte, l *Lease) []byte {
-	b = append(b, "1C"...)
+	b = append(b, "2C"...)
 	b = strconv.AppendInt(b, l.Token, 10)
 	b = append(b, ':')
 	return appendField(b, l.Owner)

@@ -36,6 +36,10 @@ var (
 	claimBatchLua string
 	//go:embed scripts/confirm_batch.lua
 	confirmBatchLua string
+	//go:embed scripts/checkpoint.lua
+	checkpointLua string
+	//go:embed scripts/resolve.lua
+	resolveLua string
 	//go:embed scripts/probe.lua
 	probeLua string
 
@@ -48,6 +52,8 @@ var (
 	lookupScript       = script("lookup", lookupLua)
 	claimBatchScript   = script("claim_batch", claimBatchLua)
 	confirmBatchScript = script("confirm_batch", confirmBatchLua)
+	checkpointScript   = script("checkpoint", checkpointLua)
+	resolveScript      = script("resolve", resolveLua)
 
 	// probeScript asks the server, on first contact, for what the others
 	// rely on (see RedisStore.Check).
@@ -55,7 +61,7 @@ var (
 
 	// scripts are all of them, as SCRIPT LOAD loads them on first contact.
 	scripts = [...]*luaScript{claimScript, renewScript, confirmScript, forgetScript,
-		lookupScript, claimBatchScript, confirmBatchScript, probeScript}
+		lookupScript, claimBatchScript, confirmBatchScript, checkpointScript, resolveScript, probeScript}
 )
 
 // luaScript is one of the store's scripts: its source, and the digest

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -50,6 +51,11 @@ type RedisOptions struct {
 	// instead of by their hash, for debugging. Keys may carry personal
 	// data: leave it off in production. Default false.
 	RevealKeys bool
+	// MaxTakeOvers is how many take-overs in a row (claims whose lease ran
+	// out unconfirmed, each taken over by the next Claim) a key may have;
+	// when the last of them lapses too, the next Claim quarantines the key
+	// instead of running the work once more. Not negative. Default 3.
+	MaxTakeOvers int
 	// Prefix begins every Redis key name, so that idem's keys can share a
 	// Redis with others. No '{' or '}'. Default "idem:".
 	Prefix string
@@ -81,14 +87,14 @@ type RedisOptions struct {
 func RedisOptionsFrom(o Options) RedisOptions {
 	return RedisOptions{Retention: o.Retention, LeaseTTL: o.LeaseTTL, Worker: o.Worker,
 		MaxKeyBytes: o.MaxKeyBytes, MaxResultBytes: o.MaxResultBytes, Logger: o.Logger,
-		Observer: o.Observer, KeyHasher: o.KeyHasher, RevealKeys: o.RevealKeys}
+		Observer: o.Observer, KeyHasher: o.KeyHasher, RevealKeys: o.RevealKeys, MaxTakeOvers: o.MaxTakeOvers}
 }
 
 // options returns the settings o shares with every store.
 func (o RedisOptions) options() Options {
 	return Options{Retention: o.Retention, LeaseTTL: o.LeaseTTL, Worker: o.Worker,
 		MaxKeyBytes: o.MaxKeyBytes, MaxResultBytes: o.MaxResultBytes, Logger: o.Logger,
-		Observer: o.Observer, KeyHasher: o.KeyHasher, RevealKeys: o.RevealKeys}
+		Observer: o.Observer, KeyHasher: o.KeyHasher, RevealKeys: o.RevealKeys, MaxTakeOvers: o.MaxTakeOvers}
 }
 
 // DefaultWaitTimeout is RedisOptions.WaitTimeout's default.
@@ -124,8 +130,14 @@ type RedisStore struct {
 	// Script arguments that never change, converted to interface values
 	// once rather than on every call.
 	leaseMs, retentionMs any
-	attemptPrefix        string
-	attempts             atomic.Uint64
+	// claimMs is a claim's TTL, its lease and then Retention more, for
+	// which a lapsed claim is kept so that the next claim is told it takes
+	// over (see scripts/record.lua: the claim's keep); keep is Retention
+	// as the record writes it, maxTakeOvers Options.MaxTakeOvers.
+	claimMs, maxTakeOvers any
+	keep                  string
+	attemptPrefix         string
+	attempts              atomic.Uint64
 
 	auto *autoPipe // nil unless RedisOptions.AutoPipeline
 
@@ -202,6 +214,9 @@ func NewRedisStore(c redis.UniversalClient, o RedisOptions) (*RedisStore, error)
 		prefix:        o.Prefix,
 		leaseMs:       strconv.FormatInt(opts.LeaseTTL.Milliseconds(), 10),
 		retentionMs:   strconv.FormatInt(opts.Retention.Milliseconds(), 10),
+		claimMs:       strconv.FormatInt((opts.LeaseTTL + opts.Retention).Milliseconds(), 10),
+		maxTakeOvers:  strconv.Itoa(opts.MaxTakeOvers),
+		keep:          strconv.FormatInt(opts.Retention.Milliseconds(), 10),
 		attemptPrefix: hex.EncodeToString(seed[:]) + ".",
 	}
 	if o.AutoPipeline {
@@ -277,7 +292,7 @@ func (s *RedisStore) Claim(ctx context.Context, key string, fingerprint []byte) 
 		return Claim{}, s.fail("claim", key, err)
 	}
 	var buf [40]byte
-	v, _, err := s.run(ctx, claimScript, key, s.leaseMs, claimTail(s.core.o.Worker, s.appendAttempt(buf[:0]), fingerprint))
+	v, _, err := s.run(ctx, claimScript, key, s.claimMs, s.maxTakeOvers, claimTail(s.core.o.Worker, s.appendAttempt(buf[:0]), s.keep, fingerprint))
 	if err != nil {
 		return Claim{}, s.fail("claim", key, err)
 	}
@@ -300,21 +315,11 @@ func (s *RedisStore) Renew(ctx context.Context, l *Lease) (err error) {
 	if err := s.leaseReady(ctx); err != nil {
 		return s.fail("renew", l.Key, err)
 	}
-	v, _, err := s.run(ctx, renewScript, l.Key, heldPrefix(l), s.leaseMs)
+	v, _, err := s.run(ctx, renewScript, l.Key, heldPrefix(l), s.claimMs, s.retentionMs)
 	if err != nil {
 		return s.fail("renew", l.Key, err)
 	}
-	if damaged(v) {
-		return s.errDamaged("renew", l.Key)
-	}
-	n, ok := v.(int64)
-	if !ok {
-		return s.badReply("renew", l.Key, v)
-	}
-	if n != 1 {
-		return s.core.LeaseLost(OpRenew, l)
-	}
-	return nil
+	return s.held(OpRenew, l, v)
 }
 
 // Confirm implements Store in one round trip.
@@ -351,21 +356,11 @@ func (s *RedisStore) Forget(ctx context.Context, l *Lease) (err error) {
 	if err := s.leaseReady(ctx); err != nil {
 		return s.fail("forget", l.Key, err)
 	}
-	v, _, err := s.run(ctx, forgetScript, l.Key, heldPrefix(l), strconv.FormatInt(l.Token, 10))
+	v, _, err := s.run(ctx, forgetScript, l.Key, heldPrefix(l), strconv.FormatInt(l.Token, 10), s.retentionMs)
 	if err != nil {
 		return s.fail("forget", l.Key, err)
 	}
-	if damaged(v) {
-		return s.errDamaged("forget", l.Key)
-	}
-	n, ok := v.(int64)
-	if !ok {
-		return s.badReply("forget", l.Key, v)
-	}
-	if n != 1 {
-		return s.core.LeaseLost(OpForget, l)
-	}
-	return nil
+	return s.held(OpForget, l, v)
 }
 
 // Lookup implements Store in one round trip.
@@ -394,6 +389,133 @@ func (s *RedisStore) Lookup(ctx context.Context, key string) (rec *Record, err e
 		return nil, s.badReply("lookup", key, v)
 	}
 	return s.parseRecord(key, sent, a)
+}
+
+// Checkpoint implements Checkpointer in one round trip.
+func (s *RedisStore) Checkpoint(ctx context.Context, l *Lease, data []byte) (err error) {
+	start := time.Now()
+	defer func() { s.core.Observe(ctx, Event{Op: OpCheckpoint, Err: err}, leaseKey(l), start) }()
+	if err := s.core.CheckCheckpoint(l, data); err != nil {
+		return err
+	}
+	if err := s.leaseReady(ctx); err != nil {
+		return s.fail("checkpoint", l.Key, err)
+	}
+	v, _, err := s.run(ctx, checkpointScript, l.Key, heldPrefix(l), s.retentionMs, data)
+	if err != nil {
+		return s.fail("checkpoint", l.Key, err)
+	}
+	return s.held(OpCheckpoint, l, v)
+}
+
+// held reads the answer of a script that acts only on l's own live claim
+// (renew, forget, checkpoint): 1 done, 0 ErrLeaseLost.
+func (s *RedisStore) held(op Op, l *Lease, v any) error {
+	if damaged(v) {
+		return s.errDamaged(op.String(), l.Key)
+	}
+	n, ok := v.(int64)
+	if !ok {
+		return s.badReply(op.String(), l.Key, v)
+	}
+	if n != 1 {
+		return s.core.LeaseLost(op, l)
+	}
+	return nil
+}
+
+// Resolve implements Resolver in one round trip.
+func (s *RedisStore) Resolve(ctx context.Context, key string, r Resolution) (err error) {
+	start := time.Now()
+	defer func() { s.core.Observe(ctx, Event{Op: OpResolve, Err: err}, key, start) }()
+	if err := s.core.CheckResolve(key, r); err != nil {
+		return err
+	}
+	if _, err := s.contact(ctx, start); err != nil {
+		return s.fail("resolve", key, err)
+	}
+	args := []any{"forget", s.leaseMs, ""}
+	if r.Confirm {
+		args = []any{"confirm", s.retentionMs, r.Result}
+	}
+	v, _, err := s.run(ctx, resolveScript, key, args...)
+	if err != nil {
+		return s.fail("resolve", key, err)
+	}
+	if damaged(v) {
+		return s.errDamaged("resolve", key)
+	}
+	switch n, _ := v.(int64); n {
+	case 1:
+		return nil
+	case 0:
+		return s.core.NotQuarantined(key)
+	}
+	return s.badReply("resolve", key, v)
+}
+
+// Quarantined implements Resolver: a SCAN of the store's keys (on every
+// master of a cluster), each quarantined one read as Lookup reads it. It
+// reads the whole keyspace under the Prefix, a cost for an operator's
+// command, not for a request path.
+func (s *RedisStore) Quarantined(ctx context.Context, limit int) ([]*Record, error) {
+	if _, err := s.contact(ctx, time.Now()); err != nil {
+		return nil, fmt.Errorf("idem: quarantined: %w", err)
+	}
+	var (
+		mu  sync.Mutex
+		out []*Record
+	)
+	full := func() bool { return limit > 0 && len(out) >= limit }
+	scan := func(ctx context.Context, c *redis.Client) error {
+		iter := c.Scan(ctx, 0, escapeGlob(s.prefix)+"{*}", 256).Iterator()
+		for iter.Next(ctx) {
+			name := iter.Val()
+			key, ok := s.userKey(name)
+			if !ok {
+				continue
+			}
+			// A GET first: only a quarantined key ("2Q...") is read again,
+			// by the lookup script that answers it as Lookup does.
+			v, err := c.Get(ctx, name).Result()
+			if err != nil && !errors.Is(err, redis.Nil) {
+				return err
+			}
+			if !strings.HasPrefix(v, "2Q") {
+				continue
+			}
+			rec, err := s.Lookup(ctx, key)
+			if errors.Is(err, ErrNotFound) {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			mu.Lock()
+			if rec.Quarantined && !full() {
+				out = append(out, rec)
+			}
+			done := full()
+			mu.Unlock()
+			if done {
+				return nil
+			}
+		}
+		return iter.Err()
+	}
+	var err error
+	switch c := s.c.(type) {
+	case *redis.ClusterClient:
+		err = c.ForEachMaster(ctx, scan)
+	case *redis.Client:
+		err = scan(ctx, c)
+	default:
+		err = fmt.Errorf("a %T cannot be scanned; use a *redis.Client or *redis.ClusterClient", s.c)
+	}
+	if err != nil {
+		return out, fmt.Errorf("idem: quarantined: %w", err)
+	}
+	return out, nil
 }
 
 // MaxResultBytes returns the largest result Confirm accepts (the option

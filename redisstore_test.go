@@ -802,3 +802,52 @@ func TestRedisUniversalClient(t *testing.T) {
 // replicas it counted then were lost since: what WaitReplicas must still
 // report, with ErrNotReplicated, on every Confirm.
 func lostReplicaAfterContact(s *RedisStore) { s.probe.passed.Store(true) }
+
+// What a crashed key costs Redis: its lapsed claim is kept for the
+// Retention past its lease, so that the next claim is told it takes over.
+// A 36-byte key, a 36-byte Worker (the default, a UUID) and a 32-byte
+// fingerprint (a SHA-256), as the README states it.
+func TestRedisCrashedKeyMemory(t *testing.T) {
+	c := testenv.Redis(t)
+	ctx := t.Context()
+	prefix := "idem:" + testenv.UniquePrefix()
+	open := func() *RedisStore {
+		s, err := NewRedisStore(c, RedisOptions{Prefix: prefix, LeaseTTL: 100 * time.Millisecond,
+			Retention: time.Minute, Worker: uuid.NewString()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	a, b := open(), open()
+	key, fp := uuid.NewString(), make([]byte, 32)
+	if _, err := a.Claim(ctx, key, fp); err != nil {
+		t.Fatal(err)
+	}
+	usage := func(what string) int64 {
+		t.Helper()
+		n, err := c.MemoryUsage(ctx, a.RecordKey(key)).Result()
+		if err != nil {
+			t.Fatalf("MEMORY USAGE of %s = %v", what, err)
+		}
+		ttl := c.PTTL(ctx, a.RecordKey(key)).Val()
+		t.Logf("%s: %d bytes (MEMORY USAGE), %v left", what, n, ttl.Round(time.Second))
+		return n
+	}
+	time.Sleep(150 * time.Millisecond)
+	crashed := usage("a lapsed claim, kept for the retention")
+	cl, err := b.Claim(ctx, key, fp)
+	if err != nil || !cl.TakeOver {
+		t.Fatalf("Claim after the lapse = %+v, %v; want a take-over", cl, err)
+	}
+	if err := b.Checkpoint(ctx, cl.Lease, []byte("step-1")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(150 * time.Millisecond)
+	again := usage("a lapsed take-over with a prior attempt and a 6-byte checkpoint")
+	// Bounded: one key per record, at most a prior attempt and the
+	// checkpoint more than a claim.
+	if crashed > 256 || again > crashed+128 {
+		t.Errorf("a crashed key costs %d bytes, %d after a take-over; want at most 256 and 128 more", crashed, again)
+	}
+}

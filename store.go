@@ -47,6 +47,17 @@ type Record struct {
 	Fingerprint []byte    // as given to Claim
 	Result      []byte    // as given to Confirm; nil while claimed
 	Expires     time.Time // lease end while claimed, retention end once confirmed (local estimate)
+
+	// Quarantined is set on a key whose work crashed more times in a row
+	// than the store allows (see ErrQuarantined): Token and Owner are its
+	// last attempt's, Expires the quarantine's end.
+	Quarantined bool
+	// TakeOvers counts the take-overs of a live claim's or a quarantined
+	// key's earlier attempts (0 when none); Prior is the last attempt
+	// taken over, and Checkpoint the last checkpoint recorded (nil: none).
+	TakeOvers  int
+	Prior      *Attempt
+	Checkpoint []byte
 }
 
 // Claim is the answer to Store.Claim.
@@ -56,10 +67,22 @@ type Claim struct {
 	Record  *Record // set when Duplicate (the confirmation) or InProgress (the holder)
 	// TakeOver is set when Claimed replaced a claim whose lease had run out
 	// unconfirmed: an earlier attempt crashed or stalled and may have done
-	// part of the work. MemoryStore and the SQL store (package sqlstore)
-	// report it; on RedisStore an expired claim vanishes with its TTL, so
-	// TakeOver is always false there.
+	// part of the work. Check before redoing it (did the payment go
+	// through?), and resume after Checkpoint. Every store of this module
+	// reports it: a lapsed claim is remembered for the store's Retention
+	// after its lease. A claim after a Forget (the holder said the work
+	// failed), after a confirmation's retention, or of a new key is not a
+	// take-over.
 	TakeOver bool
+	// Prior is the attempt taken over; set with TakeOver.
+	Prior *Attempt
+	// TakeOvers counts the key's take-overs in a row, this one included
+	// (1 on the first); 0 unless TakeOver. At MaxTakeOvers the next
+	// lapse quarantines the key.
+	TakeOvers int
+	// Checkpoint is the last progress an earlier holder recorded (see
+	// Checkpointer), carried across take-overs; nil when none was.
+	Checkpoint []byte
 }
 
 // Store records which keys are being worked on and which are done.
@@ -191,3 +214,83 @@ var (
 	// middleware answers 503, not "key in flight") checks ErrBusy first.
 	ErrBusy = errors.New("idem: store busy")
 )
+
+// After a crash: what the next holder of a key is told (Claim.TakeOver and
+// Claim.Prior), the progress an earlier holder left (checkpoints), and the
+// end of a crash loop (quarantine). Every store of this module answers the
+// same; storetest checks it.
+
+// Attempt is a claim of a key whose lease ran out before it was confirmed
+// or forgotten: its worker crashed or stalled, and may have done part of
+// the work.
+type Attempt struct {
+	// Owner is the Worker of the store that held it.
+	Owner string
+	// Token is its fencing token.
+	Token int64
+	// Claimed is when it was claimed, by the store's clock (on Redis the
+	// token's own time: tokens are the server's clock in microseconds).
+	Claimed time.Time
+}
+
+// MaxCheckpointBytes bounds a checkpoint: a note of progress (the last
+// completed step, an id the next holder can look up), not the work's data.
+const MaxCheckpointBytes = 64 << 10
+
+// DefaultMaxTakeOvers is Options.MaxTakeOvers' default: the take-overs of
+// one key a store allows before it quarantines the key.
+//
+// Three: a worker killed once by a deploy, an OOM kill or a lost node is
+// common, twice in a row for the same key is rare, and three take-overs
+// in a row (four attempts, each ending in a crash) is the signature of a
+// message that kills whoever handles it. Each one costs a worker and a
+// lease of delay; a higher limit only spends more of both on a key that
+// will not get through.
+const DefaultMaxTakeOvers = 3
+
+// ErrQuarantined is wrapped by Claim's error when the key's work crashed
+// (its lease ran out unconfirmed) more times in a row than the store's
+// MaxTakeOvers allows: the store stopped the crash loop, and no one runs the
+// work again until an operator settles the key (Resolver.Resolve, `idem
+// resolve`). The Claim returned with it carries the quarantined Record
+// (its last attempt, the one before it, the take-overs and the checkpoint).
+// A quarantined key is remembered for the store's Retention.
+var ErrQuarantined = errors.New("idem: quarantined after repeated crashes; an operator must settle it")
+
+// Checkpointer is implemented by stores on which a holder records its
+// progress under its lease: RedisStore, MemoryStore and the SQL store.
+type Checkpointer interface {
+	// Checkpoint records data as l's progress, replacing the one before,
+	// in one round trip. It writes only while l is the key's live lease
+	// (a lease that was lost, forgotten or confirmed is ErrLeaseLost:
+	// a stalled worker cannot overwrite its successor's progress). The
+	// next holder after a take-over receives the last checkpoint in
+	// Claim.Checkpoint. data is at most MaxCheckpointBytes (ErrTooLarge);
+	// an empty data clears it. A checkpoint does not renew the lease.
+	Checkpoint(ctx context.Context, l *Lease, data []byte) error
+}
+
+// Resolver is implemented by stores on which an operator settles a
+// quarantined key: RedisStore, MemoryStore and the SQL store.
+type Resolver interface {
+	// Resolve settles key's quarantine. Without Confirm the record is
+	// removed and the next Claim runs the work as new (no take-over, the
+	// count starts again); with Confirm the key is recorded as done with
+	// Result, replayed to duplicates for the store's Retention. A key
+	// that is not quarantined is left as it is: an error wrapping
+	// ErrNotFound.
+	Resolve(ctx context.Context, key string, r Resolution) error
+	// Quarantined returns up to limit quarantined records (all when limit
+	// is 0 or less), in no particular order.
+	Quarantined(ctx context.Context, limit int) ([]*Record, error)
+}
+
+// Resolution is an operator's verdict on a quarantined key.
+type Resolution struct {
+	// Confirm records the work as done (its effect happened) with Result;
+	// false removes the record so that the work runs again.
+	Confirm bool
+	// Result is what duplicates are answered with when Confirm is set: for
+	// Do, its encoding of the function's result.
+	Result []byte
+}

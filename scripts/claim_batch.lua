@@ -3,8 +3,9 @@
 -- cluster).
 --
 -- KEYS      the records
--- ARGV[1]   lease in milliseconds
--- ARGV[1+i] key i's claim value after "1C<token>:" (see claim.lua); each
+-- ARGV[1]   the claims' TTL in milliseconds (lease plus keep)
+-- ARGV[2]   the store's MaxTakeOvers
+-- ARGV[2+i] key i's claim value after "2C<token>:" (see claim.lua); each
 --           item has an attempt of its own, so a key twice in one batch is
 --           two attempts, and a retried batch repeats them
 -- Reply:    one claim.lua reply per key ('X' for a damaged record)
@@ -19,10 +20,10 @@ local toks = t[1] .. string.sub('00000' .. t[2], -6)
 
 local out = {}
 for i = 1, #KEYS do
-  if redis.call('SET', KEYS[i], '1C' .. toks .. ':' .. ARGV[1 + i], 'NX', 'PX', ARGV[1]) then
+  if redis.call('SET', KEYS[i], '2C' .. toks .. ':' .. ARGV[2 + i], 'NX', 'PX', ARGV[1]) then
     out[i] = toks
   else
-    out[i] = claimed(KEYS[i], ARGV[1], ARGV[1 + i], toks)
+    out[i] = claimed(KEYS[i], ARGV[1], ARGV[2 + i], toks, ARGV[2])
   end
 end
 return out

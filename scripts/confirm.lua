@@ -2,8 +2,10 @@
 --
 -- KEYS[1]  the record
 -- ARGV[1]  retention in milliseconds
--- ARGV[2]  how the lease's claim begins: 1C<token>:<#owner>:<owner>
--- ARGV[3]  the confirmation: 1D<token>:<#fingerprint>:<fingerprint><result>,
+-- ARGV[2]  the claim's keep in milliseconds (see record.lua): the lease is
+--          live while the key's PTTL is at least that
+-- ARGV[3]  how the lease's claim begins: 2C<token>:<#owner>:<owner>
+-- ARGV[4]  the confirmation: 1D<token>:<#fingerprint>:<fingerprint><result>,
 --          with the lease's fingerprint, so a late confirm still records it
 -- Reply:   1 confirmed, the lease was held
 --          2 confirmed late: the lease had been lost (expired, forgotten or
@@ -14,11 +16,14 @@
 
 -- The common case, the lease's own claim: one read, one write.
 local v = redis.call('GET', KEYS[1])
-if v and string.find(v, ARGV[2], 1, true) == 1 then
-  redis.call('SET', KEYS[1], ARGV[3], 'PX', ARGV[1])
-  return 1 -- HELD (record.lua is not included yet)
+if v and string.find(v, ARGV[3], 1, true) == 1 then
+  local pttl = redis.call('PTTL', KEYS[1])
+  redis.call('SET', KEYS[1], ARGV[4], 'PX', ARGV[1])
+  -- HELD, or LATE when the lease had lapsed (record.lua is not included yet).
+  if pttl == -1 or pttl >= tonumber(ARGV[2]) then return 1 end
+  return 2
 end
 
 -- #include record.lua
 
-return confirmed(KEYS[1], v, ARGV[2], ARGV[1], ARGV[3])
+return confirmed(KEYS[1], v, ARGV[3], ARGV[1], ARGV[4])

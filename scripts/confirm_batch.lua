@@ -3,14 +3,15 @@
 --
 -- KEYS     the records
 -- ARGV[1]  retention in milliseconds
--- ARGV[2i], ARGV[2i+1]  key i's claim prefix and confirmation, as ARGV[2]
---          and ARGV[3] of confirm.lua
+-- ARGV[2]  the claims' keep in milliseconds, as ARGV[2] of confirm.lua
+-- ARGV[2i+1], ARGV[2i+2]  key i's claim prefix and confirmation, as ARGV[3]
+--          and ARGV[4] of confirm.lua
 -- Reply:   one confirm.lua answer per key ('X' for a damaged record)
 
 -- #include record.lua
 
 local out = {}
 for i = 1, #KEYS do
-  out[i] = confirm(KEYS[i], ARGV[2 * i], ARGV[1], ARGV[2 * i + 1])
+  out[i] = confirm(KEYS[i], ARGV[2 * i + 1], ARGV[1], ARGV[2 * i + 2], ARGV[2])
 end
 return out

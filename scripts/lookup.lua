@@ -1,10 +1,14 @@
 -- lookup: read a key's live record.
 --
 -- KEYS[1]  the record
--- Reply:   false when there is none (a forgotten claim counts as none)
+-- Reply:   false when there is none (a forgotten or lapsed claim counts as none)
 --          {'D', token, pttl, fingerprint, result}   confirmed
---          {'P', token, pttl, fingerprint, owner}    a live claim
---          'X'                                      the record is damaged
+--          {'P', token, pttl, fingerprint, owner, n, cp[, ptoken, powner]}
+--                                                    a live claim
+--          {'Q', token, pttl, fingerprint, owner, n, cp[, ptoken, powner]}
+--                                                    quarantined
+--          'X'                                       the record is damaged
+-- See claim.lua for the fields.
 
 -- #include record.lua
 
@@ -13,4 +17,6 @@ if not v then return false end
 local r = decode(v)
 if not r then return DAMAGED end
 if r.st == 'F' then return false end
-return reply(KEYS[1], r)
+local pttl = redis.call('PTTL', KEYS[1])
+if r.st == 'C' and not live(r, pttl) then return false end
+return reply(r, pttl)

@@ -3,23 +3,39 @@
 -- script includes it after its fast path, so that the common case runs
 -- without defining any of this; a batch script's keys share the cost.
 --
--- One Redis string per idempotency key. Its TTL is the lease while claimed
--- and the retention once confirmed. The value begins with the format version
--- '1', then the state:
+-- One Redis string per idempotency key. The value begins with the format
+-- version, then the state:
 --
---   1C<token>:<#owner>:<owner><#attempt>:<attempt><fingerprint>   a live claim
---   1D<token>:<#fingerprint>:<fingerprint><result>               a confirmation
---   1F<token>                                                    a forgotten claim
+--   2C<token>:<#owner>:<owner><#attempt>:<attempt><keep>:<n>:<prior><#cp>:<cp><fingerprint>
+--                                                              a claim, live or lapsed
+--   2Q<the same fields>                                        a quarantined key
+--   1D<token>:<#fingerprint>:<fingerprint><result>             a confirmation
+--   1F<token>                                                  a forgotten claim
 --
 -- <token> is a decimal microsecond timestamp of the store's clock (at most
 -- 16 digits); <#x> is the decimal byte length of x. The owner comes first in
--- a claim so that "is this my lease?" is one prefix comparison. A forgotten
--- claim is kept for what remained of its lease only so that the next
--- claim's token exceeds it even within the same clock tick; it reads as no
--- record.
+-- a claim so that "is this my lease?" is one prefix comparison.
 --
--- The client builds the parts it knows (redisrecord.go): a claim's tail
--- after "<token>:", a claim's prefix up to its owner, a whole confirmation.
+-- A claim's key lives <keep> milliseconds (its store's Retention) past its
+-- lease: its TTL is the lease plus keep, so the lease is live while the
+-- PTTL is at least keep (through its last millisecond, as Redis keeps a
+-- key through its own), and a lapsed claim is still there for the next claim,
+-- which takes it over and is told so. <n> counts the take-overs in a row
+-- that led to this claim; when n > 0, <prior> is the attempt taken over,
+-- <token>:<#owner>:<owner> (its time is its token), else empty. <cp> is the
+-- last checkpoint, carried from holder to holder. A lapsed claim with n at
+-- the store's MaxTakeOvers becomes a quarantined key (2Q), living for the
+-- Retention of the store that quarantined it, answered to every claim until
+-- an operator settles it (resolve.lua) or a late confirm records over it.
+-- Version 1 claims (1C<token>:<#owner>:<owner><#attempt>:<attempt><fingerprint>,
+-- a TTL of the lease alone) are still read: keep 0, no take-overs.
+--
+-- A forgotten claim is kept for what remained of its lease only so that the
+-- next claim's token exceeds it even within the same clock tick; it reads as
+-- no record.
+--
+-- The client builds the parts it knows (redisrecord.go): a new claim's tail
+-- after "2C<token>:", a claim's prefix up to its owner, a whole confirmation.
 -- Building them in Lua would cost Redis, which every client shares, what
 -- costs a client next to nothing.
 
@@ -33,8 +49,9 @@ local HELD, LATE, REPEAT, NOT_KEPT = 1, 2, 3, 4
 -- decode parses a record, or returns nil when it is not one this version
 -- can read (the caller answers DAMAGED and leaves the record alone).
 local function decode(v)
-  if string.sub(v, 1, 1) ~= '1' then return nil end
-  local r = {st = string.sub(v, 2, 2)}
+  local ver = string.sub(v, 1, 1)
+  if ver ~= '1' and ver ~= '2' then return nil end
+  local r = {st = string.sub(v, 2, 2), keep = 0, n = 0, cp = ''}
   local pos = 3
   -- num reads decimal digits up to the next ':'.
   local function num()
@@ -58,17 +75,40 @@ local function decode(v)
     pos = pos + n
     return s
   end
-  if r.st == 'F' then
-    r.toks = string.sub(v, 3)
-    if not string.find(r.toks, '^%d+$') then return nil end
-  else
-    r.toks = num()
+  -- tok reads a token: digits only, at most 16. tonumber alone accepts
+  -- 'inf', '1e400' and '0x10', and a huge floor would make the next
+  -- token wrap around.
+  local function tok()
+    local s = num()
+    if not s or #s > 16 then return nil end
+    return s
   end
-  -- Digits only, at most 16: tonumber alone accepts 'inf', '1e400' and
-  -- '0x10', and a huge floor would make the next token wrap around.
-  if not r.toks or #r.toks > 16 then return nil end
+  if ver == '1' and r.st == 'F' then
+    r.toks = string.sub(v, 3)
+    if not string.find(r.toks, '^%d+$') or #r.toks > 16 then return nil end
+    r.tok = tonumber(r.toks)
+    return r
+  end
+  r.toks = tok()
+  if not r.toks then return nil end
   r.tok = tonumber(r.toks)
-  if r.st == 'F' then return r end
+  if ver == '2' then
+    if r.st ~= 'C' and r.st ~= 'Q' then return nil end
+    r.owner = str()
+    r.attempt = str()
+    local keep, n = num(), num()
+    if not r.owner or not r.attempt or not keep or not n or #keep > 12 or #n > 9 then return nil end
+    r.keep, r.n = tonumber(keep), tonumber(n)
+    if r.n > 0 then
+      r.ptoks = tok()
+      r.powner = str()
+      if not r.ptoks or not r.powner then return nil end
+    end
+    r.cp = str()
+    if not r.cp then return nil end
+    r.fp = string.sub(v, pos)
+    return r
+  end
   if r.st == 'C' then
     r.owner = str()
     r.attempt = str()
@@ -83,42 +123,93 @@ local function decode(v)
   return r
 end
 
--- reply describes a live record the way Claim and Lookup answer it:
--- {'D', token, pttl, fingerprint, result} or {'P', token, pttl, fingerprint, owner}.
-local function reply(key, r)
-  local pttl = redis.call('PTTL', key)
+-- encode writes a claim or a quarantined key (r.st 'C' or 'Q') in the
+-- current format.
+local function encode(r)
+  local prior = ''
+  if r.n > 0 then prior = r.ptoks .. ':' .. #r.powner .. ':' .. r.powner end
+  return '2' .. r.st .. r.toks .. ':' .. #r.owner .. ':' .. r.owner .. #r.attempt .. ':' .. r.attempt ..
+    string.format('%d:%d:', r.keep, r.n) .. prior .. #r.cp .. ':' .. r.cp .. r.fp
+end
+
+-- live reports whether claim r, whose key has pttl milliseconds left, is
+-- within its lease. A key without a TTL (-1) was persisted by someone
+-- else: it never expires.
+local function live(r, pttl)
+  return pttl == -1 or pttl >= r.keep
+end
+
+-- reply describes a live record the way Claim and Lookup answer it, pttl
+-- being its key's:
+--   {'D', token, pttl, fingerprint, result}                         confirmed
+--   {'P', token, lease left, fingerprint, owner, n, cp[, ptoken, powner]}  a live claim
+--   {'Q', token, pttl, fingerprint, owner, n, cp[, ptoken, powner]}        quarantined
+local function reply(r, pttl)
   if r.st == 'D' then return {'D', r.toks, pttl, r.fp, r.result} end
-  return {'P', r.toks, pttl, r.fp, r.owner}
+  local st, left = 'Q', pttl
+  if r.st == 'C' then
+    st = 'P'
+    if pttl ~= -1 then left = pttl - r.keep end
+  end
+  local out = {st, r.toks, left, r.fp, r.owner, r.n, r.cp}
+  if r.n > 0 then
+    out[8] = r.ptoks
+    out[9] = r.powner
+  end
+  return out
 end
 
 -- claimed answers a claim of key whose SET NX found a record, as claim.lua
--- does; toks is the token the new claim would have had.
-local function claimed(key, lease, tail, toks)
-  -- The claim's owner and attempt are in its tail.
-  local mine = decode('1C0:' .. tail)
+-- does; px is the new claim's TTL (its lease plus its keep), tail its
+-- value after "2C<token>:", toks the token it would have had, maxto the
+-- store's MaxTakeOvers.
+local function claimed(key, px, tail, toks, maxto)
+  -- The claim's owner, attempt and keep are in its tail.
+  local mine = decode('2C0:' .. tail)
   if not mine then return DAMAGED end
-  local owner, attempt = mine.owner, mine.attempt
   local v = redis.call('GET', key)
-  local floor = 0
+  local floor, prior = 0, nil
   if v then
     local r = decode(v)
     if not r then return DAMAGED end
-    if r.st == 'C' and r.owner == owner and r.attempt == attempt then
-      return {'A', r.toks, redis.call('PTTL', key)}
+    if r.st == 'F' then
+      floor = r.tok
+    else
+      local pttl = redis.call('PTTL', key)
+      if r.st ~= 'C' or live(r, pttl) then
+        if r.st == 'C' and r.owner == mine.owner and r.attempt == mine.attempt then
+          if pttl ~= -1 then pttl = pttl - r.keep end
+          return {'A', r.toks, pttl}
+        end
+        return reply(r, pttl)
+      end
+      -- A lapsed claim: its holder crashed or stalled.
+      if r.n >= tonumber(maxto) then
+        -- The last take-over allowed lapsed too: stop the crash loop.
+        r.st = 'Q'
+        redis.call('SET', key, encode(r), 'PX', mine.keep)
+        return reply(r, mine.keep)
+      end
+      prior, floor = r, r.tok
     end
-    if r.st ~= 'F' then return reply(key, r) end
-    floor = r.tok
   end
-  -- A forgotten claim: the new token must exceed it even in the same tick.
+  -- The new token must exceed a forgotten or lapsed claim's even in the
+  -- same tick.
   if tonumber(toks) <= floor then toks = string.format('%d', floor + 1) end
-  redis.call('SET', key, '1C' .. toks .. ':' .. tail, 'PX', lease)
+  if prior then
+    mine.st, mine.toks, mine.n, mine.ptoks, mine.powner, mine.cp =
+      'C', toks, prior.n + 1, prior.toks, prior.owner, prior.cp
+    redis.call('SET', key, encode(mine), 'PX', px)
+    return {'T', toks, mine.n, mine.cp, prior.toks, prior.owner}
+  end
+  redis.call('SET', key, '2C' .. toks .. ':' .. tail, 'PX', px)
   return {'C', toks}
 end
 
 -- confirmed answers a confirm of key whose record v is not the lease's own
 -- claim. See confirm.lua for the answers.
 local function confirmed(key, v, held, retention, value)
-  local toks = string.match(held, '^1C(%d+):')
+  local toks = string.match(held, '^2C(%d+):')
   if v then
     local r = decode(v)
     if not r then return DAMAGED end
@@ -127,17 +218,20 @@ local function confirmed(key, v, held, retention, value)
       return NOT_KEPT
     end
   end
+  -- Over anything else, a quarantined key included: the work happened.
   redis.call('SET', key, value, 'PX', retention)
   return LATE
 end
 
--- confirm records key as done. held is how the lease's claim begins, value
--- the whole confirmation. See confirm.lua.
-local function confirm(key, held, retention, value)
+-- confirm records key as done. held is how the lease's claim begins, keep
+-- the claim's keep, value the whole confirmation. See confirm.lua.
+local function confirm(key, held, retention, value, keep)
   local v = redis.call('GET', key)
   if v and string.find(v, held, 1, true) == 1 then
+    local pttl = redis.call('PTTL', key)
     redis.call('SET', key, value, 'PX', retention)
-    return HELD
+    if pttl == -1 or pttl >= tonumber(keep) then return HELD end
+    return LATE
   end
   return confirmed(key, v, held, retention, value)
 end

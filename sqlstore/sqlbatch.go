@@ -38,6 +38,11 @@ func (s *Store) ClaimBatch(ctx context.Context, keys []string, fingerprints [][]
 		for _, i := range byteOrder(len(keys), func(i int) string { return keys[i] }) {
 			c, err := s.claimIn(ctx, tx, keys[i], batch.Item(fingerprints, i), start)
 			if err != nil {
+				if errors.Is(err, idem.ErrQuarantined) {
+					cs[i] = c
+					errs = batch.Collect(errs, len(keys), i, err)
+					continue
+				}
 				if !errors.Is(err, errChanged) {
 					return s.fail("claim", keys[i], err) // the transaction is lost
 				}
@@ -132,8 +137,10 @@ func (s *Store) txOptions() *sql.TxOptions {
 // statement holds locks on a large part of a big table for long.
 const purgeBatch = 1000
 
-// PurgeExpired deletes the rows whose lease or retention ran out (judged by
-// the database clock), in statements of at most 1000 rows, each its own
+// PurgeExpired deletes the rows whose retention ran out, and the claims
+// whose lease ran out more than this store's Retention ago (until then the
+// next claim of the key takes it over and is told so, idem.Claim.TakeOver),
+// judged by the database clock, in statements of at most 1000 rows, each its own
 // transaction, until a statement finds fewer. It returns how many rows it
 // deleted, also when it stops early on an error or ctx. On Postgres it skips
 // rows locked by a transaction in progress (a Run's), which a later purge
@@ -149,7 +156,7 @@ func (s *Store) PurgeExpired(ctx context.Context) (int64, error) {
 		}
 		var n int64
 		err := s.exclusive(ctx, func() error {
-			r, err := s.db.ExecContext(ctx, s.q.purge, purgeBatch)
+			r, err := s.db.ExecContext(ctx, s.q.purge, purgeBatch, -s.retentionMs)
 			if err == nil {
 				n, err = r.RowsAffected()
 			}

@@ -114,9 +114,14 @@ func (t sqlTable) indexName() string {
 //
 // The table holds one row per key: key (BYTEA/BLOB, compared byte for byte),
 // state ('C' claimed, 'D' done, 'F' a forgotten claim kept only for its
-// token), owner, token, fingerprint, result, recorded_at and expires_at (the
-// lease's end while claimed, the retention's end once done). On Postgres the
-// times are TIMESTAMPTZ; on SQLite, INTEGER Unix milliseconds.
+// token, 'Q' quarantined after repeated crashes), owner, token, fingerprint,
+// result, recorded_at (when claimed or confirmed) and expires_at (the
+// lease's end while claimed, the retention's or quarantine's end once not),
+// then what a take-over tells the next holder: takeovers (in a row),
+// prior_owner, prior_token and prior_at (the attempt taken over) and
+// checkpoint (the last progress recorded). On Postgres the times are
+// TIMESTAMPTZ; on SQLite, INTEGER Unix milliseconds. A table made before
+// those columns existed is brought up to date by UpgradeDDL's statements.
 func SchemaDDL(dialect Dialect, table string) ([]string, error) {
 	if table == "" {
 		table = DefaultTable
@@ -130,25 +135,35 @@ func SchemaDDL(dialect Dialect, table string) ([]string, error) {
 	case Postgres:
 		create = `CREATE TABLE IF NOT EXISTS ` + t.quoted() + ` (
 	key         BYTEA PRIMARY KEY,
-	state       CHAR(1) NOT NULL CHECK (state IN ('C', 'D', 'F')),
+	state       CHAR(1) NOT NULL CONSTRAINT "` + t.name + `_state_check" CHECK (state IN ('C', 'D', 'F', 'Q')),
 	owner       TEXT NOT NULL,
 	token       BIGINT NOT NULL,
 	fingerprint BYTEA NOT NULL,
 	result      BYTEA,
 	recorded_at TIMESTAMPTZ NOT NULL,
-	expires_at  TIMESTAMPTZ NOT NULL
+	expires_at  TIMESTAMPTZ NOT NULL,
+	takeovers   INTEGER NOT NULL DEFAULT 0,
+	prior_owner TEXT,
+	prior_token BIGINT,
+	prior_at    TIMESTAMPTZ,
+	checkpoint  BYTEA
 )`
 		index = `CREATE INDEX IF NOT EXISTS "` + t.indexName() + `" ON ` + t.quoted() + ` (expires_at)`
 	case SQLite:
 		create = `CREATE TABLE IF NOT EXISTS ` + t.quoted() + ` (
 	key         BLOB NOT NULL PRIMARY KEY,
-	state       TEXT NOT NULL CHECK (state IN ('C', 'D', 'F')),
+	state       TEXT NOT NULL CHECK (state IN ('C', 'D', 'F', 'Q')),
 	owner       TEXT NOT NULL,
 	token       INTEGER NOT NULL,
 	fingerprint BLOB NOT NULL,
 	result      BLOB,
 	recorded_at INTEGER NOT NULL,
-	expires_at  INTEGER NOT NULL
+	expires_at  INTEGER NOT NULL,
+	takeovers   INTEGER NOT NULL DEFAULT 0,
+	prior_owner TEXT,
+	prior_token INTEGER,
+	prior_at    INTEGER,
+	checkpoint  BLOB
 )`
 		// SQLite qualifies the index, not the table it is on.
 		ix := `"` + t.indexName() + `"`
@@ -160,6 +175,51 @@ func SchemaDDL(dialect Dialect, table string) ([]string, error) {
 		return nil, errDialect(dialect)
 	}
 	return []string{create, index}, nil
+}
+
+// UpgradeDDL returns the statements that bring a table made by an earlier
+// release's SchemaDDL (without the columns of take-over reporting, and
+// without the 'Q' state) up to date, for a migration tool; on a table
+// already up to date they change nothing. On Postgres they add the columns
+// and widen the state's check; SQLite cannot alter a check, so there they
+// rebuild the table, rows kept: run them in one transaction.
+func UpgradeDDL(dialect Dialect, table string) ([]string, error) {
+	if table == "" {
+		table = DefaultTable
+	}
+	t, err := parseTable(table)
+	if err != nil {
+		return nil, err
+	}
+	ddl, err := SchemaDDL(dialect, table)
+	if err != nil {
+		return nil, err
+	}
+	switch dialect {
+	case Postgres:
+		q := t.quoted()
+		return []string{
+			`ALTER TABLE ` + q + ` ADD COLUMN IF NOT EXISTS takeovers INTEGER NOT NULL DEFAULT 0, ` +
+				`ADD COLUMN IF NOT EXISTS prior_owner TEXT, ADD COLUMN IF NOT EXISTS prior_token BIGINT, ` +
+				`ADD COLUMN IF NOT EXISTS prior_at TIMESTAMPTZ, ADD COLUMN IF NOT EXISTS checkpoint BYTEA`,
+			`ALTER TABLE ` + q + ` DROP CONSTRAINT IF EXISTS "` + t.name + `_state_check", ` +
+				`ADD CONSTRAINT "` + t.name + `_state_check" CHECK (state IN ('C', 'D', 'F', 'Q'))`,
+		}, nil
+	}
+	// SQLite: a new table under a temporary name, the rows copied, the
+	// old one dropped (its index with it), the new one renamed.
+	old := t
+	tmp := t
+	tmp.name = t.name + "_upgrade"
+	create := strings.Replace(ddl[0], old.quoted(), tmp.quoted(), 1)
+	cols := "key, state, owner, token, fingerprint, result, recorded_at, expires_at"
+	return []string{
+		create,
+		`INSERT INTO ` + tmp.quoted() + ` (` + cols + `) SELECT ` + cols + ` FROM ` + old.quoted(),
+		`DROP TABLE ` + old.quoted(),
+		`ALTER TABLE ` + tmp.quoted() + ` RENAME TO "` + old.name + `"`,
+		ddl[1],
+	}, nil
 }
 
 // CreateSchema creates the table and its index if they do not exist
@@ -202,6 +262,7 @@ func errDialect(d Dialect) error {
 //	{ttl}       milliseconds from the clock to expires_at
 //	{tok}       a fresh fencing token: the clock in microseconds
 //	{max}       the two-argument maximum
+//	{ms prior_at} the column prior_at in Unix milliseconds
 //	$n          the n-th bind parameter
 //
 // On Postgres the clock is statement_timestamp(): fixed for one statement,
@@ -219,6 +280,8 @@ func sqlText(d Dialect, t sqlTable, q string) string {
 			"{ttl}", "CAST(EXTRACT(EPOCH FROM expires_at - statement_timestamp()) * 1000 AS BIGINT)",
 			"{tok}", "CAST(EXTRACT(EPOCH FROM statement_timestamp()) * 1000000 AS BIGINT)",
 			"{max}", "GREATEST",
+			"{ms ", "CAST(EXTRACT(EPOCH FROM ",
+			"prior_at}", "prior_at) * 1000 AS BIGINT)",
 			"}", "",
 		)
 	case SQLite:
@@ -232,6 +295,8 @@ func sqlText(d Dialect, t sqlTable, q string) string {
 			"{ttl}", "(expires_at - "+now+")",
 			"{tok}", "("+now+" * 1000)",
 			"{max}", "max",
+			"{ms ", "",
+			"prior_at}", "prior_at",
 			"}", "",
 			// ?NNN binds by number; SQLite reads $1 as a name, numbered
 			// by first appearance.
@@ -292,6 +357,14 @@ func (s *Store) missingTable(err error) string {
 		// SQLITE_ERROR has no code of its own for it; every driver says it.
 		msg := err.Error()
 		missing = strings.Contains(msg, "no such table") || s.table.schema != "" && strings.Contains(msg, "unknown database")
+	}
+	// A table of an earlier release, without the take-over columns:
+	// 42703 undefined_column on Postgres.
+	if pgCode == "42703" || s.dialect == SQLite && (strings.Contains(err.Error(), "no such column") ||
+		strings.Contains(err.Error(), "has no column named")) {
+		return fmt.Sprintf("table %s lacks the columns this release writes (takeovers, prior_owner, prior_token, "+
+			"prior_at, checkpoint): add them with the statements of sqlstore.UpgradeDDL(sqlstore.%s, %q) "+
+			"(printed by `idem schema --upgrade`)", s.table.quoted(), dialectName(s.dialect), s.table.String())
 	}
 	if !missing {
 		return ""

@@ -8,6 +8,7 @@ package sqlstore
 // and table.
 type sqlStatements struct {
 	claim, readAny, read, renew, confirm, confirmLate, forget, record, release, purge string
+	quarantine, checkpoint, resolveConfirm, resolveForget, quarantined                string
 }
 
 // The statements, in the markers of sqlText.
@@ -18,25 +19,46 @@ const (
 	// then the read that answers Duplicate or InProgress); a separate
 	// INSERT ... DO NOTHING and UPDATE would cost a third. The token exceeds
 	// the old one even within one clock tick.
-	sqlClaim = `INSERT INTO {t} AS r (key, state, owner, token, fingerprint, result, recorded_at, expires_at)
-VALUES ($1, 'C', $2, {tok}, $3, NULL, {now}, {in $4})
+	//
+	// The take-over of a lapsed claim ('C' past its lease) carries its
+	// attempt (owner, token, when claimed), counts it, and keeps its
+	// checkpoint; anything else (a forgotten claim, a confirmation or a
+	// quarantine past its time) starts afresh. RETURNING sees the row as
+	// written, so takeovers > 0 is what tells a take-over. A lapsed claim
+	// at the limit of take-overs ($5) is not taken over: the claim returns
+	// no row, and sqlQuarantine marks it.
+	sqlClaim = `INSERT INTO {t} AS r (key, state, owner, token, fingerprint, result, recorded_at, expires_at,
+takeovers, prior_owner, prior_token, prior_at, checkpoint)
+VALUES ($1, 'C', $2, {tok}, $3, NULL, {now}, {in $4}, 0, NULL, NULL, NULL, NULL)
 ON CONFLICT (key) DO UPDATE SET state = 'C', owner = excluded.owner, token = {max}(excluded.token, r.token + 1),
-fingerprint = excluded.fingerprint, result = NULL, recorded_at = excluded.recorded_at, expires_at = excluded.expires_at
-WHERE r.state = 'F' OR r.expires_at <= {now}`
-	// The claim also returns the row's state before it, for Claim.TakeOver
-	// only, never for a decision: a claim ('C') there means the upsert took
-	// over an expired one. On Postgres a CTE reads it (CTEs see the
-	// statement's starting snapshot), so it costs no round trip; SQLite
-	// evaluates RETURNING after the write, so there the claim's read of the
-	// key (sqlReadAny, which the claim makes first anyway) tells it,
-	// in process and under the write lock the claim holds anyway.
-	sqlClaimPostgres = `WITH prev AS (SELECT state FROM {t} WHERE key = $1)
-` + sqlClaim + ` RETURNING token, COALESCE((SELECT state FROM prev), '')`
-	sqlClaimSQLite = sqlClaim + ` RETURNING token, ''`
-	sqlReadAny     = `SELECT state, owner, token, fingerprint, result, {ttl} FROM {t} WHERE key = $1`
-	sqlRead        = `SELECT state, owner, token, fingerprint, result, {ttl} FROM {t}
+fingerprint = excluded.fingerprint, result = NULL, recorded_at = excluded.recorded_at, expires_at = excluded.expires_at,
+takeovers = CASE WHEN r.state = 'C' THEN r.takeovers + 1 ELSE 0 END,
+prior_owner = CASE WHEN r.state = 'C' THEN r.owner END,
+prior_token = CASE WHEN r.state = 'C' THEN r.token END,
+prior_at = CASE WHEN r.state = 'C' THEN r.recorded_at END,
+checkpoint = CASE WHEN r.state = 'C' THEN r.checkpoint END
+WHERE r.state = 'F' OR (r.expires_at <= {now} AND NOT (r.state = 'C' AND r.takeovers >= $5))
+RETURNING token, takeovers, prior_owner, prior_token, {ms prior_at}, checkpoint`
+	// The columns of a record, as read answers them.
+	sqlColumns = `state, owner, token, fingerprint, result, {ttl}, takeovers, prior_owner, prior_token, {ms prior_at}, checkpoint`
+	sqlReadAny = `SELECT ` + sqlColumns + ` FROM {t} WHERE key = $1`
+	sqlRead    = `SELECT ` + sqlColumns + ` FROM {t}
 WHERE key = $1 AND state <> 'F' AND expires_at > {now}`
-	sqlRenew = `UPDATE {t} SET expires_at = {in $4}
+	// A lapsed claim at the limit of take-overs: the crash loop stops here,
+	// the key quarantined for the retention ($3).
+	sqlQuarantine = `UPDATE {t} SET state = 'Q', expires_at = {in $3}
+WHERE key = $1 AND state = 'C' AND expires_at <= {now} AND takeovers >= $2`
+	sqlCheckpoint = `UPDATE {t} SET checkpoint = $4
+WHERE key = $1 AND state = 'C' AND owner = $2 AND token = $3 AND expires_at > {now}`
+	// An operator's verdict on a quarantined key. The confirmation takes a
+	// token of its own, so that the last attempt's late confirm is told
+	// another was kept; a forgotten key starts afresh.
+	sqlResolveConfirm = `UPDATE {t} SET state = 'D', owner = '', token = {max}({tok}, token + 1), result = $2,
+recorded_at = {now}, expires_at = {in $3}
+WHERE key = $1 AND state = 'Q' AND expires_at > {now}`
+	sqlResolveForget = `UPDATE {t} SET state = 'F' WHERE key = $1 AND state = 'Q' AND expires_at > {now}`
+	sqlQuarantined   = `SELECT ` + sqlColumns + `, key FROM {t} WHERE state = 'Q' AND expires_at > {now} LIMIT $1`
+	sqlRenew         = `UPDATE {t} SET expires_at = {in $4}
 WHERE key = $1 AND state = 'C' AND owner = $2 AND token = $3 AND expires_at > {now}`
 	sqlConfirm = `UPDATE {t} SET state = 'D', owner = '', fingerprint = $4, result = $5, recorded_at = {now}, expires_at = {in $6}
 WHERE key = $1 AND state = 'C' AND owner = $2 AND token = $3 AND expires_at > {now}`
@@ -62,8 +84,12 @@ WHERE key = $1 AND token = $2 AND state = 'C'`
 	// transaction itself: the claim is this Run's (owner and token),
 	// whatever its expiry says by now.
 	sqlRelease = `UPDATE {t} SET state = 'F' WHERE key = $1 AND state = 'C' AND owner = $2 AND token = $3`
-	// SKIP LOCKED: never wait for (or on) a Run's transaction.
+	// A row goes at its expiry, but a lapsed claim a retention later
+	// ($2, the retention in negative milliseconds): until then the next
+	// claim takes it over and is told so. SKIP LOCKED: never wait for (or
+	// on) a Run's transaction.
+	sqlPurgeGone     = `expires_at <= {now} AND (state <> 'C' OR expires_at <= {in $2})`
 	sqlPurgePostgres = `DELETE FROM {t} WHERE key IN (
-SELECT key FROM {t} WHERE expires_at <= {now} LIMIT $1 FOR UPDATE SKIP LOCKED) AND expires_at <= {now}`
-	sqlPurgeSQLite = `DELETE FROM {t} WHERE key IN (SELECT key FROM {t} WHERE expires_at <= {now} LIMIT $1)`
+SELECT key FROM {t} WHERE ` + sqlPurgeGone + ` LIMIT $1 FOR UPDATE SKIP LOCKED) AND ` + sqlPurgeGone
+	sqlPurgeSQLite = `DELETE FROM {t} WHERE key IN (SELECT key FROM {t} WHERE ` + sqlPurgeGone + ` LIMIT $1)`
 )

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"strconv"
 	"time"
 
@@ -48,6 +49,11 @@ type Options struct {
 	// instead of by their hash, for debugging. Keys may carry personal
 	// data: leave it off in production. Default false.
 	RevealKeys bool
+	// MaxTakeOvers is how many take-overs in a row (claims whose lease ran
+	// out unconfirmed, each taken over by the next Claim) a key may have;
+	// when the last of them lapses too, the next Claim quarantines the key
+	// instead of running the work once more. Not negative. Default 3.
+	MaxTakeOvers int
 	// Dialect is the database: Postgres or SQLite. Required.
 	Dialect Dialect
 	// Table holds the records: a plain identifier, optionally qualified by
@@ -68,14 +74,14 @@ type Options struct {
 func OptionsFrom(o idem.Options, d Dialect) Options {
 	return Options{Retention: o.Retention, LeaseTTL: o.LeaseTTL, Worker: o.Worker,
 		MaxKeyBytes: o.MaxKeyBytes, MaxResultBytes: o.MaxResultBytes, Logger: o.Logger,
-		Observer: o.Observer, KeyHasher: o.KeyHasher, RevealKeys: o.RevealKeys, Dialect: d}
+		Observer: o.Observer, KeyHasher: o.KeyHasher, RevealKeys: o.RevealKeys, MaxTakeOvers: o.MaxTakeOvers, Dialect: d}
 }
 
 // shared returns the settings o shares with every store.
 func (o Options) shared() idem.Options {
 	return idem.Options{Retention: o.Retention, LeaseTTL: o.LeaseTTL, Worker: o.Worker,
 		MaxKeyBytes: o.MaxKeyBytes, MaxResultBytes: o.MaxResultBytes, Logger: o.Logger,
-		Observer: o.Observer, KeyHasher: o.KeyHasher, RevealKeys: o.RevealKeys}
+		Observer: o.Observer, KeyHasher: o.KeyHasher, RevealKeys: o.RevealKeys, MaxTakeOvers: o.MaxTakeOvers}
 }
 
 // Store is an idem.Store and idem.Batcher on a SQL table (Postgres or
@@ -175,13 +181,14 @@ func New(db *sql.DB, o Options) (*Store, error) {
 	}
 	text := func(q string) string { return sqlText(o.Dialect, t, q) }
 	s.q = sqlStatements{
-		claim: text(sqlClaimPostgres), read: text(sqlRead),
+		claim: text(sqlClaim), read: text(sqlRead), readAny: text(sqlReadAny),
+		quarantine: text(sqlQuarantine), checkpoint: text(sqlCheckpoint), quarantined: text(sqlQuarantined),
+		resolveConfirm: text(sqlResolveConfirm), resolveForget: text(sqlResolveForget),
 		renew: text(sqlRenew), confirm: text(sqlConfirm), confirmLate: text(sqlConfirmLate),
 		forget: text(sqlForget), record: text(sqlRecordPostgres), release: text(sqlRelease), purge: text(sqlPurgePostgres),
 	}
 	if o.Dialect == SQLite {
 		s.q.purge, s.q.record = text(sqlPurgeSQLite), text(sqlRecord)
-		s.q.claim, s.q.readAny = text(sqlClaimSQLite), text(sqlReadAny)
 		s.gate = sqliteGate(db)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -229,6 +236,9 @@ func (s *Store) Claim(ctx context.Context, key string, fingerprint []byte) (c id
 		return idem.Claim{}, err
 	}
 	c, err = s.claimIn(ctx, s.db, key, fingerprint, start)
+	if errors.Is(err, idem.ErrQuarantined) {
+		return c, err
+	}
 	if err != nil {
 		return idem.Claim{}, s.fail("claim", key, err)
 	}
@@ -236,18 +246,17 @@ func (s *Store) Claim(ctx context.Context, key string, fingerprint []byte) (c id
 }
 
 // claimIn claims key with q's statements: the database, or a transaction
-// (ClaimBatch's, Run's).
+// (ClaimBatch's, Run's). A quarantined key is answered with its Claim
+// (the record) and an error wrapping idem.ErrQuarantined.
 //
 // On SQLite, where writes queue for the one write lock and reads are in
 // process and cheap, a claim reads first, in its turn as this process's
 // writer, and writes only when it found nothing live, so that racing claims
-// of one key do not each write; the read also tells a take-over, which
-// SQLite's claim statement cannot return. Answering from the read is sound
-// (the record was live when read, and only the writer could have changed it
+// of one key do not each write. Answering from the read is sound (the
+// record was live when read, and only the writer could have changed it
 // since); the take-over itself is still the one upsert with the expiry
 // check in its WHERE clause, which holds against other processes too. On
-// Postgres the upsert alone answers a new or expired key, and returns the
-// prior state.
+// Postgres the upsert alone answers a new or expired key.
 func (s *Store) claimIn(ctx context.Context, q sqlQuerier, key string, fingerprint []byte, start time.Time) (idem.Claim, error) {
 	k, fp := []byte(key), nonNil(fingerprint)
 	readFirst := s.dialect == SQLite
@@ -255,67 +264,97 @@ func (s *Store) claimIn(ctx context.Context, q sqlQuerier, key string, fingerpri
 		var (
 			c        idem.Claim
 			answered bool
-			tok      int64
-			prev     string
+			up       upserted
 		)
 		err := s.locked(ctx, q, func() error {
 			if readFirst {
 				var err error
-				if c, err = s.found(ctx, q, key, start, &prev); !errors.Is(err, errNoRecord) {
+				if c, err = s.found(ctx, q, key, start, true); !errors.Is(err, errNoRecord) {
 					answered = true
 					return err
 				}
 			}
-			return s.upsert(ctx, q, k, fp, &tok, &prev)
+			return s.upsert(ctx, q, k, fp, &up)
 		})
 		switch {
 		case answered:
-			return c, err
+			return s.quarantined(c, err)
 		case err == nil:
-			return s.claimed(key, fp, tok, prev, start), nil
+			return s.claimed(key, fp, up, start), nil
 		case !errors.Is(err, sql.ErrNoRows):
 			return idem.Claim{}, err
-		case readFirst:
-			// Another process wrote the row between the read and the
-			// upsert: read again.
-			continue
 		}
-		if c, err := s.found(ctx, q, key, start, nil); !errors.Is(err, errNoRecord) {
-			return c, err
+		if !readFirst {
+			if c, err := s.found(ctx, q, key, start, false); !errors.Is(err, errNoRecord) {
+				return s.quarantined(c, err)
+			}
 		}
-		// The row went (expired, forgotten, purged) since the INSERT: again.
+		// Nothing live, and the claim took nothing over: a lapsed claim at
+		// the limit of take-overs (quarantined now), or a row that changed
+		// between the statements (again).
+		marked, err := s.exec(ctx, q, s.q.quarantine, k, s.o.MaxTakeOvers, s.retentionMs)
+		if err != nil {
+			return idem.Claim{}, err
+		}
+		if marked {
+			if c, err := s.found(ctx, q, key, start, false); !errors.Is(err, errNoRecord) {
+				return s.quarantined(c, err)
+			}
+		}
 	}
 	return idem.Claim{}, errChanged
 }
 
-// upsert runs the claim statement: sql.ErrNoRows when the key is live,
-// else its new token into *tok and, on Postgres, its prior state into *prev.
-func (s *Store) upsert(ctx context.Context, q sqlQuerier, key, fp []byte, tok *int64, prev *string) error {
-	var before string
-	if err := q.QueryRowContext(ctx, s.q.claim, key, s.o.Worker, fp, s.leaseMs).Scan(tok, &before); err != nil {
-		return err
+// quarantined returns c with the error of a quarantined key when c's
+// record is one, else c and err as they are.
+func (s *Store) quarantined(c idem.Claim, err error) (idem.Claim, error) {
+	if err == nil && c.Record != nil && c.Record.Quarantined {
+		return c, s.core.Quarantined(c.Record)
 	}
-	if s.dialect != SQLite {
-		*prev = before
-	}
-	return nil
+	return c, err
 }
 
-// claimed is the Claim of a successful upsert; prev is the row's state
-// before it ("" when there was none).
-func (s *Store) claimed(key string, fp []byte, tok int64, prev string, start time.Time) idem.Claim {
-	return idem.Claim{Outcome: idem.Claimed, TakeOver: prev == "C",
-		Lease: s.core.Lease(key, tok, s.o.LeaseTTL, start.Add(s.o.LeaseTTL), bytes.Clone(fp))}
+// upserted is what the claim statement returns of the row it wrote.
+type upserted struct {
+	tok, takeovers int64
+	priorOwner     sql.NullString
+	priorToken     sql.NullInt64
+	priorAt        sql.NullInt64
+	checkpoint     []byte
 }
 
-// found answers a claim of a key with a live record: Duplicate or
-// InProgress. Without one it returns errNoRecord, and with prev (SQLite
-// only) the state of the row that is not live (see read).
-func (s *Store) found(ctx context.Context, q sqlQuerier, key string, start time.Time, prev *string) (idem.Claim, error) {
-	rec, err := s.read(ctx, q, key, start, prev)
+// upsert runs the claim statement: sql.ErrNoRows when the key is live (or
+// a lapsed claim at the limit of take-overs), else the row it wrote into
+// *up.
+func (s *Store) upsert(ctx context.Context, q sqlQuerier, key, fp []byte, up *upserted) error {
+	return q.QueryRowContext(ctx, s.q.claim, key, s.o.Worker, fp, s.leaseMs, s.o.MaxTakeOvers).
+		Scan(&up.tok, &up.takeovers, &up.priorOwner, &up.priorToken, &up.priorAt, &up.checkpoint)
+}
+
+// claimed is the Claim of a successful upsert: a take-over when it counted
+// one.
+func (s *Store) claimed(key string, fp []byte, up upserted, start time.Time) idem.Claim {
+	c := idem.Claim{Outcome: idem.Claimed,
+		Lease: s.core.Lease(key, up.tok, s.o.LeaseTTL, start.Add(s.o.LeaseTTL), bytes.Clone(fp))}
+	if up.takeovers > 0 {
+		c.TakeOver, c.TakeOvers, c.Checkpoint = true, int(up.takeovers), nilIfEmpty(up.checkpoint)
+		c.Prior = &idem.Attempt{Owner: up.priorOwner.String, Token: up.priorToken.Int64,
+			Claimed: time.UnixMilli(up.priorAt.Int64)}
+	}
+	return c
+}
+
+// found answers a claim of a key with a live record: Duplicate, InProgress,
+// or a quarantined key (Claim.Record alone). Without one it returns
+// errNoRecord. any reads the row whatever its state (SQLite only, where
+// reads are in process and cheap; see read).
+func (s *Store) found(ctx context.Context, q sqlQuerier, key string, start time.Time, any bool) (idem.Claim, error) {
+	rec, err := s.read(ctx, q, key, start, any)
 	switch {
 	case err != nil:
 		return idem.Claim{}, err
+	case rec.Quarantined:
+		return idem.Claim{Record: rec}, nil
 	case rec.Confirmed:
 		return idem.Claim{Outcome: idem.Duplicate, Record: rec}, nil
 	default:
@@ -323,42 +362,77 @@ func (s *Store) found(ctx context.Context, q sqlQuerier, key string, start time.
 	}
 }
 
-// read returns the key's live record, or errNoRecord. With prev (SQLite
-// only, where reads are in process and cheap) it reads the row whatever its
-// state and, when it is not live, sets *prev to its state ("" for no row):
-// the claim that reads before it writes learns so whether it takes over.
-func (s *Store) read(ctx context.Context, q sqlQuerier, key string, start time.Time, prev *string) (*idem.Record, error) {
-	var (
-		st, owner string
-		tok, ttl  int64
-		fp, res   []byte
-	)
+// read returns the key's live record, or errNoRecord. With any (SQLite
+// only) it reads the row whatever its state and answers errNoRecord for
+// one that is not live: the claim that reads before it writes learns so
+// that it must write.
+func (s *Store) read(ctx context.Context, q sqlQuerier, key string, start time.Time, any bool) (*idem.Record, error) {
 	query := s.q.read
-	if prev != nil {
-		query, *prev = s.q.readAny, ""
+	if any {
+		query = s.q.readAny
 	}
+	var rec *idem.Record
 	err := s.reading(ctx, q, func() error {
-		return q.QueryRowContext(ctx, query, []byte(key)).Scan(&st, &owner, &tok, &fp, &res, &ttl)
+		var err error
+		rec, err = s.scanRecord(q.QueryRowContext(ctx, query, []byte(key)), key, start)
+		return err
 	})
-	if errors.Is(err, sql.ErrNoRows) {
+	if errors.Is(err, sql.ErrNoRows) || errors.Is(err, errNotLive) {
 		return nil, errNoRecord
 	}
-	if err != nil {
+	return rec, err
+}
+
+// errNotLive is scanRecord's answer for a forgotten claim or a row past
+// its time.
+var errNotLive = errors.New("sqlstore: not live")
+
+// rowScanner is a *sql.Row or *sql.Rows.
+type rowScanner interface{ Scan(dest ...any) error }
+
+// scanRecord reads key's record from a row of sqlColumns, then into extra
+// the columns that follow them.
+func (s *Store) scanRecord(row rowScanner, key string, start time.Time, extra ...any) (*idem.Record, error) {
+	var (
+		st, owner  string
+		tok, ttl   int64
+		fp, res    []byte
+		takeovers  int64
+		priorOwner sql.NullString
+		priorToken sql.NullInt64
+		priorAt    sql.NullInt64
+		checkpoint []byte
+	)
+	dest := append([]any{&st, &owner, &tok, &fp, &res, &ttl, &takeovers, &priorOwner, &priorToken, &priorAt, &checkpoint}, extra...)
+	if err := row.Scan(dest...); err != nil {
 		return nil, err
 	}
-	if prev != nil && (st == "F" || ttl <= 0) {
-		*prev = st
-		return nil, errNoRecord
+	if st == "F" || ttl <= 0 {
+		return nil, errNotLive
 	}
-	if st != "C" && st != "D" {
+	if st != "C" && st != "D" && st != "Q" {
 		return nil, fmt.Errorf("%w: state %q", idem.ErrDamaged, st)
 	}
 	rec := &idem.Record{Key: key, Confirmed: st == "D", Token: tok, Owner: owner, Fingerprint: nonNil(fp),
 		Expires: start.Add(time.Duration(ttl) * time.Millisecond)}
 	if rec.Confirmed {
 		rec.Result = nonNil(res)
+		return rec, nil
+	}
+	rec.Quarantined, rec.TakeOvers, rec.Checkpoint = st == "Q", int(takeovers), nilIfEmpty(checkpoint)
+	if takeovers > 0 && priorToken.Valid {
+		rec.Prior = &idem.Attempt{Owner: priorOwner.String, Token: priorToken.Int64, Claimed: time.UnixMilli(priorAt.Int64)}
 	}
 	return rec, nil
+}
+
+// nilIfEmpty returns nil for an empty b: a checkpoint cleared or never
+// recorded.
+func nilIfEmpty(b []byte) []byte {
+	if len(b) == 0 {
+		return nil
+	}
+	return b
 }
 
 // nonNil returns b, or an empty slice for nil: the columns are NOT NULL, and
@@ -451,7 +525,7 @@ func (s *Store) confirmIn(ctx context.Context, q sqlQuerier, l *idem.Lease, resu
 			return false, err
 		}
 		// A live confirmation stays; whose is it?
-		rec, err := s.read(ctx, q, l.Key, start, nil)
+		rec, err := s.read(ctx, q, l.Key, start, false)
 		if errors.Is(err, errNoRecord) {
 			continue // it expired in between: record ours
 		}
@@ -491,7 +565,7 @@ func (s *Store) Lookup(ctx context.Context, key string) (rec *idem.Record, err e
 	if err := s.core.CheckKey(key); err != nil {
 		return nil, err
 	}
-	rec, err = s.read(ctx, s.db, key, start, nil)
+	rec, err = s.read(ctx, s.db, key, start, false)
 	if errors.Is(err, errNoRecord) {
 		return nil, s.core.NotFound(key)
 	}
@@ -499,6 +573,85 @@ func (s *Store) Lookup(ctx context.Context, key string) (rec *idem.Record, err e
 		return nil, s.fail("lookup", key, err)
 	}
 	return rec, nil
+}
+
+// Checkpoint implements idem.Checkpointer in one statement.
+func (s *Store) Checkpoint(ctx context.Context, l *idem.Lease, data []byte) (err error) {
+	start := time.Now()
+	defer func() { s.core.Observe(ctx, idem.Event{Op: idem.OpCheckpoint, Err: err}, leaseKey(l), start) }()
+	if err := s.core.CheckCheckpoint(l, data); err != nil {
+		return err
+	}
+	var cp any
+	if len(data) > 0 {
+		cp = data
+	}
+	ok, err := s.exec(ctx, s.db, s.q.checkpoint, []byte(l.Key), l.Owner, l.Token, cp)
+	if err != nil {
+		return s.fail("checkpoint", l.Key, err)
+	}
+	if !ok {
+		return s.core.LeaseLost(idem.OpCheckpoint, l)
+	}
+	return nil
+}
+
+// Resolve implements idem.Resolver in one statement.
+func (s *Store) Resolve(ctx context.Context, key string, r idem.Resolution) (err error) {
+	start := time.Now()
+	defer func() { s.core.Observe(ctx, idem.Event{Op: idem.OpResolve, Err: err}, key, start) }()
+	if err := s.core.CheckResolve(key, r); err != nil {
+		return err
+	}
+	var ok bool
+	if r.Confirm {
+		ok, err = s.exec(ctx, s.db, s.q.resolveConfirm, []byte(key), nonNil(r.Result), s.retentionMs)
+	} else {
+		ok, err = s.exec(ctx, s.db, s.q.resolveForget, []byte(key))
+	}
+	if err != nil {
+		return s.fail("resolve", key, err)
+	}
+	if !ok {
+		return s.core.NotQuarantined(key)
+	}
+	return nil
+}
+
+// Quarantined implements idem.Resolver in one query.
+func (s *Store) Quarantined(ctx context.Context, limit int) (recs []*idem.Record, err error) {
+	if limit <= 0 {
+		limit = math.MaxInt32
+	}
+	start := time.Now()
+	err = s.reading(ctx, s.db, func() error {
+		recs = nil
+		rows, err := s.db.QueryContext(ctx, s.q.quarantined, limit)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var key []byte
+			rec, err := s.scanRecord(rows, "", start, &key)
+			if errors.Is(err, errNotLive) {
+				continue
+			}
+			if err != nil {
+				return err
+			}
+			rec.Key = string(key)
+			recs = append(recs, rec)
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		if m := s.missingTable(err); m != "" {
+			return nil, fmt.Errorf("sqlstore: quarantined: %s: %w", m, err)
+		}
+		return nil, fmt.Errorf("sqlstore: quarantined: %w", err)
+	}
+	return recs, nil
 }
 
 // leaseKey is l's key, or "" for a nil lease (which the operation rejects).

@@ -309,9 +309,18 @@ func TestPurgeExpired(t *testing.T) {
 			t.Fatalf("Confirm = %v, lease %v", err, held.Lease)
 		}
 		time.Sleep(100 * time.Millisecond)
+		// The lapsed claims are kept for the purging store's Retention past
+		// their lease (24h here), so that the next claim is told it takes
+		// over: only the confirmations and the forgotten claim go.
 		got, err := long.PurgeExpired(ctx)
-		if err != nil || got != n {
-			t.Fatalf("PurgeExpired = %d, %v; want %d, nil", got, err, n)
+		if err != nil || got != 3 {
+			t.Fatalf("PurgeExpired with Retention 24h = %d, %v; want 3 (lapsed claims kept), nil", got, err)
+		}
+		// A store whose Retention (50ms) has passed since the leases ended
+		// purges them.
+		more, err := short.PurgeExpired(ctx)
+		if err != nil || got+more != n {
+			t.Fatalf("PurgeExpired with Retention 50ms = %d, %v; want %d, nil", more, err, n-got)
 		}
 		for _, k := range []string{"live-claim", "live-done"} {
 			if _, err := long.Lookup(ctx, k); err != nil {

@@ -134,6 +134,9 @@ func (s *Store) run(ctx context.Context, key string, fp []byte,
 		return nil, false, fmt.Errorf("%w: run of %s: another Run held it for LockTimeout %v",
 			idem.ErrInProgress, s.core.KeyName(key), s.lockTimeout), nil
 	}
+	if errors.Is(err, idem.ErrQuarantined) {
+		return nil, false, err, nil
+	}
 	if err != nil {
 		return nil, false, s.fail("run", key, err), nil
 	}

@@ -140,11 +140,7 @@ func claimTakeOverOnlyAfterExpiry(s *suite) {
 	} else {
 		s.Logf("the machine was too slow to claim %v before the lease's end; skipped that claim", lease-before)
 	}
-	after := lease
-	if !s.controlled() {
-		after = lease + realSlack
-	}
-	s.waitUntil(set, after)
+	s.waitUntil(set, s.afterExpiry(lease))
 	// The holder crashed: after its lease the key is taken over.
 	second := s.claim(b, k, "fp", idem.Claimed)
 	if second.Lease.Token <= first.Lease.Token {

@@ -9,13 +9,17 @@ import (
 
 const schemaAbout = `Prints the statements that create a SQL store's table and its index on
 expires_at (sqlstore.SchemaDDL), each ending with a semicolon, for a migration
-tool. They are idempotent (IF NOT EXISTS). Connects to nothing.`
+tool. They are idempotent (IF NOT EXISTS). With --upgrade, the statements that
+bring a table made by an earlier release up to date instead (sqlstore.UpgradeDDL:
+the columns of take-over reporting; on SQLite a rebuild of the table, to run in
+one transaction). Connects to nothing.`
 
 func (c *cli) schema(args []string) int {
 	fs := flag.NewFlagSet("schema", flag.ContinueOnError)
 	dialect := fs.String("dialect", "postgres", "the SQL `dialect`: postgres or sqlite")
 	table := fs.String("table", or(c.getenv(envTable), sqlstore.DefaultTable), "the `table` name, optionally schema-qualified (env "+envTable+")")
-	pos, done, st := c.parse(fs, args, "[--dialect postgres|sqlite] [--table NAME]", schemaAbout)
+	upgrade := fs.Bool("upgrade", false, "print the statements that upgrade an earlier release's table instead")
+	pos, done, st := c.parse(fs, args, "[--dialect postgres|sqlite] [--table NAME] [--upgrade]", schemaAbout)
 	if done {
 		return st
 	}
@@ -26,7 +30,11 @@ func (c *cli) schema(args []string) int {
 	if err != nil {
 		return c.usageError("schema", err)
 	}
-	ddl, err := sqlstore.SchemaDDL(d, *table)
+	ddlOf := sqlstore.SchemaDDL
+	if *upgrade {
+		ddlOf = sqlstore.UpgradeDDL
+	}
+	ddl, err := ddlOf(d, *table)
 	if err != nil {
 		return c.usageError("schema", err)
 	}

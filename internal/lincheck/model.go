@@ -1,5 +1,5 @@
 // Package lincheck checks that a Store is linearizable: that every history
-// of concurrent Claim, Confirm, Forget, Renew and Lookup calls it answers
+// of concurrent Claim, Confirm, Forget, Renew, Checkpoint and Lookup calls it answers
 // could have been answered by one sequential store keeping the Store
 // contract, each call taking effect at one instant between its start and its
 // return.
@@ -13,7 +13,10 @@
 // never applied.
 //
 // Leases in these histories are meant to outlive them: the model has no
-// clock, so a lease that expired mid-history would look like a violation.
+// clock, so a lease that expired mid-history would look like a violation;
+// and so does any take-over or quarantine a store reports, since no lease
+// runs out. A checkpoint belongs to the live claim that recorded it: a
+// record read while that claim holds the key must show it.
 package lincheck
 
 import (
@@ -36,6 +39,8 @@ const (
 	Forget
 	Renew
 	Lookup
+	// Checkpoint is idem.Checkpointer's.
+	Checkpoint
 )
 
 // String returns the method's name.
@@ -51,6 +56,8 @@ func (k Kind) String() string {
 		return "Renew"
 	case Lookup:
 		return "Lookup"
+	case Checkpoint:
+		return "Checkpoint"
 	}
 	return "Kind(" + strconv.Itoa(int(k)) + ")"
 }
@@ -73,7 +80,7 @@ type Input struct {
 	Fingerprint string
 	// Lease is the lease given to Confirm, Forget and Renew.
 	Lease LeaseRef
-	// Result is Confirm's result.
+	// Result is Confirm's result, or Checkpoint's data.
 	Result string
 	// Forgot says whether the lease given to Confirm or Renew had been
 	// forgotten: a store refuses such a lease locally (ErrLeaseLost, no
@@ -143,8 +150,11 @@ type Output struct {
 	Owner       string
 	Fingerprint string
 	Result      string
+	// Checkpoint is a live claim's last checkpoint.
+	Checkpoint string
 	// Malformed says what was wrong with an answer that no correct store
-	// gives (Claimed without a lease, a nil record); the model rejects it.
+	// gives (Claimed without a lease, a nil record, a take-over or a
+	// quarantine where no lease ran out); the model rejects it.
 	Malformed string
 }
 
@@ -168,6 +178,7 @@ type State struct {
 	Owner       string // holder of a claim
 	Fingerprint string
 	Result      string // of a confirmation
+	Checkpoint  string // of a claim
 	// Last is the greatest fencing token any Claim on the key is known to
 	// have received: the next Claimed must exceed it.
 	Last int64
@@ -223,7 +234,7 @@ func step(s State, in Input, out Output) (bool, State) {
 	if out.Malformed != "" {
 		return false, s
 	}
-	if in.Kind == Confirm || in.Kind == Renew {
+	if in.Kind == Confirm || in.Kind == Renew || in.Kind == Checkpoint {
 		// A forgotten lease is refused before any I/O: the caller said the
 		// work did not happen, and another holder's claim is never touched.
 		switch {
@@ -248,7 +259,7 @@ func step(s State, in Input, out Output) (bool, State) {
 			want = NotKept
 		}
 		return out.Err == want, apply(s, in)
-	case Forget, Renew:
+	case Forget, Renew, Checkpoint:
 		if s.holds(in.Lease) {
 			return out.Err == OK, apply(s, in)
 		}
@@ -289,6 +300,10 @@ func apply(s State, in Input) State {
 		if s.holds(in.Lease) {
 			return State{Last: s.Last}
 		}
+	case Checkpoint:
+		if s.holds(in.Lease) || s.mayHold(in.Lease) {
+			s.Checkpoint = in.Result
+		}
 	}
 	return s
 }
@@ -326,7 +341,7 @@ func reports(s State, key string, out Output) (bool, State) {
 	}
 	switch s.Phase {
 	case claimed:
-		if out.Owner != s.Owner || out.Result != "" {
+		if out.Owner != s.Owner || out.Result != "" || out.Checkpoint != s.Checkpoint {
 			return false, s
 		}
 		if s.Token == 0 {
@@ -337,7 +352,7 @@ func reports(s State, key string, out Output) (bool, State) {
 			return true, s
 		}
 	case confirmed:
-		if out.Owner != "" || out.Result != s.Result {
+		if out.Owner != "" || out.Result != s.Result || out.Checkpoint != "" {
 			return false, s
 		}
 	}
@@ -364,7 +379,11 @@ func (s State) String() string {
 	}
 	switch s.Phase {
 	case claimed:
-		return fmt.Sprintf("claimed(token %s, owner %s, fp %q; last %d)", tok, s.Owner, s.Fingerprint, s.Last)
+		cp := ""
+		if s.Checkpoint != "" {
+			cp = fmt.Sprintf(", checkpoint %q", s.Checkpoint)
+		}
+		return fmt.Sprintf("claimed(token %s, owner %s, fp %q%s; last %d)", tok, s.Owner, s.Fingerprint, cp, s.Last)
 	case confirmed:
 		return fmt.Sprintf("confirmed(token %s, fp %q, result %q; last %d)", tok, s.Fingerprint, s.Result, s.Last)
 	}
@@ -380,6 +399,8 @@ func describe(in Input, out Output) string {
 		call = fmt.Sprintf("Confirm(%q, %s, %q)%s", in.Key, in.Lease, in.Result, in.Forgot)
 	case Forget, Renew:
 		call = fmt.Sprintf("%v(%q, %s)%s", in.Kind, in.Key, in.Lease, in.Forgot)
+	case Checkpoint:
+		call = fmt.Sprintf("Checkpoint(%q, %s, %q)%s", in.Key, in.Lease, in.Result, in.Forgot)
 	default:
 		call = fmt.Sprintf("%v(%q)", in.Kind, in.Key)
 	}
@@ -406,13 +427,23 @@ func (o Output) String() string {
 	if o.Outcome != 0 {
 		what = o.Outcome.String()
 	}
-	return fmt.Sprintf("%s(confirmed %t, token %d, owner %q, fp %q, result %q)",
-		what, o.Confirmed, o.Token, o.Owner, o.Fingerprint, o.Result)
+	cp := ""
+	if o.Checkpoint != "" {
+		cp = fmt.Sprintf(", checkpoint %q", o.Checkpoint)
+	}
+	return fmt.Sprintf("%s(confirmed %t, token %d, owner %q, fp %q, result %q%s)",
+		what, o.Confirmed, o.Token, o.Owner, o.Fingerprint, o.Result, cp)
 }
 
 // claimOutput describes Claim's answer: the record found comes with a
 // fingerprint mismatch.
 func claimOutput(c idem.Claim, err error) Output {
+	if errors.Is(err, idem.ErrQuarantined) {
+		return Output{Malformed: "a quarantine, though no lease ran out"}
+	}
+	if c.TakeOver || c.Prior != nil || c.TakeOvers != 0 || c.Checkpoint != nil {
+		return Output{Malformed: "a take-over, though no lease ran out"}
+	}
 	if err != nil {
 		o := errOutput(err)
 		if o.Err != Mismatch {
@@ -447,8 +478,11 @@ func recordOutput(r *idem.Record) Output {
 	if r == nil {
 		return Output{Malformed: "nil record"}
 	}
+	if r.Quarantined || r.TakeOvers != 0 || r.Prior != nil {
+		return Output{Malformed: "a record of take-overs, though no lease ran out"}
+	}
 	return Output{Key: r.Key, Confirmed: r.Confirmed, Token: r.Token, Owner: r.Owner,
-		Fingerprint: string(r.Fingerprint), Result: string(r.Result)}
+		Fingerprint: string(r.Fingerprint), Result: string(r.Result), Checkpoint: string(r.Checkpoint)}
 }
 
 // errOutput classifies err. An error that wraps the context's is an

@@ -41,6 +41,18 @@ func confirmIn(token int64, owner, fp, result string) Input {
 
 var lookupIn = Input{Kind: Lookup}
 
+func checkpointIn(token int64, owner, data string) Input {
+	in := leaseIn(Checkpoint, token, owner, "f")
+	in.Result = data
+	return in
+}
+
+// checkpointed is o, a record, showing checkpoint cp.
+func checkpointed(o Output, cp string) Output {
+	o.Checkpoint = cp
+	return o
+}
+
 // forgotten is in made with a lease whose Forget is f to it.
 func forgotten(in Input, f Forgot) Input {
 	in.Forgot = f
@@ -90,6 +102,26 @@ func TestModel(t *testing.T) {
 			add(14, 15, leaseIn(Renew, 5, "a", "f"), lost).
 			add(16, 17, lookupIn, doneRec(5, "f", "r")), true},
 		{"lookup of a fresh key is NotFound", seq{}.add(0, 1, lookupIn, notFound), true},
+		{"a holder's checkpoint shows in the record, a stale lease's is refused", seq{}.
+			add(0, 1, claimIn("a", "f"), claimedOut(5, "a", "f")).
+			add(2, 3, checkpointIn(5, "a", "step 1"), ok).
+			add(4, 5, checkpointIn(4, "a", "stale"), lost).
+			add(6, 7, lookupIn, checkpointed(claimRec(5, "a", "f"), "step 1")).
+			add(8, 9, claimIn("b", "f"), outcome(checkpointed(claimRec(5, "a", "f"), "step 1"), idem.InProgress)), true},
+		{"a record shows a checkpoint never recorded", seq{}.
+			add(0, 1, claimIn("a", "f"), claimedOut(5, "a", "f")).
+			add(2, 3, lookupIn, checkpointed(claimRec(5, "a", "f"), "step 1")), false},
+		{"a stale lease's checkpoint accepted", seq{}.
+			add(0, 1, claimIn("a", "f"), claimedOut(5, "a", "f")).
+			add(2, 3, checkpointIn(4, "a", "stale"), ok), false},
+		{"a forgotten lease's checkpoint accepted", seq{}.
+			add(0, 1, claimIn("a", "f"), claimedOut(5, "a", "f")).
+			add(2, 3, forgotten(checkpointIn(5, "a", "late"), Forgotten), ok), false},
+		{"a checkpoint survives no confirmation", seq{}.
+			add(0, 1, claimIn("a", "f"), claimedOut(5, "a", "f")).
+			add(2, 3, checkpointIn(5, "a", "step 1"), ok).
+			add(4, 5, confirmIn(5, "a", "f", "r"), ok).
+			add(6, 7, lookupIn, checkpointed(doneRec(5, "f", "r"), "step 1")), false},
 		{"lookup of a fresh key finds a record", seq{}.add(0, 1, lookupIn, claimRec(1, "a", "")), false},
 		{"two overlapping claims, both Claimed", seq{}.
 			add(0, 10, claimIn("a", "f"), claimedOut(5, "a", "f")).
@@ -317,5 +349,26 @@ func TestDescribe(t *testing.T) {
 	}
 	if s := m.DescribeState(State{Phase: claimed, Owner: "a", Last: 4}); s != `claimed(token ?, owner a, fp ""; last 4)` {
 		t.Errorf("DescribeState of a claim of unknown token = %s", s)
+	}
+}
+
+// No lease runs out in a history: a take-over or a quarantine reported in
+// one is a violation, never an answer the model accepts.
+func TestClaimOutputRefusesCrashAnswers(t *testing.T) {
+	l := &idem.Lease{Key: "k", Token: 5, Owner: "a"}
+	for name, c := range map[string]struct {
+		c   idem.Claim
+		err error
+	}{
+		"take-over":  {idem.Claim{Outcome: idem.Claimed, Lease: l, TakeOver: true, TakeOvers: 1}, nil},
+		"checkpoint": {idem.Claim{Outcome: idem.Claimed, Lease: l, Checkpoint: []byte("x")}, nil},
+		"quarantine": {idem.Claim{Record: &idem.Record{Key: "k", Quarantined: true}}, idem.ErrQuarantined},
+	} {
+		if o := claimOutput(c.c, c.err); o.Malformed == "" {
+			t.Errorf("claimOutput(%s) = %v; want malformed", name, o)
+		}
+	}
+	if o := recordOutput(&idem.Record{Key: "k", Quarantined: true}); o.Malformed == "" {
+		t.Errorf("recordOutput(quarantined) = %v; want malformed", o)
 	}
 }

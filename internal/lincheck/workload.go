@@ -261,6 +261,7 @@ func (w Workload) call(r *recorder, p *pool, i int, c Client, rng *rand.Rand, ow
 		}
 	}
 	b, batcher := c.Store.(idem.Batcher)
+	checkpointer, _ := c.Store.(idem.Checkpointer)
 	batch := batcher && rng.Float64() < w.Batch
 	switch {
 	case n < 30 && batch:
@@ -294,6 +295,14 @@ func (w Workload) call(r *recorder, p *pool, i int, c Client, rng *rand.Rand, ow
 		r.record(ctx, i, Input{Kind: Forget, Key: key, Lease: ref(l)}, func(ctx context.Context) (Output, error) {
 			err := p.forgetting(l, func() error { return c.Store.Forget(ctx, l) })
 			return errOutput(err), err
+		})
+	case n < 64 && checkpointer != nil:
+		data := string(randomResult(rng))
+		ins := []Input{{Kind: Checkpoint, Key: key, Lease: ref(l), Result: data}}
+		r.recordBatch(ctx, i, ins, func(ctx context.Context) ([]Output, error) {
+			var err error
+			ins[0].Forgot = p.forgot([]*idem.Lease{l}, func() { err = checkpointer.Checkpoint(ctx, l, []byte(data)) })
+			return []Output{errOutput(err)}, err
 		})
 	case n < 70:
 		ins := []Input{{Kind: Renew, Key: key, Lease: ref(l)}}

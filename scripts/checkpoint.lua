@@ -1,0 +1,23 @@
+-- checkpoint: record a live lease's progress, for the next holder after a
+-- take-over.
+--
+-- KEYS[1]  the record
+-- ARGV[1]  how the lease's claim begins: 2C<token>:<#owner>:<owner>
+-- ARGV[2]  the claim's keep in milliseconds (see record.lua)
+-- ARGV[3]  the checkpoint (empty: none)
+-- Reply:   1 recorded; 0 not held by this lease (expired, forgotten,
+--          confirmed or taken over): a stalled holder never overwrites
+--          its successor's progress; 'X' the record is damaged
+
+-- #include record.lua
+
+local v = redis.call('GET', KEYS[1])
+if v and string.find(v, ARGV[1], 1, true) == 1 then
+  if not live({keep = tonumber(ARGV[2])}, redis.call('PTTL', KEYS[1])) then return 0 end
+  local r = decode(v)
+  if not r then return DAMAGED end
+  r.cp = ARGV[3]
+  redis.call('SET', KEYS[1], encode(r), 'KEEPTTL')
+  return 1
+end
+return lost(v)
