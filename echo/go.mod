@@ -26,4 +26,7 @@ require (
 	golang.org/x/time v0.15.0 // indirect
 )
 
+// The adapter is developed with idem itself; its dependency tree (Echo) lives
+// in this module so that the root module's stays lean. Ignored where this
+// module is a dependency, which gets the version required above.
 replace github.com/idemgo/idem => ../
