@@ -13,6 +13,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+
+	"github.com/idemgo/idem/rpccode"
 )
 
 // ClientOptions configure the client interceptor. The zero value of every
@@ -220,13 +222,14 @@ func (c *Client) deadline(ctx context.Context, start time.Time) time.Time {
 	return d
 }
 
-// retried reports the codes that are retried with the key. Unavailable is
-// also what gRPC answers for a connection lost mid-call, whose outcome is
-// unknown: the key makes the retry safe. Aborted is the server
-// interceptor's answer for a key in flight; ResourceExhausted a quota
-// that may refill.
+// retried reports the codes that are retried with the key, as
+// rpccode.Retried states them for every RPC front door: Unavailable (also
+// what gRPC answers for a connection lost mid-call, whose outcome is
+// unknown: the key makes the retry safe), Aborted (the server
+// interceptor's answer for a key in flight) and ResourceExhausted (a
+// quota that may refill).
 func retried(c codes.Code) bool {
-	return c == codes.Unavailable || c == codes.ResourceExhausted || c == codes.Aborted
+	return rpccode.Retried(c)
 }
 
 // retryDelay returns the delay of err's RetryInfo, 0 when it has none.

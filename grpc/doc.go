@@ -66,28 +66,13 @@
 //
 // An answer is recorded, and replayed to every retry of its key for the
 // store's retention, only when a retry of the same call could not change
-// it (DefaultKeep, ServerOptions.Keep), as the HTTP middleware's rules.
-// Recording any other answer would poison the key: the client's retries
-// would get the same refusal for the whole retention.
-//
-//	code                kept  why
-//	OK                  yes   the work was done: its response is the one to replay
-//	InvalidArgument     yes   the request itself is at fault, whatever the system's state (HTTP 400, 422)
-//	Canceled            no    the caller went away; the work may not have happened
-//	Unknown, Internal   no    the server failed (HTTP 500): a retry runs the handler
-//	DeadlineExceeded    no    timing: the same call may finish in time later
-//	NotFound            no    the resource may exist later (HTTP 404): nothing was done
-//	AlreadyExists       no    the state of the resource decides (HTTP 409), not the request
-//	PermissionDenied    no    credentials: access may be granted (HTTP 403)
-//	Unauthenticated     no    credentials: the client may sign in again (HTTP 401)
-//	ResourceExhausted   no    a quota that refills (HTTP 429); the Client retries it
-//	FailedPrecondition  no    the system's state; gRPC: retry once the state is fixed (HTTP 412)
-//	Aborted             no    a concurrency conflict (HTTP 409); the Client retries it
-//	OutOfRange          no    past a range that may grow; gRPC: may be fixed by the system's state (HTTP 416)
-//	Unimplemented       no    no handler acts on it (HTTP 405, 501); a deploy may add one
-//	Unavailable         no    down for now (HTTP 503); the Client retries it
-//	DataLoss            no    the server failed
-//	others              no    a meaning the interceptor does not know
+// it (DefaultKeep, ServerOptions.Keep), as the HTTP middleware's rules:
+// by default OK and InvalidArgument, no other code. Recording any other
+// answer would poison the key: the client's retries would get the same
+// refusal for the whole retention. The rules are stated once for every
+// RPC front door of idem, this module's and the Connect module's, by
+// package [github.com/idemgo/idem/rpccode], whose documentation gives each
+// code and why.
 //
 // A Keep of one's own may record more: a payment declined for good, say.
 //

@@ -1,6 +1,10 @@
 package idemgrpc
 
-import "google.golang.org/grpc/codes"
+import (
+	"google.golang.org/grpc/codes"
+
+	"github.com/idemgo/idem/rpccode"
+)
 
 // DefaultKeep is the default ServerOptions.Keep: it reports whether an
 // answer with this code is one that a retry of the same call cannot
@@ -11,10 +15,11 @@ import "google.golang.org/grpc/codes"
 // says the work did not happen and may happen on a later try, nor one that
 // depends on the state of something besides the request, nor a code of
 // unknown meaning. None of the codes the Client retries (Unavailable,
-// ResourceExhausted, Aborted) is kept. The table of Keep rules in the
-// package documentation gives each code and why.
+// ResourceExhausted, Aborted) is kept. The rules are
+// [github.com/idemgo/idem/rpccode.Keep]'s, the same for the Connect
+// module; its documentation gives each code and why.
 //
 // A Keep that extends it: func(c codes.Code) bool { return c == codes.AlreadyExists || idemgrpc.DefaultKeep(c) }.
 func DefaultKeep(c codes.Code) bool {
-	return c == codes.OK || c == codes.InvalidArgument
+	return rpccode.Keep(c)
 }
