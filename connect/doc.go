@@ -72,8 +72,9 @@
 // A replay carries the recorded response message, or the recorded error
 // with its code, message and details, and the headers and trailers of
 // ServerOptions.ReplayHeaders that the handler set (Response.Header,
-// Response.Trailer, an error's Meta), plus Idempotent-Replayed: true in
-// the header. Credentials (Authorization, Cookie, Set-Cookie, ...) are
+// Response.Trailer, an error's Meta, or the call info of
+// connect.CallInfoForHandlerContext, which the simple handler API uses),
+// plus Idempotent-Replayed: true in the header. Credentials (Authorization, Cookie, Set-Cookie, ...) are
 // never replayed. The response message is decoded into a new message of
 // the recorded type from protoregistry.GlobalTypes, where generated code
 // registers every message type, and handed to Connect as a

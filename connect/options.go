@@ -84,7 +84,8 @@ type ServerOptions struct {
 	// less to fit the store's MaxResultBytes.
 	MaxResponseBytes int
 	// ReplayHeaders are the response headers and trailers the handler sets
-	// (Response.Header, Response.Trailer, or an error's Meta) that are
+	// (Response.Header, Response.Trailer, an error's Meta, or the handler
+	// context's connect.CallInfo) that are
 	// recorded and replayed, each a header field name listed once, in any
 	// case. The protocols' own headers, those that carry credentials
 	// (Authorization, Cookie, Set-Cookie, Proxy-Authenticate,

@@ -166,6 +166,8 @@ type call struct {
 	resp connect.AnyResponse
 	err  error
 
+	header, trailer http.Header // what the handler set, by every means
+
 	storeKey  string
 	outcome   idem.Outcome
 	layerErr  error // the idempotency layer's error, for the Observer
@@ -365,6 +367,7 @@ func (s *Server) run(cl *call, l *idem.Lease) {
 		s.forget(cl.ctx, l, end)
 		return
 	}
+	cl.header, cl.trailer = answered(work, cl.resp, cl.err)
 	rec, ok := s.encode(cl, false)
 	if !ok {
 		s.forget(cl.ctx, l, end)
@@ -383,11 +386,11 @@ func (s *Server) encode(cl *call, omit bool) ([]byte, bool) {
 		if !errors.As(cl.err, &ce) {
 			ce = connect.NewError(connect.CodeOf(cl.err), cl.err)
 		}
-		b := encodeRecord(flagStatus, ce.Meta(), nil, s.c.replay, "", encodeStatus(ce.Code(), ce.Message(), ce.Details()))
+		b := encodeRecord(flagStatus, cl.header, cl.trailer, s.c.replay, "", encodeStatus(ce.Code(), ce.Message(), ce.Details()))
 		if s.c.maxResult > 0 && len(b) > s.c.maxResult {
 			// Details too large to record: the code and message still
 			// say what the same request will be answered.
-			b = encodeRecord(flagStatus, ce.Meta(), nil, s.c.replay, "", encodeStatus(ce.Code(), ce.Message(), nil))
+			b = encodeRecord(flagStatus, cl.header, cl.trailer, s.c.replay, "", encodeStatus(ce.Code(), ce.Message(), nil))
 		}
 		return b, true
 	}
@@ -399,7 +402,7 @@ func (s *Server) encode(cl *call, omit bool) ([]byte, bool) {
 		s.log(cl.ctx, "idemconnect: the handler's response is not a protobuf message; not recorded, the key released", cl.storeKey, fmt.Errorf("%T", cl.resp.Any()))
 		return nil, false
 	}
-	header, trailer := cl.resp.Header(), cl.resp.Trailer()
+	header, trailer := cl.header, cl.trailer
 	name := m.ProtoReflect().Descriptor().FullName()
 	if !omit && proto.Size(m) <= s.c.MaxResponseBytes {
 		if body, err := proto.Marshal(m); err == nil {
@@ -410,6 +413,31 @@ func (s *Server) encode(cl *call, omit bool) ([]byte, bool) {
 		}
 	}
 	return encodeRecord(flagOmitted, header, trailer, s.c.replay, name, nil), true
+}
+
+// answered returns the headers and trailers a handler answered with, by
+// every means Connect gives it: the response's (or, for an error, its
+// Meta), and the handler context's call info (connect.CallInfoForHandlerContext,
+// which the simple handler API writes to).
+func answered(ctx context.Context, resp connect.AnyResponse, err error) (header, trailer http.Header) {
+	header, trailer = http.Header{}, http.Header{}
+	if info, ok := connect.CallInfoForHandlerContext(ctx); ok {
+		add(header, info.ResponseHeader())
+		add(trailer, info.ResponseTrailer())
+	}
+	if ce := new(connect.Error); errors.As(err, &ce) {
+		add(header, ce.Meta())
+	} else if err == nil && resp != nil {
+		add(header, resp.Header())
+		add(trailer, resp.Trailer())
+	}
+	return header, trailer
+}
+
+func add(dst, src http.Header) {
+	for k, vs := range src {
+		dst[k] = append(dst[k], vs...)
+	}
 }
 
 // confirm records rec as l's result, on a context detached from the call,

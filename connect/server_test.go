@@ -51,6 +51,9 @@ func orderHandler(c *counter, hold chan struct{}, started chan<- struct{}) handl
 		resp.Header().Set("X-Order", "o-"+v)
 		resp.Header().Set("Set-Cookie", "session=s3cret")
 		resp.Trailer().Set("X-Trace", "t-"+v)
+		if info, ok := connect.CallInfoForHandlerContext(ctx); ok {
+			info.ResponseHeader().Set("X-Via-Context", "c-"+v) // the simple handler API's way
+		}
 		return resp, nil
 	}
 }
@@ -76,7 +79,7 @@ func wantCode(t *testing.T, err error, code connect.Code, reason string) {
 func TestFirstThenReplay(t *testing.T) {
 	eachProtocol(t, func(t *testing.T, proto []connect.ClientOption) {
 		c := newCounter()
-		o := serve(t, ServerOptions{Store: memStore(t), SingleTenant: true, ReplayHeaders: []string{"X-Order", "x-trace"}}, orderHandler(c, nil, nil), proto, nil)
+		o := serve(t, ServerOptions{Store: memStore(t), SingleTenant: true, ReplayHeaders: []string{"X-Order", "x-trace", "X-Via-Context"}}, orderHandler(c, nil, nil), proto, nil)
 		ctx := context.Background()
 		first, err := o.create.CallUnary(ctx, keyed(wrapperspb.String("a"), "k1"))
 		if err != nil {
@@ -93,8 +96,8 @@ func TestFirstThenReplay(t *testing.T) {
 			if again.Msg.GetValue() != first.Msg.GetValue() || again.Header().Get(HeaderReplayed) != "true" {
 				t.Errorf("retry = %q %v; want %q replayed", again.Msg.GetValue(), again.Header(), first.Msg.GetValue())
 			}
-			if again.Header().Get("X-Order") != "o-a" || again.Trailer().Get("X-Trace") != "t-a" || again.Header().Get("Set-Cookie") != "" {
-				t.Errorf("retry header %v, trailer %v; want X-Order and X-Trace replayed, no Set-Cookie", again.Header(), again.Trailer())
+			if again.Header().Get("X-Order") != "o-a" || again.Trailer().Get("X-Trace") != "t-a" || again.Header().Get("X-Via-Context") != "c-a" || again.Header().Get("Set-Cookie") != "" {
+				t.Errorf("retry header %v, trailer %v; want X-Order, X-Via-Context and X-Trace replayed, no Set-Cookie", again.Header(), again.Trailer())
 			}
 		}
 		if n := c.of("a"); n != 1 {
