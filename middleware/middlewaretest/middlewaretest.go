@@ -269,6 +269,9 @@ func firstThenReplay(t *testing.T, mount Mount) {
 	if first.Code != 201 || first.Header().Get(middleware.HeaderReplayed) != "" || first.Header().Get("Set-Cookie") == "" {
 		t.Fatalf("first = %d %v; want 201 with the handler's own headers, not replayed", first.Code, first.Header())
 	}
+	if a := decode(t, first); a.Body != `{"amount":5}` {
+		t.Errorf("the handler read the body %q; want the request's, whole, after the middleware read it for the fingerprint", a.Body)
+	}
 	for _, key := range []string{"order-1", `"order-1"`} {
 		w := s.do(req{key: key, body: `{"amount":5}`})
 		if w.Code != 201 || w.Body.String() != first.Body.String() {
