@@ -19,7 +19,7 @@ func BenchmarkUnary(b *testing.B) {
 	h := handlerFunc(func(ctx context.Context, proc string, r *connect.Request[wrapperspb.StringValue]) (*connect.Response[wrapperspb.StringValue], error) {
 		return connect.NewResponse(wrapperspb.String("order " + r.Msg.GetValue() + " created")), nil
 	})
-	for _, p := range protocols[:2] {
+	for _, p := range benchProtocols() {
 		for _, v := range []string{"bare", "first", "replay", "client"} {
 			b.Run(p.name+"/"+v, func(b *testing.B) {
 				o := benchClient(b, h, p.opt, v)
@@ -94,7 +94,7 @@ func BenchmarkUnarySideBySide(b *testing.B) {
 		return connect.NewResponse(wrapperspb.String("order " + r.Msg.GetValue() + " created")), nil
 	})
 	variants := []string{"bare", "first", "replay", "client"}
-	for _, p := range protocols[:2] {
+	for _, p := range benchProtocols() {
 		b.Run(p.name, func(b *testing.B) {
 			clients := make([]*orders, len(variants))
 			for i, v := range variants {
@@ -143,6 +143,11 @@ func BenchmarkUnarySideBySide(b *testing.B) {
 			b.ReportMetric(0, "ns/op") // the figures above are per call of each variant
 		})
 	}
+}
+
+// benchProtocols are the Connect protocol (binary) and the gRPC protocol.
+func benchProtocols() []protocol {
+	return slices.DeleteFunc(slices.Clone(protocols), func(p protocol) bool { return p.name != "connect" && p.name != "grpc" })
 }
 
 func median(xs []float64) float64 {

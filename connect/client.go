@@ -138,8 +138,10 @@ func NewClient(o ClientOptions) (*Client, error) {
 // the transport, not sent by the server; and an attempt that ran out of
 // AttemptTimeout) and the bounds allow, waiting a
 // jittered backoff or the server's RetryInfo delay, whichever is longer,
-// capped by MaxWait. A NO_SIDE_EFFECTS procedure is sent without a key and
-// retried alike: it changes nothing. It returns the last attempt's answer
+// capped by MaxWait. A key it made is removed from the request's header
+// when the call returns, so that the request sent again is a new call. A
+// NO_SIDE_EFFECTS procedure is sent without a key and retried alike: it
+// changes nothing. It returns the last attempt's answer
 // as it came; when the call's context ends during a wait, an error of the
 // context's code naming the last attempt's error.
 func (c *Client) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
@@ -153,6 +155,10 @@ func (c *Client) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 		if key == "" && spec.IdempotencyLevel != connect.IdempotencyNoSideEffects {
 			key = uuid.NewString()
 			req.Header().Set(o.Header, key)
+			// The request is the caller's: sent again, it is another
+			// logical call, which must get a key of its own, not be
+			// answered with this one's replay.
+			defer req.Header().Del(o.Header)
 		}
 		start := time.Now()
 		var bo *backoff.ExponentialBackOff // only once a retry is needed

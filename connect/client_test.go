@@ -86,6 +86,17 @@ func TestClient(t *testing.T) {
 		if connect.CodeOf(err) != connect.CodeFailedPrecondition || len(s.keys["b"]) != 1 {
 			t.Errorf("b = %v after %d attempts; want FailedPrecondition, not retried", err, len(s.keys["b"]))
 		}
+		// One request sent twice is two calls: the key made for the first
+		// is not left in its header.
+		twice := connect.NewRequest(wrapperspb.String("t"))
+		for range 2 {
+			if _, err := o.create.CallUnary(ctx, twice); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if ks := s.keys["t"]; len(ks) != 2 || ks[0] == "" || ks[1] == "" || ks[0] == ks[1] || twice.Header().Get(DefaultHeader) != "" {
+			t.Errorf("keys of one request sent twice = %q, left in its header %q; want two keys, none left", ks, twice.Header().Get(DefaultHeader))
+		}
 		if _, err := o.create.CallUnary(ctx, keyed(wrapperspb.String("c"), "mine")); err != nil {
 			t.Fatal(err)
 		}

@@ -29,12 +29,17 @@ const (
 	procWatch  = "/idemtest.Orders/Watch"  // StringValue -> stream of StringValue
 )
 
-// protocols are the three a Connect server speaks, each a client option.
-var protocols = []struct {
+// protocol is one way a client speaks to a Connect server.
+type protocol struct {
 	name string
 	opt  []connect.ClientOption
-}{
+}
+
+// protocols are the three a Connect server speaks, each a client option;
+// the Connect protocol also with the JSON codec.
+var protocols = []protocol{
 	{"connect", nil},
+	{"connect+json", []connect.ClientOption{connect.WithProtoJSON()}},
 	{"grpc", []connect.ClientOption{connect.WithGRPC()}},
 	{"grpcweb", []connect.ClientOption{connect.WithGRPCWeb()}},
 }
