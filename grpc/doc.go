@@ -143,5 +143,8 @@
 // Store keys are "g1" and the length-prefixed scope and client key
 // ("g15:acme3:abc"), apart from the HTTP middleware's. A record that does
 // not decode is answered Internal (ReasonRecordDamaged), never a panic and
-// never a second run.
+// never a second run. The Connect module
+// ([github.com/idemgo/idem/connect]) writes the same records, keys and
+// fingerprints, byte for byte (its tests hold records this package
+// wrote): change this format only with it.
 package idemgrpc
