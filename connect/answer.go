@@ -1,0 +1,86 @@
+package idemconnect
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+
+	"connectrpc.com/connect"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+// ErrorDomain is the Domain of the errdetails.ErrorInfo in every error the
+// interceptor answers with; its Reason is one of the Reason constants.
+const ErrorDomain = "idem"
+
+// Reasons of the errdetails.ErrorInfo of the interceptor's answers, the
+// gRPC module's. Every answer carries one; those about a well-formed key
+// also carry it, in Metadata["idempotency_key"].
+const (
+	// ReasonKeyMissing: InvalidArgument, a covered call without a key
+	// under ServerOptions.Required.
+	ReasonKeyMissing = "IDEMPOTENCY_KEY_MISSING"
+	// ReasonKeyInvalid: InvalidArgument, a key empty, repeated, too long,
+	// or refused by the store; Unauthenticated, a scope refused.
+	ReasonKeyInvalid = "IDEMPOTENCY_KEY_INVALID"
+	// ReasonKeyReused: FailedPrecondition, the key was used for another
+	// request (another procedure or another message), done or in flight.
+	ReasonKeyReused = "IDEMPOTENCY_KEY_REUSED"
+	// ReasonKeyInFlight: Aborted with RetryInfo, a call of the same key is
+	// running and did not finish within LockTimeout.
+	ReasonKeyInFlight = "IDEMPOTENCY_KEY_IN_FLIGHT"
+	// ReasonStoreUnavailable: Unavailable with RetryInfo, the store failed;
+	// the handler did not run.
+	ReasonStoreUnavailable = "IDEMPOTENCY_STORE_UNAVAILABLE"
+	// ReasonRecordDamaged: Internal, the work was done but its record does
+	// not decode.
+	ReasonRecordDamaged = "IDEMPOTENCY_RECORD_DAMAGED"
+	// ReasonResponseNotRecorded: AlreadyExists, on the replay of a call
+	// whose response was over MaxResponseBytes: the work was done once.
+	ReasonResponseNotRecorded = "IDEMPOTENCY_RESPONSE_NOT_RECORDED"
+	// ReasonStreamNotCovered: Unimplemented, a streaming call carrying a
+	// key: streams are not covered, and doing the work without the key's
+	// protection would break the promise the key makes.
+	ReasonStreamNotCovered = "IDEMPOTENCY_STREAM_NOT_COVERED"
+)
+
+// answer builds the interceptor's error answer: code, a message that never
+// carries internal error text, and an ErrorInfo (the key in its Metadata
+// when given) and, for a retryable code, a RetryInfo. It logs it with
+// cause.
+func (s *Server) answer(ctx context.Context, code connect.Code, reason, msg, key string, cause error) *connect.Error {
+	e := connect.NewError(code, errors.New("idemconnect: "+msg))
+	info := &errdetails.ErrorInfo{Reason: reason, Domain: ErrorDomain}
+	if key != "" {
+		info.Metadata = map[string]string{"idempotency_key": key}
+	}
+	if d, err := connect.NewErrorDetail(info); err == nil {
+		e.AddDetail(d)
+	}
+	if code == connect.CodeAborted || code == connect.CodeUnavailable {
+		if d, err := connect.NewErrorDetail(&errdetails.RetryInfo{RetryDelay: durationpb.New(s.c.RetryDelay)}); err == nil {
+			e.AddDetail(d)
+		}
+	}
+	if s.c.Logger != nil {
+		// A client error is routine; the operator's attention goes to the
+		// service's own failures.
+		level := slog.LevelInfo
+		if code == connect.CodeUnavailable || code == connect.CodeInternal {
+			level = slog.LevelError
+		}
+		attrs := []slog.Attr{slog.String("code", code.String()), slog.String("reason", reason)}
+		if cause != nil {
+			attrs = append(attrs, slog.Any("err", cause))
+		}
+		s.c.Logger.LogAttrs(ctx, level, "idemconnect: answered "+code.String(), attrs...)
+	}
+	return e
+}
+
+func (s *Server) log(ctx context.Context, msg, key string, err error) {
+	if s.c.Logger != nil {
+		s.c.Logger.ErrorContext(ctx, msg, "key_hash", s.c.KeyHasher.Hash(key), "err", err)
+	}
+}
