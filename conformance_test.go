@@ -38,28 +38,28 @@ func TestRedisStoreConformanceMiniredis(t *testing.T) {
 	})
 }
 
-// The suite again with AutoPipeline: every check must hold whether a call
-// goes alone or in a pipeline with others.
+// The suite again without automatic pipelining (on by default): every
+// check must hold whether a call goes alone or in a pipeline with others.
 
-func TestRedisStoreConformanceMiniredisAutoPipeline(t *testing.T) {
+func TestRedisStoreConformanceMiniredisNoAutoPipeline(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) storetest.Backend {
-		return miniredisBackend(t, idem.RedisOptions{Prefix: "idem:", AutoPipeline: true})
+		return miniredisBackend(t, idem.RedisOptions{Prefix: "idem:", NoAutoPipeline: true})
 	})
 }
 
-func TestRedisStoreConformanceAutoPipeline(t *testing.T) {
+func TestRedisStoreConformanceNoAutoPipeline(t *testing.T) {
 	testenv.EachServer(t, func(t *testing.T, srv testenv.Server) {
 		c := srv.Client(t)
 		storetest.Run(t, func(t *testing.T) storetest.Backend {
-			return redisBackend(c, idem.RedisOptions{Prefix: testenv.UniquePrefix(), AutoPipeline: true}, nil)
+			return redisBackend(c, idem.RedisOptions{Prefix: testenv.UniquePrefix(), NoAutoPipeline: true}, nil)
 		})
 	})
 }
 
-func TestRedisStoreConformanceClusterAutoPipeline(t *testing.T) {
+func TestRedisStoreConformanceClusterNoAutoPipeline(t *testing.T) {
 	c := testenv.Cluster(t)
 	storetest.Run(t, func(t *testing.T) storetest.Backend {
-		return redisBackend(c, idem.RedisOptions{Prefix: testenv.UniquePrefix(), AutoPipeline: true}, nil)
+		return redisBackend(c, idem.RedisOptions{Prefix: testenv.UniquePrefix(), NoAutoPipeline: true}, nil)
 	})
 }
 
@@ -104,7 +104,7 @@ func redisBackend(c redis.UniversalClient, ro idem.RedisOptions, advance func(ti
 	return storetest.Backend{
 		Open: func(o idem.Options) (idem.Store, error) {
 			so := idem.RedisOptionsFrom(o)
-			so.Prefix, so.AutoPipeline, so.WaitReplicas, so.WaitTimeout = ro.Prefix, ro.AutoPipeline, ro.WaitReplicas, ro.WaitTimeout
+			so.Prefix, so.NoAutoPipeline, so.WaitReplicas, so.WaitTimeout = ro.Prefix, ro.NoAutoPipeline, ro.WaitReplicas, ro.WaitTimeout
 			return idem.NewRedisStore(c, so)
 		},
 		Advance: advance,

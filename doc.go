@@ -88,14 +88,16 @@
 //
 // # Automatic pipelining
 //
-// With [RedisOptions].AutoPipeline, the Claim, Confirm, Renew, Forget and
-// Lookup calls of concurrent goroutines go to Redis together: while a
-// pipeline is in flight, the calls that arrive queue up and go in the next
-// one (one pipeline per connection, at most two in flight; on a cluster one
-// per master, as go-redis routes it). On a single Redis, concurrent Claims
-// and Confirms are also merged into one script call each. A call on an idle
-// store is sent at once, on its own context: there is no timer, so a lone
-// caller pays no added latency.
+// By default (unless [RedisOptions].NoAutoPipeline), the Claim, Confirm,
+// Renew, Forget, Checkpoint and Lookup calls of concurrent goroutines go to
+// Redis together: while a pipeline is in flight, the calls that arrive
+// queue up and go in the next one (one pipeline per connection, at most two
+// in flight; on a cluster one per master, as go-redis routes it). On a
+// single Redis, concurrent Claims and Confirms are also merged into one
+// script call each. A call on an idle store is sent at once, on its own
+// context: there is no timer, so a lone caller pays no added latency. It is
+// the default because it costs a lone caller nothing and serves 2–3× the
+// calls of many (docs/BENCHMARKS.md); NoAutoPipeline only rules it out.
 //
 // Every call keeps its own reply and error: one failing key does not fail
 // the others in its pipeline. A call that waits in the queue or shares a
@@ -109,7 +111,7 @@
 //
 // With [RedisOptions].WaitReplicas, WAIT follows the confirm script down the
 // same connection, in the same pipeline, so a Confirm is still one round
-// trip (with AutoPipeline, one WAIT serves every confirm of a pipeline; on a
+// trip (pipelined, one WAIT serves every confirm of a pipeline; on a
 // cluster the confirm and its WAIT go to the master owning the key). When
 // fewer replicas acknowledge within WaitTimeout, Confirm returns an error
 // wrapping [ErrNotReplicated]; WaitTimeout must be shorter than the client's

@@ -228,7 +228,7 @@ func TestRedisClusterDeadMaster(t *testing.T) {
 			t.Cleanup(func() { _ = c.Close() })
 			// The dead master cannot tell its eviction policy; the first
 			// contact is the calls' own.
-			s, err := NewRedisStore(c, RedisOptions{Prefix: prefix, AllowEviction: true, AutoPipeline: tc.auto})
+			s, err := NewRedisStore(c, RedisOptions{Prefix: prefix, AllowEviction: true, NoAutoPipeline: !tc.auto})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -6,7 +6,7 @@ import (
 	"sync/atomic"
 )
 
-// Automatic pipelining (RedisOptions.AutoPipeline): the single-key calls of
+// Automatic pipelining (on unless RedisOptions.NoAutoPipeline): the single-key calls of
 // many goroutines (Claim, Confirm, Renew, Forget, Lookup) go to Redis
 // together, one pipeline per connection, while an earlier pipeline is in
 // flight. An idle store sends a call at once: there is no timer to wait for.
@@ -47,7 +47,7 @@ const (
 type pipeCall struct {
 	scriptCall
 	key   [1]string // scriptCall.keys
-	arg   [3]any    // scriptCall.args: no script takes more than three
+	arg   [4]any    // scriptCall.args: no script takes more than four
 	state atomic.Int32
 	// waits is set when the call's caller waits on done rather than sending
 	// the call itself; done, buffered, is then signalled once v, err and
@@ -80,7 +80,7 @@ func newPipeCall(script *luaScript, key string, args []any) *pipeCall {
 // release returns c, whose reply its caller has taken, for reuse. A call
 // abandoned by its caller is never released: a sender may still hold it.
 func (c *pipeCall) release() {
-	c.scriptCall, c.key, c.arg = scriptCall{}, [1]string{}, [3]any{}
+	c.scriptCall, c.key, c.arg = scriptCall{}, [1]string{}, [4]any{}
 	c.v, c.err, c.waitErr = nil, nil, nil
 	pipeCalls.Put(c)
 }

@@ -170,7 +170,7 @@ func TestRedisAutoPipelineCoalesces(t *testing.T) {
 		t.Run(backend.name, func(t *testing.T) {
 			t.Parallel()
 			c := backend.client(t)
-			s := newTestRedisStore(t, c, RedisOptions{AutoPipeline: true})
+			s := newTestRedisStore(t, c, RedisOptions{})
 			ctx := context.Background()
 			h := &tripCounter{}
 			c.AddHook(h)
@@ -221,7 +221,7 @@ func TestRedisAutoPipelineOnePipeline(t *testing.T) {
 		t.Run(backend.name, func(t *testing.T) {
 			t.Parallel()
 			c := backend.client(t)
-			s := newTestRedisStore(t, c, RedisOptions{AutoPipeline: true})
+			s := newTestRedisStore(t, c, RedisOptions{})
 			ctx := context.Background()
 			g := newGate()
 			c.AddHook(g)
@@ -344,7 +344,7 @@ func TestRedisAutoPipelineLoneCall(t *testing.T) {
 		t.Run(backend.name, func(t *testing.T) {
 			c := backend.client(t)
 			plain := newTestRedisStore(t, c, RedisOptions{})
-			auto := newTestRedisStore(t, c, RedisOptions{AutoPipeline: true})
+			auto := newTestRedisStore(t, c, RedisOptions{})
 			loadScripts(t, c)
 			h := &tripCounter{}
 			c.AddHook(h)
@@ -402,7 +402,7 @@ func TestRedisAutoPipelineLoneCall(t *testing.T) {
 // pipeline (then it may still run); the calls beside it are unaffected.
 func TestRedisAutoPipelineCancel(t *testing.T) {
 	_, c := newMiniredisClient(t)
-	s := newTestRedisStore(t, c, RedisOptions{AutoPipeline: true})
+	s := newTestRedisStore(t, c, RedisOptions{})
 	ctx := context.Background()
 	loadScripts(t, c) // no NOSCRIPT retry among the round trips held
 	g := newGate()
@@ -473,7 +473,7 @@ func TestRedisAutoPipelineNoScript(t *testing.T) {
 	for _, backend := range autoBackends[1:] {
 		t.Run(backend.name, func(t *testing.T) {
 			c := backend.client(t)
-			s := newTestRedisStore(t, c, RedisOptions{AutoPipeline: true})
+			s := newTestRedisStore(t, c, RedisOptions{})
 			ctx := context.Background()
 			flush := func() {
 				t.Helper()

@@ -255,7 +255,7 @@ func TestRedisClusterPipelineASK(t *testing.T) {
 			c.AddHook(tally)
 			c.AddHook(g)
 			o := opts
-			o.AutoPipeline = tc.auto
+			o.NoAutoPipeline = !tc.auto
 			s, err := NewRedisStore(c, o)
 			if err != nil {
 				t.Fatalf("NewRedisStore: %v", err)

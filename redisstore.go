@@ -64,9 +64,15 @@ type RedisOptions struct {
 	// other checks of first contact still run. Default false: refused
 	// (ErrEviction).
 	AllowEviction bool
-	// AutoPipeline sends the calls of concurrent goroutines to Redis
-	// together, one pipeline per connection (see the package documentation,
-	// Automatic pipelining). A lone call is sent at once. Default false.
+	// NoAutoPipeline sends each call at once on its own, instead of
+	// sending the calls of concurrent goroutines to Redis together, one
+	// pipeline per connection (see the package documentation, Automatic
+	// pipelining). A lone call is sent at once either way, so it costs no
+	// latency; turn it off only to rule it out. Default false: on.
+	NoAutoPipeline bool
+	// AutoPipeline is the default now, and false does not turn it off.
+	//
+	// Deprecated: automatic pipelining is on unless NoAutoPipeline is set.
 	AutoPipeline bool
 	// WaitReplicas makes Confirm wait, in the same round trip, until this
 	// many replicas have the confirmation; fewer within WaitTimeout is
@@ -139,7 +145,7 @@ type RedisStore struct {
 	attemptPrefix         string
 	attempts              atomic.Uint64
 
-	auto *autoPipe // nil unless RedisOptions.AutoPipeline
+	auto *autoPipe // nil with RedisOptions.NoAutoPipeline
 
 	// cluster is c on Redis Cluster, else nil; reloaded is when the store
 	// last asked it to reload its slot map (UnixNano), see reloadSlots.
@@ -206,6 +212,9 @@ func NewRedisStore(c redis.UniversalClient, o RedisOptions) (*RedisStore, error)
 				"or reading WAIT's reply would time out first", rt)
 		}
 	}
+	if o.AutoPipeline && o.NoAutoPipeline {
+		return nil, badopt.Error("idem", "NoAutoPipeline", o.NoAutoPipeline, "contradicts AutoPipeline true; set one of them")
+	}
 	var seed [8]byte
 	_, _ = rand.Read(seed[:]) // crypto/rand.Read never fails (Go 1.24+)
 	s := &RedisStore{
@@ -219,7 +228,7 @@ func NewRedisStore(c redis.UniversalClient, o RedisOptions) (*RedisStore, error)
 		keep:          strconv.FormatInt(opts.Retention.Milliseconds(), 10),
 		attemptPrefix: hex.EncodeToString(seed[:]) + ".",
 	}
-	if o.AutoPipeline {
+	if !o.NoAutoPipeline {
 		s.auto = &autoPipe{s: s}
 	}
 	if cc, ok := c.(*redis.ClusterClient); ok {
@@ -266,7 +275,7 @@ func (s *RedisStore) appendAttempt(b []byte) []byte {
 }
 
 // run runs script on key's record and returns its reply: at once, or with
-// AutoPipeline in the next pipeline. A confirm with WaitReplicas is followed
+// automatic pipelining in the next pipeline. A confirm with WaitReplicas is followed
 // by WAIT in the same pipeline; waitErr is its verdict. The caller has
 // passed its gate of first contact (contact or leaseReady).
 func (s *RedisStore) run(ctx context.Context, script *luaScript, key string, args ...any) (v any, waitErr, err error) {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -107,8 +108,10 @@ func cancellable(b *testing.B) context.Context {
 }
 
 func benchClaimConfirmCtx(b *testing.B, c *redis.Client, ctx context.Context, g int, auto bool) {
-	s := newTestRedisStore(b, c, RedisOptions{Retention: 10 * time.Minute, AutoPipeline: auto})
+	s := newTestRedisStore(b, c, RedisOptions{Retention: 10 * time.Minute, NoAutoPipeline: !auto})
 	var next atomic.Uint64
+	cost := redisCost{c: c}
+	cost.start(b)
 	runGoroutines(b, g, func(more func() bool) {
 		result := []byte("ok")
 		for more() {
@@ -124,6 +127,8 @@ func benchClaimConfirmCtx(b *testing.B, c *redis.Client, ctx context.Context, g 
 			}
 		}
 	})
+	b.StopTimer()
+	cost.report(b)
 	reportMsgs(b, b.N)
 }
 
@@ -302,4 +307,93 @@ func BenchmarkRedisClientCost(b *testing.B) {
 			}
 		}
 	})
+}
+
+// redisCost reads what Redis spent since the last call: CPU (user +
+// system) and commands run (INFO commandstats, script calls and what
+// scripts run inside them), for a benchmark's per-op figures.
+type redisCost struct {
+	c         *redis.Client
+	cpu, cmds float64
+}
+
+func (r *redisCost) read(b *testing.B) (cpu, cmds float64) {
+	b.Helper()
+	info, err := r.c.Info(context.Background(), "cpu", "commandstats").Result()
+	if err != nil {
+		b.Fatalf("INFO: %v", err)
+	}
+	for _, line := range strings.Split(info, "\r\n") {
+		switch {
+		case strings.HasPrefix(line, "used_cpu_user:"), strings.HasPrefix(line, "used_cpu_sys:"):
+			v, _ := strconv.ParseFloat(line[strings.IndexByte(line, ':')+1:], 64)
+			cpu += v
+		case strings.HasPrefix(line, "cmdstat_"):
+			f := line[strings.IndexByte(line, ':')+1:]
+			if v, ok := strings.CutPrefix(strings.Split(f, ",")[0], "calls="); ok {
+				n, _ := strconv.ParseFloat(v, 64)
+				cmds += n
+			}
+		}
+	}
+	return cpu, cmds
+}
+
+func (r *redisCost) start(b *testing.B) { r.cpu, r.cmds = r.read(b) }
+
+// report reports Redis's CPU and commands per op since start.
+func (r *redisCost) report(b *testing.B) {
+	cpu, cmds := r.read(b)
+	b.ReportMetric((cpu-r.cpu)*1e6/float64(b.N), "redis-µs/op")
+	// INFO itself is one command, counted in the second read.
+	b.ReportMetric((cmds-r.cmds-1)/float64(b.N), "cmds/op")
+}
+
+// BenchmarkRedisReplay: a Claim of a key confirmed before, the path of
+// every duplicate delivery, in 64 goroutines over 1,024 keys, with the
+// default options and without automatic pipelining; Redis's CPU and
+// commands per Claim reported beside the throughput.
+func BenchmarkRedisReplay(b *testing.B) {
+	c := testenv.Redis(b)
+	for range *benchRounds {
+		for _, g := range []int{1, benchGoroutines} {
+			b.Run(fmt.Sprintf("default/g=%d", g), func(b *testing.B) { benchReplay(b, c, g, RedisOptions{}) })
+			b.Run(fmt.Sprintf("NoAutoPipeline/g=%d", g), func(b *testing.B) {
+				benchReplay(b, c, g, RedisOptions{NoAutoPipeline: true})
+			})
+		}
+	}
+}
+
+func benchReplay(b *testing.B, c *redis.Client, g int, o RedisOptions) {
+	o.Retention = 10 * time.Minute
+	s := newTestRedisStore(b, c, o)
+	ctx := context.Background()
+	const keys = 1024
+	for i := range keys {
+		key := strconv.Itoa(i)
+		cl, err := s.Claim(ctx, key, nil)
+		if err != nil || cl.Outcome != Claimed {
+			b.Fatalf("Claim(%q) = %v, %v", key, cl.Outcome, err)
+		}
+		if err := s.Confirm(ctx, cl.Lease, []byte("a result of some size, as a response is")); err != nil {
+			b.Fatal(err)
+		}
+	}
+	cost := redisCost{c: c}
+	var next atomic.Uint64
+	cost.start(b)
+	runGoroutines(b, g, func(more func() bool) {
+		for more() {
+			key := strconv.FormatUint(next.Add(1)%keys, 10)
+			cl, err := s.Claim(ctx, key, nil)
+			if err != nil || cl.Outcome != Duplicate {
+				b.Errorf("Claim(%q) = %v, %v; want duplicate", key, cl.Outcome, err)
+				return
+			}
+		}
+	})
+	b.StopTimer()
+	cost.report(b)
+	reportMsgs(b, b.N)
 }

@@ -468,7 +468,7 @@ func TestRedisWaitReplicas(t *testing.T) {
 				events := &eventLog{}
 				s := newTestRedisStore(t, c, RedisOptions{
 					Observer:     events,
-					WaitReplicas: tt.replicas, WaitTimeout: tt.timeout, AutoPipeline: auto,
+					WaitReplicas: tt.replicas, WaitTimeout: tt.timeout, NoAutoPipeline: !auto,
 				})
 				if tt.want != nil {
 					// First contact refuses a master with fewer replicas
@@ -534,7 +534,7 @@ func TestRedisWaitReplicasCluster(t *testing.T) {
 	c := testenv.Cluster(t)
 	ctx := context.Background()
 	for _, auto := range []bool{false, true} {
-		s := newTestRedisStore(t, c, RedisOptions{WaitReplicas: 1, WaitTimeout: 20 * time.Millisecond, AutoPipeline: auto})
+		s := newTestRedisStore(t, c, RedisOptions{WaitReplicas: 1, WaitTimeout: 20 * time.Millisecond, NoAutoPipeline: !auto})
 		if err := s.Check(ctx); !errors.Is(err, ErrTooFewReplicas) {
 			t.Errorf("Check with WaitReplicas 1 on masters without replicas = %v; want ErrTooFewReplicas", err)
 		}

@@ -332,7 +332,7 @@ func clusterStores(t *testing.T, client *redis.ClusterClient, observe func(path 
 	}
 	side := func(path string, auto bool) *idem.RedisStore {
 		s, err := idem.NewRedisStore(client, idem.RedisOptions{LeaseTTL: time.Second, Retention: 10 * time.Minute,
-			AutoPipeline: auto, Observer: observe(path, nil), Worker: path})
+			NoAutoPipeline: !auto, Observer: observe(path, nil), Worker: path})
 		if err != nil {
 			t.Fatalf("NewRedisStore: %v", err)
 		}
