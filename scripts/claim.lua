@@ -23,11 +23,14 @@
 -- token is a decimal string; pttl the milliseconds left of the lease or
 -- record; n the take-overs in a row; cp the last checkpoint.
 
--- The common case, a new key: the clock and one write, nothing else.
+-- The common case, a new key: the clock and one write, nothing else. The
+-- write answers what was there instead (NX with GET): a duplicate costs
+-- no read of its own.
 local t = redis.call('TIME')
 local toks = t[1] .. string.sub('00000' .. t[2], -6)
-if redis.call('SET', KEYS[1], '2C' .. toks .. ':' .. ARGV[3], 'NX', 'PX', ARGV[1]) then return toks end
+local v = redis.call('SET', KEYS[1], '2C' .. toks .. ':' .. ARGV[3], 'NX', 'GET', 'PX', ARGV[1])
+if not v then return toks end
 
 -- #include record.lua
 
-return claimed(KEYS[1], ARGV[1], ARGV[3], toks, ARGV[2])
+return claimed(KEYS[1], ARGV[1], ARGV[3], toks, ARGV[2], v)

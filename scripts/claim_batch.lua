@@ -20,10 +20,11 @@ local toks = t[1] .. string.sub('00000' .. t[2], -6)
 
 local out = {}
 for i = 1, #KEYS do
-  if redis.call('SET', KEYS[i], '2C' .. toks .. ':' .. ARGV[2 + i], 'NX', 'PX', ARGV[1]) then
+  local v = redis.call('SET', KEYS[i], '2C' .. toks .. ':' .. ARGV[2 + i], 'NX', 'GET', 'PX', ARGV[1])
+  if not v then
     out[i] = toks
   else
-    out[i] = claimed(KEYS[i], ARGV[1], ARGV[2 + i], toks, ARGV[2])
+    out[i] = claimed(KEYS[i], ARGV[1], ARGV[2 + i], toks, ARGV[2], v)
   end
 end
 return out

@@ -159,39 +159,36 @@ local function reply(r, pttl)
   return out
 end
 
--- claimed answers a claim of key whose SET NX found a record, as claim.lua
+-- claimed answers a claim of key whose SET NX found record v, as claim.lua
 -- does; px is the new claim's TTL (its lease plus its keep), tail its
 -- value after "2C<token>:", toks the token it would have had, maxto the
 -- store's MaxTakeOvers.
-local function claimed(key, px, tail, toks, maxto)
+local function claimed(key, px, tail, toks, maxto, v)
+  local r = decode(v)
+  if not r then return DAMAGED end
+  -- A confirmation, the common duplicate: nothing else to read.
+  if r.st == 'D' then return reply(r, redis.call('PTTL', key)) end
   -- The claim's owner, attempt and keep are in its tail.
   local mine = decode('2C0:' .. tail)
   if not mine then return DAMAGED end
-  local v = redis.call('GET', key)
-  local floor, prior = 0, nil
-  if v then
-    local r = decode(v)
-    if not r then return DAMAGED end
-    if r.st == 'F' then
-      floor = r.tok
-    else
-      local pttl = redis.call('PTTL', key)
-      if r.st ~= 'C' or live(r, pttl) then
-        if r.st == 'C' and r.owner == mine.owner and r.attempt == mine.attempt then
-          if pttl ~= -1 then pttl = pttl - r.keep end
-          return {'A', r.toks, pttl}
-        end
-        return reply(r, pttl)
+  local floor, prior = r.tok, nil
+  if r.st ~= 'F' then
+    local pttl = redis.call('PTTL', key)
+    if r.st == 'Q' or live(r, pttl) then
+      if r.st == 'C' and r.owner == mine.owner and r.attempt == mine.attempt then
+        if pttl ~= -1 then pttl = pttl - r.keep end
+        return {'A', r.toks, pttl}
       end
-      -- A lapsed claim: its holder crashed or stalled.
-      if r.n >= tonumber(maxto) then
-        -- The last take-over allowed lapsed too: stop the crash loop.
-        r.st = 'Q'
-        redis.call('SET', key, encode(r), 'PX', mine.keep)
-        return reply(r, mine.keep)
-      end
-      prior, floor = r, r.tok
+      return reply(r, pttl)
     end
+    -- A lapsed claim: its holder crashed or stalled.
+    if r.n >= tonumber(maxto) then
+      -- The last take-over allowed lapsed too: stop the crash loop.
+      r.st = 'Q'
+      redis.call('SET', key, encode(r), 'PX', mine.keep)
+      return reply(r, mine.keep)
+    end
+    prior = r
   end
   -- The new token must exceed a forgotten or lapsed claim's even in the
   -- same tick.
