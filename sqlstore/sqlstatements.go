@@ -9,6 +9,7 @@ package sqlstore
 type sqlStatements struct {
 	claim, readAny, read, renew, confirm, confirmLate, forget, record, release, purge string
 	quarantine, checkpoint, resolveConfirm, resolveForget, quarantined                string
+	claimOrRead, takeOver                                                             string
 }
 
 // The statements, in the markers of sqlText.
@@ -39,10 +40,35 @@ prior_at = CASE WHEN r.state = 'C' THEN r.recorded_at END,
 checkpoint = CASE WHEN r.state = 'C' THEN r.checkpoint END
 WHERE r.state = 'F' OR (r.expires_at <= {now} AND NOT (r.state = 'C' AND r.takeovers >= $5))
 RETURNING token, takeovers, prior_owner, prior_token, {ms prior_at}, checkpoint`
+	// Postgres's claim: the insert of a new key, or else the read of the
+	// row there, in one statement and one round trip. ON CONFLICT DO
+	// NOTHING neither locks nor writes the row it finds, so a duplicate is
+	// a read: no WAL, no commit flush. The read sees the statement's
+	// snapshot: a row committed after it is not seen, and the claim tries
+	// again. 'I' marks the row this claim inserted.
+	sqlClaimOrRead = `WITH ins AS (
+INSERT INTO {t} (key, state, owner, token, fingerprint, result, recorded_at, expires_at, takeovers)
+VALUES ($1, 'C', $2, {tok}, $3, NULL, {now}, {in $4}, 0)
+ON CONFLICT (key) DO NOTHING RETURNING token)
+SELECT 'I', '', token, ''::bytea, NULL::bytea, 0::bigint, 0, NULL::text, NULL::bigint, NULL::bigint, NULL::bytea FROM ins
+UNION ALL
+SELECT CAST(state AS text), ` + sqlColumnsAfterState + ` FROM {t} WHERE key = $1 AND NOT EXISTS (SELECT 1 FROM ins)`
+	// The take-over of a row that is not live, as the claim upsert's
+	// update does it (see sqlClaim): the check and the write one statement.
+	sqlTakeOver = `UPDATE {t} AS r SET state = 'C', owner = $2, token = {max}({tok}, r.token + 1),
+fingerprint = $3, result = NULL, recorded_at = {now}, expires_at = {in $4},
+takeovers = CASE WHEN r.state = 'C' THEN r.takeovers + 1 ELSE 0 END,
+prior_owner = CASE WHEN r.state = 'C' THEN r.owner END,
+prior_token = CASE WHEN r.state = 'C' THEN r.token END,
+prior_at = CASE WHEN r.state = 'C' THEN r.recorded_at END,
+checkpoint = CASE WHEN r.state = 'C' THEN r.checkpoint END
+WHERE r.key = $1 AND (r.state = 'F' OR (r.expires_at <= {now} AND NOT (r.state = 'C' AND r.takeovers >= $5)))
+RETURNING r.token, r.takeovers, r.prior_owner, r.prior_token, {ms prior_at}, r.checkpoint`
 	// The columns of a record, as read answers them.
-	sqlColumns = `state, owner, token, fingerprint, result, {ttl}, takeovers, prior_owner, prior_token, {ms prior_at}, checkpoint`
-	sqlReadAny = `SELECT ` + sqlColumns + ` FROM {t} WHERE key = $1`
-	sqlRead    = `SELECT ` + sqlColumns + ` FROM {t}
+	sqlColumns           = `state, ` + sqlColumnsAfterState
+	sqlColumnsAfterState = `owner, token, fingerprint, result, {ttl}, takeovers, prior_owner, prior_token, {ms prior_at}, checkpoint`
+	sqlReadAny           = `SELECT ` + sqlColumns + ` FROM {t} WHERE key = $1`
+	sqlRead              = `SELECT ` + sqlColumns + ` FROM {t}
 WHERE key = $1 AND state <> 'F' AND expires_at > {now}`
 	// A lapsed claim at the limit of take-overs: the crash loop stops here,
 	// the key quarantined for the retention ($3).

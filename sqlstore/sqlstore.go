@@ -182,6 +182,7 @@ func New(db *sql.DB, o Options) (*Store, error) {
 	text := func(q string) string { return sqlText(o.Dialect, t, q) }
 	s.q = sqlStatements{
 		claim: text(sqlClaim), read: text(sqlRead), readAny: text(sqlReadAny),
+		claimOrRead: text(sqlClaimOrRead), takeOver: text(sqlTakeOver),
 		quarantine: text(sqlQuarantine), checkpoint: text(sqlCheckpoint), quarantined: text(sqlQuarantined),
 		resolveConfirm: text(sqlResolveConfirm), resolveForget: text(sqlResolveForget),
 		renew: text(sqlRenew), confirm: text(sqlConfirm), confirmLate: text(sqlConfirmLate),
@@ -261,6 +262,13 @@ func (s *Store) claimIn(ctx context.Context, q sqlQuerier, key string, fingerpri
 	k, fp := []byte(key), nonNil(fingerprint)
 	readFirst := s.dialect == SQLite
 	for range claimAttempts {
+		if !readFirst {
+			c, err := s.claimOrRead(ctx, q, key, k, fp, start)
+			if !errors.Is(err, errChanged) {
+				return s.quarantined(c, err)
+			}
+			continue
+		}
 		var (
 			c        idem.Claim
 			answered bool
@@ -300,6 +308,52 @@ func (s *Store) claimIn(ctx context.Context, q sqlQuerier, key string, fingerpri
 			if c, err := s.found(ctx, q, key, start, false); !errors.Is(err, errNoRecord) {
 				return s.quarantined(c, err)
 			}
+		}
+	}
+	return idem.Claim{}, errChanged
+}
+
+// claimOrRead claims key on Postgres: one statement inserts a new key or,
+// when the key has a row, reads it without a write, so that a duplicate
+// writes nothing, holds no lock and waits for no commit flush. A row that
+// is not live (a forgotten claim, a lapsed one, a record past its time) is
+// taken over by a second statement, an UPDATE whose WHERE clause holds the
+// expiry check; a lapsed claim at the limit of take-overs is quarantined
+// by a third. errChanged: the row changed between them (or was committed
+// after the statement's snapshot): the caller tries again.
+func (s *Store) claimOrRead(ctx context.Context, q sqlQuerier, key string, k, fp []byte, start time.Time) (idem.Claim, error) {
+	var r dbRow
+	err := q.QueryRowContext(ctx, s.q.claimOrRead, k, s.o.Worker, fp, s.leaseMs).Scan(r.dest()...)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return idem.Claim{}, errChanged
+	case err != nil:
+		return idem.Claim{}, err
+	case r.st == "I":
+		return s.claimed(key, fp, upserted{tok: r.tok}, start), nil
+	}
+	rec, err := r.record(key, start)
+	if err == nil {
+		return foundClaim(rec), nil
+	}
+	if !errors.Is(err, errNotLive) {
+		return idem.Claim{}, err
+	}
+	var up upserted
+	err = q.QueryRowContext(ctx, s.q.takeOver, k, s.o.Worker, fp, s.leaseMs, s.o.MaxTakeOvers).
+		Scan(&up.tok, &up.takeovers, &up.priorOwner, &up.priorToken, &up.priorAt, &up.checkpoint)
+	if err == nil {
+		return s.claimed(key, fp, up, start), nil
+	}
+	if !errors.Is(err, sql.ErrNoRows) {
+		return idem.Claim{}, err
+	}
+	if marked, err := s.exec(ctx, q, s.q.quarantine, k, s.o.MaxTakeOvers, s.retentionMs); err != nil || marked {
+		if err != nil {
+			return idem.Claim{}, err
+		}
+		if c, err := s.found(ctx, q, key, start, false); !errors.Is(err, errNoRecord) {
+			return c, err
 		}
 	}
 	return idem.Claim{}, errChanged
@@ -350,15 +404,21 @@ func (s *Store) claimed(key string, fp []byte, up upserted, start time.Time) ide
 // reads are in process and cheap; see read).
 func (s *Store) found(ctx context.Context, q sqlQuerier, key string, start time.Time, any bool) (idem.Claim, error) {
 	rec, err := s.read(ctx, q, key, start, any)
-	switch {
-	case err != nil:
+	if err != nil {
 		return idem.Claim{}, err
+	}
+	return foundClaim(rec), nil
+}
+
+// foundClaim is the answer of a claim that found live record rec.
+func foundClaim(rec *idem.Record) idem.Claim {
+	switch {
 	case rec.Quarantined:
-		return idem.Claim{Record: rec}, nil
+		return idem.Claim{Record: rec}
 	case rec.Confirmed:
-		return idem.Claim{Outcome: idem.Duplicate, Record: rec}, nil
+		return idem.Claim{Outcome: idem.Duplicate, Record: rec}
 	default:
-		return idem.Claim{Outcome: idem.InProgress, Record: rec}, nil
+		return idem.Claim{Outcome: idem.InProgress, Record: rec}
 	}
 }
 
@@ -390,38 +450,51 @@ var errNotLive = errors.New("sqlstore: not live")
 // rowScanner is a *sql.Row or *sql.Rows.
 type rowScanner interface{ Scan(dest ...any) error }
 
+// dbRow is a row of sqlColumns as read.
+type dbRow struct {
+	st, owner  string
+	tok, ttl   int64
+	fp, res    []byte
+	takeovers  int64
+	priorOwner sql.NullString
+	priorToken sql.NullInt64
+	priorAt    sql.NullInt64
+	checkpoint []byte
+}
+
+// dest returns what Scan reads a row of sqlColumns into, then extra.
+func (r *dbRow) dest(extra ...any) []any {
+	return append([]any{&r.st, &r.owner, &r.tok, &r.fp, &r.res, &r.ttl, &r.takeovers,
+		&r.priorOwner, &r.priorToken, &r.priorAt, &r.checkpoint}, extra...)
+}
+
 // scanRecord reads key's record from a row of sqlColumns, then into extra
 // the columns that follow them.
 func (s *Store) scanRecord(row rowScanner, key string, start time.Time, extra ...any) (*idem.Record, error) {
-	var (
-		st, owner  string
-		tok, ttl   int64
-		fp, res    []byte
-		takeovers  int64
-		priorOwner sql.NullString
-		priorToken sql.NullInt64
-		priorAt    sql.NullInt64
-		checkpoint []byte
-	)
-	dest := append([]any{&st, &owner, &tok, &fp, &res, &ttl, &takeovers, &priorOwner, &priorToken, &priorAt, &checkpoint}, extra...)
-	if err := row.Scan(dest...); err != nil {
+	var r dbRow
+	if err := row.Scan(r.dest(extra...)...); err != nil {
 		return nil, err
 	}
-	if st == "F" || ttl <= 0 {
+	return r.record(key, start)
+}
+
+// record is the live record r holds for key, or errNotLive.
+func (r *dbRow) record(key string, start time.Time) (*idem.Record, error) {
+	if r.st == "F" || r.ttl <= 0 {
 		return nil, errNotLive
 	}
-	if st != "C" && st != "D" && st != "Q" {
-		return nil, fmt.Errorf("%w: state %q", idem.ErrDamaged, st)
+	if r.st != "C" && r.st != "D" && r.st != "Q" {
+		return nil, fmt.Errorf("%w: state %q", idem.ErrDamaged, r.st)
 	}
-	rec := &idem.Record{Key: key, Confirmed: st == "D", Token: tok, Owner: owner, Fingerprint: nonNil(fp),
-		Expires: start.Add(time.Duration(ttl) * time.Millisecond)}
+	rec := &idem.Record{Key: key, Confirmed: r.st == "D", Token: r.tok, Owner: r.owner, Fingerprint: nonNil(r.fp),
+		Expires: start.Add(time.Duration(r.ttl) * time.Millisecond)}
 	if rec.Confirmed {
-		rec.Result = nonNil(res)
+		rec.Result = nonNil(r.res)
 		return rec, nil
 	}
-	rec.Quarantined, rec.TakeOvers, rec.Checkpoint = st == "Q", int(takeovers), nilIfEmpty(checkpoint)
-	if takeovers > 0 && priorToken.Valid {
-		rec.Prior = &idem.Attempt{Owner: priorOwner.String, Token: priorToken.Int64, Claimed: time.UnixMilli(priorAt.Int64)}
+	rec.Quarantined, rec.TakeOvers, rec.Checkpoint = r.st == "Q", int(r.takeovers), nilIfEmpty(r.checkpoint)
+	if r.takeovers > 0 && r.priorToken.Valid {
+		rec.Prior = &idem.Attempt{Owner: r.priorOwner.String, Token: r.priorToken.Int64, Claimed: time.UnixMilli(r.priorAt.Int64)}
 	}
 	return rec, nil
 }
