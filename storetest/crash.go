@@ -30,7 +30,9 @@ func crashOpts(worker string, maxTakeOvers int) idem.Options {
 	return idem.Options{Worker: worker, Retention: 20 * time.Second, MaxTakeOvers: maxTakeOvers}
 }
 
-// lapse lets the lease of a claim made at set run out.
+// lapse lets the lease of a claim that returned at set run out. From the
+// claim's return, not its start: a claim slow to run on a busy machine
+// starts its lease late.
 func (s *suite) lapse(set time.Duration) { s.waitUntil(set, s.afterExpiry(lease)) }
 
 // crashAndTakeOver claims k on from, lets the lease run out unconfirmed (the
@@ -38,9 +40,8 @@ func (s *suite) lapse(set time.Duration) { s.waitUntil(set, s.afterExpiry(lease)
 // take-over.
 func (s *suite) crashAndTakeOver(from, to idem.Store, k string) (first, next idem.Claim) {
 	s.Helper()
-	set := s.mark()
 	first = s.claim(from, k, "fp", idem.Claimed)
-	s.lapse(set)
+	s.lapse(s.mark())
 	next = s.claim(to, k, "fp", idem.Claimed)
 	return first, next
 }
@@ -130,9 +131,8 @@ func takeOverNotAfterForgetOrRetention(s *suite) {
 func takeOverLapsedNotHeld(s *suite) {
 	a, b := s.openWith(crashOpts("w1", 0)), s.openWith(crashOpts("w2", 0))
 	k := s.key("k")
-	set := s.mark()
 	first := s.claim(a, k, "fp", idem.Claimed)
-	s.lapse(set)
+	s.lapse(s.mark())
 	// Remembered for the take-over, the lapsed claim is no longer held.
 	if r, err := b.Lookup(ctx(s), k); !isErr(err, idem.ErrNotFound) {
 		s.Errorf("Lookup(%q) of a lapsed claim = %+v, %v; want ErrNotFound: its lease ran out", k, r, err)
@@ -173,15 +173,15 @@ func (s *suite) checkpoint(st idem.Store, l *idem.Lease, data string) {
 func checkpointCarried(s *suite) {
 	a, b, c := s.openWith(crashOpts("w1", 0)), s.openWith(crashOpts("w2", 0)), s.openWith(crashOpts("w3", 0))
 	k := s.key("k")
-	set := s.mark()
 	at := s.now()
 	first := s.claim(a, k, "fp", idem.Claimed)
+	set := s.mark()
 	s.checkpoint(a, first.Lease, "step 1")
 	s.checkpoint(a, first.Lease, "step 2")
 	s.lapse(set)
-	set = s.mark()
 	at2 := s.now()
 	second := s.claim(b, k, "fp", idem.Claimed)
+	set = s.mark()
 	checkTakeOver(s, second, first.Lease, at, 1, []byte("step 2"))
 	// The second holder crashes before a checkpoint of its own: the
 	// third still resumes after step 2.
@@ -208,9 +208,8 @@ func checkpointOnlyLiveLease(s *suite) {
 	if err := checkpointer(s, a).Checkpoint(ctx(s), first.Lease, []byte("stale")); !isErr(err, idem.ErrLeaseLost) {
 		s.Errorf("Checkpoint by a lease taken over = %v; want ErrLeaseLost", err)
 	}
-	set := s.mark()
 	s.checkpoint(b, second.Lease, "b's step")
-	s.lapse(set)
+	s.lapse(s.mark())
 	third := s.claim(c, k, "fp", idem.Claimed)
 	if string(third.Checkpoint) != "b's step" {
 		s.Errorf("Claim(%q).Checkpoint = %q; want %q, the live holder's, not the stale one's", k, third.Checkpoint, "b's step")
@@ -227,8 +226,8 @@ func (s *suite) quarantine(stores []idem.Store, k string, max int) []*idem.Lease
 	s.Helper()
 	var leases []*idem.Lease
 	for i := 0; i <= max; i++ {
-		set := s.mark()
 		c := s.claim(stores[i%len(stores)], k, "fp", idem.Claimed)
+		set := s.mark()
 		if i > 0 && c.TakeOvers != i {
 			s.Errorf("Claim(%q) attempt %d: TakeOvers %d; want %d", k, i+1, c.TakeOvers, i)
 		}
