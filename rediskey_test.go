@@ -354,6 +354,15 @@ func FuzzRedisKey(f *testing.F) {
 	f.Add(" ", "}", "}{")
 	f.Add("p%", "%", "%25")
 	f.Add("idem", ":x", "x")
+	// Inputs the fuzzer once found interesting, kept as seeds.
+	f.Add("0", "", "8")
+	f.Add("", "0", "0")
+	f.Add("0", "", "0")
+	f.Add("0", "", "1")
+	f.Add("0", "1", "0")
+	f.Add("0", "", "\"")
+	f.Add("}", "0", "0")
+	f.Add("ѿ", "0", "0")
 	f.Fuzz(func(t *testing.T, prefix, k1, k2 string) {
 		if !validPrefix(prefix) {
 			return

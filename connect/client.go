@@ -12,7 +12,7 @@ import (
 	"github.com/google/uuid"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 
-	"github.com/idemgo/idem/rpccode"
+	"github.com/idemgo/idem/middleware/rpccode"
 )
 
 // ClientOptions configure the client interceptor. The zero value of every

@@ -64,7 +64,7 @@
 // store's retention, only when a retry of the same call could not change
 // it (DefaultKeep, ServerOptions.Keep): by default a success and
 // InvalidArgument, no other code. The rules are the gRPC module's, stated
-// once for both by package [github.com/idemgo/idem/rpccode], whose
+// once for both by package [github.com/idemgo/idem/middleware/rpccode], whose
 // documentation gives each code and why.
 //
 // # Replays

@@ -14,7 +14,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/idemgo/idem/rpccode"
+	"github.com/idemgo/idem/middleware/rpccode"
 )
 
 // ClientOptions configure the client interceptor. The zero value of every

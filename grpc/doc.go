@@ -71,7 +71,7 @@
 // answer would poison the key: the client's retries would get the same
 // refusal for the whole retention. The rules are stated once for every
 // RPC front door of idem, this module's and the Connect module's, by
-// package [github.com/idemgo/idem/rpccode], whose documentation gives each
+// package [github.com/idemgo/idem/middleware/rpccode], whose documentation gives each
 // code and why.
 //
 // A Keep of one's own may record more: a payment declined for good, say.

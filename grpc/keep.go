@@ -3,7 +3,7 @@ package idemgrpc
 import (
 	"google.golang.org/grpc/codes"
 
-	"github.com/idemgo/idem/rpccode"
+	"github.com/idemgo/idem/middleware/rpccode"
 )
 
 // DefaultKeep is the default ServerOptions.Keep: it reports whether an
@@ -16,7 +16,7 @@ import (
 // depends on the state of something besides the request, nor a code of
 // unknown meaning. None of the codes the Client retries (Unavailable,
 // ResourceExhausted, Aborted) is kept. The rules are
-// [github.com/idemgo/idem/rpccode.Keep]'s, the same for the Connect
+// [github.com/idemgo/idem/middleware/rpccode.Keep]'s, the same for the Connect
 // module; its documentation gives each code and why.
 //
 // A Keep that extends it: func(c codes.Code) bool { return c == codes.AlreadyExists || idemgrpc.DefaultKeep(c) }.
