@@ -353,19 +353,31 @@ func (r *redisCost) report(b *testing.B) {
 // every duplicate delivery, in 64 goroutines over 1,024 keys, with the
 // default options and without automatic pipelining; Redis's CPU and
 // commands per Claim reported beside the throughput.
+//
+// With -idem.rounds N the rounds alternate the two configurations, and a
+// mix of 80 % duplicates (each fifth Claim a new key, then confirmed) and
+// fresh keys alone run beside the replays:
+//
+//	go test -run '^$' -bench RedisReplay -benchtime 20000x -idem.rounds 7 .
 func BenchmarkRedisReplay(b *testing.B) {
 	c := testenv.Redis(b)
 	for range *benchRounds {
 		for _, g := range []int{1, benchGoroutines} {
-			b.Run(fmt.Sprintf("default/g=%d", g), func(b *testing.B) { benchReplay(b, c, g, RedisOptions{}) })
-			b.Run(fmt.Sprintf("NoAutoPipeline/g=%d", g), func(b *testing.B) {
-				benchReplay(b, c, g, RedisOptions{NoAutoPipeline: true})
-			})
+			for _, o := range []struct {
+				name string
+				o    RedisOptions
+			}{{"default", RedisOptions{}}, {"NoAutoPipeline", RedisOptions{NoAutoPipeline: true}}} {
+				b.Run(fmt.Sprintf("replay/%s/g=%d", o.name, g), func(b *testing.B) { benchReplay(b, c, g, o.o, 0) })
+				b.Run(fmt.Sprintf("mix80/%s/g=%d", o.name, g), func(b *testing.B) { benchReplay(b, c, g, o.o, 5) })
+				b.Run(fmt.Sprintf("fresh/%s/g=%d", o.name, g), func(b *testing.B) { benchReplay(b, c, g, o.o, 1) })
+			}
 		}
 	}
 }
 
-func benchReplay(b *testing.B, c *redis.Client, g int, o RedisOptions) {
+// benchReplay claims confirmed keys; with every > 0, each every-th Claim
+// is of a new key instead, confirmed at once (1: fresh keys only).
+func benchReplay(b *testing.B, c *redis.Client, g int, o RedisOptions, every uint64) {
 	o.Retention = 10 * time.Minute
 	s := newTestRedisStore(b, c, o)
 	ctx := context.Background()
@@ -383,9 +395,23 @@ func benchReplay(b *testing.B, c *redis.Client, g int, o RedisOptions) {
 	cost := redisCost{c: c}
 	var next atomic.Uint64
 	cost.start(b)
+	fresh := "fresh-" + strconv.FormatInt(time.Now().UnixNano(), 36) + "-"
 	runGoroutines(b, g, func(more func() bool) {
 		for more() {
-			key := strconv.FormatUint(next.Add(1)%keys, 10)
+			n := next.Add(1)
+			if every > 0 && n%every == 0 {
+				key := fresh + strconv.FormatUint(n, 10)
+				cl, err := s.Claim(ctx, key, nil)
+				if err == nil && cl.Outcome == Claimed {
+					err = s.Confirm(ctx, cl.Lease, []byte("ok"))
+				}
+				if err != nil {
+					b.Errorf("Claim+Confirm(%q): %v", key, err)
+					return
+				}
+				continue
+			}
+			key := strconv.FormatUint(n%keys, 10)
 			cl, err := s.Claim(ctx, key, nil)
 			if err != nil || cl.Outcome != Duplicate {
 				b.Errorf("Claim(%q) = %v, %v; want duplicate", key, cl.Outcome, err)

@@ -19,10 +19,15 @@
 // which package storetest checks on both dialects: use them, or the
 // wrappers of packages consumer and middleware over them, when the work is
 // not a write to this database (a call to a payment provider, a message
-// sent). A claim is one INSERT ... ON CONFLICT whose update takes over an
-// expired claim, the expiry check in its WHERE clause, so check and
-// take-over are one statement. ClaimBatch and ConfirmBatch run a whole
-// batch in one transaction.
+// sent). On Postgres a claim is one statement that inserts a new key or,
+// ON CONFLICT DO NOTHING, reads the row there: a duplicate is a read, with
+// no write, no lock and no commit flush. A row that is not live is taken
+// over by an UPDATE whose WHERE clause holds the expiry check, so check and
+// take-over are one statement. On SQLite the claim reads first and writes
+// only when nothing live is there. ClaimBatch and ConfirmBatch run a whole
+// batch in one transaction. A claim that takes over a lapsed one is told so
+// (idem.Claim.TakeOver), a lapsed claim being kept until PurgeExpired of a
+// store whose Retention has passed since its lease ended.
 //
 // # Transactional mode
 //
