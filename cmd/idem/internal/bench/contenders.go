@@ -55,7 +55,9 @@ var Contenders = []Contender{
 		Name: NameClaimConfirm, Group: GroupRedis, Redis: true,
 		Versus: []string{NameRedislock, NameSetFloor, NameScriptFloor, NameCheckThenSet},
 		Open: func(ctx context.Context, e *Env) (*Instance, error) {
-			s, err := newRedisStore(e.Redis)
+			// One call at a time: the store without its automatic
+			// pipelining, the default the next contender measures.
+			s, err := idem.NewRedisStore(e.Redis, idem.RedisOptions{Retention: retention, NoAutoPipeline: true})
 			if err != nil {
 				return nil, err
 			}
@@ -66,7 +68,7 @@ var Contenders = []Contender{
 		Name: NameAutoPipeline, Group: GroupRedis, Redis: true,
 		Versus: []string{NameClaimConfirm, NameSetFloor, NameRedislock},
 		Open: func(ctx context.Context, e *Env) (*Instance, error) {
-			s, err := idem.NewRedisStore(e.Redis, idem.RedisOptions{Retention: retention, AutoPipeline: true})
+			s, err := idem.NewRedisStore(e.Redis, idem.RedisOptions{Retention: retention})
 			if err != nil {
 				return nil, err
 			}
