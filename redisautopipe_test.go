@@ -346,7 +346,7 @@ func TestRedisAutoPipelineLoneCall(t *testing.T) {
 	for _, backend := range autoBackends[:2] {
 		t.Run(backend.name, func(t *testing.T) {
 			c := backend.client(t)
-			plain := newTestRedisStore(t, c, RedisOptions{})
+			plain := newTestRedisStore(t, c, RedisOptions{NoAutoPipeline: true})
 			auto := newTestRedisStore(t, c, RedisOptions{})
 			loadScripts(t, c)
 			h := &tripCounter{}
