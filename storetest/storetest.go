@@ -37,6 +37,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/regrant"
 )
 
 // Backend is a store implementation under test.
@@ -223,9 +224,10 @@ func ctx(s *suite) context.Context { return s.Context() }
 func (s *suite) key(suffix string) string { return s.Name() + "/" + suffix }
 
 // forge returns a lease that st's backend granted, for a key of the
-// suite's own, rewritten to key, token and owner: a lease of this backend
+// suite's own, regranted as key, token and owner: a lease of this backend
 // that no Claim of key returned, so that the store's own answer to it is
-// checked, not the local check of a lease made by hand.
+// checked, not the local check of a lease made by hand or changed after
+// its grant (Lease/Altered checks that one).
 func (s *suite) forge(st idem.Store, key string, token int64, owner string) *idem.Lease {
 	s.Helper()
 	s.mu.Lock()
@@ -234,9 +236,8 @@ func (s *suite) forge(st idem.Store, key string, token int64, owner string) *ide
 	s.mu.Unlock()
 	// Short, as a store with a small MaxKeyBytes needs; the backend is
 	// the check's own.
-	l := *s.claim(st, fmt.Sprintf("donor-%d", n), "", idem.Claimed).Lease
-	l.Key, l.Token, l.Owner = key, token, owner
-	return &l
+	l := s.claim(st, fmt.Sprintf("donor-%d", n), "", idem.Claimed).Lease
+	return regrant.Lease(l, key, token, owner).(*idem.Lease)
 }
 
 // claim calls Claim and fails the check on an error or an unexpected outcome.
