@@ -161,7 +161,9 @@ func renewExtends(s *suite) {
 	if err := a.Renew(ctx(s), c.Lease); err != nil {
 		s.Fatalf("second Renew = %v; want nil", err)
 	}
+	t0 := time.Now()
 	r, err := a.Lookup(ctx(s), k)
+	s.timed(t0)
 	if err != nil {
 		s.Fatalf("Lookup(%q) = %v; want the renewed claim", k, err)
 	}
