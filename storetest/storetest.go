@@ -151,6 +151,7 @@ type suite struct {
 	epoch       time.Time     // the check's start, on one whose clock runs by itself
 	took        time.Duration // the real time of the last call made through claim or lookup
 	ended       time.Time     // when that call returned
+	claims      []claimSpan   // the claim calls made through claimCall, in order
 }
 
 // open opens a store with the suite's lease and retention and the given
@@ -248,13 +249,38 @@ func (s *suite) timed(t0 time.Time) {
 	s.took = s.ended.Sub(t0)
 }
 
+// claimSpan is one claim call: when it began by the backend's clock
+// (s.now), and how long it took in real time.
+type claimSpan struct {
+	at   time.Time
+	took time.Duration
+}
+
+// since bounds how long after at (an instant of s.now taken before a
+// claim call) the store can have run that call: the time to the start of
+// the first claim call from at, by the backend's clock, and that call's
+// own time. A check stalled before the call, or a call slow on a loaded
+// machine, so widens a tolerance instead of failing it.
+func (s *suite) since(at time.Time) time.Duration {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, c := range s.claims {
+		if !c.at.Before(at) {
+			return c.at.Sub(at) + c.took
+		}
+	}
+	return s.took
+}
+
 // claimCall calls Claim, timed as expires needs it, and returns what it
 // returned.
 func (s *suite) claimCall(st idem.Store, key string, fp string) (idem.Claim, error) {
+	at := s.now()
 	t0 := time.Now()
 	c, err := st.Claim(ctx(s), key, []byte(fp))
 	s.timed(t0)
 	s.mu.Lock()
+	s.claims = append(s.claims, claimSpan{at: at, took: s.took})
 	if !s.lastClaim.IsZero() {
 		s.sinceClaim = t0.Sub(s.lastClaim)
 	}
