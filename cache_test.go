@@ -150,8 +150,10 @@ func (r *cacheRig) cached(co idem.CacheOptions) storetest.Backend {
 // The conformance suite, its linearizability check included, on the
 // cached store of every backend: a Cache answers as its store does.
 func TestCacheConformance(t *testing.T) {
+	t.Parallel()
 	for _, rig := range cacheRigs {
 		t.Run(rig.name, func(t *testing.T) {
+			t.Parallel()
 			storetest.Run(t, func(t *testing.T) storetest.Backend {
 				return rig.open(t).cached(idem.CacheOptions{})
 			})

@@ -6,10 +6,12 @@ import (
 	"crypto/tls"
 	"database/sql"
 	"errors"
+	"flag"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -28,11 +30,37 @@ import (
 	"github.com/idemgo/idem/storetest"
 )
 
+// waiting is how many of the package's parallel tests run at once unless
+// -parallel says otherwise. Most of them wait on a clock, not a CPU: the
+// conformance suite's checks let leases and retention run out in real time
+// on real servers (seconds each, a few milliseconds of CPU), so the
+// default (GOMAXPROCS) would leave the machine idle for minutes while
+// each check's wait queued behind the last. Bounded all the same: every
+// check holds a few connections to the shared servers. Not under the race
+// detector: its calls cost several times the CPU, and 16 checks at once
+// on 2 cores then stretch calls past the suite's one-second leases (two
+// racing claims both Claimed, as the first one's lease ran out).
+const waiting = 16
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	given := false
+	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
+	if !given && !testenv.RaceEnabled {
+		if err := flag.Set("test.parallel", strconv.Itoa(max(waiting, runtime.GOMAXPROCS(0)))); err != nil {
+			panic(err)
+		}
+	}
+	os.Exit(m.Run())
+}
+
 func TestMemoryStoreConformance(t *testing.T) {
+	t.Parallel()
 	storetest.Run(t, func(*testing.T) storetest.Backend { return storetest.MemoryBackend() })
 }
 
 func TestRedisStoreConformanceMiniredis(t *testing.T) {
+	t.Parallel()
 	storetest.Run(t, func(t *testing.T) storetest.Backend {
 		return miniredisBackend(t, idem.RedisOptions{Prefix: "idem:"})
 	})
@@ -42,13 +70,16 @@ func TestRedisStoreConformanceMiniredis(t *testing.T) {
 // check must hold whether a call goes alone or in a pipeline with others.
 
 func TestRedisStoreConformanceMiniredisNoAutoPipeline(t *testing.T) {
+	t.Parallel()
 	storetest.Run(t, func(t *testing.T) storetest.Backend {
 		return miniredisBackend(t, idem.RedisOptions{Prefix: "idem:", NoAutoPipeline: true})
 	})
 }
 
 func TestRedisStoreConformanceNoAutoPipeline(t *testing.T) {
+	t.Parallel()
 	testenv.EachServer(t, func(t *testing.T, srv testenv.Server) {
+		t.Parallel()
 		c := srv.Client(t)
 		storetest.Run(t, func(t *testing.T) storetest.Backend {
 			return redisBackend(c, idem.RedisOptions{Prefix: testenv.UniquePrefix(), NoAutoPipeline: true}, nil)
@@ -57,6 +88,7 @@ func TestRedisStoreConformanceNoAutoPipeline(t *testing.T) {
 }
 
 func TestRedisStoreConformanceClusterNoAutoPipeline(t *testing.T) {
+	t.Parallel()
 	c := testenv.Cluster(t)
 	storetest.Run(t, func(t *testing.T) storetest.Backend {
 		return redisBackend(c, idem.RedisOptions{Prefix: testenv.UniquePrefix(), NoAutoPipeline: true}, nil)
@@ -66,7 +98,9 @@ func TestRedisStoreConformanceClusterNoAutoPipeline(t *testing.T) {
 // The suite on each server of the matrix (Redis 7, Redis 8.0, Valkey 8.1),
 // a subtest per server: what a user runs idem on must keep the contract.
 func TestRedisStoreConformance(t *testing.T) {
+	t.Parallel()
 	testenv.EachServer(t, func(t *testing.T, srv testenv.Server) {
+		t.Parallel()
 		c := srv.Client(t)
 		storetest.Run(t, func(t *testing.T) storetest.Backend {
 			return redisBackend(c, idem.RedisOptions{Prefix: testenv.UniquePrefix()}, nil)
@@ -75,6 +109,7 @@ func TestRedisStoreConformance(t *testing.T) {
 }
 
 func TestRedisStoreConformanceCluster(t *testing.T) {
+	t.Parallel()
 	c := testenv.Cluster(t)
 	storetest.Run(t, func(t *testing.T) storetest.Backend {
 		return redisBackend(c, idem.RedisOptions{Prefix: testenv.UniquePrefix()}, nil)
@@ -126,6 +161,7 @@ func redisKeyName(c redis.UniversalClient, prefix, key string) string {
 }
 
 func TestRedisStoreConformanceSentinel(t *testing.T) {
+	t.Parallel()
 	c := testenv.Sentinel(t)
 	storetest.Run(t, func(t *testing.T) storetest.Backend {
 		return redisBackend(c, idem.RedisOptions{Prefix: testenv.UniquePrefix()}, nil)
@@ -502,7 +538,9 @@ func connectRules(srv testenv.Server) string {
 // store's prefix and commands and nothing else, on each server of the
 // matrix; ACL LOG then holds no denial: the README's ACL line is enough.
 func TestRedisStoreConformanceTLSACL(t *testing.T) {
+	t.Parallel()
 	testenv.EachServer(t, func(t *testing.T, srv testenv.Server) {
+		t.Parallel()
 		rs := srv.StartTLS(t)
 		admin := redis.NewClient(rs.Options())
 		t.Cleanup(func() { _ = admin.Close() })
@@ -535,6 +573,7 @@ func TestRedisStoreConformanceTLSACL(t *testing.T) {
 
 // The same on a Redis Cluster, with the cluster's commands.
 func TestRedisStoreConformanceACLCluster(t *testing.T) {
+	t.Parallel()
 	admin := testenv.Cluster(t)
 	user := "idem-" + strings.TrimSuffix(strings.TrimPrefix(testenv.UniquePrefix(), "idemtest:"), ":")
 	setUser(t, admin, user, aclLine(aclKeys, []string{aclStore, aclCluster, aclOps}))
@@ -553,6 +592,7 @@ func TestRedisStoreConformanceACLCluster(t *testing.T) {
 // The same with WaitReplicas (WAIT) on Sentinel's master, the user set on
 // the master and its replicas alike (ACL users are not replicated).
 func TestRedisStoreConformanceACLWaitReplicas(t *testing.T) {
+	t.Parallel()
 	testenv.Sentinel(t) // it answers
 	ctx := context.Background()
 	sentinels := strings.Split(testenv.Lookup(t, testenv.SentinelAddrsVar), ",")

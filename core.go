@@ -19,6 +19,7 @@ import (
 	"github.com/dchest/siphash"
 
 	"github.com/idemgo/idem/internal/batch"
+	"github.com/idemgo/idem/internal/regrant"
 )
 
 // Core is what every Store shares, and the one path the stores of this
@@ -70,10 +71,19 @@ type grant struct {
 	// a store accepts leases of the same home only, or a Confirm would
 	// write a record for a key never claimed there.
 	store string
+	// key, token and owner are the lease's as granted: a copy with any of
+	// them changed is refused, or a Confirm would record work under a
+	// token no Claim gave out (0 fences nothing off) or for a key nobody
+	// claimed, and a Renew or Forget would act on a claim the caller
+	// never held.
+	key   string
+	token int64
+	owner string
 	// forgotten is set by Forget: the caller said the work did not
 	// happen, so a later Confirm or Renew of the lease is refused
-	// locally, before it could touch another holder's claim.
-	forgotten atomic.Bool
+	// locally, before it could touch another holder's claim. A pointer,
+	// shared with the leases this one is regranted as (see regranted).
+	forgotten *atomic.Bool
 }
 
 // NewCore validates o and resolves its defaults, as every store's
@@ -126,11 +136,33 @@ func (c *Core) Lease(key string, token int64, ttl time.Duration, expires time.Ti
 	b := &struct {
 		l Lease
 		g grant
+		f atomic.Bool
 	}{}
-	b.g.store = c.home
+	b.g = grant{store: c.home, key: key, token: token, owner: c.o.Worker, forgotten: &b.f}
 	b.l = Lease{Key: key, Token: token, Owner: c.o.Worker, TTL: ttl, Expires: expires,
 		Fingerprint: fingerprint, grant: &b.g}
 	return &b.l
+}
+
+func init() {
+	regrant.Lease = func(l any, key string, token int64, owner string) any {
+		return l.(*Lease).regranted(key, token, owner)
+	}
+}
+
+// regranted returns a copy of l with key, token and owner replaced, which
+// l's home accepts as granted so and whose Forget marks l too: the leases
+// this module's tests forge to reach a store's own ownership checks
+// (package internal/regrant).
+func (l *Lease) regranted(key string, token int64, owner string) *Lease {
+	cp := *l
+	cp.Key, cp.Token, cp.Owner = key, token, owner
+	if l.grant != nil {
+		g := *l.grant
+		g.key, g.token, g.owner = key, token, owner
+		cp.grant = &g
+	}
+	return &cp
 }
 
 // zero reports whether c is nil or a zero Core, which no constructor made:
@@ -167,10 +199,10 @@ func (c *Core) CheckClaim(key string, fingerprint []byte) error {
 }
 
 // CheckLease is Renew's check of the lease given back to a store:
-// ErrInvalidLease for one that no Claim of this Core's home returned (it
-// would record work nobody claimed here), ErrLeaseLost for one its holder
-// forgot (the caller said the work did not happen), and its key as
-// CheckKey.
+// ErrInvalidLease for one that no Claim of this Core's home returned, or a
+// copy of one with its Key, Token or Owner changed (it would record work
+// nobody claimed here), ErrLeaseLost for one its holder forgot (the caller
+// said the work did not happen), and its key as CheckKey.
 func (c *Core) CheckLease(l *Lease) error {
 	if err := c.checkGrant(l); err != nil {
 		return err
@@ -212,7 +244,24 @@ func (c *Core) checkGrant(l *Lease) error {
 	case l.grant.store != c.home:
 		return fmt.Errorf("%w: granted by %s, given to %s", ErrInvalidLease, l.grant.store, c.home)
 	}
-	return c.CheckKey(l.Key)
+	if err := c.CheckKey(l.Key); err != nil {
+		return err
+	}
+	// A copy of a lease is the lease; one with its key, token or owner
+	// changed is no lease this home granted. (Token <= 0 above refuses
+	// a store's own bad grant; a copy set to 0 is refused here too.)
+	switch g := l.grant; {
+	case l.Key != g.key:
+		return fmt.Errorf("%w: Key changed after the grant: %s, granted for %s (a Lease comes from Claim)",
+			ErrInvalidLease, c.KeyName(l.Key), c.KeyName(g.key))
+	case l.Token != g.token:
+		return fmt.Errorf("%w: Token changed after the grant: %d, granted %d (a Lease comes from Claim)",
+			ErrInvalidLease, l.Token, g.token)
+	case l.Owner != g.owner:
+		return fmt.Errorf("%w: Owner changed after the grant: %q, granted to %q (a Lease comes from Claim)",
+			ErrInvalidLease, l.Owner, g.owner)
+	}
+	return nil
 }
 
 // CheckResult is Confirm's check: the lease as CheckLease, and the result

@@ -478,19 +478,70 @@ func TestDoRetriesConfirm(t *testing.T) {
 }
 
 // When no Confirm succeeds within the lease, Do returns fn's result with
-// an error saying the work was done but not recorded.
+// an error saying the work was done but not recorded. It retries within
+// the lease and no longer: every attempt runs on a context that ends by
+// the lease's end, as the code promises on a machine of any speed (a
+// bound on Do's own time would also measure the machine's load).
 func TestDoNotRecorded(t *testing.T) {
 	const ttl = 300 * time.Millisecond
 	down := errors.New("store down")
-	s := &recordingStore{Store: memStore(idem.Options{LeaseTTL: ttl}), confirmErrs: func(int64) error { return down }}
-	start := time.Now()
+	s := &unrecordingStore{Store: memStore(idem.Options{LeaseTTL: ttl}), err: down}
 	v, err := idem.Do(t.Context(), s, doKey("unrecorded"), func(context.Context) (string, error) { return "charged", nil })
 	if v != "charged" || !errors.Is(err, idem.ErrNotRecorded) || !errors.Is(err, down) {
 		t.Errorf("Do with Confirm failing = %q, %v; want \"charged\" and an error matching ErrNotRecorded and the store's", v, err)
 	}
-	if took := time.Since(start); took > ttl+500*time.Millisecond || s.confirms.Load() < 2 {
-		t.Errorf("Do gave up after %v and %d Confirms; want retries within the lease (%v)", took, s.confirms.Load(), ttl)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	// The lease ends TTL after the claim was sent, which was before its
+	// call returned.
+	end := s.claimed.Add(ttl)
+	for i, a := range s.attempts {
+		if !a.hasDeadline || a.deadline.After(end) {
+			t.Errorf("Confirm %d ran on a context ending at %v (deadline set: %v); want by the lease's end, %v after the claim",
+				i+1, a.deadline.Sub(s.claimed), a.hasDeadline, ttl)
+		}
 	}
+	// A second attempt is due 5ms (jittered) after the first fails: a
+	// first attempt that failed well before the lease's end leaves room.
+	switch {
+	case len(s.attempts) == 0:
+		t.Errorf("Do made no Confirm; want retries within the lease")
+	case len(s.attempts) == 1 && s.attempts[0].returned.Before(end.Add(-100*time.Millisecond)):
+		t.Errorf("Do made one Confirm, failed %v before the lease's end; want retries within the lease",
+			end.Sub(s.attempts[0].returned))
+	}
+}
+
+// unrecordingStore fails every Confirm with err, noting when each was
+// made and on what deadline, and when Claim returned.
+type unrecordingStore struct {
+	idem.Store
+	err      error
+	mu       sync.Mutex
+	claimed  time.Time
+	attempts []confirmAttempt
+}
+
+type confirmAttempt struct {
+	deadline    time.Time
+	hasDeadline bool
+	returned    time.Time
+}
+
+func (s *unrecordingStore) Claim(ctx context.Context, key string, fp []byte) (idem.Claim, error) {
+	c, err := s.Store.Claim(ctx, key, fp)
+	s.mu.Lock()
+	s.claimed = time.Now()
+	s.mu.Unlock()
+	return c, err
+}
+
+func (s *unrecordingStore) Confirm(ctx context.Context, _ *idem.Lease, _ []byte) error {
+	d, ok := ctx.Deadline()
+	s.mu.Lock()
+	s.attempts = append(s.attempts, confirmAttempt{deadline: d, hasDeadline: ok, returned: time.Now()})
+	s.mu.Unlock()
+	return s.err
 }
 
 // Do's Confirm is retried on exactly the errors that the wrappers'

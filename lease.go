@@ -17,7 +17,8 @@ import (
 // may be shared by goroutines (the handler reading Token while KeepAlive
 // renews). It belongs to the store that granted it: another store (another
 // kind, Prefix or table) refuses it with ErrInvalidLease, as it refuses a
-// Lease built by hand. Forget marks it (and its copies) forgotten, so that
+// Lease built by hand, or a copy whose Key, Token or Owner was changed (a
+// copy left whole is the same lease). Forget marks it (and its copies) forgotten, so that
 // a later Confirm or Renew of it is ErrLeaseLost without touching the
 // store.
 type Lease struct {

@@ -643,8 +643,7 @@ func TestRedisLostReply(t *testing.T) {
 // on a record it wrote by hand.
 func grantedLease(s *RedisStore, key string, token int64, owner string) *Lease {
 	l := s.core.Lease(key, token, time.Second, time.Now().Add(time.Second), nil)
-	l.Owner = owner
-	return l
+	return l.regranted(key, token, owner)
 }
 
 // A lease belongs to the Redis records of its Prefix: another prefix's

@@ -201,8 +201,8 @@ var (
 	// The first confirmation stays; the work was done more than once.
 	ErrAlreadyConfirmed = errors.New("idem: already confirmed by another lease")
 	// ErrInvalidLease: a Lease given back to a store that no Claim of that
-	// store returned (nil, made by hand, or granted by another store),
-	// refused before any I/O (or a ConfirmBatch's results do not pair with
+	// store returned (nil, made by hand, granted by another store, or a
+	// copy whose Key, Token or Owner was changed), refused before any I/O (or a ConfirmBatch's results do not pair with
 	// its leases).
 	ErrInvalidLease = errors.New("idem: invalid lease")
 	// ErrDamaged: a stored record could not be decoded. The record is left

@@ -11,6 +11,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
+	"github.com/idemgo/idem/internal/regrant"
 	"github.com/idemgo/idem/internal/testing/obstest"
 	"github.com/redis/go-redis/v9"
 )
@@ -390,9 +391,9 @@ func steal(t *testing.T, s idem.Store, l *idem.Lease) {
 		t.Errorf("Claim of a donor key = %v, %v; want claimed", donor.Outcome, err)
 		return
 	}
-	c := *donor.Lease
-	c.Key, c.Token, c.Owner, c.Fingerprint = l.Key, l.Token, l.Owner, l.Fingerprint
-	if err := s.Forget(bg, &c); err != nil {
+	c := regrant.Lease(donor.Lease, l.Key, l.Token, l.Owner).(*idem.Lease)
+	c.Fingerprint = l.Fingerprint
+	if err := s.Forget(bg, c); err != nil {
 		t.Errorf("Forget(%q) = %v", l.Key, err)
 	}
 }

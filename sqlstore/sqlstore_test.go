@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/regrant"
 	"github.com/idemgo/idem/internal/testing/sqltest"
 	"github.com/idemgo/idem/sqlstore"
 )
@@ -393,9 +394,8 @@ func TestTokensOutrunTheClock(t *testing.T) {
 		if _, err := db.ExecContext(ctx, q, ahead); err != nil {
 			t.Fatal(err)
 		}
-		l := *c.Lease
-		l.Token = ahead
-		if err := st.Forget(ctx, &l); err != nil {
+		l := regrant.Lease(c.Lease, c.Lease.Key, ahead, c.Lease.Owner).(*idem.Lease)
+		if err := st.Forget(ctx, l); err != nil {
 			t.Fatalf("Forget = %v", err)
 		}
 		again, err := st.Claim(ctx, "k", nil)

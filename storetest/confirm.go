@@ -133,9 +133,8 @@ func forgetNeverAnotherHolder(s *suite) {
 	c := s.claim(a, k, "fp", idem.InProgress)
 	checkHolder(s, c.Record, second.Lease)
 	// Same worker, same key, a lease it no longer holds: still not its own.
-	forged := *second.Lease
-	forged.Token--
-	if err := b.Forget(ctx(s), &forged); !isErr(err, idem.ErrLeaseLost) {
+	forged := s.forge(b, k, second.Lease.Token-1, "w2")
+	if err := b.Forget(ctx(s), forged); !isErr(err, idem.ErrLeaseLost) {
 		s.Errorf("Forget with another token = %v; want ErrLeaseLost", err)
 	}
 	s.claim(a, k, "fp", idem.InProgress)
@@ -162,7 +161,9 @@ func renewExtends(s *suite) {
 	if err := a.Renew(ctx(s), c.Lease); err != nil {
 		s.Fatalf("second Renew = %v; want nil", err)
 	}
+	t0 := time.Now()
 	r, err := a.Lookup(ctx(s), k)
+	s.timed(t0)
 	if err != nil {
 		s.Fatalf("Lookup(%q) = %v; want the renewed claim", k, err)
 	}

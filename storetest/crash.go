@@ -61,11 +61,12 @@ func checkTakeOver(s *suite, c idem.Claim, l *idem.Lease, claimedAt time.Time, n
 		s.Errorf("Claim(%q).Prior = owner %q token %d; want the lapsed lease's owner %q token %d",
 			l.Key, c.Prior.Owner, c.Prior.Token, l.Owner, l.Token)
 	}
-	// When it was claimed, by the store's clock: within the real time the
-	// claim call took, and the slack of a clock the suite does not move.
-	tol := realSlack + s.took
+	// When it was claimed, by the store's clock: within the time from
+	// claimedAt to the end of the claim call that followed it, and the
+	// slack of a clock the suite does not move.
+	tol := realSlack + s.since(claimedAt)
 	if s.controlled() {
-		tol = lag + s.took
+		tol = lag + s.since(claimedAt)
 	}
 	if d := c.Prior.Claimed.Sub(claimedAt); d < -tol || d > tol {
 		s.Errorf("Claim(%q).Prior.Claimed is %v from when the attempt was claimed; want within ±%v",

@@ -24,7 +24,7 @@ func (s *suite) mismatch(st idem.Store, key, fp string, want idem.Outcome) idem.
 	s.Helper()
 	t0 := time.Now()
 	c, err := st.Claim(ctx(s), key, []byte(fp))
-	s.took = time.Since(t0)
+	s.timed(t0)
 	if !isErr(err, idem.ErrFingerprintMismatch) {
 		s.Fatalf("Claim(%q, %q) = %v, %v; want ErrFingerprintMismatch (another request reuses the key)", key, fp, c.Outcome, err)
 	}

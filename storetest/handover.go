@@ -34,7 +34,7 @@ func (s *suite) lookup(st idem.Store, key string) *idem.Record {
 	s.Helper()
 	t0 := time.Now()
 	r, err := st.Lookup(ctx(s), key)
-	s.took = time.Since(t0)
+	s.timed(t0)
 	if err != nil {
 		s.Fatalf("Lookup(%q) = %v; want its record", key, err)
 	}
@@ -236,7 +236,7 @@ func batchLarge(s *suite) {
 
 		t0 := time.Now()
 		cs, err := b.ClaimBatch(ctx(s), keys, fps)
-		s.took = time.Since(t0)
+		s.timed(t0)
 		if err != nil || len(cs) != n {
 			s.Fatalf("ClaimBatch of %d keys = %d claims, %v; want %d, nil", n, len(cs), err, n)
 		}

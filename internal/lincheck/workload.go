@@ -11,6 +11,7 @@ import (
 
 	"github.com/anishathalye/porcupine"
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/regrant"
 )
 
 // Client is one caller in a history: a goroutine that calls Store one call
@@ -80,10 +81,10 @@ type forgetMark struct{ begun, returned bool }
 // at the record), so it shares that lease's forget marks.
 func (p *pool) holder(key string, rec *idem.Record, own map[string]*idem.Lease) {
 	for _, donor := range own {
-		f := *donor
-		f.Key, f.Token, f.Owner, f.Fingerprint = key, rec.Token, rec.Owner, rec.Fingerprint
-		p.forged(&f, donor)
-		p.add(&f)
+		f := regrant.Lease(donor, key, rec.Token, rec.Owner).(*idem.Lease)
+		f.Fingerprint = rec.Fingerprint
+		p.forged(f, donor)
+		p.add(f)
 		return
 	}
 }
@@ -422,16 +423,17 @@ func ref(l *idem.Lease) LeaseRef {
 	return LeaseRef{Token: l.Token, Owner: l.Owner, Fingerprint: string(l.Fingerprint)}
 }
 
-// forge returns a lease that differs from l in its owner or its token: a
+// forge returns a lease that differs from l in its owner or its token,
+// regranted so (a plain copy so changed is refused before any I/O): a
 // store must never take it for l.
 func forge(l *idem.Lease, rng *rand.Rand) *idem.Lease {
-	f := *l
+	owner, token := l.Owner, l.Token
 	if rng.IntN(2) == 0 {
-		f.Owner += "-forged"
+		owner += "-forged"
 	} else {
-		f.Token++
+		token++
 	}
-	return &f
+	return regrant.Lease(l, l.Key, token, owner).(*idem.Lease)
 }
 
 // fingerprint draws a fingerprint: none, one of a few shared ones (so that
