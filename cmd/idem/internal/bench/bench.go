@@ -122,8 +122,8 @@ type Op func(ctx context.Context) error
 type Instance struct {
 	// Worker returns the Op of one goroutine; each goroutine of a round
 	// (or warm-up, or cost pass) calls it once, before any Op of that
-	// round runs, and keeps its own state (a batch's buffers, a replayed
-	// key). State in Redis must not outlive the round: the run's keys are
+	// round runs and before the round's clocks and CPU readings start,
+	// and keeps its own state (a batch's buffers, a replayed key). State in Redis must not outlive the round: the run's keys are
 	// unlinked between rounds.
 	Worker func() Op
 	// Close releases what Open created (tables, connections). Optional.
@@ -314,7 +314,7 @@ func Run(ctx context.Context, e Env, cs []Contender, cfg Config) (*Report, error
 			return nil, fmt.Errorf("bench: %s: %w", c.Name, err)
 		}
 		insts[i] = in
-		if _, _, err := throughput(ctx, in, c.msgs(), 8, cfg.Warmup); err != nil {
+		if _, _, err := throughput(ctx, workers(in, 8), c.msgs(), cfg.Warmup); err != nil {
 			return nil, fmt.Errorf("bench: %s (warm-up): %w", c.Name, err)
 		}
 	}
@@ -329,13 +329,16 @@ func Run(ctx context.Context, e Env, cs []Contender, cfg Config) (*Report, error
 					cpu0 time.Duration
 					err  error
 				)
+				// Each goroutine's setup (a key to replay, hot keys) is
+				// done before the clocks start: it is not the work measured.
+				ws := workers(insts[i], g)
 				if sel[i].Redis {
 					if cpu0, err = serverCPU(ctx, &e, sel[i].Group); err != nil {
 						return nil, fmt.Errorf("bench: %s: %w", sel[i].Name, err)
 					}
 				}
 				own0, ownOK := processCPU()
-				tp, n, err := throughput(ctx, insts[i], sel[i].msgs(), g, cfg.Duration)
+				tp, n, err := throughput(ctx, ws, sel[i].msgs(), cfg.Duration)
 				if err != nil {
 					return nil, fmt.Errorf("bench: %s at %d goroutines: %w", sel[i].Name, g, err)
 				}
@@ -372,9 +375,18 @@ func Run(ctx context.Context, e Env, cs []Contender, cfg Config) (*Report, error
 	return rep, nil
 }
 
-// throughput runs in's Op on g goroutines for d and returns messages per
-// second and the messages handled.
-func throughput(ctx context.Context, in *Instance, msgs, g int, d time.Duration) (float64, int64, error) {
+// workers returns the Ops of g goroutines of in.
+func workers(in *Instance, g int) []Op {
+	ws := make([]Op, g)
+	for i := range ws {
+		ws[i] = in.Worker()
+	}
+	return ws
+}
+
+// throughput runs each of workers on a goroutine of its own for d and
+// returns messages per second and the messages handled.
+func throughput(ctx context.Context, workers []Op, msgs int, d time.Duration) (float64, int64, error) {
 	var (
 		stop  atomic.Bool
 		ops   atomic.Int64
@@ -382,10 +394,6 @@ func throughput(ctx context.Context, in *Instance, msgs, g int, d time.Duration)
 		once  sync.Once
 		first error
 	)
-	workers := make([]Op, g)
-	for i := range workers {
-		workers[i] = in.Worker()
-	}
 	start := time.Now()
 	t := time.AfterFunc(d, func() { stop.Store(true) })
 	defer t.Stop()

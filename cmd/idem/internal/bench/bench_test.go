@@ -323,8 +323,13 @@ func TestSmoke(t *testing.T) {
 		{NameCheckThenSet, 3, 3, 3},
 		{NameRedislock, 2, 2, 4},    // EVALSHA obtain (SET NX inside), EVALSHA release (GET, DEL inside)
 		{NameClaimConfirm, 2, 2, 4}, // two EVALSHA, each with calls inside
-		{NameScriptFloor, 2, 2, 6},  // EVALSHA (TIME, SET NX), EVALSHA (GET, SET)
-		{NameBatch, 0.02, 0.02, 2},  // one pipeline of 100 EVALSHA each way
+		{NameNoAutoPipeline, 2, 2, 4},
+		{NameReplayClaim, 1, 1, 2}, // EVALSHA (calls inside): a Claim that finds the confirmation
+		{NameNoAutoPipelineReplay, 1, 1, 2},
+		{NameMix, 1.2, 1.2, 2.4}, // 4 duplicates (1 EVALSHA each), 1 new key (2) in 5 messages
+		{NameNoAutoPipelineMix, 1.2, 1.2, 2.4},
+		{NameScriptFloor, 2, 2, 6}, // EVALSHA (TIME, SET NX), EVALSHA (GET, SET)
+		{NameBatch, 0.02, 0.02, 2}, // one pipeline of 100 EVALSHA each way
 		{NameClusterClaimConfirm, 2, 2, 4},
 		{NameClusterSetFloor, 2, 2, 2},
 		{NameReplay, 1, 1, 2}, // a Claim that finds the confirmation
@@ -334,6 +339,15 @@ func TestSmoke(t *testing.T) {
 			t.Errorf("%s: sent %.2f, round trips %.2f, ran %.2f per message; want %.2f, %.2f, at least %.2f",
 				w.name, c.Sent, c.RoundTrips, c.Ran, w.sent, w.trips, w.ran)
 		}
+	}
+	// Behind a Cache, a duplicate goes to Redis once per key and MaxAge:
+	// the replay sends next to nothing, the mix its new keys' two
+	// commands and a few first reads of hot keys.
+	if c := rep.Row(NameCacheReplayClaim).Cost; c.Sent > 0.05 {
+		t.Errorf("%s: sent %.3f commands per message; want next to none", NameCacheReplayClaim, c.Sent)
+	}
+	if c := rep.Row(NameCacheMix).Cost; c.Sent < 0.4 || c.Sent > 0.5 {
+		t.Errorf("%s: sent %.3f commands per message; want 0.4 (a new key's Claim and Confirm one time in five) and a few more", NameCacheMix, c.Sent)
 	}
 	if c := rep.Row(NameFirstWrite).Cost; c.Sent < 2 {
 		t.Errorf("middleware first write: %.2f commands per request; want a Claim and a Confirm at least", c.Sent)
@@ -432,13 +446,17 @@ func checkMarkdown(t *testing.T, md string, rep *Report) {
 	if len(ratios) != nRatios {
 		t.Errorf("markdown has %d ratio rows; want %d", len(ratios), nRatios)
 	}
-	v, _ := rep.Ratio(NameClaimConfirm, NameRedislock, 1)
+	// The first ratio row is the defaults' first Versus: NoAutoPipeline.
+	v, _ := rep.Ratio(NameClaimConfirm, NameNoAutoPipeline, 1)
 	ra := rep.Row(NameClaimConfirm).Ratios[0]
+	if ra.Versus != NameNoAutoPipeline {
+		t.Errorf("first ratio of %s is versus %q; want %q", NameClaimConfirm, ra.Versus, NameNoAutoPipeline)
+	}
 	if ra.Min[0] > v || v > ra.Max[0] {
 		t.Errorf("ratio %.2f outside its rounds' range %.2f-%.2f", v, ra.Min[0], ra.Max[0])
 	}
 	if want := fmt.Sprintf("%.2f× <sub>%.2f–%.2f</sub>", v, ra.Min[0], ra.Max[0]); len(ratios) == 0 || ratios[0] != want {
-		t.Errorf("first ratio row = %v; want %s (idem ÷ redislock at 1 goroutine)", ratios, want)
+		t.Errorf("first ratio row = %v; want %s (defaults ÷ NoAutoPipeline at 1 goroutine)", ratios, want)
 	}
 	if n := strings.Count(md, "not measured in this run"); n != len(DefaultTargets) {
 		// 64 goroutines is not in the smoke run: every target says so.

@@ -18,25 +18,34 @@ import (
 	"github.com/idemgo/idem/sqlstore"
 )
 
-// Names of the contenders that others are compared with.
+// Names of the contenders that others are compared with. "(defaults)" is
+// a RedisStore with no options but the benchmark's Retention: what a user
+// gets without tuning (automatic pipelining on). The other idem contenders
+// each change one thing from it.
 const (
-	NameClaimConfirm        = "idem Claim+Confirm"
-	NameAutoPipeline        = "idem Claim+Confirm (AutoPipeline)"
-	NameBatch               = "idem batch(100) ClaimBatch+ConfirmBatch"
-	NameSetFloor            = "SET NX PX + SET XX PX"
-	NameRedislock           = "redislock Obtain+Release"
-	NameScriptFloor         = "script floor: TIME, SET NX + GET, SET"
-	NameCheckThenSet        = "GET, SET PX + SET PX (not atomic)"
-	NameClusterClaimConfirm = "idem Claim+Confirm (cluster)"
-	NameClusterSetFloor     = "SET NX PX + SET XX PX (cluster)"
-	NameSQLLease            = "idem sqlstore Claim+Confirm"
-	NameSQLRun              = "idem sqlstore Run"
-	NameSQLFloor            = "INSERT ON CONFLICT DO NOTHING + UPDATE"
-	NameBare                = "bare handler"
-	NameFirstWrite          = "middleware first write"
-	NameReplay              = "middleware replay"
-	NameReplayMemory        = "middleware replay (MemoryStore)"
-	NameReplayCache         = "middleware replay (Cache)"
+	NameClaimConfirm         = "idem (defaults) Claim+Confirm"
+	NameReplayClaim          = "idem (defaults) replay"
+	NameMix                  = "idem (defaults) 80% duplicates"
+	NameNoAutoPipeline       = "idem NoAutoPipeline Claim+Confirm"
+	NameNoAutoPipelineReplay = "idem NoAutoPipeline replay"
+	NameNoAutoPipelineMix    = "idem NoAutoPipeline 80% duplicates"
+	NameCacheReplayClaim     = "idem + Cache replay"
+	NameCacheMix             = "idem + Cache 80% duplicates"
+	NameBatch                = "idem batch(100) ClaimBatch+ConfirmBatch"
+	NameSetFloor             = "SET NX PX + SET XX PX"
+	NameRedislock            = "redislock Obtain+Release"
+	NameScriptFloor          = "script floor: TIME, SET NX + GET, SET"
+	NameCheckThenSet         = "GET, SET PX + SET PX (not atomic)"
+	NameClusterClaimConfirm  = "idem (defaults) Claim+Confirm (cluster)"
+	NameClusterSetFloor      = "SET NX PX + SET XX PX (cluster)"
+	NameSQLLease             = "idem sqlstore Claim+Confirm"
+	NameSQLRun               = "idem sqlstore Run"
+	NameSQLFloor             = "INSERT ON CONFLICT DO NOTHING + UPDATE"
+	NameBare                 = "bare handler"
+	NameFirstWrite           = "middleware first write"
+	NameReplay               = "middleware replay"
+	NameReplayMemory         = "middleware replay (MemoryStore)"
+	NameReplayCache          = "middleware replay (Cache)"
 )
 
 // The durations every Redis contender writes with: a claim binds for
@@ -53,11 +62,9 @@ const (
 var Contenders = []Contender{
 	{
 		Name: NameClaimConfirm, Group: GroupRedis, Redis: true,
-		Versus: []string{NameRedislock, NameSetFloor, NameScriptFloor, NameCheckThenSet},
+		Versus: []string{NameNoAutoPipeline, NameSetFloor, NameScriptFloor, NameRedislock},
 		Open: func(ctx context.Context, e *Env) (*Instance, error) {
-			// One call at a time: the store without its automatic
-			// pipelining, the default the next contender measures.
-			s, err := idem.NewRedisStore(e.Redis, idem.RedisOptions{Retention: retention, NoAutoPipeline: true})
+			s, err := newRedisStore(e.Redis)
 			if err != nil {
 				return nil, err
 			}
@@ -65,19 +72,85 @@ var Contenders = []Contender{
 		},
 	},
 	{
-		Name: NameAutoPipeline, Group: GroupRedis, Redis: true,
-		Versus: []string{NameClaimConfirm, NameSetFloor, NameRedislock},
+		Name: NameReplayClaim, Group: GroupRedis, Redis: true,
+		Versus: []string{NameNoAutoPipelineReplay},
 		Open: func(ctx context.Context, e *Env) (*Instance, error) {
-			s, err := idem.NewRedisStore(e.Redis, idem.RedisOptions{Retention: retention})
+			s, err := newRedisStore(e.Redis)
 			if err != nil {
 				return nil, err
 			}
-			return ClaimConfirm(e, s, "auto"), nil
+			return Replay(e, s, "rc"), nil
+		},
+	},
+	{
+		Name: NameMix, Group: GroupRedis, Redis: true,
+		Versus: []string{NameNoAutoPipelineMix},
+		Open: func(ctx context.Context, e *Env) (*Instance, error) {
+			s, err := newRedisStore(e.Redis)
+			if err != nil {
+				return nil, err
+			}
+			return Mix(e, s, "mix"), nil
+		},
+	},
+	{
+		Name: NameNoAutoPipeline, Group: GroupRedis, Redis: true,
+		Versus: []string{NameSetFloor, NameScriptFloor, NameRedislock, NameCheckThenSet},
+		Open: func(ctx context.Context, e *Env) (*Instance, error) {
+			s, err := newDirectRedisStore(e.Redis)
+			if err != nil {
+				return nil, err
+			}
+			return ClaimConfirm(e, s, "nap"), nil
+		},
+	},
+	{
+		Name: NameNoAutoPipelineReplay, Group: GroupRedis, Redis: true,
+		Open: func(ctx context.Context, e *Env) (*Instance, error) {
+			s, err := newDirectRedisStore(e.Redis)
+			if err != nil {
+				return nil, err
+			}
+			return Replay(e, s, "naprc"), nil
+		},
+	},
+	{
+		Name: NameNoAutoPipelineMix, Group: GroupRedis, Redis: true,
+		Open: func(ctx context.Context, e *Env) (*Instance, error) {
+			s, err := newDirectRedisStore(e.Redis)
+			if err != nil {
+				return nil, err
+			}
+			return Mix(e, s, "napmix"), nil
+		},
+	},
+	{
+		// The store is asked once per key and the cache's MaxAge; the
+		// other replays are answered from memory.
+		Name: NameCacheReplayClaim, Group: GroupRedis, Redis: true,
+		Versus: []string{NameReplayClaim},
+		Open: func(ctx context.Context, e *Env) (*Instance, error) {
+			s, err := newCachedRedisStore(e.Redis)
+			if err != nil {
+				return nil, err
+			}
+			return Replay(e, s, "cacherc"), nil
+		},
+	},
+	{
+		Name: NameCacheMix, Group: GroupRedis, Redis: true,
+		Versus: []string{NameMix},
+		Open: func(ctx context.Context, e *Env) (*Instance, error) {
+			s, err := newCachedRedisStore(e.Redis)
+			if err != nil {
+				return nil, err
+			}
+			return Mix(e, s, "cachemix"), nil
 		},
 	},
 	{
 		Name: NameBatch, Group: GroupRedis, Redis: true, Msgs: 100,
-		Versus: []string{NameClaimConfirm},
+		Versus: []string{NameClaimConfirm, NameNoAutoPipeline},
 		Open: func(ctx context.Context, e *Env) (*Instance, error) {
 			s, err := newRedisStore(e.Redis)
 			if err != nil {
@@ -305,18 +378,39 @@ VALUES ($1, 'C', $2, $3, $4, NULL, now(), now() + interval '30 seconds') ON CONF
 
 // DefaultTargets are the figures idem aims at (see docs/BENCHMARKS.md).
 var DefaultTargets = []Target{
-	{What: "idem Claim+Confirm ≥ 1.0× redislock Obtain+Release", Contender: NameClaimConfirm, Versus: NameRedislock, Goroutines: 64, Min: 1.0},
-	{What: "idem Claim+Confirm ≥ 0.8× SET NX + SET XX", Contender: NameClaimConfirm, Versus: NameSetFloor, Goroutines: 64, Min: 0.8},
-	{What: "idem Claim+Confirm with AutoPipeline ≥ 2× SET NX + SET XX", Contender: NameAutoPipeline, Versus: NameSetFloor, Goroutines: 64, Min: 2.0},
-	{What: "batch(100) ≥ 3× one by one", Contender: NameBatch, Versus: NameClaimConfirm, Goroutines: 64, Min: 3.0},
+	{What: "idem (defaults) Claim+Confirm ≥ 2× SET NX + SET XX", Contender: NameClaimConfirm, Versus: NameSetFloor, Goroutines: 64, Min: 2.0},
+	{What: "idem (defaults) Claim+Confirm ≥ 1.0× NoAutoPipeline (new keys no slower)", Contender: NameClaimConfirm, Versus: NameNoAutoPipeline, Goroutines: 64, Min: 1.0},
+	{What: "idem (defaults) replay ≥ 1.8× NoAutoPipeline", Contender: NameReplayClaim, Versus: NameNoAutoPipelineReplay, Goroutines: 64, Min: 1.8},
+	{What: "idem (defaults) 80% duplicates ≥ 1.8× NoAutoPipeline", Contender: NameMix, Versus: NameNoAutoPipelineMix, Goroutines: 64, Min: 1.8},
+	{What: "idem NoAutoPipeline Claim+Confirm ≥ 1.0× redislock Obtain+Release", Contender: NameNoAutoPipeline, Versus: NameRedislock, Goroutines: 64, Min: 1.0},
+	{What: "idem NoAutoPipeline Claim+Confirm ≥ 0.8× SET NX + SET XX", Contender: NameNoAutoPipeline, Versus: NameSetFloor, Goroutines: 64, Min: 0.8},
+	{What: "batch(100) ≥ 3× one by one (NoAutoPipeline)", Contender: NameBatch, Versus: NameNoAutoPipeline, Goroutines: 64, Min: 3.0},
 	{What: "middleware replay with a Cache ≥ 10× without", Contender: NameReplayCache, Versus: NameReplay, Goroutines: 64, Min: 10.0},
 }
 
 // MaxBytesPerRecord is the target for Memory.UsedMemory.
 const MaxBytesPerRecord = 200
 
+// newRedisStore returns the store as a user gets it without options, but
+// for the benchmark's short Retention.
 func newRedisStore(c redis.UniversalClient) (*idem.RedisStore, error) {
 	return idem.NewRedisStore(c, idem.RedisOptions{Retention: retention})
+}
+
+// newDirectRedisStore is newRedisStore with RedisOptions.NoAutoPipeline:
+// each call its own round trip.
+func newDirectRedisStore(c redis.UniversalClient) (*idem.RedisStore, error) {
+	return idem.NewRedisStore(c, idem.RedisOptions{Retention: retention, NoAutoPipeline: true})
+}
+
+// newCachedRedisStore is newRedisStore behind an idem.Cache with its
+// default options.
+func newCachedRedisStore(c redis.UniversalClient) (*idem.Cache, error) {
+	s, err := newRedisStore(c)
+	if err != nil {
+		return nil, err
+	}
+	return idem.NewCache(s, idem.CacheOptions{})
 }
 
 // ClaimConfirm is the Instance of one Claim and one Confirm per message on
@@ -337,6 +431,85 @@ func ClaimConfirm(e *Env, s idem.Store, tag string) *Instance {
 		}
 	}}
 }
+
+// Replay is the Instance of a Claim of a confirmed key per message on s:
+// each goroutine confirms a key of its own, tagged tag, when it starts,
+// then claims it again and again, each answered Duplicate with the result.
+func Replay(e *Env, s idem.Store, tag string) *Instance {
+	return &Instance{Worker: func() Op {
+		key := e.Key(tag)
+		first := claimConfirm(context.Background(), s, key)
+		return func(ctx context.Context) error {
+			if first != nil {
+				return first
+			}
+			return claimDuplicate(ctx, s, key)
+		}
+	}}
+}
+
+// mixHotKeys is how many confirmed keys each goroutine of Mix replays:
+// 1,024 at 64 goroutines.
+const mixHotKeys = 16
+
+// Mix is the Instance of traffic whose messages are 80% duplicates: each
+// goroutine confirms mixHotKeys keys of its own when it starts; then a
+// message is, one time in five, a new key (Claim and Confirm), else a
+// Claim of one of those keys, answered Duplicate. The choice follows a
+// fixed sequence per goroutine, so that every contender draws the same.
+func Mix(e *Env, s idem.Store, tag string) *Instance {
+	return &Instance{Worker: func() Op {
+		hot := make([]string, mixHotKeys)
+		var first error
+		for i := range hot {
+			hot[i] = e.Key(tag)
+			if first == nil {
+				first = claimConfirm(context.Background(), s, hot[i])
+			}
+		}
+		n := 0
+		return func(ctx context.Context) error {
+			if first != nil {
+				return first
+			}
+			n++
+			if n%5 == 0 {
+				return claimConfirm(ctx, s, e.Key(tag))
+			}
+			// 7 is prime to mixHotKeys: every hot key in turn, not in order.
+			return claimDuplicate(ctx, s, hot[(n*7)%mixHotKeys])
+		}
+	}}
+}
+
+// claimConfirm claims key on s, which must be new, and confirms it with a
+// short result.
+func claimConfirm(ctx context.Context, s idem.Store, key string) error {
+	c, err := s.Claim(ctx, key, nil)
+	if err != nil {
+		return err
+	}
+	if c.Outcome != idem.Claimed {
+		return fmt.Errorf("Claim(%q) = %v; want Claimed", key, c.Outcome)
+	}
+	return s.Confirm(ctx, c.Lease, replayResult)
+}
+
+// claimDuplicate claims key on s, which must be confirmed with
+// replayResult.
+func claimDuplicate(ctx context.Context, s idem.Store, key string) error {
+	c, err := s.Claim(ctx, key, nil)
+	if err != nil {
+		return err
+	}
+	if c.Outcome != idem.Duplicate || c.Record == nil || string(c.Record.Result) != string(replayResult) {
+		return fmt.Errorf("Claim(%q) = %v; want Duplicate with the result confirmed", key, c.Outcome)
+	}
+	return nil
+}
+
+// replayResult is what Replay and Mix confirm: a response's size.
+var replayResult = []byte(`{"id":"ord_123","status":"created"}`)
 
 // Batch is the Instance of one ClaimBatch and one ConfirmBatch of size new
 // keys per Op on s (the contender's Msgs must be size).
