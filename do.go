@@ -53,6 +53,10 @@ import (
 //
 // v is valid when err is nil, and also when err matches ErrNotRecorded or
 // ErrAlreadyConfirmed: fn ran and returned it.
+//
+// Where duplicates come often, give Do a Cache around the store (NewCache):
+// a duplicate is then answered from memory. Do does not build one itself,
+// because a cache answers a record deleted by hand for up to its MaxAge.
 func Do[T any](ctx context.Context, s Store, key string, fn func(ctx context.Context) (T, error), opts ...DoOptions) (v T, err error) {
 	o, err := doSetup(s, key, fn == nil, opts)
 	if err != nil {

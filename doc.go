@@ -80,10 +80,15 @@
 // record deleted by hand is still answered for at most
 // [CacheOptions].MaxAge (1s by default); memory is bounded in bytes. The
 // Cache is a Store and a Batcher: hand it to the middleware, the consumer
-// wrapper or the gRPC interceptors in place of the store. It is off unless
-// wrapped: the staleness bound and the memory are the operator's to
-// choose; where it helps (replays, redelivery storms) it serves ~13× the
-// replays and ~3.3× the 80%-duplicate messages a second on Redis
+// wrapper, Do or the gRPC and Connect interceptors in place of the store.
+// None of them builds one by default: a record deleted by hand (an
+// operator's way to have the work run again) would still be answered as
+// done for up to MaxAge, which the store no longer says, and each process
+// would hold up to MaxBytes it was not asked for. What it cannot change is
+// safe either way: a quarantined key is never cached (only confirmed
+// records are) and an entry ends before its record's retention. Where it
+// helps (replays, redelivery storms) it serves ~5× the replays and ~3× the
+// 80%-duplicate messages a second of the default RedisStore
 // (docs/BENCHMARKS.md).
 //
 // # Automatic pipelining

@@ -86,6 +86,11 @@
 // ErrorInfo reason ReasonResponseNotRecorded and
 // Idempotent-Response-Omitted: true, never a second run.
 //
+// Where clients retry often, give ServerOptions.Store an idem.Cache around
+// the store (idem.NewCache): replays of a recorded response are then
+// answered from memory, without a round trip. It is not built by default,
+// because a cache answers a record deleted by hand for up to its MaxAge.
+//
 // # Lease
 //
 // The handler runs with the key's lease renewed by idem.KeepAlive and

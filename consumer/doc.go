@@ -119,8 +119,9 @@
 // as the store) answers those from the process's memory without a store
 // round trip; a message in flight elsewhere is always asked of the store.
 // It is off unless wrapped: a record deleted by hand is still taken as done
-// for up to the cache's MaxAge (1s by default). See docs/BENCHMARKS.md for
-// what it gains.
+// for up to the cache's MaxAge (1s by default), and safe by default comes
+// before fast. With 80% duplicates it handles ~3× the messages a second on
+// Redis (docs/BENCHMARKS.md).
 //
 // # Adapters
 //

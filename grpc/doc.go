@@ -93,6 +93,11 @@
 // ReasonResponseNotRecorded and idempotent-response-omitted: true, never a
 // second run and never an empty message that could pass for the real one.
 //
+// Where clients retry often, give ServerOptions.Store an idem.Cache around
+// the store (idem.NewCache): replays of a recorded response are then
+// answered from memory, without a round trip. It is not built by default,
+// because a cache answers a record deleted by hand for up to its MaxAge.
+//
 // # Lease
 //
 // The handler runs with the key's lease renewed by idem.KeepAlive and
