@@ -34,8 +34,9 @@ const (
 const benchPostgresConns = 64
 
 const benchAbout = `Measures idem beside what a user would weigh it against, side by side in one
-run, on real servers: RedisStore Claim+Confirm and batches of 100, plain SET NX
-PX + SET XX PX, redislock Obtain+Release, a non-atomic GET then SET, the same
+run, on real servers: RedisStore with its defaults first (new keys, replays,
+80% duplicates), then each option that changes a figure (NoAutoPipeline, an
+idem.Cache, batches of 100), beside plain SET NX PX + SET XX PX, redislock Obtain+Release, a non-atomic GET then SET, the same
 on a Redis Cluster; sqlstore lease mode and Run beside plain INSERT ON CONFLICT
 + UPDATE on Postgres; the HTTP middleware's first write and replay beside a
 bare handler (ServeHTTP in process, no network). Contenders alternate within
