@@ -319,7 +319,7 @@ func reconcile[T any](ctx context.Context, rc func(context.Context, *TakeOver) (
 	}
 	x, ok := r.(T)
 	if !ok {
-		return v, false, fmt.Errorf("Reconcile's result is a %T; want fn's result type %s", r, strings.TrimPrefix(fmt.Sprintf("%T", (*T)(nil)), "*"))
+		return v, false, fmt.Errorf("the result of Reconcile is a %T; want fn's result type %s", r, strings.TrimPrefix(fmt.Sprintf("%T", (*T)(nil)), "*"))
 	}
 	return x, true, nil
 }

@@ -827,17 +827,20 @@ func TestCheckpointFromContext(t *testing.T) {
 	if err := idem.Checkpoint(idem.ContextWithLease(t.Context(), c.Lease), []byte("x")); err == nil {
 		t.Errorf("Checkpoint(ContextWithLease's context: no store) = nil; want an error")
 	}
-	if err := idem.Checkpoint(idem.ContextWithHeldLease(t.Context(), s, c.Lease), []byte("x")); err != nil {
-		t.Errorf("Checkpoint(ContextWithHeldLease's context) = %v; want nil", err)
+	held := func(s idem.Store) context.Context {
+		return idem.ContextWithLease(idem.ContextWithStore(t.Context(), s), c.Lease)
+	}
+	if err := idem.Checkpoint(held(s), []byte("x")); err != nil {
+		t.Errorf("Checkpoint(a context with the lease and its store) = %v; want nil", err)
 	}
 	plain := struct{ idem.Store }{s} // hides Checkpointer
-	if err := idem.Checkpoint(idem.ContextWithHeldLease(t.Context(), plain, c.Lease), []byte("x")); !errors.Is(err, errors.ErrUnsupported) {
+	if err := idem.Checkpoint(held(plain), []byte("x")); !errors.Is(err, errors.ErrUnsupported) {
 		t.Errorf("Checkpoint with a store that is no Checkpointer = %v; want errors.ErrUnsupported", err)
 	}
 	if err := s.Forget(t.Context(), c.Lease); err != nil {
 		t.Fatal(err)
 	}
-	if err := idem.Checkpoint(idem.ContextWithHeldLease(t.Context(), s, c.Lease), []byte("x")); !errors.Is(err, idem.ErrLeaseLost) {
+	if err := idem.Checkpoint(held(s), []byte("x")); !errors.Is(err, idem.ErrLeaseLost) {
 		t.Errorf("Checkpoint after Forget = %v; want ErrLeaseLost", err)
 	}
 }

@@ -137,7 +137,7 @@ func (h *holding) halt() {
 type ctxLeaseKey struct{}
 
 // held is a lease with the store that granted it, as KeepAlive's context
-// and ContextWithHeldLease carry them: Checkpoint needs both.
+// carries them: Checkpoint needs both.
 type held struct {
 	lease *Lease
 	store Store
@@ -149,12 +149,16 @@ func ContextWithLease(ctx context.Context, l *Lease) context.Context {
 	return context.WithValue(ctx, ctxLeaseKey{}, l)
 }
 
-// ContextWithHeldLease returns a copy of ctx carrying l and s, the store
-// that granted it: for LeaseFrom, and for Checkpoint, which records
-// progress in s. KeepAlive and Hold put both there themselves; this is for
-// work kept alive another way (a batch's one renewing goroutine).
-func ContextWithHeldLease(ctx context.Context, s Store, l *Lease) context.Context {
-	return context.WithValue(ctx, ctxLeaseKey{}, &held{lease: l, store: s})
+type ctxStoreKey struct{}
+
+// ContextWithStore returns a copy of ctx carrying s, the store that
+// granted the lease of the work ctx will carry (ContextWithLease): for
+// Checkpoint, which records progress in it. KeepAlive and Hold put the
+// store beside the lease themselves; this is for work kept alive another
+// way (a batch's one renewing goroutine, where one context value serves
+// every message).
+func ContextWithStore(ctx context.Context, s Store) context.Context {
+	return context.WithValue(ctx, ctxStoreKey{}, s)
 }
 
 // LeaseFrom returns the lease that KeepAlive's context, and so the context
@@ -232,17 +236,25 @@ func TakeOverFrom(ctx context.Context) (*TakeOver, bool) {
 // MaxCheckpointBytes, handed to the next holder after a take-over in
 // TakeOver.Checkpoint.
 //
-// A context without a lease and its store, or a store that does not
-// implement Checkpointer, is an error before any I/O (the latter matching
-// errors.ErrUnsupported).
+// A context without a lease and its store (ContextWithLease alone), or a
+// store that does not implement Checkpointer, is an error before any I/O
+// (the latter matching errors.ErrUnsupported).
 func Checkpoint(ctx context.Context, data []byte) error {
-	h, ok := ctx.Value(ctxLeaseKey{}).(*held)
-	if !ok || h.lease == nil || h.store == nil {
+	var l *Lease
+	var s Store
+	switch v := ctx.Value(ctxLeaseKey{}).(type) {
+	case *held:
+		l, s = v.lease, v.store
+	case *Lease:
+		l = v
+		s, _ = ctx.Value(ctxStoreKey{}).(Store)
+	}
+	if l == nil || s == nil {
 		return errors.New("idem: Checkpoint: the context carries no lease with its store; run the work under KeepAlive, Hold, Do or a wrapper of this module")
 	}
-	cp, ok := h.store.(Checkpointer)
+	cp, ok := s.(Checkpointer)
 	if !ok {
-		return fmt.Errorf("idem: Checkpoint: the store %T does not implement idem.Checkpointer: %w", h.store, errors.ErrUnsupported)
+		return fmt.Errorf("idem: Checkpoint: the store %T does not implement idem.Checkpointer: %w", s, errors.ErrUnsupported)
 	}
-	return cp.Checkpoint(ctx, h.lease, data)
+	return cp.Checkpoint(ctx, l, data)
 }
