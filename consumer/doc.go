@@ -51,11 +51,14 @@
 // The store records the work, not the work's effect. A consumer that crashes
 // after the effect and before the confirmation leaves a claim that runs out
 // after the lease (Options.LeaseTTL), and the redelivery does the work again:
-// the effect happens twice exactly when a crash falls in that window. Keep
-// the window short (confirm right after the effect), make the effect itself
-// idempotent or fenced where it matters (the lease's Token, via [idem.LeaseFrom],
-// guards a downstream write), or use the SQL store's transactional mode, in
-// which the record and the effect commit together.
+// the effect happens twice exactly when a crash falls in that window,
+// unless the redelivery's handler, told of the take-over
+// ([idem.TakeOverFrom], see After a crash), asks the downstream system
+// whether the effect landed first. Keep the window short (confirm right
+// after the effect), make the effect itself idempotent or fenced where it
+// matters (the lease's Token, via [idem.LeaseFrom], guards a downstream
+// write), or use the SQL store's transactional mode, in which the record
+// and the effect commit together.
 //
 // # After a crash
 //
