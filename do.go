@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/idemgo/idem/internal/backoff"
@@ -51,8 +52,20 @@ import (
 // options) is an error before any I/O, as is a key or fingerprint the
 // store refuses.
 //
+// After a crash: when the claim took the key over from an earlier call
+// whose lease ran out unconfirmed (Claim.TakeOver: it crashed or stalled,
+// maybe after its effect), fn's context carries the take-over
+// (TakeOverFrom: the earlier attempt, the count, its last checkpoint), and
+// DoOptions.Reconcile, when set, is asked first whether that attempt's
+// effect landed; fn runs only if it did not. Inside fn, Checkpoint(ctx,
+// data) records progress for the next holder. A key whose calls crashed
+// more than the store's MaxTakeOvers times in a row is quarantined: Do
+// returns Claim's error, matching ErrQuarantined, and fn does not run
+// until an operator settles the key (Resolver, idem resolve).
+//
 // v is valid when err is nil, and also when err matches ErrNotRecorded or
-// ErrAlreadyConfirmed: fn ran and returned it.
+// ErrAlreadyConfirmed: fn ran (or Reconcile found its effect) and returned
+// it.
 //
 // Where duplicates come often, give Do a Cache around the store (NewCache):
 // a duplicate is then answered from memory. Do does not build one itself,
@@ -70,7 +83,7 @@ func Do[T any](ctx context.Context, s Store, key string, fn func(ctx context.Con
 		}
 		switch cl.Outcome {
 		case Claimed:
-			return run(ctx, s, cl.Lease, fn, &o)
+			return run(ctx, s, cl, fn, &o)
 		case Duplicate:
 			return replay[T](key, cl.Record.Result, &o)
 		case InProgress:
@@ -120,6 +133,29 @@ type DoOptions struct {
 	// renewal without end would stall every call of the key. Negative is
 	// an error. Default: no cap (ctx alone bounds fn).
 	MaxHold time.Duration
+	// Reconcile, when set, is called instead of fn when the claim took the
+	// key over from an earlier call whose lease ran out unconfirmed (see
+	// TakeOver): that call crashed or stalled, maybe after its effect and
+	// before its record. It runs under the lease, as fn would, and asks the
+	// downstream system whether the earlier attempt's effect landed (by the
+	// key, the attempt's fencing token, its checkpoint):
+	//
+	//   - done true: the effect happened. result, which must be a value of
+	//     fn's result type T (nil for T's zero value), is recorded as the
+	//     key's result and returned, and fn does not run.
+	//   - done false: it did not; fn runs, with the take-over in its
+	//     context.
+	//   - an error marked with Permanent: recorded and replayed, as fn's.
+	//   - any other error, or a panic, or a result that is not a T: Do
+	//     returns it (the panic goes on) and leaves the claim to run out
+	//     unforgotten, so that the next call is told of the take-over and
+	//     reconciles again; a Forget would erase what it was told, and the
+	//     next call would redo the effect. That counts as a take-over
+	//     towards the store's MaxTakeOvers.
+	//
+	// Default: none; fn runs after a take-over too, and may check
+	// TakeOverFrom itself.
+	Reconcile func(ctx context.Context, t *TakeOver) (result any, done bool, err error)
 	// Errors are the sentinel errors of fn's domain (ErrCardDeclined) that
 	// a replayed permanent error must still match: the recorded error
 	// keeps the message of the first of them that fn's error matched
@@ -210,26 +246,46 @@ func waitHolder(ctx context.Context, s Store, key string, poll *backoff.Poll) er
 	}
 }
 
-// run runs fn under l and records its result or permanent error, or
-// forgets l.
-func run[T any](ctx context.Context, s Store, l *Lease, fn func(context.Context) (T, error), o *DoOptions) (v T, err error) {
-	parent := ctx
+// run runs fn under cl's lease (or, after a take-over, Reconcile first)
+// and records its result or permanent error, or forgets the lease.
+func run[T any](ctx context.Context, s Store, cl Claim, fn func(context.Context) (T, error), o *DoOptions) (v T, err error) {
+	l := cl.Lease
+	t := TakeOverOf(cl)
+	parent := ContextWithTakeOver(ctx, t)
 	if o.MaxHold > 0 {
 		var cancel context.CancelFunc
-		parent, cancel = context.WithTimeoutCause(ctx, o.MaxHold,
+		parent, cancel = context.WithTimeoutCause(parent, o.MaxHold,
 			fmt.Errorf("%w: renewals stopped after %v", ErrMaxHold, o.MaxHold))
 		defer cancel()
 	}
 	work, stop := Hold(parent, s, l)
-	returned := false
+	returned, reconciling := false, false
 	defer func() {
 		if !returned {
 			// fn panicked or called runtime.Goexit: release the key so a
-			// later call runs fn, and let the panic go on.
-			_ = settle(ctx, l, stop(), func(ctx context.Context) error { return s.Forget(ctx, l) })
+			// later call runs fn, and let the panic go on. A panic of
+			// Reconcile leaves the claim to run out (see
+			// DoOptions.Reconcile).
+			end := stop()
+			if !reconciling {
+				_ = settle(ctx, l, end, func(ctx context.Context) error { return s.Forget(ctx, l) })
+			}
 		}
 	}()
-	v, err = fn(work)
+	done := false
+	if t != nil && o.Reconcile != nil {
+		reconciling = true
+		v, done, err = reconcile[T](work, o.Reconcile, t)
+		reconciling = false
+		if err != nil && !isPermanent(err) {
+			returned = true
+			stop()
+			return v, fmt.Errorf("idem: Do: Reconcile after the take-over of key#%s (token %d; left to run out): %w", KeyHash(l.Key), l.Token, err)
+		}
+	}
+	if !done && err == nil {
+		v, err = fn(work)
+	}
 	returned = true
 	end := stop() // no Renew in flight from here on
 	var result []byte
@@ -253,6 +309,23 @@ func run[T any](ctx context.Context, s Store, l *Lease, fn func(context.Context)
 		err = errors.Join(err, fmt.Errorf("%w: key#%s token %d: %w", ErrNotRecorded, KeyHash(l.Key), l.Token, cerr))
 	}
 	return v, err
+}
+
+// reconcile asks rc whether the attempt t took over did the work, and
+// returns its result as a T when it did.
+func reconcile[T any](ctx context.Context, rc func(context.Context, *TakeOver) (any, bool, error), t *TakeOver) (v T, done bool, err error) {
+	r, done, err := rc(ctx, t)
+	if err != nil || !done {
+		return v, false, err
+	}
+	if r == nil {
+		return v, true, nil
+	}
+	x, ok := r.(T)
+	if !ok {
+		return v, false, fmt.Errorf("the result of Reconcile is a %T; want fn's result type %s", r, strings.TrimPrefix(fmt.Sprintf("%T", (*T)(nil)), "*"))
+	}
+	return x, true, nil
 }
 
 // settle runs op, the Confirm or Forget of l, which runs out at end, on a

@@ -68,10 +68,20 @@ var doBackends = []struct {
 // onEveryBackend runs f, in parallel, on a backend of each kind, with
 // open returning a store of worker w on it.
 func onEveryBackend(t *testing.T, f func(t *testing.T, open func(w int, o idem.Options) idem.Store)) {
+	onEveryBackendClock(t, func(t *testing.T, open func(int, idem.Options) idem.Store, _ func(time.Duration)) { f(t, open) })
+}
+
+// onEveryBackendClock is onEveryBackend with wait, which lets d pass on
+// the backend's clock: miniredis's is moved, others' waited for.
+func onEveryBackendClock(t *testing.T, f func(t *testing.T, open func(w int, o idem.Options) idem.Store, wait func(d time.Duration))) {
 	for _, b := range doBackends {
 		t.Run(b.name, func(t *testing.T) {
 			t.Parallel()
 			be := b.open(t)
+			wait := time.Sleep
+			if be.Advance != nil {
+				wait = be.Advance
+			}
 			f(t, func(w int, o idem.Options) idem.Store {
 				t.Helper()
 				o.Worker = fmt.Sprintf("worker-%d", w)
@@ -82,7 +92,7 @@ func onEveryBackend(t *testing.T, f func(t *testing.T, open func(w int, o idem.O
 					t.Fatalf("Open(%+v) = %v; want a store", o, err)
 				}
 				return s
-			})
+			}, wait)
 		})
 	}
 }
@@ -637,5 +647,200 @@ func TestDoWaitDoesNotHammerTheStore(t *testing.T) {
 	// 10ms doubling to 250ms, jittered by ±50%: at most 14 polls fit in 1s.
 	if n := s.calls.Load(); n < 3 || n > 15 {
 		t.Errorf("a 1s wait made %d store calls; want between 3 and 15", n)
+	}
+}
+
+// crash claims key on s and abandons the lease, as a worker that dies
+// after its effect would: no Confirm, no Forget. With cp it first records
+// that checkpoint through the context KeepAlive gives the work. It waits
+// (wait) until the lease has run out and returns it.
+func crash(t *testing.T, s idem.Store, wait func(time.Duration), key string, cp []byte) *idem.Lease {
+	t.Helper()
+	c, err := s.Claim(t.Context(), key, nil)
+	if err != nil || c.Outcome != idem.Claimed {
+		t.Fatalf("Claim(%q) = %v, %v; want Claimed", key, c.Outcome, err)
+	}
+	if cp != nil {
+		work, stop := idem.KeepAlive(t.Context(), s, c.Lease)
+		if err := idem.Checkpoint(work, cp); err != nil {
+			t.Fatalf("Checkpoint(KeepAlive's context, %q) = %v; want nil", cp, err)
+		}
+		stop()
+	}
+	wait(c.Lease.TTL + 50*time.Millisecond)
+	return c.Lease
+}
+
+// After a take-over, Do asks Reconcile before running fn: told the effect
+// landed, it records Reconcile's result and fn does not run; the earlier
+// attempt and its checkpoint are what Reconcile is given.
+func TestDoReconcileConfirmsALandedEffect(t *testing.T) {
+	onEveryBackendClock(t, func(t *testing.T, open func(int, idem.Options) idem.Store, wait func(time.Duration)) {
+		o := idem.Options{LeaseTTL: 300 * time.Millisecond}
+		crashed, next := open(0, o), open(1, o)
+		key := doKey("reconciled")
+		lost := crash(t, crashed, wait, key, []byte("charged:ch_1"))
+		var got *idem.TakeOver
+		ran := false
+		v, err := idem.Do(t.Context(), next, key, func(context.Context) (string, error) {
+			ran = true
+			return "charged again", nil
+		}, idem.DoOptions{Reconcile: func(ctx context.Context, tk *idem.TakeOver) (any, bool, error) {
+			got = tk
+			if l, ok := idem.LeaseFrom(ctx); !ok || l.Token <= lost.Token {
+				t.Errorf("Reconcile's context lease = %v, %v; want the new lease, token above %d", l, ok, lost.Token)
+			}
+			return "ch_1", true, nil
+		}})
+		if v != "ch_1" || err != nil || ran {
+			t.Fatalf("Do after a take-over Reconcile confirmed = %q, %v (fn ran: %v); want \"ch_1\", nil, fn not run", v, err, ran)
+		}
+		if got == nil || got.Prior.Token != lost.Token || got.Prior.Owner != lost.Owner || got.TakeOvers != 1 ||
+			string(got.Checkpoint) != "charged:ch_1" {
+			t.Errorf("Reconcile was given %+v; want the crashed attempt (owner %q, token %d), 1 take-over, checkpoint %q",
+				got, lost.Owner, lost.Token, "charged:ch_1")
+		}
+		// Recorded: a later call replays it, and nothing is reconciled.
+		v, err = idem.Do(t.Context(), next, key, func(context.Context) (string, error) {
+			t.Errorf("fn ran on a key Reconcile recorded")
+			return "", nil
+		}, idem.DoOptions{Reconcile: func(context.Context, *idem.TakeOver) (any, bool, error) {
+			t.Errorf("Reconcile called on a recorded key")
+			return nil, false, nil
+		}})
+		if v != "ch_1" || err != nil {
+			t.Errorf("Do after the reconciled record = %q, %v; want the replay \"ch_1\", nil", v, err)
+		}
+	})
+}
+
+// Told the effect did not land, Do runs fn, with the take-over in its
+// context; fn may record a checkpoint through its context. A fresh key is
+// never reconciled.
+func TestDoReconcileRunsFnWhenNothingLanded(t *testing.T) {
+	onEveryBackendClock(t, func(t *testing.T, open func(int, idem.Options) idem.Store, wait func(time.Duration)) {
+		o := idem.Options{LeaseTTL: 300 * time.Millisecond}
+		crashed, next := open(0, o), open(1, o)
+		key := doKey("not-landed")
+		lost := crash(t, crashed, wait, key, nil)
+		calls := 0
+		opts := idem.DoOptions{Reconcile: func(context.Context, *idem.TakeOver) (any, bool, error) {
+			calls++
+			return nil, false, nil
+		}}
+		v, err := idem.Do(t.Context(), next, key, func(ctx context.Context) (int, error) {
+			tk, ok := idem.TakeOverFrom(ctx)
+			if !ok || tk.Prior.Token != lost.Token || tk.Checkpoint != nil {
+				t.Errorf("TakeOverFrom(fn's context) = %+v, %v; want the crashed attempt, token %d, no checkpoint", tk, ok, lost.Token)
+			}
+			if err := idem.Checkpoint(ctx, []byte("step-1")); err != nil {
+				t.Errorf("Checkpoint(fn's context) = %v; want nil", err)
+			}
+			return 7, nil
+		}, opts)
+		if v != 7 || err != nil || calls != 1 {
+			t.Fatalf("Do after a take-over nothing landed = %d, %v (Reconcile called %d times); want 7, nil, once", v, err, calls)
+		}
+		fresh := doKey("fresh")
+		v, err = idem.Do(t.Context(), next, fresh, func(ctx context.Context) (int, error) {
+			if tk, ok := idem.TakeOverFrom(ctx); ok {
+				t.Errorf("TakeOverFrom(fn's context) on a fresh key = %+v; want none", tk)
+			}
+			return 8, nil
+		}, opts)
+		if v != 8 || err != nil || calls != 1 {
+			t.Errorf("Do(fresh key) = %d, %v (Reconcile calls %d); want 8, nil, Reconcile not called", v, err, calls)
+		}
+	})
+}
+
+// A Reconcile that cannot tell (an error, a result of another type) leaves
+// the claim to run out unforgotten: the next call is told of a take-over
+// again, the second in a row, and reconciles again.
+func TestDoReconcileFailureLeavesTheClaim(t *testing.T) {
+	onEveryBackendClock(t, func(t *testing.T, open func(int, idem.Options) idem.Store, wait func(time.Duration)) {
+		o := idem.Options{LeaseTTL: 300 * time.Millisecond}
+		crashed, next := open(0, o), open(1, o)
+		key := doKey("unreachable")
+		crash(t, crashed, wait, key, []byte("cp"))
+		errDown := errors.New("ledger unreachable")
+		fn := func(context.Context) (int, error) {
+			t.Errorf("fn ran though Reconcile could not tell")
+			return 0, nil
+		}
+		_, err := idem.Do(t.Context(), next, key, fn, idem.DoOptions{Reconcile: func(context.Context, *idem.TakeOver) (any, bool, error) {
+			return nil, false, errDown
+		}})
+		if !errors.Is(err, errDown) {
+			t.Fatalf("Do with a failing Reconcile = %v; want its error", err)
+		}
+		rec, lerr := next.Lookup(t.Context(), key)
+		if lerr != nil || rec.Confirmed {
+			t.Fatalf("Lookup(%q) after a failed Reconcile = %+v, %v; want the claim left live, not forgotten", key, rec, lerr)
+		}
+		wait(o.LeaseTTL + 50*time.Millisecond)
+		_, err = idem.Do(t.Context(), next, key, fn, idem.DoOptions{Reconcile: func(_ context.Context, tk *idem.TakeOver) (any, bool, error) {
+			if tk.TakeOvers != 2 || string(tk.Checkpoint) != "cp" {
+				t.Errorf("second Reconcile given %+v; want the 2nd take-over, checkpoint %q carried", tk, "cp")
+			}
+			return "not an int", true, nil
+		}})
+		if err == nil || !strings.Contains(err.Error(), "want fn's result type int") {
+			t.Errorf("Do with Reconcile's result of another type = %v; want an error naming the type", err)
+		}
+	})
+}
+
+// A key whose calls crashed more than MaxTakeOvers times in a row is
+// quarantined: Do returns ErrQuarantined and runs neither Reconcile nor fn.
+func TestDoQuarantined(t *testing.T) {
+	onEveryBackendClock(t, func(t *testing.T, open func(int, idem.Options) idem.Store, wait func(time.Duration)) {
+		o := idem.Options{LeaseTTL: 200 * time.Millisecond, MaxTakeOvers: 1}
+		a, b := open(0, o), open(1, o)
+		key := doKey("poison")
+		crash(t, a, wait, key, nil)
+		crash(t, b, wait, key, nil) // the first take-over, crashed too
+		_, err := idem.Do(t.Context(), a, key, func(context.Context) (int, error) {
+			t.Errorf("fn ran on a quarantined key")
+			return 0, nil
+		}, idem.DoOptions{Reconcile: func(context.Context, *idem.TakeOver) (any, bool, error) {
+			t.Errorf("Reconcile ran on a quarantined key")
+			return nil, false, nil
+		}})
+		if !errors.Is(err, idem.ErrQuarantined) {
+			t.Errorf("Do(%q) after %d crashes with MaxTakeOvers 1 = %v; want ErrQuarantined", key, 2, err)
+		}
+	})
+}
+
+// Checkpoint needs a context of held work, and a store that records
+// checkpoints.
+func TestCheckpointFromContext(t *testing.T) {
+	if err := idem.Checkpoint(t.Context(), []byte("x")); err == nil {
+		t.Errorf("Checkpoint(a context without a lease) = nil; want an error")
+	}
+	s := memStore(idem.Options{})
+	c, err := s.Claim(t.Context(), doKey("cp"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := idem.Checkpoint(idem.ContextWithLease(t.Context(), c.Lease), []byte("x")); err == nil {
+		t.Errorf("Checkpoint(ContextWithLease's context: no store) = nil; want an error")
+	}
+	held := func(s idem.Store) context.Context {
+		return idem.ContextWithLease(idem.ContextWithStore(t.Context(), s), c.Lease)
+	}
+	if err := idem.Checkpoint(held(s), []byte("x")); err != nil {
+		t.Errorf("Checkpoint(a context with the lease and its store) = %v; want nil", err)
+	}
+	plain := struct{ idem.Store }{s} // hides Checkpointer
+	if err := idem.Checkpoint(held(plain), []byte("x")); !errors.Is(err, errors.ErrUnsupported) {
+		t.Errorf("Checkpoint with a store that is no Checkpointer = %v; want errors.ErrUnsupported", err)
+	}
+	if err := s.Forget(t.Context(), c.Lease); err != nil {
+		t.Fatal(err)
+	}
+	if err := idem.Checkpoint(held(s), []byte("x")); !errors.Is(err, idem.ErrLeaseLost) {
+		t.Errorf("Checkpoint after Forget = %v; want ErrLeaseLost", err)
 	}
 }

@@ -140,6 +140,20 @@
 // still gets a greater token: the forgotten claim leaves its token behind
 // until its lease would have ended.
 //
+// # After a crash
+//
+// A worker can die between the effect and its Confirm. Once its lease runs
+// out the next Claim takes the key over, and every store says so:
+// [Claim].TakeOver, with the attempt taken over ([Attempt]: owner, token,
+// when claimed), the take-overs in a row and the last checkpoint a holder
+// recorded ([Checkpointer]). The front doors pass it to the work: [Do]
+// asks [DoOptions].Reconcile whether the earlier attempt's effect landed
+// before running fn again, and fn, a consumer's handler, an HTTP or RPC
+// handler find it with [TakeOverFrom] and record progress with
+// [Checkpoint]. A key that crashed its workers more than MaxTakeOvers
+// times in a row is quarantined ([ErrQuarantined]) until an operator
+// settles it ([Resolver], idem resolve).
+//
 // # What is not guaranteed
 //
 // Redis replicates asynchronously. A failover can lose a claim or a

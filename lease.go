@@ -2,6 +2,7 @@ package idem
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -86,6 +87,7 @@ type holding struct {
 	cancel     context.CancelCauseFunc
 	quit, done chan struct{}
 	ls         [1]renew.Lease // settled once done is closed
+	held       held           // what the work's context carries
 }
 
 func hold(fn string, ctx context.Context, s Store, l *Lease) (context.Context, *holding) {
@@ -95,8 +97,11 @@ func hold(fn string, ctx context.Context, s Store, l *Lease) (context.Context, *
 	if l == nil {
 		panic("idem: " + fn + " with a nil *Lease")
 	}
-	work, cancel := context.WithCancelCause(ContextWithLease(ctx, l))
-	h := &holding{cancel: cancel, ls: [1]renew.Lease{{TTL: l.TTL, Expires: l.Expires}}}
+	h := &holding{ls: [1]renew.Lease{{TTL: l.TTL, Expires: l.Expires}}, held: held{lease: l, store: s}}
+	// The lease and its store in one value, kept in h: no allocation
+	// beyond ContextWithLease's.
+	work, cancel := context.WithCancelCause(context.WithValue(ctx, ctxLeaseKey{}, &h.held))
+	h.cancel = cancel
 	if l.TTL <= 0 {
 		cancel(fmt.Errorf("%w: %s needs a lease with a TTL", ErrLeaseLost, fn))
 		h.once.Do(func() {}) // nothing to stop
@@ -131,16 +136,125 @@ func (h *holding) halt() {
 
 type ctxLeaseKey struct{}
 
+// held is a lease with the store that granted it, as KeepAlive's context
+// carries them: Checkpoint needs both.
+type held struct {
+	lease *Lease
+	store Store
+}
+
 // ContextWithLease returns a copy of ctx carrying l, for LeaseFrom. KeepAlive
 // and the wrappers put the lease there themselves.
 func ContextWithLease(ctx context.Context, l *Lease) context.Context {
 	return context.WithValue(ctx, ctxLeaseKey{}, l)
 }
 
+type ctxStoreKey struct{}
+
+// ContextWithStore returns a copy of ctx carrying s, the store that
+// granted the lease of the work ctx will carry (ContextWithLease): for
+// Checkpoint, which records progress in it. KeepAlive and Hold put the
+// store beside the lease themselves; this is for work kept alive another
+// way (a batch's one renewing goroutine, where one context value serves
+// every message).
+func ContextWithStore(ctx context.Context, s Store) context.Context {
+	return context.WithValue(ctx, ctxStoreKey{}, s)
+}
+
 // LeaseFrom returns the lease that KeepAlive's context, and so the context
 // of a handler run by the middleware or the consumer wrapper, carries: its
 // Token is the fencing token to pass to a downstream write.
 func LeaseFrom(ctx context.Context) (*Lease, bool) {
-	l, ok := ctx.Value(ctxLeaseKey{}).(*Lease)
-	return l, ok
+	switch v := ctx.Value(ctxLeaseKey{}).(type) {
+	case *Lease:
+		return v, v != nil
+	case *held:
+		return v.lease, v.lease != nil
+	}
+	return nil, false
+}
+
+// TakeOver is what the holder of a key is told when its claim took the key
+// over from an earlier attempt whose lease ran out unconfirmed (see
+// Claim.TakeOver): that attempt crashed or stalled, and may have done part
+// of the work, or all of it. Ask the downstream system whether its effect
+// landed before doing it again, and resume after Checkpoint.
+type TakeOver struct {
+	// Prior is the attempt taken over: its owner (the Worker of the store
+	// that held it), fencing token, and when it was claimed.
+	Prior Attempt
+	// TakeOvers counts the key's take-overs in a row, this one included
+	// (1 on the first). At the store's MaxTakeOvers the next lapse
+	// quarantines the key.
+	TakeOvers int
+	// Checkpoint is the last progress an earlier holder recorded (see
+	// Checkpointer), carried across take-overs; nil when none was.
+	Checkpoint []byte
+}
+
+// TakeOverOf returns the take-over c reports, or nil when c did not take
+// its key over (a fresh key, a Duplicate, an InProgress, a claim after a
+// Forget).
+func TakeOverOf(c Claim) *TakeOver {
+	if !c.TakeOver {
+		return nil
+	}
+	t := &TakeOver{TakeOvers: c.TakeOvers, Checkpoint: c.Checkpoint}
+	if c.Prior != nil {
+		t.Prior = *c.Prior
+	}
+	return t
+}
+
+type ctxTakeOverKey struct{}
+
+// ContextWithTakeOver returns a copy of ctx carrying t, for TakeOverFrom;
+// ctx itself when t is nil. Do, the consumer wrappers, the middleware and
+// the gRPC interceptor put the take-over of the claim they hold in the
+// context of the work they run.
+func ContextWithTakeOver(ctx context.Context, t *TakeOver) context.Context {
+	if t == nil {
+		return ctx
+	}
+	return context.WithValue(ctx, ctxTakeOverKey{}, t)
+}
+
+// TakeOverFrom returns the take-over that ctx carries: set when the claim
+// the work runs under took the key over from an attempt whose lease ran
+// out unconfirmed. false when the claim was a fresh one.
+func TakeOverFrom(ctx context.Context) (*TakeOver, bool) {
+	t, ok := ctx.Value(ctxTakeOverKey{}).(*TakeOver)
+	return t, ok && t != nil
+}
+
+// Checkpoint records data as the progress of the work ctx runs: in the
+// store that granted the lease ctx carries (KeepAlive's and Hold's
+// context, so the context of Do's fn and of a handler run by the consumer
+// wrappers, the middleware or the gRPC interceptor). It is
+// Checkpointer.Checkpoint on that store, with its contract: written only
+// while the lease is the key's live lease (else ErrLeaseLost), at most
+// MaxCheckpointBytes, handed to the next holder after a take-over in
+// TakeOver.Checkpoint.
+//
+// A context without a lease and its store (ContextWithLease alone), or a
+// store that does not implement Checkpointer, is an error before any I/O
+// (the latter matching errors.ErrUnsupported).
+func Checkpoint(ctx context.Context, data []byte) error {
+	var l *Lease
+	var s Store
+	switch v := ctx.Value(ctxLeaseKey{}).(type) {
+	case *held:
+		l, s = v.lease, v.store
+	case *Lease:
+		l = v
+		s, _ = ctx.Value(ctxStoreKey{}).(Store)
+	}
+	if l == nil || s == nil {
+		return errors.New("idem: Checkpoint: the context carries no lease with its store; run the work under KeepAlive, Hold, Do or a wrapper of this module")
+	}
+	cp, ok := s.(Checkpointer)
+	if !ok {
+		return fmt.Errorf("idem: Checkpoint: the store %T does not implement idem.Checkpointer: %w", s, errors.ErrUnsupported)
+	}
+	return cp.Checkpoint(ctx, l, data)
 }

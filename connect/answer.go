@@ -3,10 +3,13 @@ package idemconnect
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 
 	"connectrpc.com/connect"
+	"github.com/idemgo/idem"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 )
 
@@ -39,6 +42,13 @@ const (
 	// ReasonResponseNotRecorded: AlreadyExists, on the replay of a call
 	// whose response was over MaxResponseBytes: the work was done once.
 	ReasonResponseNotRecorded = "IDEMPOTENCY_RESPONSE_NOT_RECORDED"
+	// ReasonKeyQuarantined: FailedPrecondition, with a PreconditionFailure
+	// (its Violation's Type this reason, Subject "idempotency_key"): the
+	// key's calls crashed the server more times in a row than the store's
+	// MaxTakeOvers, so the store quarantined it, and the handler does not
+	// run for it until an operator settles it (idem resolve). The client
+	// should not retry until then; clients do not retry it by themselves.
+	ReasonKeyQuarantined = "IDEMPOTENCY_KEY_QUARANTINED"
 	// ReasonStreamNotCovered: Unimplemented, a streaming call carrying a
 	// key: streams are not covered, and doing the work without the key's
 	// protection would break the promise the key makes.
@@ -49,14 +59,16 @@ const (
 // carries internal error text, and an ErrorInfo (the key in its Metadata
 // when given) and, for a retryable code, a RetryInfo. It logs it with
 // cause.
-func (s *Server) answer(ctx context.Context, code connect.Code, reason, msg, key string, cause error) *connect.Error {
+func (s *Server) answer(ctx context.Context, code connect.Code, reason, msg, key string, cause error, extra ...proto.Message) *connect.Error {
 	e := connect.NewError(code, errors.New("idemconnect: "+msg))
 	info := &errdetails.ErrorInfo{Reason: reason, Domain: ErrorDomain}
 	if key != "" {
 		info.Metadata = map[string]string{"idempotency_key": key}
 	}
-	if d, err := connect.NewErrorDetail(info); err == nil {
-		e.AddDetail(d)
+	for _, m := range append([]proto.Message{info}, extra...) {
+		if d, err := connect.NewErrorDetail(m); err == nil {
+			e.AddDetail(d)
+		}
 	}
 	if code == connect.CodeAborted || code == connect.CodeUnavailable {
 		if d, err := connect.NewErrorDetail(&errdetails.RetryInfo{RetryDelay: durationpb.New(s.c.RetryDelay)}); err == nil {
@@ -83,4 +95,23 @@ func (s *Server) log(ctx context.Context, msg, key string, err error) {
 	if s.c.Logger != nil {
 		s.c.Logger.ErrorContext(ctx, msg, "key_hash", s.c.KeyHasher.Hash(key), "err", err)
 	}
+}
+
+// quarantined answers a Claim refused because the key is quarantined:
+// FailedPrecondition, ReasonKeyQuarantined, and a PreconditionFailure that
+// says a person must settle the key.
+func (s *Server) quarantined(cl *call, claim idem.Claim) error {
+	n := 0
+	if claim.Record != nil {
+		n = claim.Record.TakeOvers
+	}
+	pf := &errdetails.PreconditionFailure{Violations: []*errdetails.PreconditionFailure_Violation{{
+		Type:    ReasonKeyQuarantined,
+		Subject: "idempotency_key",
+		Description: fmt.Sprintf("the calls with this key crashed the server %d times in a row; "+
+			"it is not run again until an operator settles it (idem resolve)", n+1),
+	}}}
+	return s.answer(cl.ctx, connect.CodeFailedPrecondition, ReasonKeyQuarantined,
+		"the idempotency key is quarantined after repeated crashes; an operator must settle it before the call can run; do not retry",
+		cl.key, idem.ErrQuarantined, pf)
 }

@@ -111,6 +111,7 @@ type call struct {
 	outcome   idem.Outcome
 	layerErr  error // the idempotency layer's error, for the Observer
 	handlerOK bool  // the handler ran (for a panic's event)
+	takeOver  bool  // the claim took the key over from a lapsed attempt
 }
 
 // Errors reported to the Observer for calls refused before any store call.
@@ -130,7 +131,7 @@ func (s *Server) observe(cl *call, keyErr error) {
 	}
 	done := false
 	defer func() {
-		e := idem.Event{Op: idem.OpRequest, Outcome: cl.outcome, Items: 1, Took: time.Since(start), Err: cl.layerErr}
+		e := idem.Event{Op: idem.OpRequest, Outcome: cl.outcome, TakeOver: cl.takeOver, Items: 1, Took: time.Since(start), Err: cl.layerErr}
 		if !done {
 			// A panic of the handler is its own failure, not the
 			// idempotency layer's; one before it is the Scope func's.
@@ -214,6 +215,11 @@ func (s *Server) lease(cl *call, fp []byte) {
 			cl.err = s.answer(ctx, connect.CodeFailedPrecondition, ReasonKeyReused, "the idempotency key was used for another request (another procedure or message); use a new key for a new request", cl.key, nil)
 			return
 		}
+		if errors.Is(err, idem.ErrQuarantined) {
+			cl.layerErr = err
+			cl.err = s.quarantined(cl, claim)
+			return
+		}
 		if err != nil {
 			cl.layerErr = err
 			cl.err = s.storeFailed(cl, err)
@@ -221,8 +227,8 @@ func (s *Server) lease(cl *call, fp []byte) {
 		}
 		switch claim.Outcome {
 		case idem.Claimed:
-			cl.outcome = idem.Claimed
-			s.run(cl, claim.Lease)
+			cl.outcome, cl.takeOver = idem.Claimed, claim.TakeOver
+			s.run(cl, claim)
 			return
 		case idem.Duplicate:
 			cl.outcome = idem.Duplicate
@@ -282,10 +288,13 @@ func (s *Server) storeFailed(cl *call, err error) error {
 	return s.answer(cl.ctx, connect.CodeUnavailable, ReasonStoreUnavailable, "the idempotency store is unavailable; the call was not run", "", err)
 }
 
-// run runs the handler under l, then records its answer or releases the
-// key.
-func (s *Server) run(cl *call, l *idem.Lease) {
-	work, stop := idem.Hold(cl.ctx, s.c.Store, l)
+// run runs the handler under claim's lease, with the take-over in its
+// context when claim took the key over, then records its answer or
+// releases the key.
+func (s *Server) run(cl *call, claim idem.Claim) {
+	l := claim.Lease
+	// After a crash, the handler is told: idem.TakeOverFrom(ctx).
+	work, stop := idem.Hold(idem.ContextWithTakeOver(cl.ctx, idem.TakeOverOf(claim)), s.c.Store, l)
 	done := false
 	defer func() {
 		if !done {

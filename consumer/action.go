@@ -29,9 +29,10 @@ const (
 	// do the work a second time, while acking risks that only if yet
 	// another duplicate arrives.
 	AckAndAlert
-	// DeadLetter: no delivery of it can ever succeed (an invalid or
-	// oversized key, a fingerprint mismatch, a damaged record). Move it
-	// where an operator sees it (a dead-letter queue, a poison topic),
+	// DeadLetter: no delivery of it can succeed (an invalid or oversized
+	// key, a fingerprint mismatch, a damaged record), or none may until an
+	// operator settles its key (quarantined after repeated crashes). Move
+	// it where an operator sees it (a dead-letter queue, a poison topic),
 	// never ack it as done, never redeliver it.
 	DeadLetter
 )
@@ -54,12 +55,20 @@ func (a Action) String() string {
 //	nil (done now, or a duplicate)                  Ack
 //	matching ErrNotRecorded                         AckAndAlert
 //	matching idem.ErrInvalidKey, idem.ErrTooLarge,  DeadLetter
-//	  idem.ErrFingerprintMismatch, idem.ErrDamaged
+//	  idem.ErrFingerprintMismatch, idem.ErrDamaged,
+//	  idem.ErrQuarantined
 //	anything else: idem.ErrInProgress, the          Redeliver
 //	  handler's error, the store's, the context's
 //
 // ErrNotRecorded is checked first: the work it reports was done, whatever
-// the store's error inside it says. The error alone decides, so a
+// the store's error inside it says.
+//
+// A quarantined key (its deliveries crashed the handler more times in a
+// row than the store's MaxTakeOvers) is dead-lettered, not acked and
+// alerted: acking would lose the message, while the work has not been
+// recorded as done; once an operator settles the key (idem resolve
+// --forget, or --confirm RESULT), the dead letter can be replayed, and it
+// runs or is a duplicate. Redelivering it would only be refused again. The error alone decides, so a
 // handler's own error matching one of the DeadLetter sentinels (its own
 // idem calls failing so) is dead-lettered too: no redelivery would fix it
 // either. A handler's panic is not an error: the wrappers re-raise it, and
@@ -71,7 +80,8 @@ func ActionFor(err error) Action {
 	case errors.Is(err, ErrNotRecorded):
 		return AckAndAlert
 	case errors.Is(err, idem.ErrInvalidKey), errors.Is(err, idem.ErrTooLarge),
-		errors.Is(err, idem.ErrFingerprintMismatch), errors.Is(err, idem.ErrDamaged):
+		errors.Is(err, idem.ErrFingerprintMismatch), errors.Is(err, idem.ErrDamaged),
+		errors.Is(err, idem.ErrQuarantined):
 		return DeadLetter
 	}
 	return Redeliver

@@ -36,6 +36,8 @@ func TestActionFor(t *testing.T) {
 		{"oversized fingerprint", fmt.Errorf("claim: %w", idem.ErrTooLarge), consumer.DeadLetter},
 		{"fingerprint mismatch", fmt.Errorf("claim k: %w", idem.ErrFingerprintMismatch), consumer.DeadLetter},
 		{"damaged record", fmt.Errorf("claim k: %w", idem.ErrDamaged), consumer.DeadLetter},
+		// No redelivery runs until an operator settles the key; an ack would lose it.
+		{"quarantined", fmt.Errorf("claim k: %w", idem.ErrQuarantined), consumer.DeadLetter},
 	} {
 		if got := consumer.ActionFor(tc.err); got != tc.want {
 			t.Errorf("%s: ActionFor(%v) = %v; want %v", tc.name, tc.err, got, tc.want)

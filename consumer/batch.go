@@ -60,6 +60,9 @@ func Batch[M any](store idem.Store, key func(M) string, h func(ctx context.Conte
 // report every message to the Observer; in rounds, when a key repeats. A
 // handler's panic is re-raised only after all that.
 func (w *wrapper[M]) batch(ctx context.Context, ms []M) []error {
+	// One value for the batch: idem.Checkpoint, in a handler, records
+	// through the store beside its lease.
+	ctx = idem.ContextWithStore(ctx, w.store)
 	var ob *batchObs
 	if w.observer != nil {
 		ob = w.startBatch(ctx, len(ms))
@@ -194,6 +197,7 @@ func (w *wrapper[M]) claim(ctx context.Context, keys []string, at []int, fps [][
 		i := at[j]
 		switch {
 		case cerrs != nil && cerrs[j] != nil:
+			w.claimFailed(ob.ctx(ctx, i), keys[j], cl, cerrs[j])
 			// A fingerprint mismatch comes with its claim's outcome.
 			errs[i] = cerrs[j]
 			ob.set(i, keys[j], cl.Outcome, errs[i])
@@ -202,7 +206,8 @@ func (w *wrapper[M]) claim(ctx context.Context, keys []string, at []int, fps [][
 			ob.set(i, keys[j], cl.Outcome, errs[i])
 		default:
 			ob.set(i, keys[j], idem.Claimed, nil)
-			work, cancel := context.WithCancelCause(ob.ctx(ctx, i))
+			ob.tookOver(i, cl.TakeOver)
+			work, cancel := context.WithCancelCause(w.tookOver(ob.ctx(ctx, i), cl))
 			jobs = append(jobs, &job{i: i, lease: cl.Lease, work: work, cancel: cancel})
 		}
 	}
@@ -314,7 +319,14 @@ func (ob *batchObs) ctx(ctx context.Context, i int) context.Context {
 
 func (ob *batchObs) set(i int, key string, o idem.Outcome, err error) {
 	if ob != nil {
-		ob.reps[i] = report{key: key, outcome: o, err: err}
+		ob.reps[i] = report{key: key, outcome: o, takeOver: ob.reps[i].takeOver, err: err}
+	}
+}
+
+// tookOver notes that message i's claim took its key over.
+func (ob *batchObs) tookOver(i int, t bool) {
+	if ob != nil {
+		ob.reps[i].takeOver = t
 	}
 }
 

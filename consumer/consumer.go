@@ -42,6 +42,15 @@ var ErrNotRecorded = errors.New("consumer: work done but not recorded")
 //   - Duplicate: h does not run; nil is returned. The broker should ack.
 //   - InProgress: h does not run; an error matching idem.ErrInProgress is
 //     returned. The broker should redeliver later, after a delay.
+//   - Claimed after a crash (the claim took the key over from a delivery
+//     whose lease ran out unconfirmed): as Claimed, with the take-over in
+//     h's context (idem.TakeOverFrom: the earlier attempt and its last
+//     checkpoint), so that h can ask whether that attempt's effect landed
+//     before doing it again; idem.Checkpoint(ctx, data) records progress.
+//   - Quarantined (the key's deliveries crashed more times in a row than
+//     the store's MaxTakeOvers): h does not run; Claim's error, matching
+//     idem.ErrQuarantined, is returned. Dead-letter it: no redelivery runs
+//     until an operator settles the key (idem resolve).
 //   - A store error, an empty key: h does not run, nothing was done, the
 //     error is returned (an empty key matches idem.ErrInvalidKey and is
 //     refused before any store call). The broker should redeliver, except for
@@ -111,6 +120,7 @@ func (w *wrapper[M]) handle(ctx context.Context, m M) (report, *panicValue, erro
 	}
 	cl, err := w.store.Claim(ctx, k, f)
 	if err != nil {
+		w.claimFailed(ctx, k, cl, err)
 		// A fingerprint mismatch comes with its claim's outcome.
 		return report{key: k, outcome: cl.Outcome, err: err}, nil, err
 	}
@@ -118,8 +128,8 @@ func (w *wrapper[M]) handle(ctx context.Context, m M) (report, *panicValue, erro
 		err := w.notClaimed(ctx, k, cl)
 		return report{key: k, outcome: cl.Outcome, err: err}, nil, err
 	}
-	rep := report{key: k, outcome: idem.Claimed}
-	work, stop := idem.KeepAlive(ctx, w.store, cl.Lease)
+	rep := report{key: k, outcome: idem.Claimed, takeOver: cl.TakeOver}
+	work, stop := idem.KeepAlive(w.tookOver(ctx, cl), w.store, cl.Lease)
 	defer stop() // also when h calls runtime.Goexit
 	p, err := call(work, w.h, m)
 	stop() // no Renew in flight from here on
@@ -138,14 +148,15 @@ func (w *wrapper[M]) handle(ctx context.Context, m M) (report, *panicValue, erro
 // outcome, and the error the idempotency layer answered with (not the
 // handler's own).
 type report struct {
-	key     string
-	outcome idem.Outcome
-	err     error
+	key      string
+	outcome  idem.Outcome
+	takeOver bool // the claim took the key over from a lapsed attempt
+	err      error
 }
 
 // observe reports one message's event.
 func (c *config) observe(ctx context.Context, rep report, start time.Time) {
-	e := idem.Event{Op: idem.OpMessage, Outcome: rep.outcome, Items: 1, Took: time.Since(start), Err: rep.err}
+	e := idem.Event{Op: idem.OpMessage, Outcome: rep.outcome, TakeOver: rep.takeOver, Items: 1, Took: time.Since(start), Err: rep.err}
 	if rep.key != "" {
 		e.KeyHash = c.keyHasher.Hash(rep.key)
 	}
@@ -168,6 +179,30 @@ func (c *config) notClaimed(ctx context.Context, key string, cl idem.Claim) erro
 		return fmt.Errorf("%w: key %s is held by another delivery (token %d)", idem.ErrInProgress, c.keyHasher.Hash(key), token)
 	}
 	return fmt.Errorf("consumer: unexpected claim outcome %v", cl.Outcome)
+}
+
+// tookOver returns the context the handler of cl's message runs in: ctx,
+// with the take-over when cl took the key over (idem.TakeOverFrom), which
+// the hook hears of.
+func (c *config) tookOver(ctx context.Context, cl idem.Claim) context.Context {
+	if !cl.TakeOver {
+		return ctx
+	}
+	c.emit(ctx, TakeOver, cl.Lease.Key, cl.Lease.Token, nil)
+	return idem.ContextWithTakeOver(ctx, idem.TakeOverOf(cl))
+}
+
+// claimFailed tells the hook of a claim refused because its key is
+// quarantined.
+func (c *config) claimFailed(ctx context.Context, key string, cl idem.Claim, err error) {
+	if !errors.Is(err, idem.ErrQuarantined) {
+		return
+	}
+	var token int64
+	if cl.Record != nil {
+		token = cl.Record.Token
+	}
+	c.emit(ctx, Quarantined, key, token, err)
 }
 
 // panicValue carries a handler's panic to where it is re-raised, after the

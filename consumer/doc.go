@@ -30,6 +30,8 @@
 //	  fingerprint mismatch; a damaged record      ErrTooLarge,
 //	                                              ErrFingerprintMismatch,
 //	                                              ErrDamaged
+//	quarantined: the key's deliveries crashed   idem.ErrQuarantined      DeadLetter
+//	  more than MaxTakeOvers times in a row
 //
 // Done but not recorded is acked, never redelivered: the work happened, and
 // a redelivery would claim the key once the lease runs out and do it a
@@ -49,11 +51,33 @@
 // The store records the work, not the work's effect. A consumer that crashes
 // after the effect and before the confirmation leaves a claim that runs out
 // after the lease (Options.LeaseTTL), and the redelivery does the work again:
-// the effect happens twice exactly when a crash falls in that window. Keep
-// the window short (confirm right after the effect), make the effect itself
-// idempotent or fenced where it matters (the lease's Token, via [idem.LeaseFrom],
-// guards a downstream write), or use the SQL store's transactional mode, in
-// which the record and the effect commit together.
+// the effect happens twice exactly when a crash falls in that window,
+// unless the redelivery's handler, told of the take-over
+// ([idem.TakeOverFrom], see After a crash), asks the downstream system
+// whether the effect landed first. Keep the window short (confirm right
+// after the effect), make the effect itself idempotent or fenced where it
+// matters (the lease's Token, via [idem.LeaseFrom], guards a downstream
+// write), or use the SQL store's transactional mode, in which the record
+// and the effect commit together.
+//
+// # After a crash
+//
+// When a delivery's claim takes the key over from an earlier delivery
+// whose lease ran out unconfirmed (its consumer crashed, maybe after the
+// effect), the handler's context carries the take-over: [idem.TakeOverFrom]
+// gives the earlier attempt (owner, fencing token, when claimed), the
+// take-overs in a row and the last checkpoint, so the handler can ask the
+// downstream system whether the effect landed before doing it again, and
+// resume after the last completed step. [idem.Checkpoint](ctx, data)
+// records progress for the next holder, under the handler's lease. The
+// Hook hears TakeOver, the Observer's event has TakeOver set.
+//
+// A message that crashes whoever handles it is stopped by the store: after
+// MaxTakeOvers take-overs in a row its key is quarantined, the wrapper
+// returns idem.ErrQuarantined without running the handler, and
+// [ActionFor] says DeadLetter; the Hook hears Quarantined. An operator
+// settles the key (idem resolve KEY --forget or --confirm RESULT), after
+// which the dead letter can be replayed.
 //
 // # Options
 //

@@ -42,9 +42,19 @@ const (
 	// wrapper returns nil, as the message is done. Event.Err is Confirm's
 	// error, matching idem.ErrAlreadyConfirmed.
 	AlreadyConfirmed
+	// TakeOver: the claim took the key over from an earlier delivery whose
+	// lease ran out unconfirmed (it crashed or stalled, maybe after its
+	// effect); the handler runs with the take-over in its context
+	// (idem.TakeOverFrom). Token is the new lease's.
+	TakeOver
+	// Quarantined: the key's deliveries crashed more times in a row than
+	// the store's MaxTakeOvers; the handler did not run, and the wrapper
+	// returned Claim's error, matching idem.ErrQuarantined (dead-letter
+	// it). Token is the last attempt's; Event.Err is Claim's error.
+	Quarantined
 )
 
-var kindNames = [...]string{"", "duplicate_skipped", "in_progress", "lease_lost", "late_confirm", "confirm_failed", "forget_failed", "already_confirmed"}
+var kindNames = [...]string{"", "duplicate_skipped", "in_progress", "lease_lost", "late_confirm", "confirm_failed", "forget_failed", "already_confirmed", "take_over", "quarantined"}
 
 // String returns the kind's name in snake case ("duplicate_skipped",
 // "lease_lost"), as idem.Op.String and idem.ErrorClass.String name theirs,
@@ -63,9 +73,10 @@ type Event struct {
 	// KeyHash is the keyed hash of the message's key (Options.KeyHasher).
 	KeyHash string
 	// Token is the fencing token of this delivery's lease (LeaseLost,
-	// LateConfirm, ConfirmFailed, ForgetFailed, AlreadyConfirmed), or of
-	// the record found (DuplicateSkipped: the confirmation; InProgress: the
-	// holder).
+	// LateConfirm, ConfirmFailed, ForgetFailed, AlreadyConfirmed,
+	// TakeOver), or of the record found (DuplicateSkipped: the
+	// confirmation; InProgress: the holder; Quarantined: its last
+	// attempt).
 	Token int64
 	// Err is the error behind the event, where there is one.
 	Err error

@@ -2,7 +2,10 @@ package idemgrpc
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+
+	"github.com/idemgo/idem"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
@@ -40,6 +43,14 @@ const (
 	// ReasonResponseNotRecorded: AlreadyExists, on the replay of a call
 	// whose response was over MaxResponseBytes: the work was done once.
 	ReasonResponseNotRecorded = "IDEMPOTENCY_RESPONSE_NOT_RECORDED"
+	// ReasonKeyQuarantined: FailedPrecondition, with a PreconditionFailure
+	// (its Violation's Type this reason, Subject "idempotency_key"): the
+	// key's calls crashed the server more times in a row than the store's
+	// MaxTakeOvers, so the store quarantined it, and the handler does not
+	// run for it until an operator settles it (idem resolve). As gRPC
+	// says of FailedPrecondition, the client should not retry until the
+	// system's state is fixed; clients do not retry it by themselves.
+	ReasonKeyQuarantined = "IDEMPOTENCY_KEY_QUARANTINED"
 	// ReasonStreamNotCovered: Unimplemented, a streaming call carrying a
 	// key: streams are not covered, and doing the work without the key's
 	// protection would break the promise the key makes.
@@ -50,12 +61,12 @@ const (
 // carries internal error text, and an ErrorInfo (the key in its Metadata
 // when given) and, for a retryable code, a RetryInfo. It logs it with
 // cause.
-func (s *Server) answer(ctx context.Context, code codes.Code, reason, msg, key string, cause error) error {
+func (s *Server) answer(ctx context.Context, code codes.Code, reason, msg, key string, cause error, extra ...protoadapt.MessageV1) error {
 	info := &errdetails.ErrorInfo{Reason: reason, Domain: ErrorDomain}
 	if key != "" {
 		info.Metadata = map[string]string{"idempotency_key": key}
 	}
-	details := []protoadapt.MessageV1{info}
+	details := append([]protoadapt.MessageV1{info}, extra...)
 	if code == codes.Aborted || code == codes.Unavailable {
 		details = append(details, &errdetails.RetryInfo{RetryDelay: durationpb.New(s.c.RetryDelay)})
 	}
@@ -83,4 +94,23 @@ func (s *Server) log(ctx context.Context, msg, key string, err error) {
 	if s.c.Logger != nil {
 		s.c.Logger.ErrorContext(ctx, msg, "key_hash", s.c.KeyHasher.Hash(key), "err", err)
 	}
+}
+
+// quarantined answers a Claim refused because the key is quarantined:
+// FailedPrecondition, ReasonKeyQuarantined, and a PreconditionFailure that
+// says a person must settle the key.
+func (s *Server) quarantined(cl *call, claim idem.Claim) error {
+	n := 0
+	if claim.Record != nil {
+		n = claim.Record.TakeOvers
+	}
+	pf := &errdetails.PreconditionFailure{Violations: []*errdetails.PreconditionFailure_Violation{{
+		Type:    ReasonKeyQuarantined,
+		Subject: "idempotency_key",
+		Description: fmt.Sprintf("the calls with this key crashed the server %d times in a row; "+
+			"it is not run again until an operator settles it (idem resolve)", n+1),
+	}}}
+	return s.answer(cl.ctx, codes.FailedPrecondition, ReasonKeyQuarantined,
+		"the idempotency key is quarantined after repeated crashes; an operator must settle it before the call can run; do not retry",
+		cl.key, idem.ErrQuarantined, pf)
 }

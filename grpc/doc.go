@@ -42,6 +42,9 @@
 //	same key, another request (method or message)     FailedPrecondition, done or in flight; no RetryInfo
 //	same key while the first is in flight             wait up to LockTimeout, then replay, or Aborted + RetryInfo
 //	store unavailable                                 Unavailable + RetryInfo; the handler does not run (fail closed)
+//	key quarantined: its calls crashed the server     FailedPrecondition, ReasonKeyQuarantined + PreconditionFailure; no RetryInfo;
+//	  more than MaxTakeOvers times in a row             the handler does not run until an operator settles the key (idem resolve)
+//	a call that took the key over from a crashed one  the handler runs with the take-over in its context (idem.TakeOverFrom)
 //	handler answers a code Keep does not keep         nothing recorded, key released: a retry runs the handler
 //	handler panics                                    nothing recorded, key released; the panic goes on
 //	streaming call carrying a key                     Unimplemented: streams are not covered

@@ -35,6 +35,10 @@
 //	handler answers what a retry may change            nothing recorded, key released (see Keep rules)
 //	handler answers 5xx, or panics                     nothing recorded, key released: a retry runs the handler
 //	store unavailable                                  503; the handler does not run (fail closed)
+//	the key's earlier requests crashed the server      423 TypeQuarantined; the handler does not run until an
+//	  more than MaxTakeOvers times in a row              operator settles the key (idem resolve)
+//	a request that took the key over from a crashed    the handler runs with the take-over in its context
+//	  one (its lease ran out unconfirmed)                (idem.TakeOverFrom): ask whether its effect landed
 //	body over MaxBodyBytes                             413, before any store call
 //
 // # Problems
@@ -60,6 +64,7 @@
 //	503     TypeStoreUnavailable                true       -               the store is down, or its database busy; Retry-After: RetryAfter
 //	500     TypeRecordDamaged                   false      -               the work was done; its record does not decode
 //	500     TypeResponseTooLarge                false      -               transactional mode: the response did not fit; rolled back
+//	423     TypeQuarantined                     false      yes             the key is quarantined after repeated crashes: a person must settle it
 //
 // "draft 2.1" is the URI of section 2.1 of the draft
 // (https://datatracker.ietf.org/doc/html/draft-ietf-httpapi-idempotency-key-header-07#section-2.1);

@@ -107,7 +107,7 @@ func (h *handler) observe(w http.ResponseWriter, r *http.Request, key string, p 
 				res.err = errPanicked
 			}
 		}
-		e := idem.Event{Op: idem.OpRequest, Outcome: res.outcome, Items: 1, Took: time.Since(start), Err: res.err}
+		e := idem.Event{Op: idem.OpRequest, Outcome: res.outcome, TakeOver: res.takeOver, Items: 1, Took: time.Since(start), Err: res.err}
 		if res.key != "" {
 			e.KeyHash = h.c.KeyHasher.Hash(res.key)
 		}
@@ -130,9 +130,10 @@ func (h *handler) handlerRuns(r *http.Request) {
 // claim's outcome, and the error that the idempotency layer answered with
 // (nil when it did its part, whatever the handler answered).
 type result struct {
-	key     string
-	outcome idem.Outcome
-	err     error
+	key      string
+	outcome  idem.Outcome
+	takeOver bool // the claim took the key over from a lapsed attempt
+	err      error
 }
 
 // Errors reported to the Observer for requests refused before any store
@@ -249,7 +250,7 @@ func (h *handler) serveLease(w http.ResponseWriter, r *http.Request, key, sk str
 			return result{err: err}
 		}
 		if cl.Outcome == idem.Claimed {
-			return result{outcome: idem.Claimed, err: h.run(w, r, cl.Lease, body)}
+			return result{outcome: idem.Claimed, takeOver: cl.TakeOver, err: h.run(w, r, cl, body)}
 		}
 		if cl.Outcome == idem.Duplicate {
 			return result{outcome: idem.Duplicate, err: h.replay(w, r, cl.Record.Result)}
@@ -265,12 +266,14 @@ func (h *handler) serveLease(w http.ResponseWriter, r *http.Request, key, sk str
 	}
 }
 
-// run runs the handler under l, then records and sends its response, or
-// releases the key. It returns the error of a response that could not be
-// recorded.
-func (h *handler) run(w http.ResponseWriter, r *http.Request, l *idem.Lease, body *spool) error {
+// run runs the handler under cl's lease, with the take-over in its
+// context when cl took the key over, then records and sends its response,
+// or releases the key. It returns the error of a response that could not
+// be recorded.
+func (h *handler) run(w http.ResponseWriter, r *http.Request, cl idem.Claim, body *spool) error {
+	l := cl.Lease
 	rec := newRecorder(h.c.MaxResponseBytes)
-	work, stop := idem.Hold(r.Context(), h.c.Store, l)
+	work, stop := idem.Hold(idem.ContextWithTakeOver(r.Context(), idem.TakeOverOf(cl)), h.c.Store, l)
 	defer rec.body.Close()
 	done := false
 	defer func() {
@@ -281,7 +284,7 @@ func (h *handler) run(w http.ResponseWriter, r *http.Request, l *idem.Lease, bod
 		}
 	}()
 	h.handlerRuns(r)
-	r2 := r.WithContext(work) // carries l: idem.LeaseFrom
+	r2 := r.WithContext(work) // carries l (idem.LeaseFrom) and the take-over (idem.TakeOverFrom)
 	r2.Body = spoolBody{body.Reader()}
 	h.next.ServeHTTP(rec, r2)
 	done = true
@@ -438,12 +441,14 @@ func (h *handler) inProgress(w http.ResponseWriter, r *http.Request, key string)
 }
 
 // storeFailed answers a failed Claim or Run: 400 for a key the store
-// refuses, 503 (fail closed) for anything else, nothing when the client is
-// gone.
+// refuses, 423 for a quarantined key, 503 (fail closed) for anything else,
+// nothing when the client is gone.
 func (h *handler) storeFailed(w http.ResponseWriter, r *http.Request, key string, err error) {
 	switch {
 	case errors.Is(err, idem.ErrInvalidKey):
 		h.fail(w, r, keyProblem(kindKeyInvalid, key, "The key is too long.", err))
+	case errors.Is(err, idem.ErrQuarantined):
+		h.fail(w, r, keyProblem(kindQuarantined, key, "", err))
 	case r.Context().Err() != nil:
 	default:
 		w.Header().Set("Retry-After", h.c.retryAfter)

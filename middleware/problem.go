@@ -27,7 +27,7 @@ type Problem struct {
 	// (same key), may succeed: true for 409 and 503, false otherwise.
 	Retryable bool `json:"retryable"`
 	// IdempotencyKey is the client's key, on the key's errors (400
-	// TypeKeyInvalid, 409, 422) when it is well-formed: printable ASCII, as
+	// TypeKeyInvalid, 409, 422, 423) when it is well-formed: printable ASCII, as
 	// a header key always is. On those errors the idempotency_key member is
 	// always written, "" for a key that is empty or not shown (malformed,
 	// too long, repeated); on other problems it is written only when not
@@ -88,6 +88,16 @@ const (
 	// TypeRecordDamaged (500): the recorded response does not decode. The
 	// work was done; the handler does not run again.
 	TypeRecordDamaged = "https://pkg.go.dev/github.com/idemgo/idem/middleware#TypeRecordDamaged"
+	// TypeQuarantined (423 Locked, not retryable): the key's requests
+	// crashed the server more times in a row than the store's
+	// MaxTakeOvers (each took the key over from one whose lease ran out
+	// unconfirmed), so the store quarantined it: the handler does not run
+	// for it again until an operator settles it (idem resolve: run it
+	// again, or record it as done). A retry with the key gets the same
+	// answer; the client should report it, not resend it. 423, not a 5xx
+	// or 409: clients (this module's client.Transport among them) retry
+	// those by themselves.
+	TypeQuarantined = "https://pkg.go.dev/github.com/idemgo/idem/middleware#TypeQuarantined"
 	// TypeResponseTooLarge (500): in transactional mode, the recorded
 	// response did not fit the store's MaxResultBytes, and the work was
 	// rolled back.
@@ -110,6 +120,7 @@ const (
 	kindStoreBusy
 	kindRecordDamaged
 	kindResponseTooLarge
+	kindQuarantined
 )
 
 // problems are the answers of each case, before the hook sees them.
@@ -125,6 +136,8 @@ var problems = [...]Problem{
 	kindStoreBusy:           {Type: TypeStoreUnavailable, Status: 503, Retryable: true, Title: "Service unavailable", Detail: "The database is busy with other requests; the request was not processed; retry later."},
 	kindRecordDamaged:       {Type: TypeRecordDamaged, Status: 500, Title: "Recorded response unreadable", Detail: "The request was processed, but its response cannot be replayed."},
 	kindResponseTooLarge:    {Type: TypeResponseTooLarge, Status: 500, Title: "Response too large to record", Detail: "The request was not processed."},
+	kindQuarantined: {Type: TypeQuarantined, Status: 423, Title: "Idempotency key quarantined",
+		Detail: "Earlier attempts of the request with this key failed repeatedly without completing; it will not be processed again until an operator settles it. Do not retry: report the key."},
 }
 
 // problem returns the Problem of case k, with detail (safe text) and err.

@@ -19,18 +19,24 @@
 //	idem.operation.duration   histogram  idem_operation_duration_seconds (_bucket, _sum, _count)
 //	idem.takeovers            counter    idem_takeovers_total
 //	idem.late_confirms        counter    idem_late_confirms_total
+//	idem.quarantines          counter    idem_quarantines_total
 //	idem.cache.keys           counter    idem_cache_keys_total
 //
 // idem.operations counts every operation, with the attributes op (claim,
 // renew, confirm, forget, lookup, claim_batch, confirm_batch, run, request,
-// message), outcome (claimed, duplicate, in_progress; absent for
-// operations without one) and error_class (lease_lost, not_found, invalid,
-// conflict, canceled, damaged, store; absent on success). A batch counts
+// message, checkpoint, resolve), outcome (claimed, duplicate, in_progress;
+// absent for operations without one) and error_class (lease_lost,
+// not_found, invalid, conflict, canceled, damaged, store, quarantined;
+// absent on success). A batch counts
 // once. idem.operation.duration is each operation's duration in seconds,
 // with the attribute op, in buckets from 100µs to 10s. idem.takeovers
 // counts claims that replaced an expired claim (a worker that died or
 // stalled), idem.late_confirms confirmations recorded after their lease was
-// lost (the work may have been done twice); both have the attribute op.
+// lost (the work may have been done twice), and idem.quarantines the
+// operations refused because their key is quarantined after repeated
+// crashes (idem.ErrQuarantined: a Claim, and the request or message that
+// made it), which wait for an operator (idem resolve); all three have the
+// attribute op.
 // idem.cache.keys counts the keys of Claim, Lookup and ClaimBatch calls
 // made through an idem.Cache (give the Cache the same Observer), with the
 // attributes op and result: hit, answered from memory, or miss, passed on

@@ -33,9 +33,9 @@ type Options struct {
 
 // numbers of ops, outcomes and classes, for the precomputed attribute sets.
 const (
-	nOps      = int(idem.OpMessage) + 1
+	nOps      = int(idem.OpResolve) + 1
 	nOutcomes = int(idem.InProgress) + 1
-	nClasses  = int(idem.ClassStore) + 1
+	nClasses  = int(idem.ClassQuarantined) + 1
 	// nCacheResults counts idem.CacheResult's values, zero included.
 	nCacheResults = int(idem.CacheMiss) + 1
 )
@@ -49,6 +49,7 @@ type Observer struct {
 	duration metric.Float64Histogram
 	takeover metric.Int64Counter
 	late     metric.Int64Counter
+	quarant  metric.Int64Counter
 	cache    metric.Int64Counter
 
 	// Attribute sets are built once: building one per event would cost
@@ -87,6 +88,10 @@ func New(o Options) (*Observer, error) {
 	}
 	if ob.late, err = m.Int64Counter("idem.late_confirms", metric.WithUnit("{confirm}"),
 		metric.WithDescription("Confirmations recorded after their lease was lost, by op")); err != nil {
+		return nil, err
+	}
+	if ob.quarant, err = m.Int64Counter("idem.quarantines", metric.WithUnit("{operation}"),
+		metric.WithDescription("Operations refused because their key is quarantined after repeated crashes (idem.ErrQuarantined), by op")); err != nil {
 		return nil, err
 	}
 	if ob.cache, err = m.Int64Counter("idem.cache.keys", metric.WithUnit("{key}"),
@@ -143,6 +148,9 @@ func (ob *Observer) Observe(ctx context.Context, e idem.Event) {
 	}
 	if e.Late {
 		ob.late.Add(ctx, 1, ob.opAttrs[op])
+	}
+	if idem.ErrorClass(class) == idem.ClassQuarantined {
+		ob.quarant.Add(ctx, 1, ob.opAttrs[op])
 	}
 	if r := int(e.Cache); r != 0 && r < nCacheResults && op != 0 {
 		ob.cache.Add(ctx, int64(max(e.Items, 1)), ob.cacheAttrs[op][r])

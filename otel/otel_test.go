@@ -335,6 +335,42 @@ func TestTakeOverOnMemoryStore(t *testing.T) {
 	if got := s.count(t, "idem.takeovers", map[string]string{"op": "claim"}); got != 1 {
 		t.Errorf("idem.takeovers = %d; want 1", got)
 	}
+	// The message's own event is marked too: the wrapper took the key over.
+	if got := s.count(t, "idem.takeovers", map[string]string{"op": "message"}); got != 1 {
+		t.Errorf("idem.takeovers{op=message} = %d; want 1", got)
+	}
+}
+
+// A key quarantined after repeated crashes: the refused Claim and the
+// message that made it are counted in idem.quarantines, and in
+// idem.operations with error_class quarantined, on their spans too.
+func TestQuarantineCounted(t *testing.T) {
+	s := newSDK(t)
+	store := memStore(idem.Options{Observer: s.obs, LeaseTTL: 20 * time.Millisecond, MaxTakeOvers: 1})
+	ctx := context.Background()
+	for range 2 { // the first attempt and one take-over, each crashed
+		if _, err := store.Claim(ctx, "poison", nil); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(40 * time.Millisecond)
+	}
+	h := consumer.Idempotent(store, func(k string) string { return k },
+		func(context.Context, string) error { return nil }, consumer.Options[string]{Observer: s.obs})
+	if err := h(ctx, "poison"); !errors.Is(err, idem.ErrQuarantined) {
+		t.Fatalf("handling a quarantined key = %v; want ErrQuarantined", err)
+	}
+	for _, op := range []string{"claim", "message"} {
+		if got := s.count(t, "idem.quarantines", map[string]string{"op": op}); got != 1 {
+			t.Errorf("idem.quarantines{op=%s} = %d; want 1", op, got)
+		}
+		if got := s.count(t, "idem.operations", map[string]string{"op": op, "error_class": "quarantined"}); got != 1 {
+			t.Errorf("idem.operations{op=%s,error_class=quarantined} = %d; want 1", op, got)
+		}
+	}
+	msgs := byName(s.spans.Ended(), "idem.message")
+	if et, _ := attr(msgs[len(msgs)-1], "error.type"); et != "quarantined" {
+		t.Errorf("the quarantined message's span error.type = %q; want quarantined", et)
+	}
 }
 
 // The keys an idem.Cache answered and passed on are counted by result,

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -25,10 +26,19 @@ const demoAbout = `Runs a fleet of workers on an in-process at-least-once queue 
 messages, redelivers them, and crashes workers mid-handler (a crashed worker
 abandons its lease: no Forget, the lease runs out and another worker takes
 the message over). Every handler runs through consumer.Idempotent and applies
-the message's effect to a ledger. The report checks the ledger against idem's
-guarantees: every message takes effect, and an effect is applied twice only
-after a crash between the effect and its confirm (the store never learned the
-work was done). Exit status 1 when the ledger disagrees.
+the message's effect to a ledger. A handler told of a take-over
+(idem.TakeOverFrom) first asks the ledger whether the effect landed before
+the crash, and if so confirms without applying it again. The report checks
+the ledger against idem's guarantees: every message takes effect once, and
+every take-over is reported to its handler. Exit status 1 when the ledger
+disagrees.
+
+--no-reconcile turns the ledger question off, to show what it prevents: an
+effect is then applied twice after each crash between the effect and its
+confirm (the store never learned the work was done), and only then.
+--poison N adds N messages whose handler crashes its worker every time:
+the store quarantines each after MaxTakeOvers (3) take-overs, the worker
+dead-letters it, and every other message still takes effect once.
 
 With no store flag the demo runs on an embedded Redis (miniredis, in this
 process) through the real RedisStore and its Lua scripts. --redis, --cluster,
@@ -47,6 +57,9 @@ idem demo grpc says how to run the gRPC one, a program of the grpc module.`
 // demoRun is one demo: its settings, plan, stores and ledger.
 type demoRun struct {
 	messages, workers  int
+	poison             int  // poison messages, after the ordinary ones
+	reconcile          bool // a take-over asks the ledger before applying
+	maxTakeOvers       int  // the stores' MaxTakeOvers
 	dupRate, crashRate float64
 	seed               uint64
 	lease, retryDelay  time.Duration
@@ -63,8 +76,11 @@ type demoRun struct {
 	interrupted        error             // why the run stopped before the queue drained
 }
 
-// key returns message m's idempotency key.
+// key returns message m's idempotency key; a poison message's is marked.
 func (d *demoRun) key(m int) string {
+	if m >= d.messages {
+		return "demo:" + d.runID + ":poison-" + fmt.Sprintf("%03d", m-d.messages)
+	}
 	return "demo:" + d.runID + ":" + fmt.Sprintf("%06d", m)
 }
 
@@ -89,6 +105,8 @@ func (c *cli) demo(args []string) int {
 	fs.Float64Var(&d.dupRate, "dup-rate", 0.3, "probability of each further copy of a message in the queue (up to 4 copies)")
 	fs.Float64Var(&d.crashRate, "crash-rate", 0.02, "probability that a handler run crashes (half before, half after the effect; up to 3 per message)")
 	fs.Uint64Var(&d.seed, "seed", 1, "seed of the plan: copies, queue order and crashes")
+	fs.IntVar(&d.poison, "poison", 0, "add `N` poison messages, whose handler crashes its worker every time: each is quarantined")
+	noReconcile := fs.Bool("no-reconcile", false, "a take-over applies the effect again without asking the ledger: shows the double effects reconciling prevents")
 	fs.DurationVar(&d.lease, "lease", 0, "the lease TTL: how long a crashed worker's message waits for a take-over (default 300ms; 1s on SQLite)")
 	fs.DurationVar(&d.retention, "retention", time.Hour, "how long the store remembers a confirmed key")
 	fs.DurationVar(&d.timeout, "timeout", 2*time.Minute, "give up (exit 1) when the run takes longer")
@@ -105,6 +123,8 @@ func (c *cli) demo(args []string) int {
 	switch {
 	case d.messages < 1 || d.workers < 1:
 		return c.usageError("demo", errors.New("--messages and --workers must be at least 1"))
+	case d.poison < 0 || d.poison > 1000:
+		return c.usageError("demo", fmt.Errorf("--poison %d: want 0 to 1000", d.poison))
 	case d.dupRate < 0 || d.dupRate >= 1 || d.crashRate < 0 || d.crashRate >= 1:
 		return c.usageError("demo", errors.New("--dup-rate and --crash-rate must be in [0, 1)"))
 	case d.lease != 0 && d.lease < 10*time.Millisecond || d.retention < time.Second || d.timeout <= 0:
@@ -127,8 +147,10 @@ func (c *cli) demo(args []string) int {
 			d.lease = time.Second
 		}
 	}
+	d.reconcile = !*noReconcile
+	d.maxTakeOvers = idem.DefaultMaxTakeOvers
 	d.metrics = &metrics.Registry{}
-	opts := idem.Options{LeaseTTL: d.lease, Retention: d.retention, Observer: d.metrics}
+	opts := idem.Options{LeaseTTL: d.lease, Retention: d.retention, Observer: d.metrics, MaxTakeOvers: d.maxTakeOvers}
 	if b.isSQL() {
 		s, err := b.sqlStore(opts)
 		if err == nil {
@@ -180,8 +202,8 @@ func (d *demoRun) run(ctx context.Context, w io.Writer) int {
 	var id [4]byte
 	_, _ = rand.Read(id[:])
 	d.runID = hex.EncodeToString(id[:])
-	d.plan = newPlan(d.messages, d.dupRate, d.crashRate, d.seed)
-	d.ledger = newLedger(d.messages)
+	d.plan = newPlan(d.messages, d.poison, d.dupRate, d.crashRate, d.seed)
+	d.ledger = newLedger(d.messages + d.poison)
 	d.queue = newQueue(d.plan.order)
 	// A message another worker holds is tried again after a sixth of the
 	// lease: a crashed holder's lease is taken over within a few retries.
@@ -204,6 +226,12 @@ func (d *demoRun) run(ctx context.Context, w io.Writer) int {
 	}
 	fmt.Fprintf(w, "idem demo: %d messages (%d deliveries planned), %d workers, dup-rate %.2f, crash-rate %.2f, seed %d, lease %v\nstore: %s\n",
 		d.messages, len(d.plan.order), d.workers, d.dupRate, d.crashRate, d.seed, d.lease, d.store)
+	if d.poison > 0 {
+		fmt.Fprintf(w, "poison: %d messages that crash every worker that takes them\n", d.poison)
+	}
+	if !d.reconcile {
+		fmt.Fprintf(w, "reconciling off (--no-reconcile): a take-over applies the effect again without asking the ledger\n")
+	}
 
 	ctx, cancel := context.WithTimeout(ctx, d.timeout)
 	defer cancel()
@@ -220,11 +248,11 @@ func (d *demoRun) run(ctx context.Context, w io.Writer) int {
 	stopProgress()
 	d.interrupted = ctx.Err()
 
-	v := d.ledger.check()
+	v := d.ledger.check(d.plan, d.reconcile, d.maxTakeOvers+1)
 	d.checkRecords(context.WithoutCancel(ctx), v)
 	if d.fault != nil {
 		d.fault(d.ledger)
-		v = d.ledger.check()
+		v = d.ledger.check(d.plan, d.reconcile, d.maxTakeOvers+1)
 		d.checkRecords(context.WithoutCancel(ctx), v)
 	}
 	c := d.ledger.snapshot()
@@ -259,6 +287,11 @@ func (d *demoRun) work(ctx context.Context, h func(context.Context, int) error) 
 		case errors.Is(err, consumer.ErrNotRecorded):
 			d.ledger.count(func(c *counts) { c.notRecorded++ })
 			d.queue.ack()
+		case consumer.ActionFor(err) == consumer.DeadLetter:
+			// Quarantined: out of the queue, where an operator finds it
+			// (idem resolve, then replay it).
+			d.ledger.deadLetter(m)
+			d.queue.ack()
 		case errors.Is(err, idem.ErrInProgress):
 			d.ledger.count(func(c *counts) { c.inProgress++ })
 			d.queue.redeliver(m, d.retryDelay)
@@ -288,10 +321,14 @@ func deliver(ctx context.Context, h func(context.Context, int) error, m int) (cr
 
 // handle is the demo's handler, run under the key's lease by
 // consumer.Idempotent: it applies message m's effect to the ledger, fenced
-// by the lease's token, and crashes where the plan says.
+// by the lease's token, and crashes where the plan says. Told that its
+// claim took the key over from a crashed run, it asks the ledger first
+// whether that run's effect landed, and if so leaves it at that: the
+// wrapper confirms, and the effect is not applied twice.
 func (d *demoRun) handle(ctx context.Context, m int) error {
 	l, _ := idem.LeaseFrom(ctx)
-	n := d.ledger.begin(m, l.Token)
+	_, tookOver := idem.TakeOverFrom(ctx)
+	n := d.ledger.begin(m, l.Token, tookOver)
 	k := d.plan.crashAt(m, n)
 	if k == crashBefore {
 		d.ledger.crashed(m, k)
@@ -302,7 +339,11 @@ func (d *demoRun) handle(ctx context.Context, m int) error {
 	if err := context.Cause(ctx); err != nil {
 		return err
 	}
-	d.ledger.apply(m, l.Token)
+	if tookOver && d.reconcile && d.ledger.landed(m) {
+		d.ledger.reconcile()
+	} else {
+		d.ledger.apply(m, l.Token)
+	}
 	if k == crashAfter {
 		d.ledger.crashed(m, k)
 		runtime.Goexit()
@@ -310,12 +351,22 @@ func (d *demoRun) handle(ctx context.Context, m int) error {
 	return nil
 }
 
-// checkRecords looks up every message's key: after the run each must hold a
-// confirmed record.
+// checkRecords looks up every message's key: after the run each ordinary
+// one must hold a confirmed record, each poison one a quarantined record
+// with MaxTakeOvers take-overs.
 func (d *demoRun) checkRecords(ctx context.Context, v *verdict) {
 	v.unconfirmed, v.lookupErrors = 0, 0
-	for m := range d.messages {
+	for m := range d.messages + d.poison {
 		r, err := d.stores[0].Lookup(ctx, d.key(m))
+		if d.plan.poison(m) {
+			if err != nil || !r.Quarantined || r.TakeOvers != d.maxTakeOvers {
+				if i := slices.Index(v.quarantined, m); i >= 0 {
+					v.quarantined = slices.Delete(v.quarantined, i, i+1)
+					v.poisonWrong = append(v.poisonWrong, m)
+				}
+			}
+			continue
+		}
 		switch {
 		case errors.Is(err, idem.ErrNotFound):
 			v.unconfirmed++

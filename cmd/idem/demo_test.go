@@ -13,7 +13,7 @@ import (
 // reportRows are the report's rows; each must appear in every report.
 var reportRows = []string{
 	"messages", "deliveries", "duplicates skipped", "in-progress redeliveries",
-	"crashes", "take-overs after crashes", "effects applied", "double effects",
+	"crashes", "take-overs after crashes", "take-overs seen", "effects reconciled", "effects applied", "double effects",
 	"never applied", "records confirmed", "throughput",
 }
 
@@ -42,8 +42,16 @@ func checkReport(t *testing.T, r result, messages int) {
 	if got := field(t, r.stdout, "messages"); got != messages {
 		t.Errorf("messages = %d; want %d", got, messages)
 	}
-	if got := field(t, r.stdout, "take-overs after crashes"); got != crashes {
-		t.Errorf("take-overs = %d; want one per crash, %d", got, crashes)
+	poison := 0
+	if strings.Contains(r.stdout, "poison quarantined") {
+		poison = field(t, r.stdout, "poison quarantined")
+	}
+	takeOvers := field(t, r.stdout, "take-overs after crashes")
+	if takeOvers != crashes-poison {
+		t.Errorf("take-overs = %d; want one per crash that left a claim to take over, %d", takeOvers, crashes-poison)
+	}
+	if got := field(t, r.stdout, "take-overs seen"); got != takeOvers {
+		t.Errorf("take-overs seen by handlers = %d; want every take-over, %d", got, takeOvers)
 	}
 	if crashes == 0 || field(t, r.stdout, "duplicates skipped") == 0 {
 		t.Errorf("a run of %d messages had no crash or no duplicate: the demo shows nothing\n%s", messages, r.stdout)
@@ -51,6 +59,12 @@ func checkReport(t *testing.T, r result, messages int) {
 	doubles, effects := field(t, r.stdout, "double effects"), field(t, r.stdout, "effects applied")
 	if effects != messages+doubles {
 		t.Errorf("effects applied = %d; want messages + double effects = %d", effects, messages+doubles)
+	}
+	reconciled := field(t, r.stdout, "effects reconciled")
+	if reconciling := !strings.Contains(r.stdout, "--no-reconcile"); reconciling && (doubles != 0 || reconciled == 0) {
+		t.Errorf("reconciling: %d double effects, %d effects reconciled; want 0 doubles, some reconciled\n%s", doubles, reconciled, r.stdout)
+	} else if !reconciling && (reconciled != 0 || doubles == 0) {
+		t.Errorf("--no-reconcile: %d double effects, %d effects reconciled; want some doubles, none reconciled\n%s", doubles, reconciled, r.stdout)
 	}
 	if !strings.Contains(r.stdout, "0 unexplained") || !strings.Contains(r.stdout, "\nOK: ") {
 		t.Errorf("report does not say OK with 0 unexplained double effects:\n%s", r.stdout)
@@ -123,6 +137,7 @@ func TestDemoBrokenLedger(t *testing.T) {
 		name  string
 		fault func(*ledger)
 		want  string
+		flags []string
 	}{
 		{"double effect without a crash", func(l *ledger) {
 			for i := range l.msgs {
@@ -131,13 +146,23 @@ func TestDemoBrokenLedger(t *testing.T) {
 					return
 				}
 			}
-		}, "1 double effects without a crash"},
-		{"message never applied", func(l *ledger) { l.msgs[3].applied = 0 }, "1 messages never took effect"},
+		}, "1 double effects without a crash", []string{"--no-reconcile"}},
+		{"take-over not reported", func(l *ledger) { l.misreported++ }, "(1 reported wrongly)", nil},
+		{"poison run once more", func(l *ledger) { l.msgs[len(l.msgs)-1].runs++ }, "1 poison messages not quarantined after exactly 4 crashed runs", []string{"--poison", "1"}},
+		{"double effect though reconciling", func(l *ledger) {
+			for i := range l.msgs {
+				if l.msgs[i].crashAfter == 0 {
+					l.msgs[i].applied++
+					return
+				}
+			}
+		}, "1 double effects, though every take-over asked the ledger first", nil},
+		{"message never applied", func(l *ledger) { l.msgs[3].applied = 0 }, "1 messages never took effect", nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			args := []string{"demo", "--messages", "100", "--crash-rate", "0"}
+			args := append([]string{"demo", "--messages", "100", "--crash-rate", "0"}, tt.flags...)
 			r := runWith(t, &cli{getenv: func(string) string { return "" }, demoFault: tt.fault}, args...)
 			if r.code != exitFailed {
 				t.Errorf("demo with %s: exit = %d; want %d\n%s", tt.name, r.code, exitFailed, r.stdout)
@@ -149,14 +174,50 @@ func TestDemoBrokenLedger(t *testing.T) {
 	}
 }
 
+// Poison messages crash every worker that takes them: each is quarantined
+// after exactly MaxTakeOvers take-overs and dead-lettered, listed in the
+// report, while every other message takes effect once; without
+// reconciling, the same seed shows the double effects reconciling
+// prevents. On the embedded Redis and on the real one.
+func TestDemoPoisonAndNoReconcile(t *testing.T) {
+	t.Parallel()
+	for _, name := range []string{"embedded", "redis"} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			var env map[string]string
+			if name == "redis" {
+				env = map[string]string{envRedisAddr: "redis://" + testenv.Lookup(t, testenv.RedisAddrVar)}
+			}
+			args := []string{"demo", "--messages", "300", "--seed", "7", "--crash-rate", "0.05", "--lease", "1s", "--poison", "2"}
+			r := runCLI(t, env, args...)
+			checkReport(t, r, 300)
+			if got := field(t, r.stdout, "poison quarantined"); got != 2 || !strings.Contains(r.stdout, "2 of 2 (each crashed its worker 4 times") ||
+				strings.Count(r.stdout, ":poison-00") != 2*2 {
+				t.Errorf("poison quarantined = %d; want both listed, each after 4 crashed runs:\n%s", got, r.stdout)
+			}
+			if got := metricRow(t, r.stdout, "message", "-", "quarantined"); got != 2 {
+				t.Errorf("metrics: message quarantined = %d; want 2 (one delivery of each poison message)", got)
+			}
+			off := runCLI(t, env, append(args, "--no-reconcile")...)
+			checkReport(t, off, 300)
+			if a, b := field(t, r.stdout, "crashes"), field(t, off.stdout, "crashes"); a != b {
+				t.Errorf("crashes %d reconciling, %d without; want the seed's same plan", a, b)
+			}
+			if a, b := field(t, r.stdout, "effects reconciled"), field(t, off.stdout, "double effects"); a < b {
+				t.Errorf("%d effects reconciled, %d double effects without reconciling; want every double prevented", a, b)
+			}
+		})
+	}
+}
+
 // The plan is a function of the seed alone.
 func TestPlanFromSeed(t *testing.T) {
 	t.Parallel()
-	a, b := newPlan(500, 0.3, 0.1, 42), newPlan(500, 0.3, 0.1, 42)
+	a, b := newPlan(500, 0, 0.3, 0.1, 42), newPlan(500, 0, 0.3, 0.1, 42)
 	if !reflect.DeepEqual(a, b) {
 		t.Errorf("newPlan(seed 42) twice gave two plans")
 	}
-	if c := newPlan(500, 0.3, 0.1, 43); reflect.DeepEqual(a, c) {
+	if c := newPlan(500, 0, 0.3, 0.1, 43); reflect.DeepEqual(a, c) {
 		t.Errorf("newPlan(seed 42) = newPlan(seed 43); want different plans")
 	}
 	seen := make([]int, 500)

@@ -22,13 +22,14 @@ type ledger struct {
 }
 
 type msgState struct {
-	runs        int   // handler runs, crashed or not
-	applied     int   // effects applied
-	fence       int64 // token of the last accepted effect
-	lastToken   int64 // token of the last run's lease
-	abandoned   bool  // the last run crashed: its lease was left to expire
-	crashBefore int
-	crashAfter  int
+	runs         int   // handler runs, crashed or not
+	applied      int   // effects applied
+	fence        int64 // token of the last accepted effect
+	lastToken    int64 // token of the last run's lease
+	abandoned    bool  // the last run crashed: its lease was left to expire
+	crashBefore  int
+	crashAfter   int
+	deadLettered bool // its key was quarantined: the delivery was dead-lettered
 }
 
 // counts are the run's totals, read by the progress line and the report.
@@ -41,6 +42,10 @@ type counts struct {
 	notRecorded  int // the work was done but could not be confirmed
 	leaseLost    int // a handler's lease ran out while it ran
 	takeOvers    int // a run that claimed a key whose last run crashed
+	seen         int // runs whose handler was told of a take-over (idem.TakeOverFrom)
+	misreported  int // runs told of a take-over without a crash before, or not told after one
+	reconciled   int // take-overs that found the effect in the ledger and did not redo it
+	deadLetters  int // deliveries dead-lettered: their key was quarantined
 	crashBefore  int
 	crashAfter   int
 	effects      int
@@ -66,11 +71,17 @@ func (l *ledger) snapshot() counts {
 }
 
 // begin records the start of a handler run of message m under a lease with
-// token, and returns the run's index (from 0).
-func (l *ledger) begin(m int, token int64) int {
+// token, told of a take-over or not, and returns the run's index (from 0).
+func (l *ledger) begin(m int, token int64, toldTakeOver bool) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	s := &l.msgs[m]
+	if toldTakeOver {
+		l.seen++
+	}
+	if toldTakeOver != s.abandoned {
+		l.misreported++
+	}
 	if s.abandoned {
 		l.takeOvers++
 		s.abandoned = false
@@ -100,6 +111,31 @@ func (l *ledger) apply(m int, token int64) {
 	}
 }
 
+// landed reports whether message m's effect was applied: what a handler
+// that took the key over asks before applying it again, as it would ask a
+// payment provider whether the order was charged.
+func (l *ledger) landed(m int) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.msgs[m].applied > 0
+}
+
+// reconcile records that a take-over of message m found its effect landed
+// and confirmed it without applying it again.
+func (l *ledger) reconcile() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.reconciled++
+}
+
+// deadLetter records that a delivery of message m was dead-lettered.
+func (l *ledger) deadLetter(m int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.deadLetters++
+	l.msgs[m].deadLettered = true
+}
+
 // crashed records that message m's current run crashed at k.
 func (l *ledger) crashed(m int, k crashKind) {
 	l.mu.Lock()
@@ -117,35 +153,62 @@ func (l *ledger) crashed(m int, k crashKind) {
 
 // verdict is the ledger checked against idem's guarantees.
 type verdict struct {
-	neverApplied []int // messages without an effect
+	neverApplied []int // ordinary messages without an effect
 	doubles      int   // effects beyond the first, all messages
-	explained    int   // doubles that follow a crash between effect and confirm
+	explained    int   // doubles that follow a crash between effect and confirm, without reconciling
 	unexplained  int   // doubles with no such crash: a broken guarantee
-	unconfirmed  int   // keys without a confirmed record at the end
+	unconfirmed  int   // ordinary keys without a confirmed record at the end
 	lookupErrors int
+	// quarantined are the poison messages quarantined as they must be:
+	// dead-lettered after exactly MaxTakeOvers + 1 runs, each crashed, and
+	// their record quarantined with MaxTakeOvers take-overs.
+	quarantined []int
+	// poisonWrong are the poison messages that were not (or a message
+	// that was quarantined wrongly); wrongDead ordinary messages
+	// dead-lettered.
+	poisonWrong []int
+	wrongDead   int
 }
 
 func (v *verdict) ok(c counts) bool {
 	return len(v.neverApplied) == 0 && v.unexplained == 0 && v.unconfirmed == 0 &&
-		v.lookupErrors == 0 && c.staleTokens == 0 && c.takeOvers == c.crashBefore+c.crashAfter
+		v.lookupErrors == 0 && c.staleTokens == 0 && c.takeOvers == c.crashBefore+c.crashAfter-len(v.quarantined)-len(v.poisonWrong) &&
+		c.seen == c.takeOvers && c.misreported == 0 && len(v.poisonWrong) == 0 && v.wrongDead == 0
 }
 
-// check compares every message's effects with its crashes. The only allowed
-// cause of a double effect is a crash after the effect and before the
-// confirm: the store never learned that the work was done, so the take-over
-// does it again. A message may be doubled at most once per such crash.
-func (l *ledger) check() *verdict {
+// check compares every message's effects with its crashes. Reconciling,
+// no message may take effect twice: a take-over asks the ledger first.
+// Without it, the only allowed cause of a double effect is a crash after
+// the effect and before the confirm: the store never learned that the
+// work was done, so the take-over does it again. A message may then be
+// doubled at most once per such crash. A poison message must be run
+// exactly maxRuns times, never take effect, and be dead-lettered.
+func (l *ledger) check(p *plan, reconcile bool, maxRuns int) *verdict {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	v := &verdict{}
 	for m, s := range l.msgs {
+		if p.poison(m) {
+			if s.runs == maxRuns && s.applied == 0 && s.deadLettered {
+				v.quarantined = append(v.quarantined, m)
+			} else {
+				v.poisonWrong = append(v.poisonWrong, m)
+			}
+			continue
+		}
+		if s.deadLettered {
+			v.wrongDead++
+		}
 		if s.applied == 0 {
 			v.neverApplied = append(v.neverApplied, m)
 			continue
 		}
 		extra := s.applied - 1
 		v.doubles += extra
-		allowed := min(extra, s.crashAfter)
+		allowed := 0
+		if !reconcile {
+			allowed = min(extra, s.crashAfter)
+		}
 		v.explained += allowed
 		v.unexplained += extra - allowed
 	}
@@ -166,10 +229,27 @@ func report(w io.Writer, d *demoRun, c counts, v *verdict, elapsed time.Duration
 	row("in-progress redeliveries", "%d (another worker held the key: redelivered after %v)", c.inProgress, d.retryDelay)
 	row("crashes", "%d (%d before the effect, %d after the effect and before the confirm)", crashes, c.crashBefore, c.crashAfter)
 	row("take-overs after crashes", "%d (after the crashed worker's lease of %v ran out)", c.takeOvers, d.lease)
+	row("take-overs seen", "%d (handlers told of a take-over by idem.TakeOverFrom; %d told wrongly)", c.seen, c.misreported)
+	if d.reconcile {
+		row("effects reconciled", "%d (a take-over found the effect in the ledger: confirmed, not applied again)", c.reconciled)
+	} else {
+		row("effects reconciled", "0 (off: --no-reconcile; every take-over applies the effect)")
+	}
 	row("effects applied", "%d", c.effects)
 	row("double effects", "%d (%d after a crash between effect and confirm, %d unexplained)", v.doubles, v.explained, v.unexplained)
 	row("never applied", "%d", len(v.neverApplied))
 	row("records confirmed", "%d of %d", d.messages-v.unconfirmed-v.lookupErrors, d.messages)
+	if d.poison > 0 {
+		row("poison quarantined", "%d of %d (each crashed its worker %d times: its first run and MaxTakeOvers %d take-overs; then dead-lettered, %d deliveries)",
+			len(v.quarantined), d.poison, d.maxTakeOvers+1, d.maxTakeOvers, c.deadLetters)
+		for i, m := range v.quarantined {
+			if i == 10 {
+				fmt.Fprintf(w, "  %-26s ... %d more\n", "", len(v.quarantined)-i)
+				break
+			}
+			fmt.Fprintf(w, "  %-26s %s (idem inspect / idem resolve %s --forget)\n", "", d.key(m), d.key(m))
+		}
+	}
 	if c.fenced > 0 || c.leaseLost > 0 {
 		row("leases lost while running", "%d (stale effects refused by the fencing token: %d)", c.leaseLost, c.fenced)
 	}
@@ -185,8 +265,13 @@ func report(w io.Writer, d *demoRun, c counts, v *verdict, elapsed time.Duration
 		fmt.Fprintf(w, "\nFAILED: the run did not finish (%v); the counts above are partial.\n", d.interrupted)
 		return
 	}
+	if v.ok(c) && d.reconcile {
+		fmt.Fprintf(w, "\nOK: every message took effect once: 0 double effects. Each of the %d take-overs was reported to its handler, which asked the ledger first (%d effects had landed before a crash and were not applied again).\n",
+			c.seen, c.reconciled)
+		return
+	}
 	if v.ok(c) {
-		fmt.Fprintf(w, "\nOK: every message took effect; each of the %d double effects follows a crash between effect and confirm (%d such crashes).\n",
+		fmt.Fprintf(w, "\nOK: every message took effect; each of the %d double effects follows a crash between effect and confirm (%d such crashes). Without --no-reconcile the take-overs ask the ledger first, and there are none.\n",
 			v.doubles, c.crashAfter)
 		return
 	}
@@ -194,8 +279,19 @@ func report(w io.Writer, d *demoRun, c counts, v *verdict, elapsed time.Duration
 	if n := len(v.neverApplied); n > 0 {
 		fmt.Fprintf(w, "  %d messages never took effect (first: %s)\n", n, d.key(v.neverApplied[0]))
 	}
-	if v.unexplained > 0 {
+	if v.unexplained > 0 && d.reconcile {
+		fmt.Fprintf(w, "  %d double effects, though every take-over asked the ledger first\n", v.unexplained)
+	} else if v.unexplained > 0 {
 		fmt.Fprintf(w, "  %d double effects without a crash between effect and confirm to explain them\n", v.unexplained)
+	}
+	if c.seen != c.takeOvers || c.misreported > 0 {
+		fmt.Fprintf(w, "  %d take-overs reported to handlers for %d take-overs after crashes (%d reported wrongly)\n", c.seen, c.takeOvers, c.misreported)
+	}
+	if n := len(v.poisonWrong); n > 0 {
+		fmt.Fprintf(w, "  %d poison messages not quarantined after exactly %d crashed runs (first: %s)\n", n, d.maxTakeOvers+1, d.key(v.poisonWrong[0]))
+	}
+	if v.wrongDead > 0 {
+		fmt.Fprintf(w, "  %d ordinary messages dead-lettered\n", v.wrongDead)
 	}
 	if v.unconfirmed > 0 || v.lookupErrors > 0 {
 		fmt.Fprintf(w, "  %d keys without a confirmed record, %d lookups failed\n", v.unconfirmed, v.lookupErrors)
@@ -209,7 +305,7 @@ func report(w io.Writer, d *demoRun, c counts, v *verdict, elapsed time.Duration
 	if c.staleTokens > 0 {
 		fmt.Fprintf(w, "  %d leases whose fencing token did not increase\n", c.staleTokens)
 	}
-	if c.takeOvers != crashes {
-		fmt.Fprintf(w, "  %d take-overs for %d crashes\n", c.takeOvers, crashes)
+	if want := crashes - d.poison; c.takeOvers != want {
+		fmt.Fprintf(w, "  %d take-overs for %d crashes that left a claim to take over\n", c.takeOvers, want)
 	}
 }

@@ -17,7 +17,9 @@ const (
 )
 
 // maxCrashes bounds the crashes planned for one message, so that every
-// message is surely done after its take-overs.
+// message is surely done after its take-overs: at most
+// idem.DefaultMaxTakeOvers, so that none is quarantined but the poison
+// messages.
 const maxCrashes = 3
 
 // plan is everything random about a demo run, drawn from its seed: how many
@@ -28,6 +30,9 @@ const maxCrashes = 3
 type plan struct {
 	order   []int         // the queue's initial deliveries, as message indexes
 	crashes [][]crashKind // crashes[m][n]: how message m's n-th handler run crashes (none past the end)
+	// messages is the count of ordinary messages; those from it on, one
+	// copy each, are poison: every handler run of one crashes.
+	messages int
 }
 
 // dupWindow is how far back in the queue a duplicate copy may land, in
@@ -35,9 +40,9 @@ type plan struct {
 // still being handled (in-progress), far enough that most find it done.
 const dupWindow = 40
 
-func newPlan(messages int, dupRate, crashRate float64, seed uint64) *plan {
+func newPlan(messages, poison int, dupRate, crashRate float64, seed uint64) *plan {
 	r := rand.New(rand.NewPCG(seed, 0x1de3))
-	p := &plan{crashes: make([][]crashKind, messages)}
+	p := &plan{crashes: make([][]crashKind, messages), messages: messages}
 	type slot struct {
 		msg int
 		pos float64
@@ -54,6 +59,12 @@ func newPlan(messages int, dupRate, crashRate float64, seed uint64) *plan {
 			p.crashes[m] = append(p.crashes[m], crashKind(1+r.IntN(2)))
 		}
 	}
+	// The poison messages from a stream of their own, so that a seed's
+	// plan of the ordinary messages is the same with or without them.
+	pr := rand.New(rand.NewPCG(seed, 0x9015))
+	for m := messages; m < messages+poison; m++ {
+		slots = append(slots, slot{m, pr.Float64() * float64(messages)})
+	}
 	sort.SliceStable(slots, func(i, j int) bool { return slots[i].pos < slots[j].pos })
 	p.order = make([]int, len(slots))
 	for i, s := range slots {
@@ -62,13 +73,21 @@ func newPlan(messages int, dupRate, crashRate float64, seed uint64) *plan {
 	return p
 }
 
-// crashAt returns how message m's n-th handler run (from 0) crashes.
+// crashAt returns how message m's n-th handler run (from 0) crashes: a
+// poison message's, every one before the effect, as a message that kills
+// whoever parses it.
 func (p *plan) crashAt(m, n int) crashKind {
+	if p.poison(m) {
+		return crashBefore
+	}
 	if n < len(p.crashes[m]) {
 		return p.crashes[m][n]
 	}
 	return noCrash
 }
+
+// poison reports whether message m is a poison message.
+func (p *plan) poison(m int) bool { return m >= p.messages }
 
 // queue is an in-process at-least-once queue: a delivery leaves it when a
 // worker takes it and is settled by ack (done) or redeliver (back into the

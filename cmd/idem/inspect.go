@@ -22,15 +22,22 @@ import (
 )
 
 const inspectAbout = `Shows the live record of one key: its state (claimed: a lease is held;
-confirmed: the work is done), the owner of a live claim, the fencing token,
-when the lease or the retention ends, the fingerprint (hex) and the size of
-the stored result. A key without a live record (never claimed, forgotten, or
+confirmed: the work is done; quarantined: its work crashed its worker more
+times in a row than the store's MaxTakeOvers, and waits for idem resolve),
+the owner of a live claim (of a quarantined key: its last attempt), the
+fencing token, when the lease, the retention or the quarantine ends, the
+fingerprint (hex) and the size of the stored result; after a crash, the
+attempts: the take-overs in a row, the attempt taken over last (its owner,
+token and when it was claimed) and the last checkpoint. A key without a live record (never claimed, forgotten, or
 expired) exits 1. KEY is the store key as given to Claim; the middleware's
 keys look like h2<len>:<scope><len>:<client key>, e.g. 'h20:5:pay-1'
 (earlier versions': h1<len>:<scope><len>:<method><len>:<route><len>:<client
 key>). --hex reads KEY as hex, for keys
 that are not text. Expiry is the store's answer converted to this machine's
 clock: an estimate.
+
+--quarantined lists the quarantined keys instead (KEY not given), at most
+--limit of them: a SCAN of every master on Redis, a query on SQL.
 
 --http 'METHOD ROUTE' finds the middleware's record from what the client
 sent: KEY is then the client's Idempotency-Key (its content: abc for "abc"),
@@ -44,14 +51,28 @@ the request id of the request that did the work, and body.`
 // inspection is inspect's --json output: one object, stable field names.
 type inspection struct {
 	Key         string    `json:"key"`
-	State       string    `json:"state"` // "claimed" or "confirmed"
+	State       string    `json:"state"` // "claimed", "confirmed" or "quarantined"
 	Owner       string    `json:"owner"` // "" once confirmed
 	Token       int64     `json:"token"`
 	Expires     time.Time `json:"expires"`
 	Fingerprint string    `json:"fingerprint"` // hex; "" for none
 	ResultBytes int       `json:"result_bytes"`
+	// TakeOvers counts a claim's or a quarantined key's take-overs in a
+	// row; Prior is the attempt taken over last; Checkpoint the last
+	// progress recorded (text, else CheckpointBase64).
+	TakeOvers        int      `json:"takeovers,omitempty"`
+	Prior            *attempt `json:"prior,omitempty"`
+	Checkpoint       *string  `json:"checkpoint,omitempty"`
+	CheckpointBase64 []byte   `json:"checkpoint_base64,omitempty"`
 	// Response is the recorded HTTP response, with --result only.
 	Response *recordedResponse `json:"response,omitempty"`
+}
+
+// attempt is an earlier attempt at a key, as inspect shows it.
+type attempt struct {
+	Owner   string    `json:"owner"`
+	Token   int64     `json:"token"`
+	Claimed time.Time `json:"claimed"`
 }
 
 // recordedResponse is an HTTP response as the middleware recorded it.
@@ -73,9 +94,23 @@ func (c *cli) inspect(args []string) int {
 	httpRoute := fs.String("http", "", "KEY is an HTTP client's key for `'METHOD ROUTE'`, e.g. 'POST /payments'")
 	scope := fs.String("scope", "", "with --http, the `TENANT` the middleware's Scope named")
 	showResult := fs.Bool("result", false, "print the recorded HTTP response: status, headers and body")
-	pos, done, st := c.parse(fs, args, "[store flags] [--json] [--http 'METHOD ROUTE' [--scope TENANT]] [--result] KEY", inspectAbout+"\n\n"+envHelp(kindsAll))
+	quarantined := fs.Bool("quarantined", false, "list the quarantined keys instead of one key's record")
+	limit := fs.Int("limit", 100, "with --quarantined, list at most `N` keys (0: all)")
+	pos, done, st := c.parse(fs, args, "[store flags] [--json] [--http 'METHOD ROUTE' [--scope TENANT]] [--result] KEY | --quarantined [--limit N]", inspectAbout+"\n\n"+envHelp(kindsAll))
 	if done {
 		return st
+	}
+	if *quarantined {
+		if len(pos) > 0 || *httpRoute != "" || *showResult || *asHex || *scope != "" {
+			return c.usageError("inspect", errors.New("--quarantined lists keys: it takes no KEY, --http, --scope, --hex or --result"))
+		}
+		if *limit < 0 {
+			return c.usageError("inspect", fmt.Errorf("--limit %d is negative; give 0 for all", *limit))
+		}
+		if err := c.chooseStore("inspect", fs, &sf); err != nil {
+			return c.usageError("inspect", err)
+		}
+		return c.listQuarantined(&sf, *limit, *asJSON)
 	}
 	if len(pos) != 1 {
 		return c.usageError("inspect", fmt.Errorf("want exactly one KEY, got %d arguments", len(pos)))
@@ -276,11 +311,77 @@ func newInspection(r *idem.Record) inspection {
 	in := inspection{
 		Key: r.Key, State: "claimed", Owner: r.Owner, Token: r.Token,
 		Expires: r.Expires.UTC(), Fingerprint: hex.EncodeToString(r.Fingerprint), ResultBytes: len(r.Result),
+		TakeOvers: r.TakeOvers,
 	}
-	if r.Confirmed {
+	switch {
+	case r.Confirmed:
 		in.State = "confirmed"
+	case r.Quarantined:
+		in.State = "quarantined"
+	}
+	if r.Prior != nil {
+		in.Prior = &attempt{Owner: r.Prior.Owner, Token: r.Prior.Token, Claimed: r.Prior.Claimed.UTC()}
+	}
+	if r.Checkpoint != nil {
+		if isText(r.Checkpoint) {
+			cp := string(r.Checkpoint)
+			in.Checkpoint = &cp
+		} else {
+			in.CheckpointBase64 = r.Checkpoint
+		}
 	}
 	return in
+}
+
+// listQuarantined lists at most limit quarantined keys (all for 0) of the
+// store sf names, as text or JSON (an array of inspections).
+func (c *cli) listQuarantined(sf *storeFlags, limit int, asJSON bool) int {
+	ctx := context.Background()
+	b, err := sf.open(ctx, false, true)
+	if err != nil {
+		return c.fail("inspect", exitUsage, err)
+	}
+	defer b.close()
+	b.allowEviction = true
+	s, err := b.store(idem.Options{})
+	if err != nil {
+		return c.usageError("inspect", err)
+	}
+	rs, ok := s.(idem.Resolver)
+	if !ok {
+		return c.fail("inspect", exitUsage, fmt.Errorf("the store of %s (%T) cannot list quarantined keys", b.desc, s))
+	}
+	recs, err := rs.Quarantined(ctx, limit)
+	if err != nil {
+		return c.fail("inspect", exitFailed, err)
+	}
+	slices.SortFunc(recs, func(a, b *idem.Record) int { return strings.Compare(a.Key, b.Key) })
+	ins := make([]inspection, len(recs))
+	for i, r := range recs {
+		ins[i] = newInspection(r)
+	}
+	if asJSON {
+		enc := json.NewEncoder(c.stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(ins); err != nil {
+			return c.fail("inspect", exitFailed, err)
+		}
+		return exitOK
+	}
+	fmt.Fprintf(c.stdout, "%d quarantined keys in %s", len(ins), b.desc)
+	if limit > 0 && len(ins) == limit {
+		fmt.Fprintf(c.stdout, " (the first %d: --limit)", limit)
+	}
+	fmt.Fprintln(c.stdout)
+	now := time.Now()
+	for _, in := range ins {
+		fmt.Fprintf(c.stdout, "%s  %d take-overs, last attempt %s token %d, quarantined for %v more\n",
+			quoteKey(in.Key), in.TakeOvers, or(in.Owner, "-"), in.Token, in.Expires.Sub(now).Round(time.Second))
+	}
+	if len(ins) > 0 {
+		fmt.Fprintln(c.stdout, "settle each with: idem resolve KEY --forget (run it again) | --confirm RESULT (it is done)")
+	}
+	return exitOK
 }
 
 // writeInspection writes in as aligned text; now dates the expiry.
@@ -291,12 +392,34 @@ func writeInspection(w io.Writer, in inspection, now time.Time) {
 	row("owner", or(in.Owner, "-"))
 	row("token", strconv.FormatInt(in.Token, 10))
 	what := "lease ends"
-	if in.State == "confirmed" {
+	switch in.State {
+	case "confirmed":
 		what = "retention ends"
+	case "quarantined":
+		what = "quarantine ends"
 	}
 	row("expires", fmt.Sprintf("%s (%s in %v)", in.Expires.Format(time.RFC3339Nano), what, in.Expires.Sub(now).Round(time.Millisecond)))
 	row("fingerprint", or(in.Fingerprint, "-"))
 	row("result", fmt.Sprintf("%d bytes", in.ResultBytes))
+	if in.State == "confirmed" {
+		return
+	}
+	row("take-overs", strconv.Itoa(in.TakeOvers))
+	if in.Prior != nil {
+		row("prior", fmt.Sprintf("owner %s, token %d, claimed %s", or(in.Prior.Owner, "-"), in.Prior.Token, in.Prior.Claimed.Format(time.RFC3339Nano)))
+	}
+	switch {
+	case in.Checkpoint != nil:
+		row("checkpoint", strconv.Quote(*in.Checkpoint))
+	case in.CheckpointBase64 != nil:
+		row("checkpoint", fmt.Sprintf("%d bytes, not text: --json shows them in base64", len(in.CheckpointBase64)))
+	default:
+		row("checkpoint", "-")
+	}
+	if in.State == "quarantined" {
+		fmt.Fprintf(w, "\nThe key's %d attempts in a row each ended in a crash: nothing runs it again until\n"+
+			"an operator settles it: idem resolve %s --forget (run it again) | --confirm RESULT (it is done)\n", in.TakeOvers+1, quoteKey(in.Key))
+	}
 }
 
 // quoteKey prints a key as is when it is plain text, quoted otherwise, so

@@ -13,7 +13,8 @@
 //	                                                         the key
 //	no key (no MessageId), invalid or        DeadLetter    Reject without requeue (to the
 //	  oversized key, fingerprint mismatch,                   queue's dead-letter exchange),
-//	  damaged record                                         logged: never acked as done
+//	  damaged record, quarantined key                        logged: never acked as done
+//	  (idem.ErrQuarantined)
 //	handler panicked                         -             Nack with requeue at once, panic
 //	                                                         re-raised
 //

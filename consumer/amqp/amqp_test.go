@@ -375,3 +375,33 @@ func must[T any](v T, err error) T {
 	}
 	return v
 }
+
+// quarantine crashes key's claim on s until s quarantines it: a message
+// that killed every consumer that took it (s's MaxTakeOvers + 1 times).
+func quarantine(t *testing.T, s idem.Store, key string, crashes int) {
+	t.Helper()
+	for range crashes {
+		c, err := s.Claim(context.Background(), key, nil)
+		if err != nil || c.Outcome != idem.Claimed {
+			t.Fatalf("Claim(%q) = %v, %v; want Claimed", key, c.Outcome, err)
+		}
+		time.Sleep(c.Lease.TTL + 20*time.Millisecond) // the consumer died: the lease runs out
+	}
+}
+
+// A quarantined message (its key's deliveries crashed more times in a row
+// than MaxTakeOvers) is rejected without requeue, as consumer.ActionFor
+// dead-letters it: the handler does not run, and no redelivery would.
+func TestHandlerQuarantinedRejected(t *testing.T) {
+	store := memStore(idem.Options{LeaseTTL: 30 * time.Millisecond, MaxTakeOvers: 1})
+	quarantine(t, store, "poison", 2)
+	st := newSettlements()
+	runs := 0
+	h := idemamqp.Handler(store, func(context.Context, amqp091.Delivery) error { runs++; return nil },
+		idemamqp.Options{OnSettle: st.on, Logger: slog.New(slog.DiscardHandler)})
+	a := &acker{}
+	h(context.Background(), delivery(a, "poison"))
+	if s := st.next(t); s.Action != idemamqp.Reject || !errors.Is(s.Err, idem.ErrQuarantined) || a.last() != "reject" || runs != 0 {
+		t.Fatalf("quarantined: %+v, broker saw %q, ran %d; want reject without requeue with ErrQuarantined, no run", s, a.last(), runs)
+	}
+}

@@ -14,7 +14,8 @@
 //	key in progress, handler failed,         Redeliver     NakWithDelay, the delay doubling
 //	  store unavailable, context ended                       with each delivery of the message
 //	no key, invalid or oversized key,        DeadLetter    TermWithReason: never redelivered,
-//	  fingerprint mismatch, damaged record                   logged: never acked as done
+//	  fingerprint mismatch, damaged record,                  logged: never acked as done
+//	  quarantined key (idem.ErrQuarantined)
 //	handler panicked                         -             Nak at once, panic re-raised
 //
 // [Handler.Handle] takes one message at a time (Consume's callback, with
@@ -366,10 +367,12 @@ func (hd *Handler) term(ctx context.Context, m jetstream.Msg, k string, err erro
 		reason = "idem: too large (a fingerprint or a result)"
 	case errors.Is(err, idem.ErrDamaged):
 		reason = "idem: damaged record"
+	case errors.Is(err, idem.ErrQuarantined):
+		reason = "idem: quarantined after repeated crashes; an operator must settle the key (idem resolve)"
 	case k != "":
 		reason = "idem: invalid key"
 	}
-	hd.o.Logger.LogAttrs(ctx, slog.LevelError, "idem/jetstream: message terminated: it can never succeed",
+	hd.o.Logger.LogAttrs(ctx, slog.LevelError, "idem/jetstream: message terminated: "+reason,
 		slog.String("key_hash", hd.o.KeyHasher.Hash(k)), slog.String("subject", m.Subject()), slog.Any("err", err))
 	hd.settle(m, Term, 0, err, m.TermWithReason(reason))
 }

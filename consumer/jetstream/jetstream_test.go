@@ -479,3 +479,44 @@ func must[T any](v T, err error) T {
 	}
 	return v
 }
+
+// A quarantined key (its messages crashed more consumers in a row than the
+// store's MaxTakeOvers) is terminated, as consumer.ActionFor dead-letters
+// it, with a reason naming the quarantine: never nakked to be refused
+// forever, never acked as done. On real Redis and a real nats-server.
+func TestTermQuarantined(t *testing.T) {
+	rc := testRedis(t)
+	_, js := connect(t, startServer(t))
+	cons := newConsumer(t, js, 5*time.Second)
+	store, err := idem.NewRedisStore(rc, idem.RedisOptions{Prefix: prefix(t), Worker: "w", LeaseTTL: 50 * time.Millisecond,
+		Retention: time.Minute, MaxTakeOvers: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 { // the first attempt and one take-over, each crashed
+		cl, err := store.Claim(context.Background(), "poison", nil)
+		if err != nil || cl.Outcome != idem.Claimed {
+			t.Fatalf("Claim(poison) = %v, %v; want Claimed", cl.Outcome, err)
+		}
+		time.Sleep(cl.Lease.TTL + 20*time.Millisecond)
+	}
+	publish(t, js, "Order-Id", "poison")
+	var runs atomic.Int64
+	st := &settlements{}
+	var logs syncBuffer
+	h, err := idemjs.NewHandler(store, func(context.Context, jetstream.Msg) error { runs.Add(1); return nil },
+		idemjs.Options{KeyHeader: "Order-Id", OnSettle: st.on("Order-Id"), Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+			MinDelay: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	consume(t, cons, h, func() bool { return len(st.snapshot()) > 0 })
+	all := st.snapshot()
+	if all[0].Action != idemjs.Term || !errors.Is(all[0].Err, idem.ErrQuarantined) || runs.Load() != 0 {
+		t.Fatalf("quarantined settled %+v after %d runs; want Term with ErrQuarantined, no run", all[0], runs.Load())
+	}
+	if l := logs.String(); !strings.Contains(l, "quarantined") {
+		t.Errorf("log = %q; want the termination's reason to name the quarantine", l)
+	}
+	waitFor(t, func() bool { return settledOnBroker(t, cons) })
+}

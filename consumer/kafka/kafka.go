@@ -23,8 +23,9 @@
 //	                                                      with it: after MaxAttempts failures,
 //	                                                      DeadLetter, then Commit
 //	invalid or oversized key,             DeadLetter    DeadLetter if set, else Skip (logged):
-//	  fingerprint mismatch, damaged                       it can never succeed
-//	  record
+//	  fingerprint mismatch, damaged                       it can never succeed, or not until
+//	  record, quarantined key                             an operator settles its key
+//	  (idem.ErrQuarantined)
 //
 // A record in progress is held by a consumer that still runs its handler
 // (often the partition's previous owner, finishing before its revocation
@@ -567,7 +568,7 @@ func (c *Consumer) settle(ctx context.Context, r *kgo.Record, err error, attempt
 			}
 			act = DeadLetter
 		} else {
-			c.o.Logger.LogAttrs(ctx, slog.LevelError, "idem/kafka: record committed past without its work: it can never succeed",
+			c.o.Logger.LogAttrs(ctx, slog.LevelError, "idem/kafka: record committed past without its work: "+whyDead(err),
 				c.where(r), slog.Any("err", err))
 		}
 	default: // consumer.Redeliver: Kafka's is a retry in place
@@ -670,4 +671,13 @@ func isNil(v any) bool {
 		return r.IsNil()
 	}
 	return false
+}
+
+// whyDead says why a dead-lettered record cannot be handled: a quarantined
+// key waits for an operator, anything else can never succeed.
+func whyDead(err error) string {
+	if errors.Is(err, idem.ErrQuarantined) {
+		return "its key is quarantined after repeated crashes; an operator must settle it (idem resolve)"
+	}
+	return "it can never succeed"
 }

@@ -440,3 +440,67 @@ func must[T any](v T, err error) T {
 	}
 	return v
 }
+
+// A quarantined key (its records crashed more consumers in a row than the
+// store's MaxTakeOvers) is dead-lettered as consumer.ActionFor says: handed
+// to DeadLetter with ErrQuarantined when there is one, else skipped and
+// logged as waiting for an operator; either way the offset passes it
+// instead of holding the partition back, and the handler does not run.
+func TestQuarantinedDeadLettered(t *testing.T) {
+	for _, withDL := range []bool{true, false} {
+		t.Run(map[bool]string{true: "DeadLetter", false: "Skip"}[withDL], func(t *testing.T) {
+			rc := testRedis(t)
+			kc := newCluster(t, 1)
+			s, err := idem.NewRedisStore(rc, idem.RedisOptions{Prefix: prefix(t), Worker: "w", LeaseTTL: 50 * time.Millisecond,
+				Retention: time.Minute, MaxTakeOvers: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for range 2 { // the first attempt and one take-over, each crashed
+				cl, err := s.Claim(context.Background(), "poison", nil)
+				if err != nil || cl.Outcome != idem.Claimed {
+					t.Fatalf("Claim(poison) = %v, %v; want Claimed", cl.Outcome, err)
+				}
+				time.Sleep(cl.Lease.TTL + 20*time.Millisecond)
+			}
+			produce(t, kc, 0, "poison", "m1")
+			var eff effects
+			var st settlements
+			var logs syncBuffer
+			var mu sync.Mutex
+			dead := map[string]error{}
+			o := kafka.Options{Group: "g", Topics: []string{topic}, Client: clientOpts(kc), CommitInterval: 100 * time.Millisecond,
+				MinDelay: 5 * time.Millisecond, OnSettle: st.on, Logger: slog.New(slog.NewTextHandler(&logs, nil))}
+			if withDL {
+				o.DeadLetter = func(_ context.Context, r *kgo.Record, err error) error {
+					mu.Lock()
+					defer mu.Unlock()
+					dead[header(r)] = err
+					return nil
+				}
+			}
+			c, err := kafka.NewConsumer(s, func(_ context.Context, r *kgo.Record) error { eff.add(header(r)); return nil }, o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			runUntil(t, c, func() bool { return committed(t, kc, "g")[0] == 2 })
+			if eff.get("poison") != 0 || eff.get("m1") != 1 {
+				t.Errorf("effects %v; want poison not run, m1 once", eff.n)
+			}
+			want := kafka.Skip
+			if withDL {
+				want = kafka.DeadLetter
+				mu.Lock()
+				if !errors.Is(dead["poison"], idem.ErrQuarantined) || len(dead) != 1 {
+					t.Errorf("dead-lettered %v; want poison with ErrQuarantined", dead)
+				}
+				mu.Unlock()
+			} else if l := logs.String(); !strings.Contains(l, "quarantined") {
+				t.Errorf("log = %q; want the skip to say the key is quarantined", l)
+			}
+			if st.count(want) != 1 {
+				t.Errorf("%d settlements %v; want 1", st.count(want), want)
+			}
+		})
+	}
+}

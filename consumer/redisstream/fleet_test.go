@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer/redisstream"
 	"github.com/idemgo/idem/internal/testing/crashstore"
 	"github.com/idemgo/idem/internal/testing/testenv"
@@ -66,7 +67,7 @@ func TestFleetRedisStream(t *testing.T) {
 	reader := func(name string) {
 		rctx, stop := context.WithCancel(ctx)
 		defer stop()
-		store := &crashstore.BatchStore{Store: crashstore.Store{Store: newStore(t, c, pfx, name, ttl), Unconfirmed: &unconfirmed}}
+		store := &crashstore.BatchStore{Store: crashstore.Store{Store: fleetStore(t, c, pfx, name, ttl), Unconfirmed: &unconfirmed}}
 		client := &crashClient{Client: c, dead: &store.Dead}
 		h := func(hctx context.Context, m redis.XMessage) error {
 			if err := hctx.Err(); err != nil {
@@ -211,3 +212,21 @@ func (c *crashClient) XAck(ctx context.Context, stream, group string, ids ...str
 	}
 	return c.Client.XAck(ctx, stream, group, ids...)
 }
+
+// fleetStore is a process's store in the fleet: newStore's, with a limit of
+// take-overs no message of the fleet reaches. A crash takes down every
+// message of the process's batch, so a message can lapse more times in a
+// row than the default MaxTakeOvers, and would be quarantined (and
+// dead-lettered); this fleet counts double effects, and quarantine is
+// tested on its own.
+func fleetStore(t testing.TB, c redis.UniversalClient, prefix, worker string, ttl time.Duration) *idem.RedisStore {
+	t.Helper()
+	s, err := idem.NewRedisStore(c, idem.RedisOptions{Prefix: prefix, Worker: worker, LeaseTTL: ttl, Retention: time.Minute,
+		MaxTakeOvers: fleetMaxTakeOvers})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+const fleetMaxTakeOvers = 1000

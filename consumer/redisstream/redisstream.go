@@ -16,8 +16,8 @@
 //	  store unavailable, consumer stopped                    XAUTOCLAIM once idle for
 //	                                                         Options.MinIdle
 //	invalid or oversized key, fingerprint    DeadLetter    XACK without the work (a stream
-//	  mismatch, damaged record                               has no dead-letter), logged as
-//	                                                         an error
+//	  mismatch, damaged record, quarantined                  has no dead-letter), logged as
+//	  key (idem.ErrQuarantined)                              an error
 //
 // Pending entries of every consumer of the group, this one's included, are
 // reclaimed with XAUTOCLAIM once they have been idle for Options.MinIdle,
@@ -380,7 +380,7 @@ func (r *Reader) settle(ctx context.Context, ms []redis.XMessage, reclaimed bool
 			acts[i] = Ack
 		case consumer.DeadLetter:
 			// A stream has no dead-letter: the log is where an operator finds it.
-			r.o.Logger.LogAttrs(ctx, slog.LevelError, "idem/redisstream: entry acked without its work: it can never succeed",
+			r.o.Logger.LogAttrs(ctx, slog.LevelError, "idem/redisstream: entry acked without its work: "+whyDead(err),
 				slog.String("key_hash", r.o.KeyHasher.Hash(r.key(ms[i]))), slog.String("entry", ms[i].ID), slog.Any("err", err))
 			acts[i] = Reject
 		default: // consumer.Redeliver
@@ -422,4 +422,13 @@ func isNoGroup(err error) bool { return hasCode(err, "NOGROUP") }
 func hasCode(err error, code string) bool {
 	var re redis.Error
 	return errors.As(err, &re) && strings.HasPrefix(re.Error(), code+" ")
+}
+
+// whyDead says why a dead-lettered entry cannot be handled: a quarantined
+// key waits for an operator, anything else can never succeed.
+func whyDead(err error) string {
+	if errors.Is(err, idem.ErrQuarantined) {
+		return "its key is quarantined after repeated crashes; an operator must settle it (idem resolve), then add it again"
+	}
+	return "it can never succeed"
 }

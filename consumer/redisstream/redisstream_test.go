@@ -401,3 +401,43 @@ func must[T any](v T, err error) T {
 	}
 	return v
 }
+
+// A quarantined key (its deliveries crashed more times in a row than the
+// store's MaxTakeOvers) is dead-lettered as consumer.ActionFor says: acked
+// without its work and logged, never left pending to be reclaimed and
+// refused forever. On real Redis, quarantined by the store itself.
+func TestReaderQuarantinedRejected(t *testing.T) {
+	c := testenv.Redis(t)
+	stream := unique(t, "stream")
+	store, err := idem.NewRedisStore(c, idem.RedisOptions{Prefix: prefix(t), Worker: "w", LeaseTTL: 50 * time.Millisecond,
+		Retention: time.Minute, MaxTakeOvers: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 { // the first attempt and one take-over, each crashed
+		cl, err := store.Claim(context.Background(), "poison", nil)
+		if err != nil || cl.Outcome != idem.Claimed {
+			t.Fatalf("Claim(poison) = %v, %v; want Claimed", cl.Outcome, err)
+		}
+		time.Sleep(cl.Lease.TTL + 20*time.Millisecond)
+	}
+	add(t, c, stream, "poison")
+	st := &settlements{}
+	var runs atomic.Int64
+	r, err := redisstream.NewReader(c, store, func(context.Context, redis.XMessage) error { runs.Add(1); return nil },
+		redisstream.Options{Stream: stream, Group: "g", Consumer: "c1", KeyField: "id", OnSettle: st.on, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runUntil(t, r, func() bool {
+		return st.count(redisstream.Reject)+st.count(redisstream.Pending)+st.count(redisstream.Ack) >= 1
+	})
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.all[0].Action != redisstream.Reject || !errors.Is(st.all[0].Err, idem.ErrQuarantined) || runs.Load() != 0 {
+		t.Errorf("quarantined: %+v after %d runs; want reject with ErrQuarantined, no run", st.all[0], runs.Load())
+	}
+	if n := pending(t, c, stream, "g"); n != 0 {
+		t.Errorf("%d entries pending; want 0", n)
+	}
+}

@@ -16,7 +16,8 @@
 //	no key (empty UUID or metadata),     DeadLetter    the error           (nack, logged as an
 //	  invalid or oversized key,                                              error; see below)
 //	  fingerprint mismatch, damaged
-//	  record
+//	  record, quarantined key
+//	  (idem.ErrQuarantined)
 //
 // Watermill has no reject: an error is a nack, and a message that can never
 // succeed is redelivered forever unless a poison queue takes it. Put
@@ -34,6 +35,7 @@ package watermill
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"reflect"
@@ -136,7 +138,7 @@ func Middleware(store idem.Store, o Options) message.HandlerMiddleware {
 			case consumer.DeadLetter:
 				// Still a nack (Watermill has no reject), for a poison queue
 				// to take; logged, as no redelivery can succeed.
-				logger.LogAttrs(msg.Context(), slog.LevelError, "idem/watermill: message can never succeed; route it to a poison queue",
+				logger.LogAttrs(msg.Context(), slog.LevelError, "idem/watermill: "+whyDead(err)+"; route it to a poison queue",
 					slog.String("key_hash", o.KeyHasher.Hash(key(msg))), slog.Any("err", err))
 			}
 			return nil, err
@@ -179,4 +181,13 @@ func isNil(v any) bool {
 		return r.IsNil()
 	}
 	return false
+}
+
+// whyDead says why a dead-lettered message cannot be handled: a
+// quarantined key waits for an operator, anything else can never succeed.
+func whyDead(err error) string {
+	if errors.Is(err, idem.ErrQuarantined) {
+		return "message's key is quarantined after repeated crashes, an operator must settle it (idem resolve)"
+	}
+	return "message can never succeed"
 }

@@ -284,13 +284,24 @@ func TestRouterNotRecordedIsAcked(t *testing.T) {
 	}
 }
 
-// What can never succeed (no key, an oversized fingerprint) is a nack that
+// What can never succeed (no key, an oversized fingerprint), or not until
+// an operator settles its quarantined key, is a nack that
 // consumer.ActionFor calls DeadLetter, the poison queue's filter, and is
 // logged as an error: Watermill would otherwise redeliver it in silence.
 func TestMiddlewareDeadLetterLogged(t *testing.T) {
 	var logs syncBuffer
 	runs := 0
-	h := idemwatermill.Middleware(memStore(idem.Options{}), idemwatermill.Options{
+	// A key quarantined by the store: its messages crashed every consumer
+	// (the first attempt and MaxTakeOvers = 1 take-over, each lapsed).
+	store := memStore(idem.Options{LeaseTTL: 30 * time.Millisecond, MaxTakeOvers: 1})
+	for range 2 {
+		c, err := store.Claim(context.Background(), "poison", nil)
+		if err != nil || c.Outcome != idem.Claimed {
+			t.Fatalf("Claim(poison) = %v, %v; want Claimed", c.Outcome, err)
+		}
+		time.Sleep(c.Lease.TTL + 20*time.Millisecond)
+	}
+	h := idemwatermill.Middleware(store, idemwatermill.Options{
 		Logger: slog.New(slog.NewTextHandler(&logs, nil)),
 		Fingerprint: func(msg *message.Message) []byte {
 			if string(msg.Payload) == "big" {
@@ -306,6 +317,7 @@ func TestMiddlewareDeadLetterLogged(t *testing.T) {
 	}{
 		{"empty UUID", message.NewMessage("", nil), idem.ErrInvalidKey},
 		{"oversized fingerprint", message.NewMessage("k", []byte("big")), idem.ErrTooLarge},
+		{"quarantined", message.NewMessage("poison", nil), idem.ErrQuarantined},
 	} {
 		out, err := h(tc.msg)
 		if !errors.Is(err, tc.want) || out != nil || consumer.ActionFor(err) != consumer.DeadLetter {
@@ -315,8 +327,9 @@ func TestMiddlewareDeadLetterLogged(t *testing.T) {
 	if runs != 0 {
 		t.Errorf("handler ran %d times; want 0", runs)
 	}
-	if l := logs.String(); strings.Count(l, "level=ERROR") != 2 || !strings.Contains(l, "poison queue") {
-		t.Errorf("log = %q; want both reported at error level", l)
+	if l := logs.String(); strings.Count(l, "level=ERROR") != 3 || !strings.Contains(l, "poison queue") ||
+		!strings.Contains(l, "an operator must settle it") {
+		t.Errorf("log = %q; want all three reported at error level, the quarantined one as waiting for an operator", l)
 	}
 }
 

@@ -10,8 +10,10 @@
 // key reused for another request is 422, a key in flight is 409 with
 // Retry-After, the store down is 503, the keep rules decide what is
 // recorded, a panic releases the key, the handler finds the lease in its
-// request's context, and every error is the problem+json a client acts on
-// (the public idempot.dev scenarios among them).
+// request's context (and, after a crash, the take-over), a key whose
+// requests crashed the server repeatedly is 423, and every error is the
+// problem+json a client acts on (the public idempot.dev scenarios among
+// them).
 //
 //	func TestScenarios(t *testing.T) {
 //		middlewaretest.Run(t, func(o middleware.Options, h http.Handler) (http.Handler, error) {
@@ -55,6 +57,7 @@ const (
 	headerStatus = "X-Test-Status" // answer with this status
 	headerHold   = "X-Test-Hold"   // block until the scenario releases it
 	headerPanic  = "X-Test-Panic"  // panic
+	headerDie    = "X-Test-Die"    // the server dies: its store answers nothing from then on
 )
 
 // Run runs every scenario on services that mount builds, each scenario a
@@ -77,6 +80,7 @@ var scenarios = []struct {
 	{"KeepRules", keepRules},
 	{"Panic", panicReleases},
 	{"Lease", leaseInContext},
+	{"Crash", crashTakeOverQuarantine},
 	{"Problems", problems},
 }
 
@@ -89,6 +93,7 @@ type handler struct {
 	started chan struct{}
 	release chan struct{}
 	once    sync.Once
+	die     func() // headerDie: the server dies
 }
 
 func newHandler() *handler {
@@ -111,6 +116,14 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if l, ok := idem.LeaseFrom(r.Context()); ok {
 		token = l.Token
 	}
+	var takeOvers int
+	var prior int64
+	if t, ok := idem.TakeOverFrom(r.Context()); ok {
+		takeOvers, prior = t.TakeOvers, t.Prior.Token
+	}
+	if r.Header.Get(headerDie) != "" && h.die != nil {
+		h.die()
+	}
 	status := http.StatusCreated
 	if s := r.Header.Get(headerStatus); s != "" {
 		status, _ = strconv.Atoi(s)
@@ -120,14 +133,17 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Set-Cookie", "session=s3cret")
 	w.Header().Set("X-Run", "private")
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(map[string]any{"run": n, "body": string(body), "token": token})
+	_ = json.NewEncoder(w).Encode(map[string]any{"run": n, "body": string(body), "token": token,
+		"takeovers": takeOvers, "prior": prior})
 }
 
 // answer is the handler's body.
 type answer struct {
-	Run   int64
-	Body  string
-	Token int64
+	Run       int64
+	Body      string
+	Token     int64
+	TakeOvers int   // after a crash: the take-overs in a row
+	Prior     int64 // after a crash: the token of the attempt taken over
 }
 
 // service is one scenario's service under test.
@@ -143,6 +159,7 @@ type store struct {
 	idem.Store
 	calls atomic.Int64
 	down  atomic.Bool
+	dead  atomic.Bool // the server died: no renewal, confirm or forget reaches the store
 }
 
 // errDown is the failing store's error; its text must never reach a
@@ -159,23 +176,43 @@ func (s *store) Claim(ctx context.Context, key string, fp []byte) (idem.Claim, e
 
 func (s *store) Confirm(ctx context.Context, l *idem.Lease, result []byte) error {
 	s.calls.Add(1)
+	if s.dead.Load() {
+		return errDown
+	}
 	return s.Store.Confirm(ctx, l, result)
 }
 
 func (s *store) Forget(ctx context.Context, l *idem.Lease) error {
 	s.calls.Add(1)
+	if s.dead.Load() {
+		return errDown
+	}
 	return s.Store.Forget(ctx, l)
+}
+
+func (s *store) Renew(ctx context.Context, l *idem.Lease) error {
+	if s.dead.Load() {
+		return errDown
+	}
+	return s.Store.Renew(ctx, l)
 }
 
 // newService mounts the suite's handler behind o; o.Store is the
 // scenario's store, and SingleTenant is set unless o.Scope is.
 func newService(t *testing.T, mount Mount, o middleware.Options) *service {
 	t.Helper()
-	mem, err := idem.NewMemoryStore(idem.Options{})
+	return newServiceOn(t, mount, o, idem.Options{})
+}
+
+// newServiceOn is newService on a MemoryStore with options so.
+func newServiceOn(t *testing.T, mount Mount, o middleware.Options, so idem.Options) *service {
+	t.Helper()
+	mem, err := idem.NewMemoryStore(so)
 	if err != nil {
 		t.Fatalf("NewMemoryStore = %v", err)
 	}
 	s := &service{t: t, work: newHandler(), store: &store{Store: mem}}
+	s.work.die = func() { s.store.dead.Store(true) }
 	o.Store = s.store
 	o.SingleTenant = o.Scope == nil
 	if s.h, err = mount(o, s.work); err != nil {
@@ -436,6 +473,35 @@ func leaseInContext(t *testing.T, mount Mount) {
 	if c := decode(t, s.do(req{body: `{}`})); c.Token != 0 {
 		t.Errorf("lease token without a key = %d; want no lease", c.Token)
 	}
+}
+
+// crashTakeOverQuarantine: a server that dies mid-handler (its store
+// answers nothing from then on) leaves the key's claim to run out; the
+// next request's handler finds the take-over in its context (the dead
+// attempt's token, one take-over). When that one dies too (MaxTakeOvers
+// 1), the key is quarantined: 423 TypeQuarantined, not retryable, and the
+// handler does not run.
+func crashTakeOverQuarantine(t *testing.T, mount Mount) {
+	const lease = 50 * time.Millisecond
+	s := newServiceOn(t, mount, middleware.Options{RecordTimeout: lease}, idem.Options{LeaseTTL: lease, MaxTakeOvers: 1})
+	dies := map[string]string{headerDie: "1"}
+	crash := func() answer {
+		a := decode(t, s.do(req{key: "k", body: `{}`, header: dies}))
+		s.store.dead.Store(false) // a new server, on the same records
+		time.Sleep(2 * lease)     // the dead one's lease runs out
+		return a
+	}
+	first := crash()
+	if first.TakeOvers != 0 {
+		t.Errorf("first request: %d take-overs in its context; want none", first.TakeOvers)
+	}
+	second := crash()
+	if second.TakeOvers != 1 || second.Prior != first.Token {
+		t.Errorf("the request after a crash: take-overs %d, prior token %d; want 1, the dead attempt's %d",
+			second.TakeOvers, second.Prior, first.Token)
+	}
+	wantProblem(t, s.do(req{key: "k", body: `{}`}), problem{status: 423, typ: middleware.TypeQuarantined, key: "k"})
+	s.wantRuns(2)
 }
 
 // Problem types the draft defines.

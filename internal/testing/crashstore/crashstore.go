@@ -66,6 +66,19 @@ func (c *Store) Forget(ctx context.Context, l *idem.Lease) error {
 	return c.Store.Forget(ctx, l)
 }
 
+// Checkpoint fails with ErrCrashed once the process is dead; before, it
+// is the store's (an error when it is not an idem.Checkpointer).
+func (c *Store) Checkpoint(ctx context.Context, l *idem.Lease, data []byte) error {
+	if c.Dead.Load() {
+		return ErrCrashed
+	}
+	cp, ok := c.Store.(idem.Checkpointer)
+	if !ok {
+		return errors.New("crashstore: the store records no checkpoints")
+	}
+	return cp.Checkpoint(ctx, l, data)
+}
+
 // BatchStore is a Store that is an idem.Batcher too, dying the same way.
 // Its Store.Store must be an idem.Batcher.
 type BatchStore struct{ Store }

@@ -10,6 +10,10 @@
 //     -idem.cut F, -idem.seed S);
 //   - sqltx_crash_test.go: sqlstore.Store.Run whose connection or process dies
 //     mid-transaction;
+//   - crashpoints_test.go: a holder killed at each point of a two-step job
+//     (before the effect, between effect and checkpoint, after the
+//     checkpoint, between effect and confirm), through Do and the consumer
+//     wrapper: what the next holder is told, and each step once;
 //   - cluster_test.go, cluster_reshard_test.go: Redis Cluster in motion, on
 //     3 + 3 clusters of the tests' own under the ledger workload: a master
 //     failover; live resharding (redis-cli runs, slot moves held open until

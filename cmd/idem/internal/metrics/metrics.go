@@ -43,6 +43,9 @@ type Registry struct {
 	durations map[idem.Op]*histogram
 	takeovers map[idem.Op]uint64
 	late      map[idem.Op]uint64
+	// quarantines counts the events refused because their key is
+	// quarantined (ClassQuarantined), by op.
+	quarantines map[idem.Op]uint64
 }
 
 // Observe counts e.
@@ -52,8 +55,13 @@ func (r *Registry) Observe(_ context.Context, e idem.Event) {
 	if r.ops == nil {
 		r.ops, r.durations = map[series]uint64{}, map[idem.Op]*histogram{}
 		r.takeovers, r.late = map[idem.Op]uint64{}, map[idem.Op]uint64{}
+		r.quarantines = map[idem.Op]uint64{}
 	}
-	r.ops[series{e.Op, e.Outcome, e.Class()}]++
+	class := e.Class()
+	r.ops[series{e.Op, e.Outcome, class}]++
+	if class == idem.ClassQuarantined {
+		r.quarantines[e.Op]++
+	}
 	h := r.durations[e.Op]
 	if h == nil {
 		h = &histogram{counts: make([]uint64, len(Buckets)+1)}
@@ -145,6 +153,7 @@ func (r *Registry) WritePrometheus(w io.Writer) error {
 	}{
 		{"idem_takeovers_total", "Claims that took over an expired claim, by op", r.takeovers},
 		{"idem_late_confirms_total", "Confirmations recorded after their lease was lost, by op", r.late},
+		{"idem_quarantines_total", "Operations refused because their key is quarantined after repeated crashes, by op", r.quarantines},
 	} {
 		fmt.Fprintf(&b, "# HELP %s %s\n# TYPE %s counter\n", c.name, c.help, c.name)
 		for _, op := range sortedOps(c.m) {
@@ -170,7 +179,8 @@ func (h *histogram) quantile(q float64) time.Duration {
 }
 
 // WriteTable writes a table for people: each op's count by outcome and
-// error class, take-overs, late confirms, and duration percentiles (as
+// error class, take-overs, late confirms, quarantines, and duration
+// percentiles (as
 // bucket bounds: "≤").
 func (r *Registry) WriteTable(w io.Writer) {
 	r.mu.Lock()
@@ -191,6 +201,9 @@ func (r *Registry) WriteTable(w io.Writer) {
 	}
 	for _, op := range sortedOps(r.late) {
 		fmt.Fprintf(w, "late confirms (%s): %d\n", op, r.late[op])
+	}
+	for _, op := range sortedOps(r.quarantines) {
+		fmt.Fprintf(w, "quarantines (%s): %d\n", op, r.quarantines[op])
 	}
 	fmt.Fprintf(w, "%-14s %10s %10s %10s\n", "latency", "p50 ≤", "p99 ≤", "count")
 	for _, op := range sortedOps(r.durations) {

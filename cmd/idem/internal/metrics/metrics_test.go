@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -16,6 +17,7 @@ func TestWritePrometheus(t *testing.T) {
 	r.Observe(ctx, idem.Event{Op: idem.OpClaim, Outcome: idem.Duplicate, Took: 2 * time.Millisecond})
 	r.Observe(ctx, idem.Event{Op: idem.OpRenew, Err: idem.ErrLeaseLost, Took: 20 * time.Second})
 	r.Observe(ctx, idem.Event{Op: idem.OpConfirm, Late: true, Took: time.Millisecond})
+	r.Observe(ctx, idem.Event{Op: idem.OpMessage, Err: fmt.Errorf("claim: %w", idem.ErrQuarantined), Took: time.Millisecond})
 	var b strings.Builder
 	if err := r.WritePrometheus(&b); err != nil {
 		t.Fatal(err)
@@ -39,6 +41,9 @@ func TestWritePrometheus(t *testing.T) {
 		`idem_operation_duration_seconds_bucket{op="confirm",le="0.001"} 1` + "\n", // le is inclusive
 		`idem_takeovers_total{op="claim"} 1` + "\n",
 		`idem_late_confirms_total{op="confirm"} 1` + "\n",
+		`idem_operations_total{op="message",error_class="quarantined"} 1` + "\n",
+		"# TYPE idem_quarantines_total counter\n",
+		`idem_quarantines_total{op="message"} 1` + "\n",
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("missing %q in:\n%s", want, out)
@@ -46,7 +51,7 @@ func TestWritePrometheus(t *testing.T) {
 	}
 	var tb strings.Builder
 	r.WriteTable(&tb)
-	for _, want := range []string{"claim          claimed      -                  1", "take-overs (claim): 1", "late confirms (confirm): 1", "> 10s"} {
+	for _, want := range []string{"claim          claimed      -                  1", "take-overs (claim): 1", "late confirms (confirm): 1", "quarantines (message): 1", "> 10s"} {
 		if !strings.Contains(tb.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, tb.String())
 		}
