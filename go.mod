@@ -11,7 +11,12 @@ require (
 
 require github.com/dchest/siphash v1.2.3
 
-require github.com/cenkalti/backoff/v5 v5.0.3
+require (
+	github.com/cenkalti/backoff/v5 v5.0.3
+	github.com/go-sql-driver/mysql v1.9.3
+)
+
+require filippo.io/edwards25519 v1.1.0 // indirect
 
 require (
 	github.com/alicebob/miniredis/v2 v2.40.0

@@ -139,8 +139,8 @@ func TestBadOptionMessages(t *testing.T) {
 		{do(idem.DoOptions{MaxHold: -time.Second}), "idem: DoOptions.MaxHold: -1s is negative; 0 means the default, no cap"},
 		{do(idem.DoOptions{Errors: []error{nil}}), "idem: DoOptions.Errors[0]: nil matches no error; give a sentinel error"},
 
-		{sql(sqlstore.Options{}), "sqlstore: Dialect: 0 is unset; set sqlstore.Postgres or sqlstore.SQLite"},
-		{sql(sqlstore.Options{Dialect: 3}), "sqlstore: Dialect: dialect(3) is unknown; set sqlstore.Postgres or sqlstore.SQLite"},
+		{sql(sqlstore.Options{}), "sqlstore: Dialect: 0 is unset; set sqlstore.Postgres, sqlstore.MySQL or sqlstore.SQLite"},
+		{sql(sqlstore.Options{Dialect: 4}), "sqlstore: Dialect: dialect(4) is unknown; set sqlstore.Postgres, sqlstore.MySQL or sqlstore.SQLite"},
 		{sql(sqlstore.Options{Dialect: sqlstore.SQLite, Table: "a.b.c"}), `sqlstore: Table: "a.b.c" has more than one schema qualifier; at most schema.table`},
 		{sql(sqlstore.Options{Dialect: sqlstore.SQLite, Table: "idem keys"}),
 			`sqlstore: Table: "idem keys" is not a plain identifier: each part must match [A-Za-z_][A-Za-z0-9_]* and be at most 63 bytes`},

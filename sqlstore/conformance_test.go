@@ -11,12 +11,17 @@ import (
 	"github.com/idemgo/idem/storetest"
 )
 
-// The storetest suite on both dialects: a Store here answers as every
+// The storetest suite on every dialect: a Store here answers as every
 // other Store does.
 
 func TestConformancePostgres(t *testing.T) {
 	db := sqltest.PostgresPool(t, sqltest.TestConns)
 	storetest.Run(t, func(t *testing.T) storetest.Backend { return sqlBackend(t, db, sqlstore.Postgres) })
+}
+
+func TestConformanceMySQL(t *testing.T) {
+	db := sqltest.MySQLPool(t, sqltest.TestConns)
+	storetest.Run(t, func(t *testing.T) storetest.Backend { return sqlBackend(t, db, sqlstore.MySQL) })
 }
 
 // On SQLite each store the suite opens has a *sql.DB of its own on the

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/idemgo/idem"
@@ -123,11 +124,13 @@ func byteOrder(n int, key func(int) string) []int {
 }
 
 // txOptions are the options of the store's transactions. Claim's statements
-// rely on READ COMMITTED on Postgres: after waiting for another transaction's
-// row, the next statement must see what that one committed. SQLite's
-// transactions are serializable, and its drivers refuse other levels.
+// rely on READ COMMITTED on Postgres and MySQL: after waiting for another
+// transaction's row, the next statement must see what that one committed
+// (on MySQL the driver sends SET TRANSACTION ISOLATION LEVEL first: a round
+// trip). SQLite's transactions are serializable, and its drivers refuse
+// other levels.
 func (s *Store) txOptions() *sql.TxOptions {
-	if s.dialect == Postgres {
+	if s.dialect == Postgres || s.dialect == MySQL {
 		return &sql.TxOptions{Isolation: sql.LevelReadCommitted}
 	}
 	return nil
@@ -142,9 +145,10 @@ const purgeBatch = 1000
 // next claim of the key takes it over and is told so, idem.Claim.TakeOver),
 // judged by the database clock, in statements of at most 1000 rows, each its own
 // transaction, until a statement finds fewer. It returns how many rows it
-// deleted, also when it stops early on an error or ctx. On Postgres it skips
-// rows locked by a transaction in progress (a Run's), which a later purge
-// gets. Run it on a schedule (`idem prune`); the hot path never deletes.
+// deleted, also when it stops early on an error or ctx. On Postgres and
+// MySQL it skips rows locked by a transaction in progress (a Run's), which
+// a later purge gets; on MySQL each batch is a transaction of two
+// statements (see sqlPurgeSelectMySQL). Run it on a schedule (`idem prune`); the hot path never deletes.
 //
 // Deleting an expired row is what ends its key's record; a later claim of the
 // key gets a clock-derived token again (see Store).
@@ -155,13 +159,18 @@ func (s *Store) PurgeExpired(ctx context.Context) (int64, error) {
 			return total, err
 		}
 		var n int64
-		err := s.exclusive(ctx, func() error {
-			r, err := s.db.ExecContext(ctx, s.q.purge, purgeBatch, -s.retentionMs)
-			if err == nil {
-				n, err = r.RowsAffected()
-			}
-			return err
-		})
+		var err error
+		if s.dialect == MySQL {
+			n, err = s.purgeMySQL(ctx)
+		} else {
+			err = s.exclusive(ctx, func() error {
+				r, err := s.db.ExecContext(ctx, s.q.purge, purgeBatch, -s.retentionMs)
+				if err == nil {
+					n, err = r.RowsAffected()
+				}
+				return err
+			})
+		}
 		if err != nil {
 			if m := s.missingTable(err); m != "" {
 				return total, fmt.Errorf("sqlstore: purging: %s: %w", m, err)
@@ -173,4 +182,37 @@ func (s *Store) PurgeExpired(ctx context.Context) (int64, error) {
 			return total, nil
 		}
 	}
+}
+
+// purgeMySQL deletes one batch of rows gone on MySQL (see sqlPurgeGone):
+// it locks them, skipping those a transaction holds, and deletes them by
+// key.
+func (s *Store) purgeMySQL(ctx context.Context) (int64, error) {
+	var n int64
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		n = 0
+		rows, err := tx.QueryContext(ctx, s.q.purge, s.bind(s.q.purge, purgeBatch, -s.retentionMs)...)
+		if err != nil {
+			return err
+		}
+		var keys []any
+		for rows.Next() {
+			var k []byte
+			if err := rows.Scan(&k); err != nil {
+				_ = rows.Close()
+				return err
+			}
+			keys = append(keys, k)
+		}
+		if err := rows.Err(); err != nil || len(keys) == 0 {
+			return err
+		}
+		q := s.q.purgeDelete + strings.Repeat("?, ", len(keys)-1) + "?)"
+		r, err := tx.ExecContext(ctx, q, keys...)
+		if err == nil {
+			n, err = r.RowsAffected()
+		}
+		return err
+	})
+	return n, err
 }

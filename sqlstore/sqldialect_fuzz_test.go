@@ -28,15 +28,19 @@ func FuzzParseTable(f *testing.F) {
 			return
 		}
 		want := `"` + strings.ReplaceAll(s, ".", `"."`) + `"`
-		if got := tab.quoted(); got != want {
-			t.Fatalf("parseTable(%q).quoted() = %q; want %q", s, got, want)
+		if got := tab.quoted(Postgres); got != want {
+			t.Fatalf("parseTable(%q).quoted(Postgres) = %q; want %q", s, got, want)
 		}
 		if !plainIdent(tab.indexName()) {
 			t.Fatalf("index name of %q = %q; want a plain identifier", s, tab.indexName())
 		}
-		for _, d := range []Dialect{Postgres, SQLite} {
-			q := sqlText(d, tab, "SELECT 1 FROM {t} WHERE key = $1")
-			if rest, ok := strings.CutPrefix(q, "SELECT 1 FROM "+want+" WHERE key = "); !ok || (rest != "$1" && rest != "?1") {
+		for _, d := range []Dialect{Postgres, SQLite, MySQL} {
+			q, _ := sqlText(d, tab, "SELECT 1 FROM {t} WHERE key = $1")
+			w, key := want, "key"
+			if d == MySQL {
+				w, key = strings.ReplaceAll(want, `"`, "`"), "`key`"
+			}
+			if rest, ok := strings.CutPrefix(q, "SELECT 1 FROM "+w+" WHERE "+key+" = "); !ok || (rest != "$1" && rest != "?1" && rest != "?") {
 				t.Fatalf("sqlText(%v, %q) = %q; want the quoted name and nothing else from it", d, s, q)
 			}
 		}

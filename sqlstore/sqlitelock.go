@@ -59,8 +59,12 @@ func sqliteGate(db *sql.DB) chan struct{} {
 
 // exclusive runs f, which writes to the database, as SQLite's single writer:
 // through the gate, then retrying while SQLite is busy, all within
-// LockTimeout. On Postgres f just runs.
+// LockTimeout. On MySQL it runs f again after a deadlock (see
+// retryDeadlock); on Postgres f just runs.
 func (s *Store) exclusive(ctx context.Context, f func() error) error {
+	if s.dialect == MySQL {
+		return retryDeadlock(ctx, f)
+	}
 	if s.dialect != SQLite {
 		return f()
 	}
@@ -131,6 +135,28 @@ func (s *Store) retryBusy(ctx context.Context, deadline time.Time, f func() erro
 			return fmt.Errorf("%w: %w: SQLite's write lock was taken for LockTimeout %v: %w", ErrBusy, idem.ErrInProgress, s.lockTimeout, err)
 		}
 		if !backoff.Sleep(ctx, d) {
+			return errors.Join(ctx.Err(), err)
+		}
+		err = f()
+	}
+	return err
+}
+
+// deadlockAttempts bounds how often a MySQL transaction (or single
+// statement) is run again after InnoDB chose it as a deadlock's victim.
+const deadlockAttempts = 5
+
+// retryDeadlock runs f, and again, after a short jittered sleep, while it
+// fails with a deadlock, at most deadlockAttempts times in all. f is a
+// whole transaction or a statement on its own, never a statement inside a
+// transaction: InnoDB rolled back the whole transaction, so running f again
+// starts it afresh, and nothing of the failed attempt was committed. Run's
+// attempts go here only up to its claim: a deadlock in write is write's.
+func retryDeadlock(ctx context.Context, f func() error) error {
+	err := f()
+	b := backoff.Backoff{First: time.Millisecond, Most: 20 * time.Millisecond}
+	for i := 1; i < deadlockAttempts && isDeadlock(err); i++ {
+		if !backoff.Sleep(ctx, b.Next()) {
 			return errors.Join(ctx.Err(), err)
 		}
 		err = f()

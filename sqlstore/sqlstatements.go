@@ -1,7 +1,8 @@
 package sqlstore
 
-// The SQL text of Store, written once for both dialects in the markers
-// of sqlText (sqldialect.go). The table name is the only text interpolated;
+// The SQL text of Store, written once for every dialect in the markers
+// of sqlText (sqldialect.go), with a dialect's own statement where its SQL
+// differs. The table name is the only text interpolated;
 // every value is a bind parameter.
 
 // sqlStatements are a Store's statements, built once for its dialect
@@ -10,6 +11,10 @@ type sqlStatements struct {
 	claim, readAny, read, renew, confirm, confirmLate, forget, record, release, purge string
 	quarantine, checkpoint, resolveConfirm, resolveForget, quarantined                string
 	claimOrRead, takeOver                                                             string
+	// MySQL only: the read of what a take-over carried over, the late
+	// confirm's insert, and the purge's delete (its key list appended per
+	// batch).
+	takenOver, confirmLateInsert, purgeDelete string
 }
 
 // The statements, in the markers of sqlText.
@@ -118,4 +123,46 @@ WHERE key = $1 AND token = $2 AND state = 'C'`
 	sqlPurgePostgres = `DELETE FROM {t} WHERE key IN (
 SELECT key FROM {t} WHERE ` + sqlPurgeGone + ` LIMIT $1 FOR UPDATE SKIP LOCKED) AND ` + sqlPurgeGone
 	sqlPurgeSQLite = `DELETE FROM {t} WHERE key IN (SELECT key FROM {t} WHERE ` + sqlPurgeGone + ` LIMIT $1)`
+
+	// MySQL has no RETURNING, and no upsert with a WHERE clause: ON
+	// DUPLICATE KEY UPDATE evaluates each assignment after the ones before
+	// it, so a guard over state and expires_at would see a half-written
+	// row. A claim there reads first, as on SQLite (a duplicate is that
+	// read, with no lock), then inserts a new key; when the key has a row,
+	// it takes over a lapsed or forgotten claim in one UPDATE whose WHERE
+	// clause holds the expiry check and the limit of take-overs, as
+	// sqlClaim's does. LAST_INSERT_ID(expr) hands the token back in the
+	// statement's reply; a take-over, rarer, reads what it carried over
+	// (sqlTakenOverMySQL). Never INSERT IGNORE, which would also turn a key
+	// too long for its column into a cut one: a key inserted since the read
+	// fails the INSERT with a duplicate key, and the claim goes on to the
+	// take-over.
+	sqlClaimMySQL = `INSERT INTO {t} (key, state, owner, token, fingerprint, result, recorded_at, expires_at)
+VALUES ($1, 'C', $2, LAST_INSERT_ID({tok}), $3, NULL, {now}, {in $4})`
+	// MySQL assigns left to right, each assignment seeing the ones before
+	// it: what the take-over carries over is read from the old row first,
+	// and state, owner, token and recorded_at are overwritten after.
+	sqlTakeOverMySQL = `UPDATE {t} SET takeovers = CASE WHEN state = 'C' THEN takeovers + 1 ELSE 0 END,
+prior_owner = CASE WHEN state = 'C' THEN owner END, prior_token = CASE WHEN state = 'C' THEN token END,
+prior_at = CASE WHEN state = 'C' THEN recorded_at END, checkpoint = CASE WHEN state = 'C' THEN checkpoint END,
+state = 'C', owner = $2, token = LAST_INSERT_ID({max}({tok}, token + 1)), fingerprint = $3, result = NULL,
+recorded_at = {now}, expires_at = {in $4}
+WHERE key = $1 AND (state = 'F' OR (expires_at <= {now} AND NOT (state = 'C' AND takeovers >= $5)))`
+	sqlTakenOverMySQL = `SELECT takeovers, prior_owner, prior_token, {ms prior_at}, checkpoint FROM {t} WHERE key = $1 AND token = $2`
+	// A late confirm on MySQL: the UPDATE of a row that is anything but a
+	// live confirmation, or, when there is no row, the INSERT.
+	sqlConfirmLateMySQL = `UPDATE {t} SET state = 'D', owner = '', token = $2, fingerprint = $3, result = $4,
+recorded_at = {now}, expires_at = {in $5}
+WHERE key = $1 AND NOT (state = 'D' AND expires_at > {now})`
+	sqlConfirmLateInsertMySQL = `INSERT INTO {t} (key, state, owner, token, fingerprint, result, recorded_at, expires_at)
+VALUES ($1, 'D', '', $2, $3, $4, {now}, {in $5})`
+	// As on Postgres, only inside the claim's transaction: after a COMMIT
+	// sent through the transaction, the record would run on its own.
+	sqlRecordMySQL = sqlRecord + ` AND @@in_transaction = 1`
+	// MySQL deletes no row found by a subquery on the same table, and skips
+	// locked rows only in a SELECT: its purge locks a batch of rows gone,
+	// skipping those a Run holds, then deletes them by key, in one
+	// transaction.
+	sqlPurgeSelectMySQL = `SELECT key FROM {t} WHERE ` + sqlPurgeGone + ` ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED`
+	sqlPurgeDeleteMySQL = `DELETE FROM {t} WHERE key IN (`
 )

@@ -2,6 +2,7 @@ package sqlstore
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -54,16 +55,19 @@ type Options struct {
 	// when the last of them lapses too, the next Claim quarantines the key
 	// instead of running the work once more. Not negative. Default 3.
 	MaxTakeOvers int
-	// Dialect is the database: Postgres or SQLite. Required.
+	// Dialect is the database: Postgres, MySQL (MariaDB too) or SQLite.
+	// Required.
 	Dialect Dialect
 	// Table holds the records: a plain identifier, optionally qualified by
 	// a schema ("idem.keys"), each part [A-Za-z_][A-Za-z0-9_]* and at most
 	// 63 bytes. It is quoted, so it is case-sensitive. Default "idem_keys".
 	Table string
 	// LockTimeout bounds how long an operation waits for a lock: on
-	// Postgres, a Run waiting for another Run of the same key (then
-	// idem.ErrInProgress); on SQLite, any operation waiting for the
-	// database's single write lock. Default 5s.
+	// Postgres and MySQL, a Run waiting for another Run of the same key
+	// (then idem.ErrInProgress); on SQLite, any operation waiting for the
+	// database's single write lock. MySQL counts its lock wait
+	// (innodb_lock_wait_timeout) in whole seconds: there it is rounded up
+	// to the next second. Default 5s.
 	LockTimeout time.Duration
 }
 
@@ -111,6 +115,21 @@ func (o Options) shared() idem.Options {
 // file in WAL mode; an operation that finds the write lock taken retries for
 // up to LockTimeout, whether or not the connection has a busy_timeout.
 //
+// On MySQL and MariaDB the table is InnoDB. The store's transactions (Run,
+// the batches, PurgeExpired) begin at READ COMMITTED whatever the server's
+// default (REPEATABLE READ): under it a read in a transaction sees the
+// snapshot of the transaction's first read, so a Run that waited for
+// another would not see what that one committed, and locking an absent key
+// locks the gap around it, where concurrent claims of new keys deadlock.
+// Lease-mode calls are single statements in autocommit, where the level
+// makes no difference. A claim reads the key first (a duplicate writes
+// nothing), then inserts it or takes it over with the expiry check in the
+// UPDATE's WHERE clause. A deadlock (InnoDB rolls back the whole
+// transaction) met before any work ran is retried a few times, the whole
+// transaction over; met by a Run's write function, it is write's error, and
+// nothing is recorded. A lock wait past innodb_lock_wait_timeout (the
+// server's, 50s by default; LockTimeout in a Run) is idem.ErrInProgress.
+//
 // The table name is the only text interpolated into SQL; keys, results and
 // fingerprints are always bind parameters. A Store is safe for
 // concurrent use by many goroutines and processes.
@@ -124,16 +143,20 @@ type Store struct {
 	leaseMs     int64
 	retentionMs int64
 	q           sqlStatements
-	gate        chan struct{} // SQLite only: see sqlitelock.go
+	gate        chan struct{}    // SQLite only: see sqlitelock.go
+	binds       map[string][]int // MySQL only: see bind
+	lockWaitSec int64            // MySQL only: LockTimeout in whole seconds, rounded up
+	ttlUnit     time.Duration    // the unit of {ttl}: a millisecond, on MySQL a microsecond
 }
 
 // New returns a store on db, whose table must exist (CreateSchema,
 // or SchemaDDL in a migration). It errors on invalid options, naming the
 // field at fault: an unknown dialect, a Dialect that is not the one db's
 // driver speaks (told from the driver's Go package, without I/O: pgx or
-// lib/pq for Postgres, a SQLite driver for SQLite; other drivers, wrappers
-// included, are not checked), a negative duration, a table name that is
-// not a plain identifier. On SQLite it checks that the database is in WAL
+// lib/pq for Postgres, go-sql-driver/mysql for MySQL, a SQLite driver for
+// SQLite; other drivers, wrappers included, are not checked), a negative
+// duration, a table name that is not a plain identifier, on MySQL a
+// MaxKeyBytes above MaxMySQLKeyBytes. On SQLite it checks that the database is in WAL
 // mode: in rollback-journal mode a commit can fail for a mere reader, and a
 // connection pool of an in-memory database is several databases.
 //
@@ -144,7 +167,7 @@ func New(db *sql.DB, o Options) (*Store, error) {
 	if db == nil {
 		return nil, errors.New("sqlstore: New with a nil *sql.DB")
 	}
-	if o.Dialect != Postgres && o.Dialect != SQLite {
+	if o.Dialect != Postgres && o.Dialect != SQLite && o.Dialect != MySQL {
 		return nil, errDialect(o.Dialect)
 	}
 	if err := checkDriver(db, o.Dialect); err != nil {
@@ -175,11 +198,28 @@ func New(db *sql.DB, o Options) (*Store, error) {
 		o.LockTimeout += time.Millisecond - r
 	}
 	opts := core.Options()
+	if o.Dialect == MySQL && opts.MaxKeyBytes > MaxMySQLKeyBytes {
+		return nil, badopt.Error("sqlstore", "MaxKeyBytes", opts.MaxKeyBytes,
+			"is above %d, the longest key InnoDB indexes (Dialect MySQL)", MaxMySQLKeyBytes)
+	}
 	s := &Store{
 		db: db, core: core, o: opts, dialect: o.Dialect, table: t, lockTimeout: o.LockTimeout,
 		leaseMs: opts.LeaseTTL.Milliseconds(), retentionMs: opts.Retention.Milliseconds(),
+		lockWaitSec: int64((o.LockTimeout + time.Second - 1) / time.Second), ttlUnit: time.Millisecond,
 	}
-	text := func(q string) string { return sqlText(o.Dialect, t, q) }
+	if o.Dialect == MySQL {
+		s.ttlUnit = time.Microsecond
+	}
+	text := func(q string) string {
+		text, order := sqlText(o.Dialect, t, q)
+		if order != nil {
+			if s.binds == nil {
+				s.binds = map[string][]int{}
+			}
+			s.binds[text] = order
+		}
+		return text
+	}
 	s.q = sqlStatements{
 		claim: text(sqlClaim), read: text(sqlRead), readAny: text(sqlReadAny),
 		claimOrRead: text(sqlClaimOrRead), takeOver: text(sqlTakeOver),
@@ -187,6 +227,11 @@ func New(db *sql.DB, o Options) (*Store, error) {
 		resolveConfirm: text(sqlResolveConfirm), resolveForget: text(sqlResolveForget),
 		renew: text(sqlRenew), confirm: text(sqlConfirm), confirmLate: text(sqlConfirmLate),
 		forget: text(sqlForget), record: text(sqlRecordPostgres), release: text(sqlRelease), purge: text(sqlPurgePostgres),
+	}
+	if o.Dialect == MySQL {
+		s.q.claim, s.q.takeOver, s.q.takenOver = text(sqlClaimMySQL), text(sqlTakeOverMySQL), text(sqlTakenOverMySQL)
+		s.q.confirmLate, s.q.confirmLateInsert = text(sqlConfirmLateMySQL), text(sqlConfirmLateInsertMySQL)
+		s.q.record, s.q.purge, s.q.purgeDelete = text(sqlRecordMySQL), text(sqlPurgeSelectMySQL), text(sqlPurgeDeleteMySQL)
 	}
 	if o.Dialect == SQLite {
 		s.q.purge, s.q.record = text(sqlPurgeSQLite), text(sqlRecord)
@@ -203,6 +248,25 @@ func New(db *sql.DB, o Options) (*Store, error) {
 		}
 	}
 	return s, nil
+}
+
+// bind returns args in the order query's placeholders take them. Only
+// MySQL needs it: it binds by position alone, and New recorded the order of
+// each statement whose $n are not 1, 2, 3... in the text. Elsewhere, and for
+// the other statements, args go as they are.
+func (s *Store) bind(query string, args ...any) []any {
+	if s.binds == nil {
+		return args
+	}
+	order, ok := s.binds[query]
+	if !ok {
+		return args
+	}
+	out := make([]any, len(order))
+	for i, n := range order {
+		out[i] = args[n]
+	}
+	return out
 }
 
 // sqlQuerier is what *sql.DB, *sql.Tx and *sql.Conn have in common.
@@ -240,6 +304,11 @@ func (s *Store) Claim(ctx context.Context, key string, fingerprint []byte) (c id
 	if errors.Is(err, idem.ErrQuarantined) {
 		return c, err
 	}
+	if isLockTimeout(err) {
+		// A transaction (a Run) held the key's row past the database's lock
+		// wait (on MySQL innodb_lock_wait_timeout, 50s by default).
+		err = fmt.Errorf("%w: a transaction held the key's row past the database's lock wait: %w", idem.ErrInProgress, err)
+	}
 	if err != nil {
 		return idem.Claim{}, s.fail("claim", key, err)
 	}
@@ -253,14 +322,16 @@ func (s *Store) Claim(ctx context.Context, key string, fingerprint []byte) (c id
 // On SQLite, where writes queue for the one write lock and reads are in
 // process and cheap, a claim reads first, in its turn as this process's
 // writer, and writes only when it found nothing live, so that racing claims
-// of one key do not each write. Answering from the read is sound (the
+// of one key do not each write. MySQL's claim reads first too: a
+// duplicate there is then one read that takes no lock, where the INSERT
+// that finds the key would lock it (see sqlClaimMySQL). Answering from the read is sound (the
 // record was live when read, and only the writer could have changed it
 // since); the take-over itself is still the one upsert with the expiry
 // check in its WHERE clause, which holds against other processes too. On
 // Postgres the upsert alone answers a new or expired key.
 func (s *Store) claimIn(ctx context.Context, q sqlQuerier, key string, fingerprint []byte, start time.Time) (idem.Claim, error) {
 	k, fp := []byte(key), nonNil(fingerprint)
-	readFirst := s.dialect == SQLite
+	readFirst := s.dialect == SQLite || s.dialect == MySQL
 	for range claimAttempts {
 		if !readFirst {
 			c, err := s.claimOrRead(ctx, q, key, k, fp, start)
@@ -332,7 +403,7 @@ func (s *Store) claimOrRead(ctx context.Context, q sqlQuerier, key string, k, fp
 	case r.st == "I":
 		return s.claimed(key, fp, upserted{tok: r.tok}, start), nil
 	}
-	rec, err := r.record(key, start)
+	rec, err := r.record(key, start, s.ttlUnit)
 	if err == nil {
 		return foundClaim(rec), nil
 	}
@@ -381,8 +452,45 @@ type upserted struct {
 // a lapsed claim at the limit of take-overs), else the row it wrote into
 // *up.
 func (s *Store) upsert(ctx context.Context, q sqlQuerier, key, fp []byte, up *upserted) error {
+	if s.dialect == MySQL {
+		return s.upsertMySQL(ctx, q, key, fp, up)
+	}
 	return q.QueryRowContext(ctx, s.q.claim, key, s.o.Worker, fp, s.leaseMs, s.o.MaxTakeOvers).
 		Scan(&up.tok, &up.takeovers, &up.priorOwner, &up.priorToken, &up.priorAt, &up.checkpoint)
+}
+
+// upsertMySQL inserts key or, when it has a row, takes over the lapsed or
+// forgotten claim there (see sqlClaimMySQL): sql.ErrNoRows when the row is
+// live, or a lapsed claim at the limit of take-overs. The new token comes
+// back as the reply's last insert id; what a take-over carried over is
+// read after it, by the token it wrote.
+func (s *Store) upsertMySQL(ctx context.Context, q sqlQuerier, key, fp []byte, up *upserted) error {
+	r, err := q.ExecContext(ctx, s.q.claim, key, s.o.Worker, fp, s.leaseMs)
+	if err == nil {
+		up.tok, err = r.LastInsertId()
+		return err
+	}
+	if !isDuplicateKey(err) {
+		return err
+	}
+	r, err = q.ExecContext(ctx, s.q.takeOver, s.bind(s.q.takeOver, key, s.o.Worker, fp, s.leaseMs, s.o.MaxTakeOvers)...)
+	if err != nil {
+		return err
+	}
+	if n, err := r.RowsAffected(); err != nil || n == 0 {
+		return cmp.Or(err, sql.ErrNoRows)
+	}
+	if up.tok, err = r.LastInsertId(); err != nil {
+		return err
+	}
+	err = q.QueryRowContext(ctx, s.q.takenOver, key, up.tok).
+		Scan(&up.takeovers, &up.priorOwner, &up.priorToken, &up.priorAt, &up.checkpoint)
+	if errors.Is(err, sql.ErrNoRows) {
+		// The lease ran out and the row moved on within the moment since
+		// the take-over: the claim stands, what it carried over is gone.
+		return nil
+	}
+	return err
 }
 
 // claimed is the Claim of a successful upsert: a take-over when it counted
@@ -475,11 +583,12 @@ func (s *Store) scanRecord(row rowScanner, key string, start time.Time, extra ..
 	if err := row.Scan(r.dest(extra...)...); err != nil {
 		return nil, err
 	}
-	return r.record(key, start)
+	return r.record(key, start, s.ttlUnit)
 }
 
-// record is the live record r holds for key, or errNotLive.
-func (r *dbRow) record(key string, start time.Time) (*idem.Record, error) {
+// record is the live record r holds for key, or errNotLive; unit is the
+// unit of r.ttl (Store.ttlUnit).
+func (r *dbRow) record(key string, start time.Time, unit time.Duration) (*idem.Record, error) {
 	if r.st == "F" || r.ttl <= 0 {
 		return nil, errNotLive
 	}
@@ -487,7 +596,7 @@ func (r *dbRow) record(key string, start time.Time) (*idem.Record, error) {
 		return nil, fmt.Errorf("%w: state %q", idem.ErrDamaged, r.st)
 	}
 	rec := &idem.Record{Key: key, Confirmed: r.st == "D", Token: r.tok, Owner: r.owner, Fingerprint: nonNil(r.fp),
-		Expires: start.Add(time.Duration(r.ttl) * time.Millisecond)}
+		Expires: start.Add(time.Duration(r.ttl) * unit)}
 	if rec.Confirmed {
 		rec.Result = nonNil(r.res)
 		return rec, nil
@@ -530,7 +639,7 @@ func (s *Store) fail(op, key string, err error) error {
 func (s *Store) exec(ctx context.Context, q sqlQuerier, query string, args ...any) (bool, error) {
 	var n int64
 	err := s.locked(ctx, q, func() error {
-		r, err := q.ExecContext(ctx, query, args...)
+		r, err := q.ExecContext(ctx, query, s.bind(query, args...)...)
 		if err == nil {
 			n, err = r.RowsAffected()
 		}
@@ -589,6 +698,9 @@ func (s *Store) confirmIn(ctx context.Context, q sqlQuerier, l *idem.Lease, resu
 	for range claimAttempts {
 		var tok int64
 		err := s.locked(ctx, q, func() error {
+			if s.dialect == MySQL {
+				return s.confirmLateMySQL(ctx, q, k, l.Token, fp, res)
+			}
 			return q.QueryRowContext(ctx, s.q.confirmLate, k, l.Token, fp, res, s.retentionMs).Scan(&tok)
 		})
 		if err == nil {
@@ -611,6 +723,23 @@ func (s *Store) confirmIn(ctx context.Context, q sqlQuerier, l *idem.Lease, resu
 		return false, nil
 	}
 	return false, errChanged
+}
+
+// confirmLateMySQL records a late confirm on MySQL (see
+// sqlConfirmLateMySQL): sql.ErrNoRows when a live confirmation is there.
+func (s *Store) confirmLateMySQL(ctx context.Context, q sqlQuerier, key []byte, token int64, fp, res []byte) error {
+	r, err := q.ExecContext(ctx, s.q.confirmLate, s.bind(s.q.confirmLate, key, token, fp, res, s.retentionMs)...)
+	if err != nil {
+		return err
+	}
+	if n, err := r.RowsAffected(); err != nil || n == 1 {
+		return err
+	}
+	_, err = q.ExecContext(ctx, s.q.confirmLateInsert, key, token, fp, res, s.retentionMs)
+	if isDuplicateKey(err) {
+		return sql.ErrNoRows
+	}
+	return err
 }
 
 // Forget implements idem.Store in one statement. The row stays, marked

@@ -17,7 +17,8 @@ import (
 )
 
 // dialects runs f once per dialect whose database is at hand: SQLite always,
-// Postgres when IDEM_POSTGRES_DSN is set (required under CI=true).
+// Postgres and MySQL when IDEM_POSTGRES_DSN and IDEM_MYSQL_DSN are set
+// (required under CI=true).
 func dialects(t *testing.T, f func(t *testing.T, db *sql.DB, d sqlstore.Dialect)) {
 	t.Run("sqlite", func(t *testing.T) {
 		t.Parallel()
@@ -27,6 +28,10 @@ func dialects(t *testing.T, f func(t *testing.T, db *sql.DB, d sqlstore.Dialect)
 	t.Run("postgres", func(t *testing.T) {
 		t.Parallel()
 		f(t, sqltest.PostgresPool(t, sqltest.TestConns), sqlstore.Postgres)
+	})
+	t.Run("mysql", func(t *testing.T) {
+		t.Parallel()
+		f(t, sqltest.MySQLPool(t, sqltest.TestConns), sqlstore.MySQL)
 	})
 }
 
@@ -41,8 +46,8 @@ func TestNewRejects(t *testing.T) {
 		want string
 	}{
 		{"nil db", nil, sqlstore.Options{Dialect: sqlstore.SQLite}, "nil *sql.DB"},
-		{"no dialect", db, sqlstore.Options{}, "sqlstore: Dialect: 0 is unset; set sqlstore.Postgres or sqlstore.SQLite"},
-		{"unknown dialect", db, sqlstore.Options{Dialect: 3}, "sqlstore: Dialect: dialect(3) is unknown; set sqlstore.Postgres or sqlstore.SQLite"},
+		{"no dialect", db, sqlstore.Options{}, "sqlstore: Dialect: 0 is unset; set sqlstore.Postgres, sqlstore.MySQL or sqlstore.SQLite"},
+		{"unknown dialect", db, sqlstore.Options{Dialect: 4}, "sqlstore: Dialect: dialect(4) is unknown; set sqlstore.Postgres, sqlstore.MySQL or sqlstore.SQLite"},
 		{"negative LockTimeout", db, sqlstore.Options{Dialect: sqlstore.SQLite, LockTimeout: -time.Second}, "sqlstore: LockTimeout: -1s is negative; 0 means the default, 5s"},
 		{"negative LeaseTTL", db, sqlstore.Options{Dialect: sqlstore.SQLite, LeaseTTL: -1}, "idem: LeaseTTL: -1ns is negative; 0 means the default, 30s"},
 		{"negative Retention", db, sqlstore.Options{Dialect: sqlstore.SQLite, Retention: -1}, "idem: Retention: -1ns is negative; 0 means the default, 24h0m0s"},
@@ -78,6 +83,11 @@ func TestNewRefusesDialectOfAnotherDriver(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pg.Close()
+	my, err := sql.Open("mysql", "idem@tcp(127.0.0.1:1)/idem?timeout=1s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer my.Close()
 	for _, tc := range []struct {
 		name string
 		db   *sql.DB
@@ -86,6 +96,8 @@ func TestNewRefusesDialectOfAnotherDriver(t *testing.T) {
 	}{
 		{"SQLite db, Dialect Postgres", lite, sqlstore.Postgres, "sqlstore: Dialect: postgres does not match the *sql.DB's driver *sqlite.Driver (modernc.org/sqlite), which speaks sqlite; set Dialect: sqlstore.SQLite"},
 		{"pgx db, Dialect SQLite", pg, sqlstore.SQLite, "sqlstore: Dialect: sqlite does not match the *sql.DB's driver *stdlib.Driver (github.com/jackc/pgx/v5/stdlib), which speaks postgres; set Dialect: sqlstore.Postgres"},
+		{"pgx db, Dialect MySQL", pg, sqlstore.MySQL, "sqlstore: Dialect: mysql does not match the *sql.DB's driver *stdlib.Driver (github.com/jackc/pgx/v5/stdlib), which speaks postgres; set Dialect: sqlstore.Postgres"},
+		{"mysql db, Dialect Postgres", my, sqlstore.Postgres, "sqlstore: Dialect: postgres does not match the *sql.DB's driver *mysql.MySQLDriver (github.com/go-sql-driver/mysql), which speaks mysql; set Dialect: sqlstore.MySQL"},
 	} {
 		if _, err := sqlstore.New(tc.db, sqlstore.Options{Dialect: tc.d}); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("New on a %s = %v; want an error saying %q", tc.name, err, tc.want)
@@ -96,6 +108,18 @@ func TestNewRefusesDialectOfAnotherDriver(t *testing.T) {
 	}
 	if _, err := sqlstore.New(lite, sqlstore.Options{Dialect: sqlstore.SQLite}); err != nil {
 		t.Errorf("New on a SQLite db with Dialect SQLite = %v; want a store", err)
+	}
+	if _, err := sqlstore.New(my, sqlstore.Options{Dialect: sqlstore.MySQL}); err != nil {
+		t.Errorf("New on a mysql db with Dialect MySQL = %v; want a store (and no I/O)", err)
+	}
+	// InnoDB indexes keys of at most 3072 bytes: a longer MaxKeyBytes is
+	// refused, not cut to fit.
+	want := "sqlstore: MaxKeyBytes: 3073 is above 3072, the longest key InnoDB indexes (Dialect MySQL)"
+	if _, err := sqlstore.New(my, sqlstore.Options{Dialect: sqlstore.MySQL, MaxKeyBytes: 3073}); err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("New on MySQL with MaxKeyBytes 3073 = %v; want an error saying %q", err, want)
+	}
+	if _, err := sqlstore.New(my, sqlstore.Options{Dialect: sqlstore.MySQL, MaxKeyBytes: 3072}); err != nil {
+		t.Errorf("New on MySQL with MaxKeyBytes 3072 = %v; want a store", err)
 	}
 }
 
@@ -111,8 +135,9 @@ func TestMissingTableSaysHowToCreateIt(t *testing.T) {
 		if err != nil {
 			t.Fatalf("New on a missing table = %v; want a store (the table is looked for by its first statement)", err)
 		}
-		want := fmt.Sprintf(`table "%s" does not exist: create it with Store.CreateSchema (development, tests), `+
-			`or with the statements of sqlstore.SchemaDDL(sqlstore.%s, %q) in a migration`, table, dialectConst(e.Dialect), table)
+		want := fmt.Sprintf(`table %s does not exist: create it with Store.CreateSchema (development, tests), `+
+			`or with the statements of sqlstore.SchemaDDL(sqlstore.%s, %q) in a migration`,
+			sqltest.Query(e.Dialect, `"`+table+`"`), dialectConst(e.Dialect), table)
 		check := func(call string, err error) {
 			t.Helper()
 			if err == nil || !strings.Contains(err.Error(), want) {
@@ -132,8 +157,8 @@ func TestMissingTableSaysHowToCreateIt(t *testing.T) {
 		if err := st.CreateSchema(ctx); err != nil {
 			t.Fatal(err)
 		}
-		if e.Dialect == sqlstore.Postgres {
-			t.Cleanup(func() { _, _ = e.DB.Exec(`DROP TABLE IF EXISTS "` + table + `"`) })
+		if e.Dialect != sqlstore.SQLite {
+			t.Cleanup(func() { _, _ = e.DB.Exec(sqltest.Query(e.Dialect, `DROP TABLE IF EXISTS "`+table+`"`)) })
 		}
 		if c, err := st.Claim(ctx, "k", nil); err != nil || c.Outcome != idem.Claimed {
 			t.Errorf("Claim after CreateSchema = %v, %v; want Claimed", c.Outcome, err)
@@ -142,8 +167,11 @@ func TestMissingTableSaysHowToCreateIt(t *testing.T) {
 }
 
 func dialectConst(d sqlstore.Dialect) string {
-	if d == sqlstore.SQLite {
+	switch d {
+	case sqlstore.SQLite:
 		return "SQLite"
+	case sqlstore.MySQL:
+		return "MySQL"
 	}
 	return "Postgres"
 }
@@ -162,16 +190,21 @@ func TestNewSQLiteNeedsWAL(t *testing.T) {
 }
 
 func TestSchemaDDL(t *testing.T) {
-	for _, d := range []sqlstore.Dialect{sqlstore.Postgres, sqlstore.SQLite} {
+	for _, d := range []sqlstore.Dialect{sqlstore.Postgres, sqlstore.SQLite, sqlstore.MySQL} {
 		ddl, err := sqlstore.SchemaDDL(d, "")
-		if err != nil || len(ddl) != 2 {
-			t.Fatalf("SchemaDDL(%v, \"\") = %d statements, %v; want 2, nil", d, len(ddl), err)
+		// MySQL declares the index in the CREATE TABLE.
+		want := map[sqlstore.Dialect]int{sqlstore.MySQL: 1}[d]
+		if want == 0 {
+			want = 2
 		}
-		if !strings.Contains(ddl[0], `CREATE TABLE IF NOT EXISTS "idem_keys"`) || !strings.Contains(ddl[1], "(expires_at)") {
+		if err != nil || len(ddl) != want {
+			t.Fatalf("SchemaDDL(%v, \"\") = %d statements, %v; want %d, nil", d, len(ddl), err, want)
+		}
+		if !strings.Contains(ddl[0], sqltest.Query(d, `CREATE TABLE IF NOT EXISTS "idem_keys"`)) || !strings.Contains(ddl[len(ddl)-1], "(expires_at)") {
 			t.Errorf("SchemaDDL(%v, \"\") = %q; want the default table and an index on expires_at", d, ddl)
 		}
 		ddl, err = sqlstore.SchemaDDL(d, "app.keys")
-		if err != nil || !strings.Contains(ddl[0], `"app"."keys"`) {
+		if err != nil || !strings.Contains(ddl[0], sqltest.Query(d, `"app"."keys"`)) {
 			t.Errorf("SchemaDDL(%v, app.keys) = %q, %v; want the schema-qualified, quoted table", d, ddl, err)
 		}
 		if _, err := sqlstore.SchemaDDL(d, "keys;"); err == nil {
@@ -199,6 +232,13 @@ func TestSchema(t *testing.T) {
 		// A reserved word works as a table name: it is quoted. So does a
 		// schema-qualified name.
 		schema := map[sqlstore.Dialect]string{sqlstore.Postgres: "public.", sqlstore.SQLite: "main."}[d]
+		if d == sqlstore.MySQL {
+			// MySQL's schema is the database: the DSN's.
+			if err := db.QueryRowContext(t.Context(), "SELECT DATABASE()").Scan(&schema); err != nil {
+				t.Fatal(err)
+			}
+			schema += "."
+		}
 		for _, name := range []string{"order", schema + sqltest.UniqueTable()} {
 			other := sqltest.NewStore(t, db, sqlstore.Options{Dialect: d, Table: name})
 			c, err := other.Claim(t.Context(), "k", []byte("fp"))
@@ -221,7 +261,7 @@ func TestSchema(t *testing.T) {
 		}
 		// Keys are bytes in the table, not text in some encoding.
 		var got []byte
-		q := `SELECT key FROM "` + table + `"`
+		q := sqltest.Query(d, `SELECT key FROM "`+table+`"`)
 		if err := db.QueryRowContext(t.Context(), q).Scan(&got); err != nil || string(got) != key {
 			t.Errorf("stored key = %q, %v; want %q byte for byte", got, err, key)
 		}
@@ -329,7 +369,7 @@ func TestPurgeExpired(t *testing.T) {
 			}
 		}
 		var rows int
-		if err := db.QueryRowContext(ctx, `SELECT count(*) FROM "`+table+`"`).Scan(&rows); err != nil || rows != 2 {
+		if err := db.QueryRowContext(ctx, sqltest.Query(d, `SELECT count(*) FROM "`+table+`"`)).Scan(&rows); err != nil || rows != 2 {
 			t.Errorf("rows after PurgeExpired = %d, %v; want 2", rows, err)
 		}
 		if got, err := long.PurgeExpired(ctx); err != nil || got != 0 {
@@ -387,10 +427,7 @@ func TestTokensOutrunTheClock(t *testing.T) {
 		// claims in one tick) would leave: the next leases must exceed it
 		// all the same.
 		const ahead = int64(1) << 60
-		q := `UPDATE "` + table + `" SET token = $1`
-		if d == sqlstore.SQLite {
-			q = strings.ReplaceAll(q, "$", "?")
-		}
+		q := sqltest.Query(d, `UPDATE "`+table+`" SET token = $1`)
 		if _, err := db.ExecContext(ctx, q, ahead); err != nil {
 			t.Fatal(err)
 		}

@@ -3,6 +3,7 @@ package sqlstore
 import (
 	"context"
 	"database/sql"
+	"database/sql/driver"
 	"errors"
 	"fmt"
 	"strconv"
@@ -55,6 +56,15 @@ func TxFromContext(ctx context.Context) (*sql.Tx, bool) {
 // = LockTimeout bounds the wait for another Run's row; write's own
 // statements run under the same lock_timeout. Lease-mode calls (Claim,
 // Lookup, ...) on a key a Run holds wait for its transaction to end.
+//
+// On MySQL the transaction is READ COMMITTED too, and Run sets the
+// session's innodb_lock_wait_timeout to LockTimeout (in whole seconds,
+// rounded up) for its transaction, restoring the session's own value after
+// it: two statements more than on Postgres. A deadlock met before write
+// ran starts the Run over; one met by write's statements is write's error
+// (InnoDB has rolled everything back: no record, no effect). Statements
+// that commit implicitly (CREATE, ALTER, DROP, ...) end the transaction
+// there: a write that sends one gets ErrTxEnded, as for a COMMIT.
 //
 // On SQLite there is one writer per database: a Run holds the database's
 // write lock from its claim to its commit, so Runs of different keys, and
@@ -116,18 +126,34 @@ func (s *Store) run(ctx context.Context, key string, fp []byte,
 	if err != nil {
 		return nil, false, s.fail("run", key, err), nil
 	}
-	defer release()
+	lockWaitSet := false
+	defer func() {
+		if lockWaitSet {
+			s.restoreLockWait(conn)
+		}
+		release()
+	}()
 	done := false
 	defer func() {
 		if !done { // also when write panics
 			_ = tx.Rollback()
 		}
 	}()
-	if s.dialect == Postgres {
+	switch s.dialect {
+	case Postgres:
 		lt := strconv.FormatInt(s.lockTimeout.Milliseconds(), 10) + "ms"
 		if _, err := tx.ExecContext(ctx, "SELECT set_config('lock_timeout', $1, true)", lt); err != nil {
 			return nil, false, s.fail("run", key, err), nil
 		}
+	case MySQL:
+		// MySQL has no SET LOCAL: the session's value is kept in a user
+		// variable of the session and put back once the transaction ends.
+		set := "SET @idem_lock_wait = @@SESSION.innodb_lock_wait_timeout, SESSION innodb_lock_wait_timeout = " +
+			strconv.FormatInt(s.lockWaitSec, 10)
+		if _, err := tx.ExecContext(ctx, set); err != nil {
+			return nil, false, s.fail("run", key, err), nil
+		}
+		lockWaitSet = true
 	}
 	c, err := s.claimIn(ctx, tx, key, fp, start)
 	if isLockTimeout(err) {
@@ -156,9 +182,16 @@ func (s *Store) run(ctx context.Context, key string, fp []byte,
 		err = fmt.Errorf("%w: result of %d bytes for %s exceeds MaxResultBytes %d; the transaction was rolled back",
 			idem.ErrTooLarge, len(result), s.core.KeyName(key), s.o.MaxResultBytes)
 	}
+	if err != nil && isDeadlock(err) {
+		// InnoDB rolled back the whole transaction, the claim with it: the
+		// key is free, nothing is recorded. Not started over: write may
+		// have had effects outside the database.
+		return nil, false, nil, fmt.Errorf("sqlstore: run of %s: the database rolled the transaction back (deadlock) "+
+			"while write ran: nothing is recorded, and the key is free: %w", s.core.KeyName(key), err)
+	}
 	// A write that committed or rolled back the transaction itself: on
-	// SQLite asked before the record, in process; on Postgres after a
-	// failed write, else the record statement finds out for free.
+	// SQLite asked before the record, in process; on Postgres and MySQL
+	// after a failed write, else the record statement finds out for free.
 	if (err != nil || s.dialect == SQLite) && s.txEnded(ctx, tx) {
 		done = true
 		return nil, false, nil, s.release(ctx, conn, tx, key, c.Lease, err)
@@ -182,6 +215,17 @@ func (s *Store) run(ctx context.Context, key string, fp []byte,
 		return nil, false, nil, s.fail("run (commit)", key, err)
 	}
 	return result, false, nil, nil
+}
+
+// restoreLockWait puts back the session's innodb_lock_wait_timeout that Run
+// changed on conn (MySQL). A connection it cannot restore is dropped from
+// the pool rather than lend Run's lock wait to the pool's next user.
+func (s *Store) restoreLockWait(conn *sql.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), s.lockTimeout)
+	defer cancel()
+	if _, err := conn.ExecContext(ctx, "SET SESSION innodb_lock_wait_timeout = @idem_lock_wait"); err != nil {
+		_ = conn.Raw(func(any) error { return driver.ErrBadConn })
+	}
 }
 
 // beginBounded begins Run's transaction on a connection taken from the pool
@@ -227,9 +271,13 @@ func (s *Store) txEnded(ctx context.Context, tx *sql.Tx) bool {
 		return err == nil || errors.Is(err, sql.ErrTxDone)
 	}
 	// The claim gave the transaction an id; a statement on its own has
-	// none until it writes.
+	// none until it writes. MySQL says whether one is open.
+	q := "SELECT txid_current_if_assigned() IS NULL"
+	if s.dialect == MySQL {
+		q = "SELECT @@in_transaction = 0"
+	}
 	var ended bool
-	err := tx.QueryRowContext(ctx, "SELECT txid_current_if_assigned() IS NULL").Scan(&ended)
+	err := tx.QueryRowContext(ctx, q).Scan(&ended)
 	return ended || errors.Is(err, sql.ErrTxDone)
 }
 

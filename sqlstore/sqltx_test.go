@@ -361,8 +361,19 @@ func TestRunSQLiteSingleWriter(t *testing.T) {
 	e.Fact("b", true)
 }
 
-func TestRunPostgresOtherKeysDoNotWait(t *testing.T) {
-	e := sqltest.NewRunEnv(t, sqltest.PostgresPool(t, sqltest.TestConns), sqlstore.Postgres, testenv.PostgresDSN(t))
+// servers runs f on each database server: Postgres and MySQL.
+func servers(t *testing.T, f func(t *testing.T, d sqlstore.Dialect, dsn func(testing.TB) string)) {
+	t.Run("postgres", func(t *testing.T) { t.Parallel(); f(t, sqlstore.Postgres, testenv.PostgresDSN) })
+	t.Run("mysql", func(t *testing.T) { t.Parallel(); f(t, sqlstore.MySQL, testenv.MySQLDSN) })
+}
+
+func TestRunServerOtherKeysDoNotWait(t *testing.T) {
+	servers(t, func(t *testing.T, d sqlstore.Dialect, dsn func(testing.TB) string) {
+		testRunOtherKeysDoNotWait(t, sqltest.NewRunEnv(t, sqltest.Pool(t, d, sqltest.TestConns), d, dsn(t)))
+	})
+}
+
+func testRunOtherKeysDoNotWait(t *testing.T, e *runEnv) {
 	release := make(chan struct{})
 	first := holdRun(e, "a", "a", release, false)
 	start := time.Now()
@@ -381,8 +392,13 @@ func TestRunPostgresOtherKeysDoNotWait(t *testing.T) {
 // database, not for its key: ErrBusy after LockTimeout, not a wait as long
 // as the caller's context.
 func TestRunPoolExhaustedIsBusy(t *testing.T) {
-	db := sqltest.PostgresPool(t, 2)
-	e := sqltest.NewRunEnv(t, db, sqlstore.Postgres, testenv.PostgresDSN(t))
+	servers(t, func(t *testing.T, d sqlstore.Dialect, dsn func(testing.TB) string) {
+		db := sqltest.Pool(t, d, 2)
+		testRunPoolExhaustedIsBusy(t, db, sqltest.NewRunEnv(t, db, d, dsn(t)))
+	})
+}
+
+func testRunPoolExhaustedIsBusy(t *testing.T, db *sql.DB, e *runEnv) {
 	impatient := e.Store(sqlstore.Options{LockTimeout: 200 * time.Millisecond})
 	var held []*sql.Conn
 	for range 2 {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -21,7 +20,27 @@ import (
 // test` runs other packages' tests beside these), so tests take at most 40.
 func PostgresPool(t testing.TB, conns int) *sql.DB {
 	t.Helper()
-	db := Postgres(t)
+	return pool(t, Postgres(t), conns)
+}
+
+// MySQLPool is PostgresPool's twin on the test MySQL or MariaDB
+// (IDEM_MYSQL_DSN); `make test` starts MariaDB with 500 connections.
+func MySQLPool(t testing.TB, conns int) *sql.DB {
+	t.Helper()
+	return pool(t, MySQL(t), conns)
+}
+
+// Pool opens the test database of a server dialect with a pool of conns.
+func Pool(t testing.TB, d sqlstore.Dialect, conns int) *sql.DB {
+	t.Helper()
+	if d == sqlstore.MySQL {
+		return MySQLPool(t, conns)
+	}
+	return PostgresPool(t, conns)
+}
+
+func pool(t testing.TB, db *sql.DB, conns int) *sql.DB {
+	t.Helper()
 	// The default of 2 idle connections would reconnect on nearly every
 	// statement of parallel checks.
 	db.SetMaxIdleConns(conns)
@@ -32,7 +51,7 @@ func PostgresPool(t testing.TB, conns int) *sql.DB {
 	for i := range open {
 		c, err := db.Conn(ctx)
 		if err != nil {
-			t.Fatalf("Postgres does not answer: %v", err)
+			t.Fatalf("the database does not answer: %v", err)
 		}
 		open[i] = c
 	}
@@ -42,7 +61,7 @@ func PostgresPool(t testing.TB, conns int) *sql.DB {
 	return db
 }
 
-// TestConns is the Postgres pool size of tests.
+// TestConns is the Postgres (and MySQL) pool size of tests.
 const TestConns = 40
 
 // RunEnv is one dialect's ground for the Run tests: a store on a fresh
@@ -59,7 +78,8 @@ type RunEnv struct {
 	Calls   atomic.Int64 // write functions called
 }
 
-// EachDialect runs f on SQLite and, when IDEM_POSTGRES_DSN is set, Postgres.
+// EachDialect runs f on SQLite and, when IDEM_POSTGRES_DSN and
+// IDEM_MYSQL_DSN are set, Postgres and MySQL.
 func EachDialect(t *testing.T, f func(e *RunEnv)) {
 	t.Run("sqlite", func(t *testing.T) {
 		t.Parallel()
@@ -71,6 +91,11 @@ func EachDialect(t *testing.T, f func(e *RunEnv)) {
 		db := PostgresPool(t, TestConns)
 		f(NewRunEnv(t, db, sqlstore.Postgres, testenv.PostgresDSN(t)))
 	})
+	t.Run("mysql", func(t *testing.T) {
+		t.Parallel()
+		db := MySQLPool(t, TestConns)
+		f(NewRunEnv(t, db, sqlstore.MySQL, testenv.MySQLDSN(t)))
+	})
 }
 
 // NewRunEnv makes a RunEnv of dialect d on db, whose data another process
@@ -78,11 +103,15 @@ func EachDialect(t *testing.T, f func(e *RunEnv)) {
 func NewRunEnv(t *testing.T, db *sql.DB, d sqlstore.Dialect, dsn string) *RunEnv {
 	e := &RunEnv{T: t, DB: db, Dialect: d, DSN: dsn, Table: UniqueTable(), Effects: UniqueTable()}
 	e.St = NewStore(t, db, sqlstore.Options{Dialect: d, Table: e.Table})
-	if _, err := db.Exec(`CREATE TABLE "` + e.Effects + `" (key BYTEA NOT NULL, note TEXT NOT NULL)`); err != nil {
+	ddl := `CREATE TABLE "` + e.Effects + `" (key BYTEA NOT NULL, note TEXT NOT NULL)`
+	if d == sqlstore.MySQL {
+		ddl = "CREATE TABLE `" + e.Effects + "` (`key` VARBINARY(3072) NOT NULL, note TEXT NOT NULL) ENGINE=InnoDB"
+	}
+	if _, err := db.Exec(ddl); err != nil {
 		t.Fatalf("creating the effects table: %v", err)
 	}
-	if d == sqlstore.Postgres {
-		t.Cleanup(func() { _, _ = db.Exec(`DROP TABLE "` + e.Effects + `"`) })
+	if d != sqlstore.SQLite {
+		t.Cleanup(func() { _, _ = db.Exec(Query(d, `DROP TABLE "`+e.Effects+`"`)) })
 	}
 	return e
 }
@@ -102,10 +131,7 @@ func (e *RunEnv) Store(o sqlstore.Options) *sqlstore.Store {
 // transaction, then calls hook (which may block, fail or panic), then
 // returns result.
 func (e *RunEnv) Write(key, result string, hook func(ctx context.Context, tx *sql.Tx) error) func(context.Context, *sql.Tx) ([]byte, error) {
-	q := `INSERT INTO "` + e.Effects + `" (key, note) VALUES ($1, $2)`
-	if e.Dialect == sqlstore.SQLite {
-		q = strings.ReplaceAll(q, "$", "?")
-	}
+	q := Query(e.Dialect, `INSERT INTO "`+e.Effects+`" (key, note) VALUES ($1, $2)`)
 	return func(ctx context.Context, tx *sql.Tx) ([]byte, error) {
 		e.Calls.Add(1)
 		if _, err := tx.ExecContext(ctx, q, []byte(key), result); err != nil {
@@ -123,10 +149,7 @@ func (e *RunEnv) Write(key, result string, hook func(ctx context.Context, tx *sq
 // EffectCount counts key's effects.
 func (e *RunEnv) EffectCount(key string) int {
 	e.T.Helper()
-	q := `SELECT count(*) FROM "` + e.Effects + `" WHERE key = $1`
-	if e.Dialect == sqlstore.SQLite {
-		q = strings.ReplaceAll(q, "$", "?")
-	}
+	q := Query(e.Dialect, `SELECT count(*) FROM "`+e.Effects+`" WHERE key = $1`)
 	var n int
 	if err := e.DB.QueryRow(q, []byte(key)).Scan(&n); err != nil {
 		e.T.Fatalf("counting effects: %v", err)

@@ -1,5 +1,5 @@
 // Package sqltest opens the databases that SQL tests run on: a fresh
-// SQLite file, or the Postgres that `make test` starts (through
+// SQLite file, or the Postgres or MariaDB that `make test` starts (through
 // internal/testing/testenv, so it skips, or fails under CI=true, when missing).
 // Each database is closed when its test ends. It also opens a
 // sqlstore.Store on a table of its own, and counts the connections a
@@ -13,10 +13,12 @@ import (
 	"database/sql/driver"
 	"encoding/hex"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync/atomic"
 	"testing"
 
+	_ "github.com/go-sql-driver/mysql" // database/sql driver "mysql"
 	"github.com/idemgo/idem/internal/testing/testenv"
 	"github.com/idemgo/idem/sqlstore"
 	_ "github.com/jackc/pgx/v5/stdlib" // database/sql driver "pgx"
@@ -55,6 +57,49 @@ func Postgres(t testing.TB) *sql.DB {
 	return db
 }
 
+// MySQL opens the test MySQL or MariaDB (IDEM_MYSQL_DSN).
+func MySQL(t testing.TB) *sql.DB {
+	t.Helper()
+	db, err := sql.Open("mysql", testenv.MySQLDSN(t))
+	if err != nil {
+		t.Fatalf("sql.Open(mysql) = %v", err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+// Open opens the test database of dialect d (a new file for SQLite).
+func Open(t testing.TB, d sqlstore.Dialect) *sql.DB {
+	t.Helper()
+	switch d {
+	case sqlstore.Postgres:
+		return Postgres(t)
+	case sqlstore.MySQL:
+		return MySQL(t)
+	}
+	db, _ := SQLite(t)
+	return db
+}
+
+// Query turns a test's statement, written for Postgres (double-quoted
+// names, $n parameters each used once and in order), into dialect d's.
+func Query(d sqlstore.Dialect, q string) string {
+	switch d {
+	case sqlstore.SQLite:
+		return strings.ReplaceAll(q, "$", "?")
+	case sqlstore.MySQL:
+		q = strings.ReplaceAll(q, `"`, "`")
+		q = keyColumn.ReplaceAllString(q, "`key`")
+		return param.ReplaceAllString(q, "?")
+	}
+	return q
+}
+
+var (
+	keyColumn = regexp.MustCompile(`\bkey\b`)
+	param     = regexp.MustCompile(`\$[0-9]+`)
+)
+
 // UniqueTable names a table no other test uses.
 func UniqueTable() string {
 	var b [6]byte
@@ -63,8 +108,8 @@ func UniqueTable() string {
 }
 
 // NewStore opens a store on db with o, creates its table (o.Table, which a
-// test on Postgres names with UniqueTable), and on Postgres drops the table
-// when t ends.
+// test on Postgres or MySQL names with UniqueTable), and on Postgres and
+// MySQL drops the table when t ends.
 func NewStore(t testing.TB, db *sql.DB, o sqlstore.Options) *sqlstore.Store {
 	t.Helper()
 	st, err := sqlstore.New(db, o)
@@ -74,8 +119,8 @@ func NewStore(t testing.TB, db *sql.DB, o sqlstore.Options) *sqlstore.Store {
 	if err := st.CreateSchema(context.Background()); err != nil {
 		t.Fatalf("CreateSchema = %v", err)
 	}
-	if o.Dialect == sqlstore.Postgres {
-		quoted := `"` + strings.ReplaceAll(o.Table, ".", `"."`) + `"`
+	if o.Dialect != sqlstore.SQLite {
+		quoted := Query(o.Dialect, `"`+strings.ReplaceAll(o.Table, ".", `"."`)+`"`)
 		t.Cleanup(func() { _, _ = db.Exec(`DROP TABLE IF EXISTS ` + quoted) })
 	}
 	return st

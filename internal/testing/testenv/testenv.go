@@ -24,6 +24,7 @@ const (
 	RedisAddrVar      = "IDEM_REDIS_ADDR"            // host:port of a standalone Redis
 	ClusterAddrsVar   = "IDEM_REDIS_CLUSTER_ADDRS"   // comma-separated host:port of a Redis Cluster's masters
 	PostgresDSNVar    = "IDEM_POSTGRES_DSN"          // a Postgres connection string
+	MySQLDSNVar       = "IDEM_MYSQL_DSN"             // a MySQL or MariaDB DSN of go-sql-driver/mysql
 	SentinelAddrsVar  = "IDEM_REDIS_SENTINEL_ADDRS"  // comma-separated host:port of Redis Sentinels
 	SentinelMasterVar = "IDEM_REDIS_SENTINEL_MASTER" // the master name the sentinels watch
 )
@@ -94,6 +95,15 @@ func ping(t testing.TB, c redis.UniversalClient) {
 func PostgresDSN(t testing.TB) string {
 	t.Helper()
 	return Lookup(t, PostgresDSNVar)
+}
+
+// MySQLDSN returns the DSN (go-sql-driver/mysql's form,
+// user@tcp(host:port)/db) of the MySQL or MariaDB that tests may create
+// tables in, or skips t (fails it under CI=true) when IDEM_MYSQL_DSN is
+// unset.
+func MySQLDSN(t testing.TB) string {
+	t.Helper()
+	return Lookup(t, MySQLDSNVar)
 }
 
 // IOCounter is a go-redis hook that counts everything a client dials or
