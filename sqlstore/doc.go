@@ -1,4 +1,5 @@
-// Package sqlstore keeps idem's records in a table of Postgres or SQLite:
+// Package sqlstore keeps idem's records in a table of Postgres, MySQL (or
+// MariaDB) or SQLite:
 // an [idem.Store] and [idem.Batcher] like the others, plus a transactional
 // mode, [Store.Run], in which the record commits in the same transaction as
 // the work.
@@ -6,7 +7,8 @@
 //	store, err := sqlstore.New(db, sqlstore.Options{Dialect: sqlstore.Postgres})
 //
 // [New] takes a *sql.DB (pgx's database/sql driver for Postgres,
-// modernc.org/sqlite for SQLite) and one flat [Options] literal: the fields
+// github.com/go-sql-driver/mysql for MySQL and MariaDB, modernc.org/sqlite
+// for SQLite) and one flat [Options] literal: the fields
 // every store shares, as in idem.Options, and Dialect (required), Table
 // (default [DefaultTable], "idem_keys") and LockTimeout (default
 // [DefaultLockTimeout], 5s). A Dialect that is not the one the driver
@@ -16,7 +18,7 @@
 // # Lease mode
 //
 // Claim, Renew, Confirm, Forget and Lookup keep the contract of idem.Store,
-// which package storetest checks on both dialects: use them, or the
+// which package storetest checks on every dialect: use them, or the
 // wrappers of packages consumer and middleware over them, when the work is
 // not a write to this database (a call to a payment provider, a message
 // sent). On Postgres a claim is one statement that inserts a new key or,
@@ -70,7 +72,8 @@
 //
 // Lease and retention expiry are judged by the database's clock, never the
 // caller's, so workers with skewed clocks cannot take over each other's
-// live leases: on Postgres, the server's statement_timestamp(). SQLite runs
+// live leases: on Postgres, the server's statement_timestamp(); on MySQL,
+// its UTC_TIMESTAMP(6), whatever the session's time_zone. SQLite runs
 // in the process, so there "the database's clock" is the process's: the
 // processes that share one SQLite file share their host's clock, and a
 // clock stepped back there moves every deadline. Fencing tokens derive from
@@ -85,4 +88,38 @@
 // so that Runs of every key take turns. Past LockTimeout the error wraps
 // [ErrBusy]: the database, not the key, was held. Keep the write function
 // short there.
+//
+// # MySQL and MariaDB
+//
+// MySQL 8.0 or later and MariaDB 10.11 or later, InnoDB tables. What the
+// dialect does where MySQL differs, and why:
+//
+//   - A claim reads the key first, then INSERTs a new key or takes over an
+//     expired or forgotten claim with one UPDATE whose WHERE clause holds
+//     the expiry check: MySQL has no RETURNING and no upsert with a WHERE
+//     clause (INSERT ... ON DUPLICATE KEY UPDATE evaluates its assignments
+//     one after another, so a guard over two columns sees a half-written
+//     row). A duplicate is one read, with no lock. The fencing token comes
+//     back in the statement's reply through LAST_INSERT_ID(expr). Never
+//     INSERT IGNORE: it would turn a key too long for its column into a cut
+//     one.
+//   - Keys are VARBINARY(3072), the longest primary key InnoDB indexes with
+//     16 KiB pages: New refuses a MaxKeyBytes above [MaxMySQLKeyBytes].
+//   - Time is UTC_TIMESTAMP(6) in DATETIME(6) columns, never NOW(): NOW
+//     follows the session's time_zone.
+//   - The store's transactions begin at READ COMMITTED whatever the
+//     server's default, REPEATABLE READ (see [Store]).
+//   - A Run bounds its lock wait with the session's innodb_lock_wait_timeout,
+//     in whole seconds (LockTimeout rounded up), and puts the session's own
+//     value back after.
+//   - A deadlock before any work ran is retried, the whole transaction
+//     over; a deadlock met by a Run's write is its error, and nothing is
+//     recorded. A claim that waited past the server's
+//     innodb_lock_wait_timeout for a Run's row is idem.ErrInProgress.
+//   - PurgeExpired locks a batch with SELECT ... FOR UPDATE SKIP LOCKED,
+//     then deletes it by key.
+//
+// The driver sends a statement with arguments as a prepared statement: two
+// round trips. interpolateParams=true in the DSN halves that, and the store
+// is correct either way (and with clientFoundRows either way).
 package sqlstore
