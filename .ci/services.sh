@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Throwaway servers for idem's integration tests (DESIGN.md section 8).
 #
-#   services.sh install         install redis-server/redis-tools/postgresql/rabbitmq-server
-#                               if missing (root), then build-servers
+#   services.sh install         install redis-server/redis-tools/postgresql/rabbitmq-server/
+#                               mariadb-server if missing (root), then build-servers
 #   services.sh build-servers   build Redis 8.0 and Valkey 8.1 from Debian 13's source
 #                               packages if they are not in the cache yet (see below)
 #   services.sh install-tools   install staticcheck into $(go env GOPATH)/bin if missing
 #   services.sh start DIR       start Redis, a 3-master Redis Cluster, a Sentinel set, Redis 8.0,
-#                               Valkey 8.1, Postgres and RabbitMQ, data in DIR;
+#                               Valkey 8.1, Postgres, MariaDB and RabbitMQ, data in DIR;
 #                               writes DIR/env with the IDEM_* exports the tests read
 #   services.sh stop DIR        stop what `start DIR` started and remove DIR
 #
@@ -24,6 +24,7 @@
 #                                25672, a system RabbitMQ's distribution port)
 #   IDEM_TEST_REDIS8_PORT        Redis 8.0                           (default 16390)
 #   IDEM_TEST_VALKEY_PORT        Valkey 8.1                          (default 16391)
+#   IDEM_TEST_MARIADB_PORT       MariaDB                             (default 13306)
 #   IDEM_TEST_PG_BIN             Postgres binaries (default /usr/lib/postgresql/15/bin,
 #                                else the newest /usr/lib/postgresql/*/bin)
 #
@@ -54,10 +55,15 @@ SENTINEL_BASE=${IDEM_TEST_SENTINEL_PORT:-16380}
 AMQP_PORT=${IDEM_TEST_AMQP_PORT:-35672}
 REDIS8_PORT=${IDEM_TEST_REDIS8_PORT:-16390}
 VALKEY_PORT=${IDEM_TEST_VALKEY_PORT:-16391}
+MARIADB_PORT=${IDEM_TEST_MARIADB_PORT:-13306}
 
-for _p in "$REDIS_PORT" "$CLUSTER_PORT" "$PG_PORT" "$SENTINEL_BASE" "$REDIS8_PORT" "$VALKEY_PORT"; do
-	if ! [[ $_p =~ ^[0-9]+$ ]] || ((_p < 1 || _p > 55533)); then
-		echo "services: error: bad port '$_p' (need 1..55533: cluster bus ports are port+10000)" >&2
+if ! [[ $CLUSTER_PORT =~ ^[0-9]+$ ]] || ((CLUSTER_PORT < 1 || CLUSTER_PORT > 55533)); then
+	echo "services: error: bad port '$CLUSTER_PORT' (need 1..55533: cluster bus ports are port+10000)" >&2
+	exit 2
+fi
+for _p in "$REDIS_PORT" "$PG_PORT" "$SENTINEL_BASE" "$REDIS8_PORT" "$VALKEY_PORT" "$MARIADB_PORT"; do
+	if ! [[ $_p =~ ^[0-9]+$ ]] || ((_p < 1 || _p > 65531)); then
+		echo "services: error: bad port '$_p' (need 1..65531)" >&2
 		exit 2
 	fi
 done
@@ -71,6 +77,9 @@ fi
 AMQP_DIST_PORT=$((AMQP_PORT + 1))
 AMQP_EPMD_PORT=$((AMQP_PORT + 2))
 readonly RABBITMQ_BIN=/usr/lib/rabbitmq/bin
+# Debian's mariadb-server (10.11 on Debian 12): the server, and the script that
+# creates a data directory.
+readonly MARIADBD=/usr/sbin/mariadbd
 CLUSTER_PORTS=("$CLUSTER_PORT" "$((CLUSTER_PORT + 1))" "$((CLUSTER_PORT + 2))")
 SENTINEL_MASTER_PORT=$SENTINEL_BASE
 SENTINEL_REPLICA_PORT=$((SENTINEL_BASE + 1))
@@ -112,6 +121,8 @@ cmd_install() {
 	command -v redis-cli >/dev/null || pkgs+=(redis-tools)
 	[[ -x "$(pg_bin)/initdb" ]] || pkgs+=(postgresql)
 	[[ -x $RABBITMQ_BIN/rabbitmq-server ]] || pkgs+=(rabbitmq-server)
+	[[ -x $MARIADBD ]] && command -v mariadb-install-db >/dev/null && command -v mariadb-admin >/dev/null ||
+		pkgs+=(mariadb-server mariadb-client)
 	if ((${#pkgs[@]} > 0)); then
 		apt_install "${pkgs[@]}"
 		# The Debian packages enable system servers on 6379/5432; we never use those.
@@ -330,7 +341,7 @@ check_ports_free() {
 	for p in "$REDIS_PORT" "${CLUSTER_PORTS[@]}" "$((CLUSTER_PORT + 10000))" \
 		"$((CLUSTER_PORT + 10001))" "$((CLUSTER_PORT + 10002))" "$PG_PORT" \
 		"$SENTINEL_MASTER_PORT" "$SENTINEL_REPLICA_PORT" "${SENTINEL_PORTS[@]}" \
-		"$AMQP_PORT" "$AMQP_DIST_PORT" "$AMQP_EPMD_PORT" "$REDIS8_PORT" "$VALKEY_PORT"; do
+		"$AMQP_PORT" "$AMQP_DIST_PORT" "$AMQP_EPMD_PORT" "$REDIS8_PORT" "$VALKEY_PORT" "$MARIADB_PORT"; do
 		port_in_use "$p" || continue
 		busy=1
 		what=
@@ -341,8 +352,9 @@ check_ports_free() {
 		if [[ $line =~ pid=([0-9]+) ]]; then
 			pid=${BASH_REMATCH[1]}
 			cwd=$(readlink "/proc/$pid/cwd" 2>/dev/null || true)
-			# Our servers run in DIR/redis-PORT, DIR/pg/data or DIR/rabbitmq: point at DIR.
-			if [[ $cwd =~ ^(.*)/(redis-[0-9]+|pg/data|rabbitmq)$ && -f ${BASH_REMATCH[1]}/$MARKER ]]; then
+			# Our servers run in DIR/redis-PORT, DIR/pg/data, DIR/mariadb/data or DIR/rabbitmq:
+			# point at DIR.
+			if [[ $cwd =~ ^(.*)/(redis-[0-9]+|pg/data|mariadb/data|rabbitmq)$ && -f ${BASH_REMATCH[1]}/$MARKER ]]; then
 				[[ " ${leftovers[*]-} " == *" ${BASH_REMATCH[1]} "* ]] || leftovers+=("${BASH_REMATCH[1]}")
 			fi
 		fi
@@ -474,6 +486,38 @@ start_postgres() {
 		-v ON_ERROR_STOP=1 -qc 'CREATE DATABASE idem'
 }
 
+# MariaDB, like Postgres, runs in the background (mariadb-install-db takes ~2.5 s), as the
+# mysql user when we are root (it refuses root without --user), with its data directory,
+# socket, PID file and logs in DIR/mariadb and a TCP port on loopback only. Durability is
+# off (no flush at commit, no doublewrite, no binary log): the data is thrown away. The
+# root user has no password and is reached over TCP from 127.0.0.1.
+start_mariadb() {
+	local d="$DIR/mariadb" as=() user=() deadline
+	[[ -x $MARIADBD ]] || die "no MariaDB at $MARIADBD (run '$0 install')"
+	mkdir -p "$d"
+	if ((EUID == 0)); then
+		chown mysql:mysql "$d"
+		as=(runuser -u mysql --)
+		user=(--user=mysql)
+		"${as[@]}" test -w "$d" || die "user mysql cannot write $d (is a parent directory private?)"
+	fi
+	${as[@]+"${as[@]}"} timeout --foreground 60 mariadb-install-db --no-defaults --datadir="$d/data" \
+		--auth-root-authentication-method=normal --skip-test-db >"$d/install.log" 2>&1 ||
+		fail_with_logs "mariadb-install-db failed" "$d/install.log"
+	"$MARIADBD" --no-defaults ${user[@]+"${user[@]}"} --datadir="$d/data" --socket="$d/sock" \
+		--pid-file="$d/mariadbd.pid" --port="$MARIADB_PORT" --bind-address=127.0.0.1 --skip-name-resolve \
+		--log-error="$d/log" --skip-log-bin --innodb-flush-log-at-trx-commit=0 --innodb-doublewrite=0 \
+		--innodb-buffer-pool-size=128M --max-connections=500 </dev/null >>"$d/stdout" 2>&1 &
+	echo $! >"$DIR/mariadb.pid"
+	deadline=$((SECONDS + 30))
+	until timeout --foreground 5 mariadb-admin --no-defaults -uroot --socket="$d/sock" ping >/dev/null 2>&1; do
+		is_alive "$(<"$DIR/mariadb.pid")" || fail_with_logs "mariadbd exited" "$d/log" "$d/stdout"
+		((SECONDS < deadline)) || fail_with_logs "MariaDB not ready after 30s" "$d/log"
+		sleep 0.05
+	done
+	timeout --foreground 10 mariadb --no-defaults -uroot --socket="$d/sock" -e 'CREATE DATABASE idem'
+}
+
 # RabbitMQ (ready in ~6-10 s, the slowest of all: started first, waited for last) runs as
 # the rabbitmq user with everything private to DIR/rabbitmq: node name, ports, data, logs,
 # Erlang cookie (HOME) and epmd. Its working directory is DIR/rabbitmq, which is how
@@ -518,11 +562,13 @@ wait_rabbitmq() {
 }
 
 PG_JOB=
+MARIADB_JOB=
 START_OK=0
 # On any failure of `start`: stop what was started, keep DIR (its logs) for inspection.
 on_start_exit() {
 	((START_OK == 0)) || return 0
 	[[ -z $PG_JOB ]] || wait "$PG_JOB" 2>/dev/null || true # bounded by its own timeouts
+	[[ -z $MARIADB_JOB ]] || wait "$MARIADB_JOB" 2>/dev/null || true
 	log "start failed; stopping what was started (its logs stay in $DIR until stop)"
 	stop_processes "$DIR" || true
 }
@@ -553,6 +599,11 @@ cmd_start() {
 		start_postgres
 	) >"$DIR/pg-setup.log" 2>&1 &
 	PG_JOB=$!
+	(
+		trap - EXIT
+		start_mariadb
+	) >"$DIR/mariadb-setup.log" 2>&1 &
+	MARIADB_JOB=$!
 	start_rabbitmq
 
 	start_redis "$REDIS_PORT"
@@ -603,6 +654,12 @@ cmd_start() {
 	((pg_status == 0)) || fail_with_logs "Postgres did not start (exit $pg_status)" \
 		"$DIR/pg-setup.log" "$DIR/pg/log"
 
+	local mariadb_status=0
+	wait "$MARIADB_JOB" || mariadb_status=$?
+	MARIADB_JOB=
+	((mariadb_status == 0)) || fail_with_logs "MariaDB did not start (exit $mariadb_status)" \
+		"$DIR/mariadb-setup.log" "$DIR/mariadb/log"
+
 	wait_rabbitmq
 
 	local cluster_addrs
@@ -613,13 +670,15 @@ export IDEM_REDIS_CLUSTER_ADDRS=${cluster_addrs%,}
 export IDEM_REDIS_SENTINEL_ADDRS=$(printf '127.0.0.1:%s,' "${SENTINEL_PORTS[@]}" | sed 's/,$//')
 export IDEM_REDIS_SENTINEL_MASTER=mymaster
 export IDEM_POSTGRES_DSN='postgres://postgres@127.0.0.1:$PG_PORT/idem?sslmode=disable'
+export IDEM_MYSQL_DSN='root@tcp(127.0.0.1:$MARIADB_PORT)/idem'
 export IDEM_AMQP_URL=amqp://guest:guest@127.0.0.1:$AMQP_PORT/
 export IDEM_REDIS8_ADDR=127.0.0.1:$REDIS8_PORT
 export IDEM_REDIS8_SERVER=$(built_bin redis)
 export IDEM_VALKEY_ADDR=127.0.0.1:$VALKEY_PORT
 export IDEM_VALKEY_SERVER=$(built_bin valkey)
 EOF
-	log "Redis $(server_version "$(built_bin redis)") on $REDIS8_PORT, Valkey $(server_version "$(built_bin valkey)") on $VALKEY_PORT"
+	log "Redis $(server_version "$(built_bin redis)") on $REDIS8_PORT, Valkey $(server_version "$(built_bin valkey)") on $VALKEY_PORT," \
+		"MariaDB $("$MARIADBD" --version | grep -oE 'Ver [0-9.]+' | cut -c5- || true) on $MARIADB_PORT"
 	START_OK=1
 	local us=$((${EPOCHREALTIME//[!0-9]/} - t0))
 	log "up in $((us / 1000000)).$(printf '%03d' $((us / 1000 % 1000)))s; exports in $DIR/env"
@@ -668,8 +727,27 @@ stop_processes() {
 		pids+=("$pid")
 		rm -f "$dir/postgres.pid"
 	fi
+	stop_mariadb "$dir"
 	stop_rabbitmq "$dir"
 	wait_reaped ${pids[@]+"${pids[@]}"}
+}
+
+# stop_mariadb DIR: SIGTERM is mariadbd's clean shutdown (~1 s with no durability to
+# honour); its working directory is its data directory, which is how it is told ours.
+stop_mariadb() {
+	local dir=$1 pid
+	[[ -f $dir/mariadb.pid ]] || return 0
+	pid=$(<"$dir/mariadb.pid")
+	if is_alive "$pid" && is_ours "$pid" mariadbd "$dir/mariadb/data"; then
+		kill -TERM "$pid" 2>/dev/null || true
+		wait_gone "$pid" 20 || {
+			log "mariadbd $pid ignored SIGTERM for 20s; sending SIGKILL"
+			kill -KILL "$pid" 2>/dev/null || true
+			wait_gone "$pid" 5 || log "warning: mariadbd $pid still alive"
+		}
+	fi
+	wait_reaped "$pid"
+	rm -f "$dir/mariadb.pid"
 }
 
 # stop_rabbitmq DIR: the Erlang VM shuts down cleanly on SIGTERM (~2 s; the launcher

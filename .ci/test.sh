@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What `make test` runs (DESIGN.md section 8): install missing servers (Redis 8.0 and
 # Valkey 8.1 are built from source once per machine, see services.sh), start throwaway
-# Redis / Redis Cluster / Sentinel / Redis 8.0 / Valkey 8.1 / Postgres / RabbitMQ on
+# Redis / Redis Cluster / Sentinel / Redis 8.0 / Valkey 8.1 / Postgres / MariaDB / RabbitMQ on
 # loopback, run the whole test suite (and the nested modules') against them with the race
 # detector, and stop them on every exit path. The store's conformance suite, its
 # linearizability histories and the Redis fault tests run once per server (subtests
@@ -25,7 +25,7 @@ trap 'exit 143' TERM
 
 bash "$svc" start "$dir"
 # shellcheck source=/dev/null
-source "$dir/env" # export lines: IDEM_REDIS_ADDR, IDEM_REDIS8_ADDR, IDEM_VALKEY_ADDR, IDEM_POSTGRES_DSN, ...
+source "$dir/env" # export lines: IDEM_REDIS_ADDR, IDEM_REDIS8_ADDR, IDEM_VALKEY_ADDR, IDEM_POSTGRES_DSN, IDEM_MYSQL_DSN, ...
 env | grep '^IDEM_' | sort >&2
 
 cd "$root"
