@@ -3,10 +3,12 @@ package sqlstore_test
 import (
 	"database/sql"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/testing/sqltest"
+	"github.com/idemgo/idem/internal/testing/testenv"
 	"github.com/idemgo/idem/sqlstore"
 	"github.com/idemgo/idem/storetest"
 )
@@ -21,6 +23,26 @@ func TestConformancePostgres(t *testing.T) {
 
 func TestConformanceMySQL(t *testing.T) {
 	db := sqltest.MySQLPool(t, sqltest.TestConns)
+	storetest.Run(t, func(t *testing.T) storetest.Backend { return sqlBackend(t, db, sqlstore.MySQL) })
+}
+
+// The store is correct with the driver's options that change what a
+// statement's reply says: interpolateParams (statements sent as text, not
+// prepared) and clientFoundRows (rows affected counts the rows found, not
+// the rows changed).
+func TestConformanceMySQLDriverOptions(t *testing.T) {
+	dsn := testenv.MySQLDSN(t)
+	sep := "?"
+	if strings.Contains(dsn, "?") {
+		sep = "&"
+	}
+	db, err := sql.Open("mysql", dsn+sep+"interpolateParams=true&clientFoundRows=true")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = db.Close() })
+	db.SetMaxOpenConns(sqltest.TestConns)
+	db.SetMaxIdleConns(sqltest.TestConns)
 	storetest.Run(t, func(t *testing.T) storetest.Backend { return sqlBackend(t, db, sqlstore.MySQL) })
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -421,4 +422,76 @@ func testRunPoolExhaustedIsBusy(t *testing.T, db *sql.DB, e *runEnv) {
 		t.Errorf("Run once a connection is free = %q, %v, %v; want the work done", res, replayed, err)
 	}
 	e.Fact("pool", true)
+}
+
+// On MySQL a lease-mode Claim that waits for a Run's row past the server's
+// innodb_lock_wait_timeout is ErrInProgress, not a store failure, and does
+// not take the key; once the Run commits, the key is a duplicate.
+func TestMySQLClaimPastLockWait(t *testing.T) {
+	e := sqltest.NewRunEnv(t, sqltest.MySQLPool(t, 4), sqlstore.MySQL, testenv.MySQLDSN(t))
+	sep := "?"
+	if strings.Contains(e.DSN, "?") {
+		sep = "&"
+	}
+	// The driver sets parameters it does not know as session variables.
+	short, err := sql.Open("mysql", e.DSN+sep+"innodb_lock_wait_timeout=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer short.Close()
+	st, err := sqlstore.New(short, sqlstore.Options{Dialect: sqlstore.MySQL, Table: e.Table})
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	first := holdRun(e, "k", "first", release, false)
+	start := time.Now()
+	_, err = st.Claim(t.Context(), "k", nil)
+	if took := time.Since(start); !errors.Is(err, idem.ErrInProgress) || took < 900*time.Millisecond {
+		t.Errorf("Claim of a key a Run holds, innodb_lock_wait_timeout 1 = %v after %v; want ErrInProgress after about 1s", err, took)
+	}
+	close(release)
+	if err := <-first; err != nil {
+		t.Fatalf("Run = %v", err)
+	}
+	c, err := st.Claim(t.Context(), "k", nil)
+	if err != nil || c.Outcome != idem.Duplicate || string(c.Record.Result) != "first" {
+		t.Errorf("Claim after the Run committed = %+v, %v; want Duplicate with its result", c, err)
+	}
+	e.Fact("k", true)
+}
+
+// A Run on MySQL sets its connection's innodb_lock_wait_timeout to
+// LockTimeout and puts the session's own value back after: the pool's next
+// user of that connection finds what it set, whatever Run's outcome.
+func TestMySQLRunRestoresLockWait(t *testing.T) {
+	db := sqltest.MySQLPool(t, 1) // every statement on the one connection
+	e := sqltest.NewRunEnv(t, db, sqlstore.MySQL, testenv.MySQLDSN(t))
+	if _, err := db.Exec("SET SESSION innodb_lock_wait_timeout = 7"); err != nil {
+		t.Fatal(err)
+	}
+	st := e.Store(sqlstore.Options{LockTimeout: 2500 * time.Millisecond})
+	var inside int
+	seen := func(ctx context.Context, tx *sql.Tx) error {
+		return tx.QueryRowContext(ctx, "SELECT @@SESSION.innodb_lock_wait_timeout").Scan(&inside)
+	}
+	boom := errors.New("boom")
+	for _, fail := range []bool{false, true} {
+		hook := seen
+		if fail {
+			hook = func(ctx context.Context, tx *sql.Tx) error { return errors.Join(seen(ctx, tx), boom) }
+		}
+		key := fmt.Sprintf("k-%v", fail)
+		_, _, err := st.Run(t.Context(), key, nil, e.Write(key, "r", hook))
+		if fail != (err != nil) {
+			t.Fatalf("Run (write fails: %v) = %v", fail, err)
+		}
+		var after int
+		if err := db.QueryRow("SELECT @@SESSION.innodb_lock_wait_timeout").Scan(&after); err != nil {
+			t.Fatal(err)
+		}
+		if inside != 3 || after != 7 {
+			t.Errorf("write failing %v: innodb_lock_wait_timeout in Run %d, after %d; want 3 (LockTimeout 2.5s rounded up), then the session's 7 again", fail, inside, after)
+		}
+	}
 }

@@ -3,12 +3,14 @@ package reliability_test
 import (
 	"bytes"
 	"context"
+	"database/sql"
 	"net"
 	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/go-sql-driver/mysql"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/redis/go-redis/v9"
@@ -272,6 +274,44 @@ func TestFaultsPostgres(t *testing.T) {
 			t.Cleanup(func() { _ = pdb.Close() })
 			open := func(i int, o idem.Options) idem.Store {
 				so := sqlstore.OptionsFrom(o, sqlstore.Postgres)
+				so.Table = table
+				s, err := sqlstore.New(pdb, so)
+				if err != nil {
+					t.Fatalf("sqlstore.New through the proxy: %v", err)
+				}
+				return s
+			}
+			runFault(t, f, p, open, ds)
+		})
+	}
+}
+
+// TestFaultsMySQL runs the workload through the fault proxy on the real
+// MySQL or MariaDB, in lease mode, as TestFaultsPostgres does on Postgres.
+func TestFaultsMySQL(t *testing.T) {
+	t.Parallel()
+	cfg, err := mysql.ParseDSN(testenv.MySQLDSN(t))
+	if err != nil {
+		t.Fatalf("parsing %s: %v", testenv.MySQLDSNVar, err)
+	}
+	db := sqltest.MySQL(t)
+	for _, f := range faults {
+		t.Run(f.name, func(t *testing.T) {
+			p := startFaultProxy(t, cfg.Addr)
+			table := sqltest.UniqueTable()
+			ds := sqltest.NewStore(t, db, sqlstore.Options{Dialect: sqlstore.MySQL, Table: table})
+			pc := cfg.Clone()
+			pc.Net, pc.Addr, pc.Timeout = "tcp", p.Addr(), time.Second
+			conn, err := mysql.NewConnector(pc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pdb := sql.OpenDB(conn)
+			pdb.SetMaxOpenConns(8)
+			pdb.SetMaxIdleConns(8)
+			t.Cleanup(func() { _ = pdb.Close() })
+			open := func(i int, o idem.Options) idem.Store {
+				so := sqlstore.OptionsFrom(o, sqlstore.MySQL)
 				so.Table = table
 				s, err := sqlstore.New(pdb, so)
 				if err != nil {

@@ -38,8 +38,8 @@ const linLease = time.Minute
 // calls cut off by a deadline under 2ms. Sized so that 200 histories per
 // backend cost well under a minute of CPU in all under -race: SQLite
 // (modernc parses every statement, slowly under the race detector's
-// pointer checks) and Postgres (a cut call costs a new connection) get
-// smaller ones. -idem.ops and -idem.cut override them for longer runs.
+// pointer checks), Postgres and MySQL (a cut call costs a new connection)
+// get smaller ones. -idem.ops and -idem.cut override them for longer runs.
 type linSize struct {
 	clients, ops int
 	cut          float64
@@ -151,6 +151,23 @@ func TestLinearizableSQLStorePostgres(t *testing.T) {
 	sqltest.NewStore(t, db, sqlstore.Options{Dialect: sqlstore.Postgres, Table: table})
 	checkLinearizable(t, linPostgres, func(worker string) idem.Store {
 		so := sqlstore.OptionsFrom(linOptions(worker), sqlstore.Postgres)
+		so.Table = table
+		s, err := sqlstore.New(db, so)
+		if err != nil {
+			t.Fatalf("sqlstore.New = %v", err)
+		}
+		return s
+	})
+}
+
+// On MySQL a cut call costs a new connection too (the driver closes the
+// connection it cancels a statement on): Postgres's size.
+func TestLinearizableSQLStoreMySQL(t *testing.T) {
+	db := sqltest.MySQLPool(t, 2*linPostgres.clients)
+	table := sqltest.UniqueTable()
+	sqltest.NewStore(t, db, sqlstore.Options{Dialect: sqlstore.MySQL, Table: table})
+	checkLinearizable(t, linPostgres, func(worker string) idem.Store {
+		so := sqlstore.OptionsFrom(linOptions(worker), sqlstore.MySQL)
 		so.Table = table
 		s, err := sqlstore.New(db, so)
 		if err != nil {

@@ -17,24 +17,74 @@ import (
 // transaction never commits, so neither the effect nor the record is left,
 // and the next Run does the work.
 
+// TestRunConnectionKilled kills Run's connection from another one (the
+// server ends it) at each point of the transaction: right after the claim,
+// in the middle of the write (after the effect), and after the write
+// returned but before the record and the commit (Run's own statements then
+// meet a dead connection). Neither the effect nor the record may be left,
+// and the next Run does the work.
 func TestRunConnectionKilled(t *testing.T) {
-	e := sqltest.NewRunEnv(t, sqltest.PostgresPool(t, sqltest.TestConns), sqlstore.Postgres, testenv.PostgresDSN(t))
-	kill := func(ctx context.Context, tx *sql.Tx) error {
-		var pid int
-		if err := tx.QueryRowContext(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+	servers(t, func(t *testing.T, e *sqltest.RunEnv) {
+		ctx := t.Context()
+		// connID and kill say which server connection a transaction is on,
+		// and end it from another.
+		connID, kill := "SELECT pg_backend_pid()", "SELECT pg_terminate_backend($1)"
+		if e.Dialect == sqlstore.MySQL {
+			connID, kill = "SELECT CONNECTION_ID()", "KILL CONNECTION ?"
+		}
+		killOwn := func(ctx context.Context, tx *sql.Tx) error {
+			var id int64
+			if err := tx.QueryRowContext(ctx, connID).Scan(&id); err != nil {
+				return err
+			}
+			_, err := e.DB.ExecContext(ctx, kill, id)
 			return err
 		}
-		_, err := e.DB.ExecContext(ctx, "SELECT pg_terminate_backend($1)", pid)
-		return err
-	}
-	if _, _, err := e.St.Run(t.Context(), "k", nil, e.Write("k", "x", kill)); err == nil {
-		t.Errorf("Run whose connection died = nil error; want one")
-	}
-	e.Fact("k", false)
-	if res, replayed, err := e.St.Run(t.Context(), "k", nil, e.Write("k", "ok", nil)); err != nil || replayed || string(res) != "ok" {
-		t.Errorf("Run after a dead connection = %q, replayed %v, %v; want the work done", res, replayed, err)
-	}
-	e.Fact("k", true)
+		for _, at := range []string{"before-effect", "after-effect", "after-write"} {
+			key := "k-" + at
+			var write func(context.Context, *sql.Tx) ([]byte, error)
+			switch at {
+			case "before-effect":
+				inner := e.Write(key, "x", nil)
+				write = func(ctx context.Context, tx *sql.Tx) ([]byte, error) {
+					if err := killOwn(ctx, tx); err != nil {
+						return nil, err
+					}
+					return inner(ctx, tx)
+				}
+			case "after-effect":
+				write = e.Write(key, "x", killOwn)
+			case "after-write":
+				// The write succeeds; its connection is gone when Run
+				// records and commits.
+				write = e.Write(key, "x", func(ctx context.Context, tx *sql.Tx) error {
+					_ = killOwn(ctx, tx)
+					return nil
+				})
+			}
+			if _, _, err := e.St.Run(ctx, key, nil, write); err == nil {
+				t.Errorf("%s: Run whose connection died = nil error; want one", at)
+			}
+			e.Fact(key, false)
+			if res, replayed, err := e.St.Run(ctx, key, nil, e.Write(key, "ok", nil)); err != nil || replayed || string(res) != "ok" {
+				t.Errorf("%s: Run after a dead connection = %q, replayed %v, %v; want the work done", at, res, replayed, err)
+			}
+			e.Fact(key, true)
+		}
+	})
+}
+
+// servers runs f on each database server, Postgres and MySQL, on a RunEnv
+// of its own.
+func servers(t *testing.T, f func(t *testing.T, e *sqltest.RunEnv)) {
+	t.Run("postgres", func(t *testing.T) {
+		t.Parallel()
+		f(t, sqltest.NewRunEnv(t, sqltest.PostgresPool(t, sqltest.TestConns), sqlstore.Postgres, testenv.PostgresDSN(t)))
+	})
+	t.Run("mysql", func(t *testing.T) {
+		t.Parallel()
+		f(t, sqltest.NewRunEnv(t, sqltest.MySQLPool(t, sqltest.TestConns), sqlstore.MySQL, testenv.MySQLDSN(t)))
+	})
 }
 
 // TestRunProcessDies runs a Run in another process that exits in the middle
@@ -60,11 +110,11 @@ func TestRunProcessDies(t *testing.T) {
 // TestRunHelperProcess is TestRunProcessDies's other process; it does
 // nothing in a normal test run.
 func TestRunHelperProcess(t *testing.T) {
-	d := map[string]sqlstore.Dialect{"postgres": sqlstore.Postgres, "sqlite": sqlstore.SQLite}[os.Getenv("IDEM_RUN_HELPER")]
+	d := map[string]sqlstore.Dialect{"postgres": sqlstore.Postgres, "sqlite": sqlstore.SQLite, "mysql": sqlstore.MySQL}[os.Getenv("IDEM_RUN_HELPER")]
 	if d == 0 {
 		return
 	}
-	db, err := sql.Open(map[sqlstore.Dialect]string{sqlstore.Postgres: "pgx", sqlstore.SQLite: "sqlite"}[d], os.Getenv("IDEM_RUN_DSN"))
+	db, err := sql.Open(map[sqlstore.Dialect]string{sqlstore.Postgres: "pgx", sqlstore.SQLite: "sqlite", sqlstore.MySQL: "mysql"}[d], os.Getenv("IDEM_RUN_DSN"))
 	if err != nil {
 		t.Fatal(err)
 	}
