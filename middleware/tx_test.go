@@ -31,6 +31,8 @@ type txEnv struct {
 	store  *sqlstore.Store
 	orders string
 	insert string
+	// lastInsertID: insert returns no row; the reply carries the id.
+	lastInsertID bool
 }
 
 func uniqueName(prefix string) string {
@@ -55,6 +57,10 @@ func newTxEnvLock(t *testing.T, d sqlstore.Dialect, lock time.Duration) *txEnv {
 	case sqlstore.Postgres:
 		db = sqltest.Postgres(t)
 		e.insert = "INSERT INTO " + e.orders + " (note) VALUES ($1) RETURNING id"
+	case sqlstore.MySQL:
+		// MySQL has no RETURNING: the id is the reply's last insert id.
+		db = sqltest.MySQL(t)
+		e.insert, e.lastInsertID = "INSERT INTO "+e.orders+" (note) VALUES (?)", true
 	}
 	e.db = db
 	table := uniqueName("idemtest_")
@@ -68,11 +74,14 @@ func newTxEnvLock(t *testing.T, d sqlstore.Dialect, lock time.Duration) *txEnv {
 		t.Fatalf("CreateSchema = %v", err)
 	}
 	ddl := "CREATE TABLE " + e.orders + " (id INTEGER PRIMARY KEY AUTOINCREMENT, note TEXT)"
-	if d == sqlstore.Postgres {
+	if d != sqlstore.SQLite {
 		ddl = "CREATE TABLE " + e.orders + " (id BIGSERIAL PRIMARY KEY, note TEXT)"
+		if d == sqlstore.MySQL {
+			ddl = "CREATE TABLE " + e.orders + " (id BIGINT AUTO_INCREMENT PRIMARY KEY, note TEXT) ENGINE=InnoDB"
+		}
 		t.Cleanup(func() {
 			_, _ = db.Exec("DROP TABLE IF EXISTS " + e.orders)
-			_, _ = db.Exec(`DROP TABLE IF EXISTS "` + table + `"`)
+			_, _ = db.Exec(sqltest.Query(d, `DROP TABLE IF EXISTS "`+table+`"`))
 		})
 	}
 	if _, err := db.ExecContext(ctx, ddl); err != nil {
@@ -90,6 +99,20 @@ func (e *txEnv) rows(t *testing.T) int {
 	return n
 }
 
+// insertOrder inserts an order through tx and returns its id.
+func (e *txEnv) insertOrder(ctx context.Context, tx *sql.Tx, note string) (int64, error) {
+	if e.lastInsertID {
+		res, err := tx.ExecContext(ctx, e.insert, note)
+		if err != nil {
+			return 0, err
+		}
+		return res.LastInsertId()
+	}
+	var id int64
+	err := tx.QueryRowContext(ctx, e.insert, note).Scan(&id)
+	return id, err
+}
+
 // orderHandler inserts an order through the request's transaction, then
 // answers with its id; a body of "fail" answers 500 after the insert and
 // "panic" panics after it.
@@ -102,8 +125,8 @@ func (e *txEnv) orderHandler(runs *atomic.Int64) http.Handler {
 			return
 		}
 		note, _ := io.ReadAll(r.Body)
-		var id int64
-		if err := tx.QueryRowContext(r.Context(), e.insert, string(note)).Scan(&id); err != nil {
+		id, err := e.insertOrder(r.Context(), tx, string(note))
+		if err != nil {
 			http.Error(w, err.Error(), 500)
 			return
 		}
@@ -123,6 +146,7 @@ func (e *txEnv) orderHandler(runs *atomic.Int64) http.Handler {
 func eachDialect(t *testing.T, f func(t *testing.T, e *txEnv)) {
 	t.Run("sqlite", func(t *testing.T) { f(t, newTxEnv(t, sqlstore.SQLite)) })
 	t.Run("postgres", func(t *testing.T) { f(t, newTxEnv(t, sqlstore.Postgres)) })
+	t.Run("mysql", func(t *testing.T) { f(t, newTxEnv(t, sqlstore.MySQL)) })
 }
 
 // N concurrent retries: the row exists once and every client gets the same
@@ -192,7 +216,7 @@ func TestTxRollback(t *testing.T) {
 // store's LockTimeout, retried up to Options.LockTimeout), then answers 409
 // with Retry-After; once the first commits, a retry replays it.
 func TestTxInFlight(t *testing.T) {
-	for _, d := range []sqlstore.Dialect{sqlstore.SQLite, sqlstore.Postgres} {
+	for _, d := range []sqlstore.Dialect{sqlstore.SQLite, sqlstore.Postgres, sqlstore.MySQL} {
 		t.Run(d.String(), func(t *testing.T) {
 			e := newTxEnvLock(t, d, 100*time.Millisecond)
 			var runs atomic.Int64
@@ -281,6 +305,14 @@ func TestTxBusyWriter(t *testing.T) {
 			{q: req{key: "a", body: "{}"}, hold: true},
 			{q: req{key: "a", body: "{}"}, want: inFlight},
 		}},
+		{"MySQL, another key", sqlstore.MySQL, []step{
+			{q: req{key: "a", body: "{}"}, hold: true},
+			{q: req{key: "b", body: "{}"}, code: 201},
+		}},
+		{"MySQL, the same key", sqlstore.MySQL, []step{
+			{q: req{key: "a", body: "{}"}, hold: true},
+			{q: req{key: "a", body: "{}"}, want: inFlight},
+		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			e := newTxEnvLock(t, c.dialect, 100*time.Millisecond)
@@ -313,8 +345,7 @@ func TestTxNoKey(t *testing.T) {
 				defer func() { _ = own.Rollback() }()
 				tx = own
 			}
-			var id int64
-			err := tx.QueryRowContext(r.Context(), e.insert, "no key").Scan(&id)
+			id, err := e.insertOrder(r.Context(), tx, "no key")
 			if err == nil && !ok {
 				err = tx.Commit()
 			}
@@ -350,7 +381,13 @@ func TestTxNoKey(t *testing.T) {
 // #17, deliver 2: waiting for a connection from the pool is waiting for the
 // database, not for the key: 503 with Retry-After, not 409.
 func TestTxPoolExhaustedIs503(t *testing.T) {
-	e := newTxEnvLock(t, sqlstore.Postgres, 100*time.Millisecond)
+	for _, d := range []sqlstore.Dialect{sqlstore.Postgres, sqlstore.MySQL} {
+		t.Run(d.String(), func(t *testing.T) { testTxPoolExhaustedIs503(t, d) })
+	}
+}
+
+func testTxPoolExhaustedIs503(t *testing.T, d sqlstore.Dialect) {
+	e := newTxEnvLock(t, d, 100*time.Millisecond)
 	e.db.SetMaxOpenConns(1)
 	held, err := e.db.Conn(t.Context())
 	if err != nil {

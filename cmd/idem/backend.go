@@ -66,7 +66,7 @@ func (b *backend) sqlStore(o idem.Options) (*sqlstore.Store, error) {
 
 // errNoStore is returned by open when no store was named and the command has
 // no embedded default.
-var errNoStore = errors.New("no store given: use --redis, --cluster, --postgres or --sqlite (or their environment variables)")
+var errNoStore = errors.New("no store given: use --redis, --cluster, --postgres, --mysql or --sqlite (or their environment variables)")
 
 // open connects to the store chooseStore chose, or to an embedded Redis when
 // none is named and embedded is true. It checks that the store answers.
@@ -91,6 +91,13 @@ func (f *storeFlags) open(ctx context.Context, embedded, sqliteMustExist bool) (
 			return nil, fmt.Errorf("--postgres: %w", err)
 		}
 		b.db, b.dialect, b.desc = db, sqlstore.Postgres, "Postgres"
+		b.closers = append(b.closers, func() { _ = db.Close() })
+	case f.kind == "mysql":
+		db, err := sql.Open(mysqlDriver, f.mysql)
+		if err != nil {
+			return nil, fmt.Errorf("--mysql: %w", err)
+		}
+		b.db, b.dialect, b.desc = db, sqlstore.MySQL, "MySQL"
 		b.closers = append(b.closers, func() { _ = db.Close() })
 	case f.kind == "sqlite":
 		if sqliteMustExist {

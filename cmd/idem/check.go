@@ -22,6 +22,7 @@ import (
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/redisadmin"
+	"github.com/idemgo/idem/sqlstore"
 	"github.com/idemgo/idem/storetest"
 )
 
@@ -41,12 +42,21 @@ idem, on keys of a throwaway prefix under --prefix that it deletes when done:
 
 TLS: a rediss:// URL. An ACL user needs the store's commands (see the README)
 and +ping; without SCAN and UNLINK the throwaway keys are left to expire,
-within a minute. Exit status: 0 every check passed, 1 a check failed, 2 a
-usage error or an unreachable server.`
+within a minute.
+
+--postgres DSN or --mysql DSN (MySQL 8, MariaDB 10.11+) certify a SQL database
+instead, on throwaway tables named after --table that it drops when done: the
+probe creates one (sqlstore's DDL) and claims, confirms and reads a key in
+it; the conformance suite runs each check on a table of its own; latency
+times Claim+Confirm (no server CPU is read).
+
+Exit status: 0 every check passed, 1 a check failed, 2 a usage error or an
+unreachable server.`
 
 // checkKinds are the stores idem check certifies: Redis, on its own or as
-// a cluster, with --prefix under which its throwaway prefix is made.
-const checkKinds = kindRedis | kindCluster | kindNames
+// a cluster, with --prefix under which its throwaway prefix is made, and
+// the SQL servers, with --table after which its throwaway tables are named.
+const checkKinds = kindRedis | kindCluster | kindPostgres | kindMySQL | kindNames
 
 // checkRetention is the retention of the records idem check writes
 // outside the suite: should the cleanup fail, they go within it.
@@ -60,7 +70,7 @@ func (c *cli) check(args []string) int {
 	master := fs.String("master", "", "the `name` of the master the Sentinels watch (with --sentinel)")
 	ops := fs.Int("ops", 1000, "how many Claim+Confirm to time and to divide Redis CPU by")
 	timeout := fs.Duration("timeout", 5*time.Minute, "stop after this long")
-	pos, done, st := c.parse(fs, args, "--redis URL | --cluster ADDRS | --sentinel ADDRS --master NAME [--prefix P] [--ops N]", checkAbout+"\n\n"+envHelp(checkKinds))
+	pos, done, st := c.parse(fs, args, "--redis URL | --cluster ADDRS | --sentinel ADDRS --master NAME | --postgres DSN | --mysql DSN [--prefix P | --table T] [--ops N]", checkAbout+"\n\n"+envHelp(checkKinds))
 	if done {
 		return st
 	}
@@ -90,6 +100,9 @@ func (c *cli) check(args []string) int {
 		return c.fail("check", exitUsage, err)
 	}
 	defer b.close()
+	if b.isSQL() {
+		return (&sqlChecker{cli: c, b: b, ops: *ops, base: throwawayTable(b.table)}).run(ctx)
+	}
 	k := &checker{cli: c, b: b, ops: *ops, prefix: throwawayPrefix(b.prefix)}
 	return k.run(ctx)
 }
@@ -109,7 +122,13 @@ func (c *cli) openCheck(ctx context.Context, fs *flag.FlagSet, sf *storeFlags) (
 		return nil, usage{err}
 	}
 	if sf.kind == "" {
-		return nil, usage{errors.New("no server given: use --redis or --cluster (or their environment variables), or --sentinel with --master")}
+		return nil, usage{errors.New("no server given: use --redis, --cluster, --postgres or --mysql (or their environment variables), or --sentinel with --master")}
+	}
+	if sf.kind == "postgres" || sf.kind == "mysql" {
+		if _, err := sqlstore.SchemaDDL(sqlstore.Postgres, throwawayTable(sf.table)+"_0000"); err != nil {
+			return nil, usage{fmt.Errorf("--table %q: too long or not a plain identifier for the throwaway tables named after it (%s_check_XXXXXXXX_N)", sf.table, sf.table)}
+		}
+		return sf.open(ctx, false, false)
 	}
 	if strings.ContainsAny(sf.prefix, "{}") {
 		return nil, usage{fmt.Errorf("--prefix %q must not contain '{' or '}' (the hash tag after it is idem's)", sf.prefix)}
@@ -123,8 +142,8 @@ func (c *cli) openCheck(ctx context.Context, fs *flag.FlagSet, sf *storeFlags) (
 func openSentinel(ctx context.Context, fs *flag.FlagSet, addrs, master, prefix string) (*backend, error) {
 	given := givenFlags(fs)
 	switch {
-	case given["redis"] || given["cluster"]:
-		return nil, usage{errors.New("give one of --redis, --cluster and --sentinel")}
+	case given["redis"] || given["cluster"] || given["postgres"] || given["mysql"]:
+		return nil, usage{errors.New("give one of --redis, --cluster, --postgres, --mysql and --sentinel")}
 	case addrs == "":
 		return nil, usage{errors.New("--master without --sentinel: give the Sentinels' addresses")}
 	case master == "":
@@ -267,6 +286,12 @@ func (k *checker) conformance(ctx context.Context) {
 	results := storetest.Check(ctx, func(string) (storetest.Backend, error) {
 		return k.suiteBackend(k.prefix + strconv.FormatInt(seq.Add(1), 10) + ":"), nil
 	})
+	k.conformanceReport(results, start)
+}
+
+// conformanceReport reports the suite's results, begun at start: a line in
+// all, then one per check.
+func (k *checker) conformanceReport(results []storetest.Result, start time.Time) {
 	var pass, fail, skip int
 	for _, r := range results {
 		switch {

@@ -3,13 +3,17 @@ package main
 import (
 	"context"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemgo/idem/internal/testing/sqltest"
 	"github.com/idemgo/idem/internal/testing/testenv"
+	"github.com/idemgo/idem/sqlstore"
 )
 
 // checkPrefix reads the throwaway prefix idem check reported.
@@ -88,6 +92,33 @@ func TestCheckServers(t *testing.T) {
 		t.Logf("%s:\n%s", srv.Name, figures(r.stdout))
 		wantClean(t, c, r)
 	})
+}
+
+// idem check on a SQL server: the probe, the suite (each check on a table
+// of its own) and the latency pass, and no throwaway table is left.
+func TestCheckSQL(t *testing.T) {
+	for _, c := range []struct {
+		flag    string
+		dialect sqlstore.Dialect
+		dsn     func(testing.TB) string
+	}{{"postgres", sqlstore.Postgres, testenv.PostgresDSN}, {"mysql", sqlstore.MySQL, testenv.MySQLDSN}} {
+		t.Run(c.flag, func(t *testing.T) {
+			table := "chk_" + strconv.FormatInt(time.Now().UnixNano()%1e9, 36)
+			args := []string{"check", "--" + c.flag, c.dsn(t), "--table", table, "--ops", "100"}
+			r := runCLI(t, nil, args...)
+			wantPass(t, args, r)
+			if !regexp.MustCompile(`\ncleanup       pass  dropped [1-9][0-9]* tables ` + table + `_check_`).MatchString(r.stdout) {
+				t.Errorf("idem check stdout:\n%s\nwant its throwaway tables dropped", r.stdout)
+			}
+			db := sqltest.Open(t, c.dialect)
+			var left int
+			q := "SELECT count(*) FROM information_schema.tables WHERE table_name LIKE '" + table + "%'"
+			if err := db.QueryRow(q).Scan(&left); err != nil || left != 0 {
+				t.Errorf("tables %s* left after idem check = %d, %v; want 0", table, left, err)
+			}
+			t.Logf("%s:\n%s", c.flag, figures(r.stdout))
+		})
+	}
 }
 
 func TestCheckCluster(t *testing.T) {
@@ -173,11 +204,13 @@ func TestCheckUsage(t *testing.T) {
 		{[]string{"check"}, "no server given"},
 		{[]string{"check", "--redis", "127.0.0.1:" + testenv.FreePort(t)}, "cannot reach Redis"},
 		{[]string{"check", "--redis", "127.0.0.1:1", "--ops", "0"}, "--ops 0"},
-		{[]string{"check", "--postgres", "x"}, "unknown flag --postgres"},
+		{[]string{"check", "--sqlite", "x"}, "unknown flag --sqlite"},
+		{[]string{"check", "--mysql", "root@tcp(127.0.0.1:" + testenv.FreePort(t) + ")/x"}, "cannot reach MySQL"},
+		{[]string{"check", "--mysql", "root@tcp(127.0.0.1:1)/x", "--table", strings.Repeat("t", 50)}, "--table \"" + strings.Repeat("t", 50) + "\": too long"},
 		{[]string{"check", "--redis", "127.0.0.1:1", "--prefix", "a{b"}, `--prefix "a{b" must not contain '{'`},
 		{[]string{"check", "--sentinel", "127.0.0.1:1"}, "--sentinel without --master"},
 		{[]string{"check", "--master", "m"}, "--master without --sentinel"},
-		{[]string{"check", "--sentinel", "127.0.0.1:1", "--master", "m", "--redis", "127.0.0.1:2"}, "give one of --redis, --cluster and --sentinel"},
+		{[]string{"check", "--sentinel", "127.0.0.1:1", "--master", "m", "--redis", "127.0.0.1:2"}, "give one of --redis, --cluster, --postgres, --mysql and --sentinel"},
 		{[]string{"check", "--sentinel", "127.0.0.1", "--master", "m"}, `--sentinel "127.0.0.1": no port`},
 		{[]string{"check", "--sentinel", "127.0.0.1:" + testenv.FreePort(t), "--master", "m"}, "cannot reach Redis master \"m\""},
 	} {

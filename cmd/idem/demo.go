@@ -42,8 +42,8 @@ dead-letters it, and every other message still takes effect once.
 
 With no store flag the demo runs on an embedded Redis (miniredis, in this
 process) through the real RedisStore and its Lua scripts. --redis, --cluster,
---postgres or --sqlite run it on a real store (a SQL table is created if
-missing). Keys are demo:RUN:NNNNNN, RUN random per run, kept for --retention.
+--postgres, --mysql or --sqlite run it on a real store (a SQL table is created
+if missing). Keys are demo:RUN:NNNNNN, RUN random per run, kept for --retention.
 
 The same --seed gives the same plan: the same copies of each message at the
 same places in the queue, and the same handler runs crash. The goroutines'

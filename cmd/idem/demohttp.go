@@ -40,8 +40,8 @@ double effects are counted beside it. Exit status 1 when the keyed run
 breaks a check.
 
 With no store flag the middleware records on an embedded Redis (miniredis,
-in this process); --redis, --cluster, --postgres or --sqlite name a real
-store (a SQL table is created if missing).`
+in this process); --redis, --cluster, --postgres, --mysql or --sqlite name a
+real store (a SQL table is created if missing).`
 
 // demoHTTP is one run of idem demo http: its settings and its server.
 type demoHTTP struct {

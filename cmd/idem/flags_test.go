@@ -18,7 +18,7 @@ func TestHelp(t *testing.T) {
 		}
 	}
 	r := runCLI(t, nil, "demo", "--help")
-	for _, env := range []string{envRedisAddr, envClusterAddrs, envPostgresDSN, envSQLiteFile} {
+	for _, env := range []string{envRedisAddr, envClusterAddrs, envPostgresDSN, envMySQLDSN, envSQLiteFile} {
 		if !strings.Contains(r.stdout, env) {
 			t.Errorf("demo --help does not document %s", env)
 		}

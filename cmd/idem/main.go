@@ -7,16 +7,17 @@
 //	idem prune     delete expired rows from a SQL store
 //	idem schema    the SQL DDL of a store's table, for a migration tool
 //	idem bench     idem beside its alternatives on real Redis, Redis Cluster and Postgres
-//	idem check     certify a Redis for idem: the first contact's checks, the conformance suite, latency and CPU
+//	idem check     certify a Redis (or a SQL database) for idem: the first contact's checks, the conformance suite, latency and CPU
 //
 // Every command answers --help, listing the flags it takes. A store flag
 // takes an address in any of its forms (--redis: host:port or a redis://,
 // rediss:// or unix:// URL; --sqlite: a path or a file: URI), and each
 // store has one environment variable (IDEM_REDIS_ADDR,
-// IDEM_REDIS_CLUSTER_ADDRS, IDEM_POSTGRES_DSN, IDEM_SQLITE_FILE).
+// IDEM_REDIS_CLUSTER_ADDRS, IDEM_POSTGRES_DSN, IDEM_MYSQL_DSN,
+// IDEM_SQLITE_FILE).
 //
-// The build tags idem_nopostgres and idem_nosqlite leave the Postgres and
-// SQLite drivers out: a third less to compile on a first build, for a demo
+// The build tags idem_nopostgres, idem_nomysql and idem_nosqlite leave the
+// Postgres, MySQL and SQLite drivers out: a third less to compile on a first build, for a demo
 // on the embedded Redis.
 //
 // Exit status: 0 success; 1 the command ran
@@ -97,7 +98,7 @@ func init() {
 	commands["prune"] = command{"delete expired rows from a SQL store (run it on a schedule)", (*cli).prune}
 	commands["schema"] = command{"print the SQL DDL of a store's table, for a migration tool", (*cli).schema}
 	commands["bench"] = command{"measure idem beside its alternatives on real Redis, Redis Cluster and Postgres", (*cli).bench}
-	commands["check"] = command{"certify a Redis for idem: first contact's checks, conformance suite, latency, CPU", (*cli).check}
+	commands["check"] = command{"certify a Redis or SQL database for idem: first contact's checks, conformance suite, latency", (*cli).check}
 }
 
 func (c *cli) run(args []string) int {
@@ -191,9 +192,9 @@ func (c *cli) parse(fs *flag.FlagSet, args []string, synopsis, about string) (po
 // have, for the user who gives it anyway.
 var refusedFlags = map[string]map[string]string{
 	"prune": {
-		"redis":   "prune is for SQL stores (--postgres, --sqlite): Redis expires its keys itself",
-		"cluster": "prune is for SQL stores (--postgres, --sqlite): Redis expires its keys itself",
-		"prefix":  "prune is for SQL stores (--postgres, --sqlite): Redis expires its keys itself",
+		"redis":   "prune is for SQL stores (--postgres, --mysql, --sqlite): Redis expires its keys itself",
+		"cluster": "prune is for SQL stores (--postgres, --mysql, --sqlite): Redis expires its keys itself",
+		"prefix":  "prune is for SQL stores (--postgres, --mysql, --sqlite): Redis expires its keys itself",
 	},
 	"bench": {
 		"sqlite": "bench measures Postgres (--postgres), not SQLite",

@@ -28,7 +28,7 @@ func TestSchema(t *testing.T) {
 	for _, d := range []struct {
 		flag    string
 		dialect sqlstore.Dialect
-	}{{"postgres", sqlstore.Postgres}, {"sqlite", sqlstore.SQLite}} {
+	}{{"postgres", sqlstore.Postgres}, {"sqlite", sqlstore.SQLite}, {"mysql", sqlstore.MySQL}} {
 		r := runCLI(t, nil, "schema", "--dialect", d.flag, "--table", "app.idem_keys")
 		ddl, err := sqlstore.SchemaDDL(d.dialect, "app.idem_keys")
 		if err != nil {
@@ -37,6 +37,14 @@ func TestSchema(t *testing.T) {
 		if want := strings.Join(ddl, ";\n\n") + ";\n"; r.code != exitOK || r.stdout != want {
 			t.Errorf("schema --dialect %s = %d\n%s\nwant 0\n%s", d.flag, r.code, r.stdout, want)
 		}
+	}
+	// --mysql is --dialect mysql.
+	mysqlDDL, _ := sqlstore.SchemaDDL(sqlstore.MySQL, "idem_keys")
+	if r := runCLI(t, nil, "schema", "--mysql"); r.code != exitOK || r.stdout != mysqlDDL[0]+";\n" {
+		t.Errorf("schema --mysql = %d\n%s\nwant 0\n%s;", r.code, r.stdout, mysqlDDL[0])
+	}
+	if r := runCLI(t, nil, "schema", "--mysql", "--dialect", "sqlite"); r.code != exitUsage {
+		t.Errorf("schema --mysql --dialect sqlite = %d %q; want a usage error", r.code, r.stderr)
 	}
 	// The table may also come from the environment.
 	r := runCLI(t, map[string]string{envTable: "from_env"}, "schema", "--dialect", "sqlite")
@@ -146,16 +154,20 @@ func TestPruneSQLite(t *testing.T) {
 	}
 }
 
-func TestPrunePostgres(t *testing.T) {
-	t.Parallel()
-	dsn := testenv.PostgresDSN(t)
-	db := sqltest.Postgres(t)
+func TestPruneServer(t *testing.T) {
+	t.Run("postgres", func(t *testing.T) { t.Parallel(); testPrune(t, sqlstore.Postgres, testenv.PostgresDSN, envPostgresDSN) })
+	t.Run("mysql", func(t *testing.T) { t.Parallel(); testPrune(t, sqlstore.MySQL, testenv.MySQLDSN, envMySQLDSN) })
+}
+
+func testPrune(t *testing.T, d sqlstore.Dialect, dsnOf func(testing.TB) string, envDSN string) {
+	dsn := dsnOf(t)
+	db := sqltest.Open(t, d)
 	var b [4]byte
 	_, _ = rand.Read(b[:])
 	table := "idem_prune_" + hex.EncodeToString(b[:])
-	t.Cleanup(func() { _, _ = db.Exec(`DROP TABLE IF EXISTS "` + table + `"`) })
+	t.Cleanup(func() { _, _ = db.Exec(sqltest.Query(d, `DROP TABLE IF EXISTS "`+table+`"`)) })
 	newStore := func(retention time.Duration) *sqlstore.Store {
-		s, err := sqlstore.New(db, sqlstore.Options{Retention: retention, LeaseTTL: retention, Dialect: sqlstore.Postgres, Table: table})
+		s, err := sqlstore.New(db, sqlstore.Options{Retention: retention, LeaseTTL: retention, Dialect: d, Table: table})
 		if err != nil {
 			t.Fatalf("sqlstore.New = %v", err)
 		}
@@ -168,7 +180,7 @@ func TestPrunePostgres(t *testing.T) {
 	fillForPrune(t, newStore(10*time.Millisecond), long)
 	// The DSN and table come from the environment, as an operator's cron
 	// job would set them.
-	checkPruned(t, runCLI(t, map[string]string{envPostgresDSN: dsn, envTable: table}, "prune"), long)
+	checkPruned(t, runCLI(t, map[string]string{envDSN: dsn, envTable: table}, "prune"), long)
 }
 
 // #17, deliver 6: inspect --http finds the middleware's record from what

@@ -28,7 +28,7 @@ func (c *cli) prune(args []string) int {
 	var sf storeFlags
 	sf.register(fs, c.getenv, kindsSQL)
 	timeout := fs.Duration("timeout", 0, "stop after this long (0: no limit)")
-	pos, done, st := c.parse(fs, args, "--postgres DSN | --sqlite FILE [--table NAME]", pruneAbout+"\n\n"+envHelp(kindsSQL))
+	pos, done, st := c.parse(fs, args, "--postgres DSN | --mysql DSN | --sqlite FILE [--table NAME]", pruneAbout+"\n\n"+envHelp(kindsSQL))
 	if done {
 		return st
 	}

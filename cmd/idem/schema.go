@@ -16,15 +16,22 @@ one transaction). Connects to nothing.`
 
 func (c *cli) schema(args []string) int {
 	fs := flag.NewFlagSet("schema", flag.ContinueOnError)
-	dialect := fs.String("dialect", "postgres", "the SQL `dialect`: postgres or sqlite")
+	dialect := fs.String("dialect", "postgres", "the SQL `dialect`: postgres, mysql (MariaDB too) or sqlite")
+	mysql := fs.Bool("mysql", false, "the MySQL and MariaDB table: --dialect mysql")
 	table := fs.String("table", or(c.getenv(envTable), sqlstore.DefaultTable), "the `table` name, optionally schema-qualified (env "+envTable+")")
 	upgrade := fs.Bool("upgrade", false, "print the statements that upgrade an earlier release's table instead")
-	pos, done, st := c.parse(fs, args, "[--dialect postgres|sqlite] [--table NAME] [--upgrade]", schemaAbout)
+	pos, done, st := c.parse(fs, args, "[--dialect postgres|mysql|sqlite | --mysql] [--table NAME] [--upgrade]", schemaAbout)
 	if done {
 		return st
 	}
 	if len(pos) > 0 {
 		return c.noArgs("schema", pos)
+	}
+	if *mysql {
+		if givenFlags(fs)["dialect"] && *dialect != "mysql" && *dialect != "mariadb" {
+			return c.usageError("schema", fmt.Errorf("--mysql with --dialect %s: give one", *dialect))
+		}
+		*dialect = "mysql"
 	}
 	d, err := parseDialect(*dialect)
 	if err != nil {
@@ -37,6 +44,10 @@ func (c *cli) schema(args []string) int {
 	ddl, err := ddlOf(d, *table)
 	if err != nil {
 		return c.usageError("schema", err)
+	}
+	if len(ddl) == 0 {
+		// MySQL's table has had every column since the dialect came.
+		fmt.Fprintf(c.stdout, "-- nothing to upgrade: a %s table made by any release has every column\n", d)
 	}
 	for i, q := range ddl {
 		if i > 0 {
@@ -53,6 +64,8 @@ func parseDialect(s string) (sqlstore.Dialect, error) {
 		return sqlstore.Postgres, nil
 	case "sqlite", "sqlite3":
 		return sqlstore.SQLite, nil
+	case "mysql", "mariadb":
+		return sqlstore.MySQL, nil
 	}
-	return 0, fmt.Errorf("unknown --dialect %q: want postgres or sqlite", s)
+	return 0, fmt.Errorf("unknown --dialect %q: want postgres, mysql or sqlite", s)
 }

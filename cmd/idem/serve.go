@@ -25,7 +25,7 @@ import (
 
 const serveAbout = `Serves a small example payments API behind the Idempotency-Key middleware
 (lease mode), on an embedded Redis by default, or on --redis, --cluster,
---postgres or --sqlite (a SQL table is created if missing):
+--postgres, --mysql or --sqlite (a SQL table is created if missing):
 
   POST /payments  {"amount": 1000, "currency": "EUR"}  charges, after --delay
   GET  /payments  every charge made, to count them

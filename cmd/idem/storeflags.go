@@ -19,6 +19,7 @@ const (
 	envRedisAddr    = "IDEM_REDIS_ADDR"
 	envClusterAddrs = "IDEM_REDIS_CLUSTER_ADDRS"
 	envPostgresDSN  = "IDEM_POSTGRES_DSN"
+	envMySQLDSN     = "IDEM_MYSQL_DSN"
 	envSQLiteFile   = "IDEM_SQLITE_FILE"
 	envTable        = "IDEM_TABLE"
 	envRedisPrefix  = "IDEM_REDIS_PREFIX"
@@ -44,20 +45,21 @@ const (
 	kindCluster
 	kindPostgres
 	kindSQLite
+	kindMySQL
 	// kindNames adds --prefix (with a Redis kind) and --table (with a SQL
 	// kind): how a store names its records.
 	kindNames
 
-	kindsSQL = kindPostgres | kindSQLite | kindNames
+	kindsSQL = kindPostgres | kindMySQL | kindSQLite | kindNames
 	kindsAll = kindRedis | kindCluster | kindsSQL
 )
 
 // storeFlags are the connection flags shared by the commands. At most one
-// of redis, cluster, postgres and sqlite may be set; none means the embedded
+// of redis, cluster, postgres, mysql and sqlite may be set; none means the embedded
 // Redis where a command allows it.
 type storeFlags struct {
-	redisAddr, cluster, postgres, sqlite string
-	table, prefix                        string
+	redisAddr, cluster, postgres, mysql, sqlite string
+	table, prefix                               string
 	// fromEnv maps each store flag whose default came from the
 	// environment to its variable: a store flag given on the command line
 	// overrides the other stores' variables (a shell that exports them all
@@ -101,10 +103,13 @@ func (f *storeFlags) register(fs *flag.FlagSet, getenv func(string) string, kind
 	if kinds&kindPostgres != 0 {
 		fs.StringVar(&f.postgres, "postgres", env("postgres", envPostgresDSN), "a Postgres `DSN`: postgres://user@host:port/db or 'host=... dbname=...' (env "+envPostgresDSN+")")
 	}
+	if kinds&kindMySQL != 0 {
+		fs.StringVar(&f.mysql, "mysql", env("mysql", envMySQLDSN), "a MySQL or MariaDB `DSN` of go-sql-driver/mysql: user:pass@tcp(host:port)/db[?interpolateParams=true] (env "+envMySQLDSN+")")
+	}
 	if kinds&kindSQLite != 0 {
 		fs.StringVar(&f.sqlite, "sqlite", env("sqlite", envSQLiteFile), "a SQLite database `FILE`: "+sqliteForms+" (env "+envSQLiteFile+")")
 	}
-	if kinds&(kindPostgres|kindSQLite) != 0 && kinds&kindNames != 0 {
+	if kinds&(kindPostgres|kindMySQL|kindSQLite) != 0 && kinds&kindNames != 0 {
 		fs.StringVar(&f.table, "table", or(getenv(envTable), sqlstore.DefaultTable), "the SQL `table` of the store (env "+envTable+")")
 	}
 }
@@ -118,12 +123,12 @@ func (c *cli) chooseStore(cmd string, fs *flag.FlagSet, f *storeFlags) error {
 	explicit := givenFlags(fs)
 	type given struct{ flag, value string }
 	var set []given
-	for _, g := range []given{{"redis", f.redisAddr}, {"cluster", f.cluster}, {"postgres", f.postgres}, {"sqlite", f.sqlite}} {
+	for _, g := range []given{{"redis", f.redisAddr}, {"cluster", f.cluster}, {"postgres", f.postgres}, {"mysql", f.mysql}, {"sqlite", f.sqlite}} {
 		if g.value != "" {
 			set = append(set, g)
 		}
 	}
-	if explicit["redis"] || explicit["cluster"] || explicit["postgres"] || explicit["sqlite"] {
+	if explicit["redis"] || explicit["cluster"] || explicit["postgres"] || explicit["mysql"] || explicit["sqlite"] {
 		set = slices.DeleteFunc(set, func(g given) bool { return !explicit[g.flag] })
 	}
 	switch {
@@ -132,9 +137,9 @@ func (c *cli) chooseStore(cmd string, fs *flag.FlagSet, f *storeFlags) error {
 		for _, g := range set {
 			vars = append(vars, f.fromEnv[g.flag])
 		}
-		return fmt.Errorf("%s each name a store: give one store flag (--redis, --cluster, --postgres or --sqlite) or unset all but one", strings.Join(vars, " and "))
+		return fmt.Errorf("%s each name a store: give one store flag (--redis, --cluster, --postgres, --mysql or --sqlite) or unset all but one", strings.Join(vars, " and "))
 	case len(set) > 1:
-		return errors.New("give at most one of --redis, --cluster, --postgres and --sqlite")
+		return errors.New("give at most one of --redis, --cluster, --postgres, --mysql and --sqlite")
 	case len(set) == 0:
 		return nil
 	}
@@ -151,6 +156,10 @@ func (c *cli) chooseStore(cmd string, fs *flag.FlagSet, f *storeFlags) error {
 	case "postgres":
 		if postgresDriver == "" {
 			err = fmt.Errorf("--postgres: this idem was built with -tags %s, without the Postgres driver; build it without that tag", tagNoPostgres)
+		}
+	case "mysql":
+		if mysqlDriver == "" {
+			err = fmt.Errorf("--mysql: this idem was built with -tags %s, without the MySQL driver; build it without that tag", tagNoMySQL)
 		}
 	case "sqlite":
 		if sqliteDriver == "" {
@@ -199,10 +208,13 @@ func envHelp(kinds storeKinds) string {
 	if kinds&kindPostgres != 0 {
 		add(envPostgresDSN, "--postgres")
 	}
+	if kinds&kindMySQL != 0 {
+		add(envMySQLDSN, "--mysql")
+	}
 	if kinds&kindSQLite != 0 {
 		add(envSQLiteFile, "--sqlite")
 	}
-	if kinds&(kindPostgres|kindSQLite) != 0 && kinds&kindNames != 0 {
+	if kinds&(kindPostgres|kindMySQL|kindSQLite) != 0 && kinds&kindNames != 0 {
 		add(envTable, "--table")
 	}
 	s := "Environment: " + strings.Join(vars, ", ") + " stand in for " + strings.Join(flags, ", ") +

@@ -227,13 +227,13 @@ func TestHelpListsOnlyAcceptedFlags(t *testing.T) {
 		want, not []string
 		notEnv    []string
 	}{
-		{[]string{"prune"}, []string{"postgres", "sqlite", "table", "timeout"}, []string{"redis", "cluster", "prefix"}, []string{envRedisAddr, envClusterAddrs, envRedisPrefix}},
+		{[]string{"prune"}, []string{"postgres", "mysql", "sqlite", "table", "timeout"}, []string{"redis", "cluster", "prefix"}, []string{envRedisAddr, envClusterAddrs, envRedisPrefix}},
 		{[]string{"bench"}, []string{"redis", "cluster", "postgres"}, []string{"sqlite", "table", "prefix"}, []string{envSQLiteFile, envTable, envRedisPrefix}},
-		{[]string{"schema"}, []string{"dialect", "table"}, []string{"redis", "cluster", "postgres", "sqlite", "prefix"}, nil},
-		{[]string{"demo"}, []string{"redis", "cluster", "postgres", "sqlite", "table", "prefix"}, nil, nil},
-		{[]string{"demo", "http"}, []string{"redis", "cluster", "postgres", "sqlite", "table", "prefix"}, nil, nil},
-		{[]string{"serve"}, []string{"redis", "cluster", "postgres", "sqlite", "table", "prefix"}, nil, nil},
-		{[]string{"inspect"}, []string{"redis", "cluster", "postgres", "sqlite", "table", "prefix", "http", "scope"}, nil, nil},
+		{[]string{"schema"}, []string{"dialect", "mysql", "table"}, []string{"redis", "cluster", "postgres", "sqlite", "prefix"}, nil},
+		{[]string{"demo"}, []string{"redis", "cluster", "postgres", "mysql", "sqlite", "table", "prefix"}, nil, nil},
+		{[]string{"demo", "http"}, []string{"redis", "cluster", "postgres", "mysql", "sqlite", "table", "prefix"}, nil, nil},
+		{[]string{"serve"}, []string{"redis", "cluster", "postgres", "mysql", "sqlite", "table", "prefix"}, nil, nil},
+		{[]string{"inspect"}, []string{"redis", "cluster", "postgres", "mysql", "sqlite", "table", "prefix", "http", "scope"}, nil, nil},
 	} {
 		r := runCLI(t, nil, append(tc.cmd, "--help")...)
 		listed := helpFlags(r.stdout)
@@ -317,26 +317,28 @@ func TestDriverBuildTags(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the go tool is not on PATH: %v", err)
 	}
-	out, err := exec.Command(goTool, "list", "-deps", "-tags", tagNoPostgres+","+tagNoSQLite, ".").CombinedOutput()
+	tags := tagNoPostgres + "," + tagNoSQLite + "," + tagNoMySQL
+	out, err := exec.Command(goTool, "list", "-deps", "-tags", tags, ".").CombinedOutput()
 	if err != nil {
-		t.Fatalf("go list -deps -tags %s,%s: %v\n%s", tagNoPostgres, tagNoSQLite, err, out)
+		t.Fatalf("go list -deps -tags %s: %v\n%s", tags, err, out)
 	}
-	for _, pkg := range []string{"github.com/jackc/pgx/v5/stdlib", "modernc.org/sqlite", "modernc.org/libc"} {
+	for _, pkg := range []string{"github.com/jackc/pgx/v5/stdlib", "modernc.org/sqlite", "modernc.org/libc", "github.com/go-sql-driver/mysql"} {
 		if slices.Contains(strings.Fields(string(out)), pkg) {
-			t.Errorf("go list -deps -tags %s,%s lists %s; want it left out", tagNoPostgres, tagNoSQLite, pkg)
+			t.Errorf("go list -deps -tags %s lists %s; want it left out", tags, pkg)
 		}
 	}
 
 	// Not parallel: it swaps the drivers out for the length of the test.
-	pg, lite := postgresDriver, sqliteDriver
-	postgresDriver, sqliteDriver = "", ""
-	defer func() { postgresDriver, sqliteDriver = pg, lite }()
+	pg, my, lite := postgresDriver, mysqlDriver, sqliteDriver
+	postgresDriver, mysqlDriver, sqliteDriver = "", "", ""
+	defer func() { postgresDriver, mysqlDriver, sqliteDriver = pg, my, lite }()
 	for _, tc := range []struct {
 		args []string
 		tag  string
 	}{
 		{[]string{"demo", "--sqlite", "x.db"}, tagNoSQLite},
 		{[]string{"prune", "--postgres", "postgres://127.0.0.1:1/x"}, tagNoPostgres},
+		{[]string{"prune", "--mysql", "idem@tcp(127.0.0.1:1)/x"}, tagNoMySQL},
 		{[]string{"bench", "--groups", "sql", "--postgres", "postgres://127.0.0.1:1/x"}, tagNoPostgres},
 	} {
 		r := runCLI(t, nil, tc.args...)
