@@ -82,6 +82,10 @@ var cacheRigs = []struct {
 		db := sqltest.Postgres(t)
 		return sqlRig(t, db, sqlstore.Postgres, func() *sql.DB { return db })
 	}},
+	{"mysql", func(t *testing.T) *cacheRig {
+		db := sqltest.MySQL(t)
+		return sqlRig(t, db, sqlstore.MySQL, func() *sql.DB { return db })
+	}},
 }
 
 // redisRig opens RedisStores on c under a prefix of their own; advance is
@@ -105,10 +109,7 @@ func redisRig(c *redis.Client, advance func(time.Duration)) *cacheRig {
 func sqlRig(t *testing.T, db *sql.DB, d sqlstore.Dialect, handle func() *sql.DB) *cacheRig {
 	table := sqltest.UniqueTable()
 	sqltest.NewStore(t, db, sqlstore.Options{Dialect: d, Table: table})
-	del := `DELETE FROM "` + table + `" WHERE key = $1`
-	if d == sqlstore.SQLite {
-		del = `DELETE FROM "` + table + `" WHERE key = ?`
-	}
+	del := sqltest.Query(d, `DELETE FROM "`+table+`" WHERE key = $1`)
 	return &cacheRig{
 		b: storetest.Backend{Open: func(o idem.Options) (idem.Store, error) {
 			so := sqlstore.OptionsFrom(o, d)

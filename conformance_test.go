@@ -181,6 +181,10 @@ func sqlBackends(t *testing.T) map[string]func(t *testing.T) (*sql.DB, *atomic.I
 			db, c := sqltest.CountingDB(t, "pgx", testenv.PostgresDSN(t))
 			return db, c, sqlstore.Postgres
 		},
+		"mysql": func(t *testing.T) (*sql.DB, *atomic.Int64, sqlstore.Dialect) {
+			db, c := sqltest.CountingDB(t, "mysql", testenv.MySQLDSN(t))
+			return db, c, sqlstore.MySQL
+		},
 	}
 }
 
@@ -311,7 +315,7 @@ func TestSecurityOversizedInputsBeforeIO(t *testing.T) {
 					t.Fatalf("%s: %v", q, err)
 				}
 			}
-			t.Cleanup(func() { _, _ = db.Exec(`DROP TABLE "` + table + `"`) })
+			t.Cleanup(func() { _, _ = db.Exec(sqltest.Query(d, `DROP TABLE "`+table+`"`)) })
 			so := sqlstore.OptionsFrom(o, d)
 			so.Table = table
 			s, err := sqlstore.New(db, so)

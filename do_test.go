@@ -63,6 +63,16 @@ var doBackends = []struct {
 			return sqlstore.New(db, so)
 		}}
 	}},
+	{"mysql", func(t *testing.T) storetest.Backend {
+		db := sqltest.MySQLPool(t, 10)
+		table := sqltest.UniqueTable()
+		sqltest.NewStore(t, db, sqlstore.Options{Dialect: sqlstore.MySQL, Table: table})
+		return storetest.Backend{Open: func(o idem.Options) (idem.Store, error) {
+			so := sqlstore.OptionsFrom(o, sqlstore.MySQL)
+			so.Table = table
+			return sqlstore.New(db, so)
+		}}
+	}},
 }
 
 // onEveryBackend runs f, in parallel, on a backend of each kind, with

@@ -101,6 +101,15 @@ func TestSecurityConsumerFailClosed(t *testing.T) {
 			_ = db.Close()
 			return st
 		},
+		"mysql closed": func(t *testing.T) idem.Store {
+			db := sqltest.MySQL(t)
+			st, err := sqlstore.New(db, sqlstore.Options{Dialect: sqlstore.MySQL, Table: "idemsec_consumer"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			_ = db.Close()
+			return st
+		},
 		"claim errors": func(t *testing.T) idem.Store {
 			s := spy(memStore(idem.Options{}))
 			s.setFail("claim", func(int) error { return errDown })

@@ -21,6 +21,9 @@ func countingDB(t *testing.T, d sqlstore.Dialect) (*sql.DB, *atomic.Int64) {
 		path := filepath.Join(t.TempDir(), "idem.db")
 		return sqltest.CountingDB(t, "sqlite", "file:"+path+"?_pragma=journal_mode(WAL)")
 	}
+	if d == sqlstore.MySQL {
+		return sqltest.CountingDB(t, "mysql", testenv.MySQLDSN(t))
+	}
 	return sqltest.CountingDB(t, "pgx", testenv.PostgresDSN(t))
 }
 
@@ -53,7 +56,7 @@ func TestSecuritySQLIdentifiers(t *testing.T) {
 		strings.Repeat("t", 64),
 		strings.Repeat("s", 64) + ".keys",
 	}
-	for _, d := range []sqlstore.Dialect{sqlstore.SQLite, sqlstore.Postgres} {
+	for _, d := range []sqlstore.Dialect{sqlstore.SQLite, sqlstore.Postgres, sqlstore.MySQL} {
 		t.Run(d.String(), func(t *testing.T) {
 			db, conns := countingDB(t, d)
 			for _, table := range attempts {
