@@ -94,15 +94,17 @@
 // MySQL 8.0 or later and MariaDB 10.11 or later, InnoDB tables. What the
 // dialect does where MySQL differs, and why:
 //
-//   - A claim reads the key first, then INSERTs a new key or takes over an
-//     expired or forgotten claim with one UPDATE whose WHERE clause holds
-//     the expiry check: MySQL has no RETURNING and no upsert with a WHERE
-//     clause (INSERT ... ON DUPLICATE KEY UPDATE evaluates its assignments
-//     one after another, so a guard over two columns sees a half-written
-//     row). A duplicate is one read, with no lock. The fencing token comes
-//     back in the statement's reply through LAST_INSERT_ID(expr). Never
-//     INSERT IGNORE: it would turn a key too long for its column into a cut
-//     one.
+//   - A claim reads the key first, then INSERTs a new key or, when the key
+//     has a row, takes over a lapsed or forgotten claim with one UPDATE
+//     whose WHERE clause holds the expiry check and the limit of
+//     take-overs: MySQL has no RETURNING and no upsert with a WHERE clause
+//     (INSERT ... ON DUPLICATE KEY UPDATE evaluates its assignments one
+//     after another, so a guard over two columns sees a half-written row).
+//     A duplicate is one read, with no lock. The fencing token comes back in
+//     the statement's reply through LAST_INSERT_ID(expr); a take-over reads
+//     what it carried over (the prior attempt, the checkpoint) after it, by
+//     its token. Never INSERT IGNORE: it would turn a key too long for its
+//     column into a cut one.
 //   - Keys are VARBINARY(3072), the longest primary key InnoDB indexes with
 //     16 KiB pages: New refuses a MaxKeyBytes above [MaxMySQLKeyBytes].
 //   - Time is UTC_TIMESTAMP(6) in DATETIME(6) columns, never NOW(): NOW

@@ -123,8 +123,8 @@ func (o Options) shared() idem.Options {
 // locks the gap around it, where concurrent claims of new keys deadlock.
 // Lease-mode calls are single statements in autocommit, where the level
 // makes no difference. A claim reads the key first (a duplicate writes
-// nothing), then inserts it or takes it over with the expiry check in the
-// UPDATE's WHERE clause. A deadlock (InnoDB rolls back the whole
+// nothing), then inserts it or takes it over with the expiry check and the
+// limit of take-overs in the UPDATE's WHERE clause. A deadlock (InnoDB rolls back the whole
 // transaction) met before any work ran is retried a few times, the whole
 // transaction over; met by a Run's write function, it is write's error, and
 // nothing is recorded. A lock wait past innodb_lock_wait_timeout (the
