@@ -12,9 +12,9 @@ type sqlStatements struct {
 	quarantine, checkpoint, resolveConfirm, resolveForget, quarantined                string
 	claimOrRead, takeOver                                                             string
 	// MySQL only: the read of what a take-over carried over, the late
-	// confirm's insert, and the purge's delete (its key list appended per
-	// batch).
-	takenOver, confirmLateInsert, purgeDelete string
+	// confirm's insert, the purge's delete (its key list appended per
+	// batch), and whether a lease is held.
+	takenOver, confirmLateInsert, purgeDelete, held string
 }
 
 // The statements, in the markers of sqlText.
@@ -149,6 +149,9 @@ state = 'C', owner = $2, token = LAST_INSERT_ID({max}({tok}, token + 1)), finger
 recorded_at = {now}, expires_at = {in $4}
 WHERE key = $1 AND (state = 'F' OR (expires_at <= {now} AND NOT (state = 'C' AND takeovers >= $5)))`
 	sqlTakenOverMySQL = `SELECT takeovers, prior_owner, prior_token, {ms prior_at}, checkpoint FROM {t} WHERE key = $1 AND token = $2`
+	// Whether a lease is live, for an UPDATE that changed nothing (see
+	// Store.heldUnchanged).
+	sqlHeldMySQL = `SELECT count(*) FROM {t} WHERE key = $1 AND state = 'C' AND owner = $2 AND token = $3 AND expires_at > {now}`
 	// A late confirm on MySQL: the UPDATE of a row that is anything but a
 	// live confirmation, or, when there is no row, the INSERT.
 	sqlConfirmLateMySQL = `UPDATE {t} SET state = 'D', owner = '', token = $2, fingerprint = $3, result = $4,

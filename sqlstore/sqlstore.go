@@ -230,6 +230,7 @@ func New(db *sql.DB, o Options) (*Store, error) {
 	}
 	if o.Dialect == MySQL {
 		s.q.claim, s.q.takeOver, s.q.takenOver = text(sqlClaimMySQL), text(sqlTakeOverMySQL), text(sqlTakenOverMySQL)
+		s.q.held = text(sqlHeldMySQL)
 		s.q.confirmLate, s.q.confirmLateInsert = text(sqlConfirmLateMySQL), text(sqlConfirmLateInsertMySQL)
 		s.q.record, s.q.purge, s.q.purgeDelete = text(sqlRecordMySQL), text(sqlPurgeSelectMySQL), text(sqlPurgeDeleteMySQL)
 	}
@@ -656,6 +657,9 @@ func (s *Store) Renew(ctx context.Context, l *idem.Lease) (err error) {
 		return err
 	}
 	ok, err := s.exec(ctx, s.db, s.q.renew, []byte(l.Key), l.Owner, l.Token, s.leaseMs)
+	if err == nil && !ok {
+		ok, err = s.heldUnchanged(ctx, l)
+	}
 	if err != nil {
 		return s.fail("renew", l.Key, err)
 	}
@@ -777,6 +781,22 @@ func (s *Store) Lookup(ctx context.Context, key string) (rec *idem.Record, err e
 	return rec, nil
 }
 
+// heldUnchanged says, after a Renew or Checkpoint changed no row, whether
+// that was because the row already held what it wrote (the same
+// checkpoint; a renewal in the same microsecond) while l's lease is live.
+// MySQL counts only the rows an UPDATE changed (unless the DSN sets
+// clientFoundRows), so there no row changed is not yet a lost lease; a
+// second statement tells, on this rare path only. Elsewhere the count is
+// of the rows matched, and the answer is no.
+func (s *Store) heldUnchanged(ctx context.Context, l *idem.Lease) (bool, error) {
+	if s.dialect != MySQL {
+		return false, nil
+	}
+	var n int
+	err := s.db.QueryRowContext(ctx, s.q.held, []byte(l.Key), l.Owner, l.Token).Scan(&n)
+	return n == 1, err
+}
+
 // Checkpoint implements idem.Checkpointer in one statement.
 func (s *Store) Checkpoint(ctx context.Context, l *idem.Lease, data []byte) (err error) {
 	start := time.Now()
@@ -789,6 +809,9 @@ func (s *Store) Checkpoint(ctx context.Context, l *idem.Lease, data []byte) (err
 		cp = data
 	}
 	ok, err := s.exec(ctx, s.db, s.q.checkpoint, []byte(l.Key), l.Owner, l.Token, cp)
+	if err == nil && !ok {
+		ok, err = s.heldUnchanged(ctx, l)
+	}
 	if err != nil {
 		return s.fail("checkpoint", l.Key, err)
 	}

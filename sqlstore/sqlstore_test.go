@@ -522,3 +522,30 @@ WHERE table_schema = DATABASE() AND table_name = ?`, table).Scan(&bytes)
 		})
 	}
 }
+
+// Recording the same checkpoint twice, or renewing twice at once, writes
+// nothing new: the lease is still held (MySQL reports no row changed).
+func TestCheckpointUnchangedIsHeld(t *testing.T) {
+	dialects(t, func(t *testing.T, db *sql.DB, d sqlstore.Dialect) {
+		ctx := t.Context()
+		st := sqltest.NewStore(t, db, sqlstore.Options{Dialect: d, Table: sqltest.UniqueTable()})
+		c, err := st.Claim(ctx, "k", nil)
+		if err != nil || c.Outcome != idem.Claimed {
+			t.Fatalf("Claim = %+v, %v", c, err)
+		}
+		for i := range 2 {
+			if err := st.Checkpoint(ctx, c.Lease, []byte("step 1")); err != nil {
+				t.Errorf("Checkpoint #%d of the same data = %v; want nil", i+1, err)
+			}
+		}
+		if err := st.Forget(ctx, c.Lease); err != nil {
+			t.Fatal(err)
+		}
+		if err := st.Checkpoint(ctx, c.Lease, []byte("step 1")); !errors.Is(err, idem.ErrLeaseLost) {
+			t.Errorf("Checkpoint after Forget = %v; want ErrLeaseLost", err)
+		}
+		if err := st.Renew(ctx, c.Lease); !errors.Is(err, idem.ErrLeaseLost) {
+			t.Errorf("Renew after Forget = %v; want ErrLeaseLost", err)
+		}
+	})
+}
