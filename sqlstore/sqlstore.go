@@ -325,9 +325,9 @@ func (s *Store) Claim(ctx context.Context, key string, fingerprint []byte) (c id
 // writer, and writes only when it found nothing live, so that racing claims
 // of one key do not each write. MySQL's claim reads first too: a
 // duplicate there is then one read that takes no lock, where the INSERT
-// that finds the key would lock it (see sqlClaimMySQL). Answering from the read is sound (the
-// record was live when read, and only the writer could have changed it
-// since); the take-over itself is still the one upsert with the expiry
+// that finds the key would lock it (see sqlClaimMySQL). Answering from the
+// read is sound (the record was live when read, and only the writer could
+// have changed it since); the take-over itself is still the one upsert with the expiry
 // check in its WHERE clause, which holds against other processes too. On
 // Postgres the upsert alone answers a new or expired key.
 func (s *Store) claimIn(ctx context.Context, q sqlQuerier, key string, fingerprint []byte, start time.Time) (idem.Claim, error) {
