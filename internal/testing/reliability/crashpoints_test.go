@@ -147,6 +147,18 @@ func crashBackends(t *testing.T) map[string]func(w string) idem.Store {
 			return must(sqlstore.New(db, so))
 		}
 	}()
+	out["mysql"] = func() func(string) idem.Store {
+		db := sqltest.MySQL(t)
+		table := sqltest.UniqueTable()
+		so := sqlstore.OptionsFrom(o("setup"), sqlstore.MySQL)
+		so.Table = table
+		sqltest.NewStore(t, db, so)
+		return func(w string) idem.Store {
+			so := sqlstore.OptionsFrom(o(w), sqlstore.MySQL)
+			so.Table = table
+			return must(sqlstore.New(db, so))
+		}
+	}()
 	return out
 }
 
