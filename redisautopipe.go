@@ -2,8 +2,10 @@ package idem
 
 import (
 	"context"
+	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Automatic pipelining (on unless RedisOptions.NoAutoPipeline): the single-key calls of
@@ -113,7 +115,7 @@ func (p *autoPipe) do(ctx context.Context, script *luaScript, key string, args [
 		c.waits = true
 		p.queue = append(p.queue, c)
 		p.mu.Unlock()
-		return c.wait(ctx)
+		return p.wait(c, ctx)
 	}
 	p.senders++
 	batch := append(p.queue, c)
@@ -146,11 +148,11 @@ func (p *autoPipe) do(ctx context.Context, script *luaScript, key string, args [
 	// its pipeline (other callers' calls with it) runs to its end.
 	c.waits = true
 	go p.loop(batch)
-	return c.wait(ctx)
+	return p.wait(c, ctx)
 }
 
 // wait returns c's reply, or ctx.Err() as soon as ctx ends.
-func (c *pipeCall) wait(ctx context.Context) (any, error, error) {
+func (p *autoPipe) wait(c *pipeCall, ctx context.Context) (any, error, error) {
 	select {
 	case <-c.done:
 		v, waitErr, err := c.v, c.waitErr, c.err
@@ -158,12 +160,47 @@ func (c *pipeCall) wait(ctx context.Context) (any, error, error) {
 		return v, waitErr, err
 	case <-ctx.Done():
 		// A call still queued is never sent; one already sent may run, its
-		// reply lost, which the store's scripts allow for (a repeated or
-		// abandoned Claim leaves a lease that expires after LeaseTTL).
-		c.state.CompareAndSwap(callQueued, callAbandoned)
+		// reply lost to its caller. A Claim so sent may grant a lease that
+		// nobody will use: the key would be held for a whole lease, and a
+		// client's retry of the request answered "in flight" all along.
+		// Its reply is awaited here, and such a lease forgotten.
+		if !c.state.CompareAndSwap(callQueued, callAbandoned) && c.script == claimScript {
+			go p.forgetOrphan(c)
+		}
 		return nil, nil, ctx.Err()
 	}
 }
+
+// forgetOrphan waits for the reply of c, a Claim its caller gave up on
+// after it was sent, and forgets the new lease it granted, if any. A
+// take-over is left to lapse: forgetting it would drop what the next
+// holder must be told (the earlier attempt, its checkpoint).
+func (p *autoPipe) forgetOrphan(c *pipeCall) {
+	<-c.done
+	v, err, key := c.v, c.err, c.keys[0]
+	c.release()
+	if err != nil {
+		return
+	}
+	var tv any = v
+	if a, ok := v.([]any); ok {
+		if st, _ := a[0].(string); len(a) < 2 || (st != replyClaimed && st != replyAgain) {
+			return
+		}
+		tv = a[1]
+	}
+	tok, ok := token(tv)
+	if !ok {
+		return
+	}
+	l := &Lease{Token: tok, Owner: p.s.core.o.Worker}
+	ctx, cancel := context.WithTimeout(context.Background(), orphanForgetTimeout)
+	defer cancel()
+	_, _, _ = p.s.runNow(ctx, forgetScript, key, []any{heldPrefix(l), strconv.FormatInt(tok, 10), p.s.retentionMs})
+}
+
+// orphanForgetTimeout bounds the Forget of a lease nobody took.
+const orphanForgetTimeout = 5 * time.Second
 
 // finish wakes c's caller, if it waits. The sender must not touch c after:
 // its caller may reuse it at once.
