@@ -108,8 +108,8 @@
 // the others in its pipeline. A call that waits in the queue or shares a
 // pipeline returns ctx.Err() as soon as its context ends; if it was already
 // sent it may still run with its reply lost, as after a broken connection:
-// a Claim may then hold the key until its lease expires, and a Confirm may
-// have recorded. Such a pipeline runs under the client's read and write
+// a Confirm may have recorded, and a Claim's new lease, which nobody will
+// use, is forgotten when its reply arrives (a take-over is left to lapse). Such a pipeline runs under the client's read and write
 // timeouts, not any one caller's context.
 //
 // # Waiting for replicas
