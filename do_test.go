@@ -574,7 +574,7 @@ func TestDoRetriesWhatRetryRetries(t *testing.T) {
 		idem.ErrInProgress, idem.ErrFingerprintMismatch, idem.ErrAlreadyConfirmed, idem.ErrInvalidLease,
 		idem.ErrDamaged, idem.ErrNotRecorded, idem.ErrMaxHold, errors.New("connection reset")}
 	for _, e := range sentinels {
-		s := &recordingStore{Store: memStore(idem.Options{LeaseTTL: 60 * time.Millisecond}),
+		s := &recordingStore{Store: memStore(idem.Options{LeaseTTL: idem.MinLeaseTTL}),
 			confirmErrs: func(n int64) error {
 				if n == 1 {
 					return fmt.Errorf("wrapped: %w", e)
@@ -643,6 +643,37 @@ func (c *upperCodec) Unmarshal(data []byte, v any) error {
 	c.unmarshal++
 	*v.(*string) = strings.ToLower(string(data))
 	return nil
+}
+
+// At the shortest lease a store accepts, KeepAlive keeps the key: eight
+// callers 30ms apart, over 300ms of work (three leases), run it once on
+// every backend. Shorter leases are refused (TestBadOptionMessages): on a
+// loaded machine 5ms and 10ms ran the work twice now and then, and a
+// user's 1ms lease over a real network ran it eight times.
+func TestDoAtTheShortestLeaseRunsOnce(t *testing.T) {
+	onEveryBackend(t, func(t *testing.T, open func(int, idem.Options) idem.Store) {
+		key := doKey("floor")
+		var runs atomic.Int64
+		var wg sync.WaitGroup
+		for w := range 8 {
+			s := open(w, idem.Options{LeaseTTL: idem.MinLeaseTTL})
+			wg.Go(func() {
+				_, _ = idem.Do(t.Context(), s, key, func(ctx context.Context) (int, error) {
+					runs.Add(1)
+					select {
+					case <-time.After(300 * time.Millisecond):
+					case <-ctx.Done():
+					}
+					return 1, nil
+				}, idem.DoOptions{Wait: 5 * time.Second})
+			})
+			time.Sleep(30 * time.Millisecond)
+		}
+		wg.Wait()
+		if n := runs.Load(); n != 1 {
+			t.Errorf("8 callers of %q, LeaseTTL %v: the work ran %d times; want once", key, idem.MinLeaseTTL, n)
+		}
+	})
 }
 
 // A result type JSON cannot carry there and back is refused before any I/O

@@ -136,7 +136,7 @@ func TestIdempotentStoreErrorAndBadKey(t *testing.T) {
 
 func TestIdempotentLeaseLost(t *testing.T) {
 	ctx := context.Background()
-	s := memStore(idem.Options{LeaseTTL: 60 * time.Millisecond})
+	s := memStore(idem.Options{LeaseTTL: idem.MinLeaseTTL})
 	var ev events
 	var cause error
 	h := consumer.Idempotent(s, msgKey, func(ctx context.Context, m msg) error {
@@ -343,7 +343,7 @@ func takeOver(t *testing.T, ctx context.Context, s idem.Store) int64 {
 // work was done twice, and leaves the first confirmation in place.
 func TestIdempotentAlreadyConfirmed(t *testing.T) {
 	ctx := context.Background()
-	s := memStore(idem.Options{LeaseTTL: 60 * time.Millisecond})
+	s := memStore(idem.Options{LeaseTTL: idem.MinLeaseTTL})
 	var ev events
 	var mine, kept int64
 	h := consumer.Idempotent(s, msgKey, func(ctx context.Context, m msg) error {

@@ -125,7 +125,7 @@ func fillForPrune(t *testing.T, short, long idem.Store) {
 	if _, err := long.Claim(context.Background(), "kept:2", nil); err != nil {
 		t.Fatalf("Claim = %v", err)
 	}
-	time.Sleep(50 * time.Millisecond) // the short retention is 10ms
+	time.Sleep(idem.MinLeaseTTL + 50*time.Millisecond) // past the short retention
 }
 
 func checkPruned(t *testing.T, r result, s idem.Store) {
@@ -143,7 +143,7 @@ func checkPruned(t *testing.T, r result, s idem.Store) {
 func TestPruneSQLite(t *testing.T) {
 	t.Parallel()
 	path, long := sqliteFile(t, idem.Options{})
-	short, err := sqlstore.New(sqltest.OpenSQLite(t, path), sqlstore.Options{Retention: 10 * time.Millisecond, LeaseTTL: 10 * time.Millisecond, Dialect: sqlstore.SQLite})
+	short, err := sqlstore.New(sqltest.OpenSQLite(t, path), sqlstore.Options{Retention: idem.MinLeaseTTL, LeaseTTL: idem.MinLeaseTTL, Dialect: sqlstore.SQLite})
 	if err != nil {
 		t.Fatalf("sqlstore.New = %v", err)
 	}
@@ -177,7 +177,7 @@ func testPrune(t *testing.T, d sqlstore.Dialect, dsnOf func(testing.TB) string, 
 	if err := long.CreateSchema(context.Background()); err != nil {
 		t.Fatalf("CreateSchema = %v", err)
 	}
-	fillForPrune(t, newStore(10*time.Millisecond), long)
+	fillForPrune(t, newStore(idem.MinLeaseTTL), long)
 	// The DSN and table come from the environment, as an operator's cron
 	// job would set them.
 	checkPruned(t, runCLI(t, map[string]string{envDSN: dsn, envTable: table}, "prune"), long)
