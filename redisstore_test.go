@@ -72,9 +72,19 @@ func (h *tripCounter) DialHook(next redis.DialHook) redis.DialHook { return next
 
 func (h *tripCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		h.count(cmd.Name())
+		// The store's read of the server's identity, once a second
+		// (recheck), is not the cost of the operation it precedes.
+		if !isIdentityRead(cmd) {
+			h.count(cmd.Name())
+		}
 		return next(ctx, cmd)
 	}
+}
+
+// isIdentityRead reports the INFO with which a store reads its server's
+// identity (readIdentity).
+func isIdentityRead(cmd redis.Cmder) bool {
+	return fmt.Sprint(cmd.Args()) == "[info server keyspace]"
 }
 
 func (h *tripCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
