@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/idemgo/idem/internal/badopt"
 )
 
 // What a server may be found to lack on first contact (see
@@ -545,7 +547,7 @@ func (s *RedisStore) probeNode(ctx context.Context, c redis.Cmdable, addr string
 		wait                      *redis.IntCmd
 		loads                     []*redis.StringCmd
 	)
-	_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
+	_, perr := c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		info = p.Info(ctx, "server", "keyspace")
 		if !s.allowEviction {
 			policy, memory = p.ConfigGet(ctx, "maxmemory-policy"), p.Info(ctx, "memory")
@@ -564,6 +566,12 @@ func (s *RedisStore) probeNode(ctx context.Context, c redis.Cmdable, addr string
 		}
 		return nil
 	})
+	// A server that does not answer is said to be so, not named by the
+	// first check that could not run.
+	var reply redis.Error
+	if perr != nil && !errors.As(perr, &reply) && ctx.Err() == nil {
+		return unreachable(c, addr, perr)
+	}
 	db := 0
 	if c, ok := c.(*redis.Client); ok {
 		db = c.Options().DB
@@ -614,6 +622,38 @@ func (s *RedisStore) probeNode(ctx context.Context, c redis.Cmdable, addr string
 	}
 	if load {
 		return scriptsLoaded(loads, on)
+	}
+	return nil
+}
+
+// unreachable is the error of a first contact that got no answer from the
+// server at addr ("" : c's).
+func unreachable(c redis.Cmdable, addr string, err error) error {
+	if rc, ok := c.(*redis.Client); ok && addr == "" {
+		addr = rc.Options().Addr
+	}
+	if addr == "" {
+		return fmt.Errorf("idem: cannot reach Redis: %w", err)
+	}
+	return fmt.Errorf("idem: cannot reach Redis at %s: %w", addr, err)
+}
+
+// checkAddrs refuses a client whose address is a URL: go-redis takes it
+// for a host and port, and every call would fail after its dial retries
+// with "too many colons". redis.ParseURL reads URLs.
+func checkAddrs(c redis.UniversalClient) error {
+	var field string
+	var addrs []string
+	switch c := c.(type) {
+	case *redis.Client:
+		field, addrs = "redis.Options.Addr", []string{c.Options().Addr}
+	case *redis.ClusterClient:
+		field, addrs = "redis.ClusterOptions.Addrs", c.Options().Addrs
+	}
+	for _, a := range addrs {
+		if strings.Contains(a, "://") {
+			return badopt.Error("idem", field, a, "is a URL, not host:port: build the client's options with redis.ParseURL (redis.ParseClusterURL for a cluster)")
+		}
 	}
 	return nil
 }

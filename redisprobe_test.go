@@ -565,3 +565,24 @@ func TestRedisWarnsOncePerServerProcess(t *testing.T) {
 		t.Errorf("two stores on one server gave %d persistence warnings; want 1. Log:\n%s", n, logs)
 	}
 }
+
+// A server that does not answer is reported as such, with its address,
+// not as the name of the first check that could not run ("checking Redis
+// maxmemory-policy: ...").
+func TestRedisUnreachableSaysSo(t *testing.T) {
+	t.Parallel()
+	c := testenv.DeadRedis(t)
+	s, err := NewRedisStore(c, RedisOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, call := range []func() error{
+		func() error { _, err := s.Claim(context.Background(), "k", nil); return err },
+		func() error { return s.Check(context.Background()) },
+	} {
+		err := call()
+		if err == nil || !strings.Contains(err.Error(), "cannot reach Redis at "+c.Options().Addr) || strings.Contains(err.Error(), "maxmemory") {
+			t.Errorf("a call with the server down = %v; want \"cannot reach Redis at %s\", naming no check", err, c.Options().Addr)
+		}
+	}
+}

@@ -170,6 +170,9 @@ func NewRedisStore(c redis.UniversalClient, o RedisOptions) (*RedisStore, error)
 	if c == nil || isNilClient(c) {
 		return nil, errors.New("idem: NewRedisStore with a nil client")
 	}
+	if err := checkAddrs(c); err != nil {
+		return nil, err
+	}
 	if o.Prefix == "" {
 		o.Prefix = DefaultPrefix
 	}

@@ -723,6 +723,10 @@ func TestRedisOptionsRefused(t *testing.T) {
 		want string
 	}{
 		{"nil client", nil, RedisOptions{}, "nil client"},
+		{"a URL as Addr", redis.NewClient(&redis.Options{Addr: "redis://127.0.0.1:6379/0"}), RedisOptions{},
+			`idem: redis.Options.Addr: "redis://127.0.0.1:6379/0" is a URL, not host:port: build the client's options with redis.ParseURL`},
+		{"a URL among Addrs", redis.NewClusterClient(&redis.ClusterOptions{Addrs: []string{"127.0.0.1:7000", "rediss://127.0.0.1:7001"}}), RedisOptions{},
+			`idem: redis.ClusterOptions.Addrs: "rediss://127.0.0.1:7001" is a URL, not host:port`},
 		{"typed nil client", nilClient, RedisOptions{}, "nil client"},
 		{"typed nil client, AllowEviction", nilClient, RedisOptions{AllowEviction: true}, "nil client"},
 		{"prefix with {", c, RedisOptions{Prefix: "a{"}, `idem: Prefix: "a{" must not contain`},
