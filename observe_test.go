@@ -377,3 +377,15 @@ func TestObserversStart(t *testing.T) {
 		t.Errorf("started a %v, b %v; want one OpMessage each", a.started, b.started)
 	}
 }
+
+// An Event of an operation that claims nothing prints no outcome: "", as
+// its ErrorClass prints "" for no error, not "outcome(0)".
+func TestZeroOutcomePrintsNothing(t *testing.T) {
+	e := idem.Event{Op: idem.OpConfirm}
+	if got := fmt.Sprintf("%v %v %v", e.Op, e.Outcome, e.Class()); got != "confirm  " {
+		t.Errorf("a Confirm's event prints %q; want %q", got, "confirm  ")
+	}
+	if got := idem.Claimed.String(); got != "claimed" {
+		t.Errorf("Claimed.String() = %q", got)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -110,6 +111,10 @@ func TestIdempotentInProgress(t *testing.T) {
 	err := h(ctx, msg{ID: "busy"})
 	if !errors.Is(err, idem.ErrInProgress) || ran {
 		t.Fatalf("delivery of a held key: err %v, ran %v; want ErrInProgress without running", err, ran)
+	}
+	// One form for a key's hash in every error: key#<hash>, as the stores write it.
+	if !strings.Contains(err.Error(), "key#") {
+		t.Errorf("error %q; want the key named key#<hash>, as the stores name it", err)
 	}
 	if !ev.has(consumer.InProgress) || ev.es[0].Token != held.Lease.Token {
 		t.Fatalf("hook saw %+v; want in_progress with the holder's token %d", ev.es, held.Lease.Token)

@@ -277,3 +277,23 @@ Original-Request: req-1
 		}
 	}
 }
+
+// inspect --json answers in JSON on every path a script reads: a key with
+// no live record is an object with state "none" and the reason, exit 1.
+func TestInspectJSONMissingKey(t *testing.T) {
+	t.Parallel()
+	path, _ := sqliteFile(t, idem.Options{})
+	r := runCLI(t, nil, "inspect", "--sqlite", path, "--json", "no-such-key")
+	var got struct {
+		Key   string `json:"key"`
+		State string `json:"state"`
+		Error string `json:"error"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &got); err != nil || r.code != exitFailed ||
+		got.Key != "no-such-key" || got.State != "none" || !strings.Contains(got.Error, "no live record") {
+		t.Errorf("inspect --json of a missing key = %d, stdout %q (%v); want 1 and a JSON object with state none and the reason", r.code, r.stdout, err)
+	}
+	if !strings.Contains(r.stderr, "no live record") {
+		t.Errorf("stderr %q; want the one-line error too", r.stderr)
+	}
+}
