@@ -28,6 +28,12 @@
 // crash between the effect and its confirmation can (see package consumer,
 // "What once means").
 //
+// A crash can redo up to one batch: the entries of one read (up to
+// Options.Count) are confirmed together once their handlers have returned,
+// so a reader killed in between leaves every effect of the batch
+// unconfirmed, and the reclaim does them again. Lower Count to narrow the
+// window; fence the effects where a second one matters.
+//
 // # Keys
 //
 // An entry's key is the value of its Options.KeyField. Without a KeyField,
@@ -124,7 +130,8 @@ type Options struct {
 	// consumer.Options.Fingerprint; a mismatch is rejected. Default: none.
 	Fingerprint func(m *redis.XMessage) []byte
 	// Count bounds the entries of one XREADGROUP or XAUTOCLAIM, which are
-	// claimed and confirmed as one batch. Negative is refused. Default
+	// claimed and confirmed as one batch: what a crash can make the group
+	// redo (see the package documentation). Negative is refused. Default
 	// DefaultCount.
 	Count int
 	// Block is how long one XREADGROUP waits for new entries; Run notices
