@@ -346,13 +346,13 @@ func TestTakeOverOnMemoryStore(t *testing.T) {
 // idem.operations with error_class quarantined, on their spans too.
 func TestQuarantineCounted(t *testing.T) {
 	s := newSDK(t)
-	store := memStore(idem.Options{Observer: s.obs, LeaseTTL: 20 * time.Millisecond, MaxTakeOvers: 1})
+	store := memStore(idem.Options{Observer: s.obs, LeaseTTL: idem.MinLeaseTTL, MaxTakeOvers: 1})
 	ctx := context.Background()
 	for range 2 { // the first attempt and one take-over, each crashed
 		if _, err := store.Claim(ctx, "poison", nil); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(40 * time.Millisecond)
+		time.Sleep(idem.MinLeaseTTL + 20*time.Millisecond)
 	}
 	h := consumer.Idempotent(store, func(k string) string { return k },
 		func(context.Context, string) error { return nil }, consumer.Options[string]{Observer: s.obs})
