@@ -10,8 +10,9 @@ STATICCHECK = $(firstword $(subst :, ,$(shell go env GOPATH)))/bin/staticcheck
 
 .PHONY: test check bench soak services-up services-down release-prep
 
-# Starts throwaway Redis, Redis Cluster, Sentinel, Redis 8.0, Valkey 8.1 (built once per
-# machine on first use), Postgres, MariaDB and RabbitMQ, runs go test -race
+# Starts throwaway Redis, Redis Cluster, Sentinel, Redis 8.0, Valkey 8.1, Valkey 9.1 and a
+# Valkey 9.1 cluster (built once per machine on first use), Postgres, MariaDB and RabbitMQ,
+# runs go test -race
 # (root module and nested modules), stops them.
 test:
 	bash .ci/test.sh

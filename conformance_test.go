@@ -95,8 +95,9 @@ func TestRedisStoreConformanceClusterNoAutoPipeline(t *testing.T) {
 	})
 }
 
-// The suite on each server of the matrix (Redis 7, Redis 8.0, Valkey 8.1),
-// a subtest per server: what a user runs idem on must keep the contract.
+// The suite on each server of the matrix (Redis 7, Redis 8.0, Valkey 8.1,
+// Valkey 9.1), a subtest per server: what a user runs idem on must keep
+// the contract.
 func TestRedisStoreConformance(t *testing.T) {
 	t.Parallel()
 	testenv.EachServer(t, func(t *testing.T, srv testenv.Server) {
@@ -108,11 +109,15 @@ func TestRedisStoreConformance(t *testing.T) {
 	})
 }
 
+// The suite on each 3-master cluster of the matrix (Redis 7, Valkey 9.1).
 func TestRedisStoreConformanceCluster(t *testing.T) {
 	t.Parallel()
-	c := testenv.Cluster(t)
-	storetest.Run(t, func(t *testing.T) storetest.Backend {
-		return redisBackend(c, idem.RedisOptions{Prefix: testenv.UniquePrefix()}, nil)
+	testenv.EachCluster(t, func(t *testing.T, cs testenv.ClusterServer) {
+		t.Parallel()
+		c := cs.Client(t)
+		storetest.Run(t, func(t *testing.T) storetest.Backend {
+			return redisBackend(c, idem.RedisOptions{Prefix: testenv.UniquePrefix()}, nil)
+		})
 	})
 }
 

@@ -84,6 +84,11 @@ type grant struct {
 	// locally, before it could touch another holder's claim. A pointer,
 	// shared with the leases this one is regranted as (see regranted).
 	forgotten *atomic.Bool
+	// confirmed is set when a Confirm of the lease passed its checks and
+	// went to the store: a Renew or Forget that then finds no live claim
+	// most likely found the work recorded, which LeaseLost says. A
+	// pointer, as forgotten is.
+	confirmed *atomic.Bool
 }
 
 // NewCore validates o and resolves its defaults, as every store's
@@ -134,11 +139,11 @@ func (c *Core) Options() Options { return c.o }
 func (c *Core) Lease(key string, token int64, ttl time.Duration, expires time.Time, fingerprint []byte) *Lease {
 	// The lease and its grant are one allocation.
 	b := &struct {
-		l Lease
-		g grant
-		f atomic.Bool
+		l    Lease
+		g    grant
+		f, c atomic.Bool
 	}{}
-	b.g = grant{store: c.home, key: key, token: token, owner: c.o.Worker, forgotten: &b.f}
+	b.g = grant{store: c.home, key: key, token: token, owner: c.o.Worker, forgotten: &b.f, confirmed: &b.c}
 	b.l = Lease{Key: key, Token: token, Owner: c.o.Worker, TTL: ttl, Expires: expires,
 		Fingerprint: fingerprint, grant: &b.g}
 	return &b.l
@@ -274,6 +279,7 @@ func (c *Core) CheckResult(l *Lease, result []byte) error {
 		return fmt.Errorf("%w: result of %d bytes for %s exceeds MaxResultBytes %d",
 			ErrTooLarge, len(result), c.KeyName(l.Key), c.o.MaxResultBytes)
 	}
+	l.grant.confirmed.Store(true)
 	return nil
 }
 
@@ -398,10 +404,22 @@ func (c *Core) AlreadyConfirmed(l *Lease) error {
 
 // LeaseLost is the error op (OpRenew, OpForget, ...) returns when the store
 // holds nothing of l's: no live claim with l's Token and Owner (wrapping
-// ErrLeaseLost).
+// ErrLeaseLost). After a Confirm of l was sent, that is what it found: the
+// work recorded as done, which the error says instead of a lease lost
+// (read alone, "lease lost" suggests the work was); the exception, a
+// Confirm that failed and a lease that ran out too, returned its own error
+// to the caller first.
 func (c *Core) LeaseLost(op Op, l *Lease) error {
-	return fmt.Errorf("%w: %s of %s token %d", ErrLeaseLost, op, c.KeyName(l.Key), l.Token)
+	if l.grant != nil && l.grant.confirmed.Load() {
+		return fmt.Errorf("%w: %s of %s token %d: %w", ErrLeaseLost, op, c.KeyName(l.Key), l.Token, errConfirmedLease)
+	}
+	return fmt.Errorf("%w: %s of %s token %d: no live claim of this lease (it ran out, was taken over or forgotten)",
+		ErrLeaseLost, op, c.KeyName(l.Key), l.Token)
 }
+
+// errConfirmedLease is what LeaseLost says of a lease whose Confirm was
+// sent.
+var errConfirmedLease = errors.New("the lease was confirmed: its work is recorded as done, and a confirmation is neither renewed nor forgotten")
 
 // NotFound is the error Lookup returns when key has no live record
 // (wrapping ErrNotFound).
@@ -477,7 +495,9 @@ func (c *Core) logEvent(ctx context.Context, e *Event, key string) {
 	}
 	switch e.Class() {
 	case ClassLeaseLost:
-		if e.Op == OpRenew {
+		// A renewal racing the Confirm that ended the lease found the work
+		// recorded: nothing for an operator.
+		if e.Op == OpRenew && !errors.Is(e.Err, errConfirmedLease) {
 			o.Logger.LogAttrs(ctx, slog.LevelWarn, "idem: lease lost: another worker may take the key over",
 				keyAttr())
 		}

@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"strings"
 	"time"
 
 	"github.com/idemgo/idem/internal/backoff"
 	"github.com/idemgo/idem/internal/badopt"
+	"github.com/idemgo/idem/internal/jsontype"
 	"github.com/idemgo/idem/internal/nilcheck"
 )
 
@@ -21,7 +23,9 @@ import (
 //
 //   - Claimed: it runs fn under KeepAlive, with the lease in fn's context
 //     (LeaseFrom gives its fencing token), records fn's result encoded by
-//     DoOptions.Codec, and returns it. The record is written on a context
+//     DoOptions.Codec, and returns it decoded from that record: the first
+//     caller gets the value every replay gets, not fn's value as it was
+//     (a field JSON drops is dropped for both). The record is written on a context
 //     detached from ctx's cancellation and retried until the lease runs
 //     out: once fn has done the work, a caller giving up must not leave it
 //     unrecorded. When no Confirm succeeds, Do returns fn's result with an
@@ -48,6 +52,16 @@ import (
 // on up the caller's stack. DoOptions.MaxHold caps how long the lease is
 // kept alive for fn.
 //
+// A result that cannot be recorded is never a reason to run fn twice.
+// With the default codec, a result type JSON cannot carry there and back
+// (a chan, a func, an interface with methods such as error, a struct of
+// unexported fields only) is refused before any I/O and before fn runs,
+// with an error matching ErrResultType. A value that fails to encode or
+// decode once fn has run (a NaN, a chan inside an any) is recorded as the
+// key's answer in its place: Do returns fn's value with an error matching
+// ErrUnencodable, and every later call of the key, waiters included, gets
+// that error (a *PermanentError) without running fn, for the retention.
+//
 // Bad input (a nil or typed-nil store, a nil fn, an empty key, invalid
 // options) is an error before any I/O, as is a key or fingerprint the
 // store refuses.
@@ -63,15 +77,15 @@ import (
 // returns Claim's error, matching ErrQuarantined, and fn does not run
 // until an operator settles the key (Resolver, idem resolve).
 //
-// v is valid when err is nil, and also when err matches ErrNotRecorded or
-// ErrAlreadyConfirmed: fn ran (or Reconcile found its effect) and returned
-// it.
+// v is valid when err is nil, and also when err matches ErrNotRecorded,
+// ErrAlreadyConfirmed or ErrUnencodable: fn ran (or Reconcile found its
+// effect) and returned it.
 //
 // Where duplicates come often, give Do a Cache around the store (NewCache):
 // a duplicate is then answered from memory. Do does not build one itself,
 // because a cache answers a record deleted by hand for up to its MaxAge.
 func Do[T any](ctx context.Context, s Store, key string, fn func(ctx context.Context) (T, error), opts ...DoOptions) (v T, err error) {
-	o, err := doSetup(s, key, fn == nil, opts)
+	o, err := doSetup(s, key, fn == nil, reflect.TypeFor[T](), opts)
 	if err != nil {
 		return v, err
 	}
@@ -114,9 +128,12 @@ type DoOptions struct {
 	// input's result.
 	Fingerprint []byte
 	// Codec encodes fn's result for the store and decodes it for the
-	// calls that replay it. Default: a []byte or a string as it is, any
-	// other type as JSON (encoding/json). A Codec given here encodes every
-	// type, []byte and string included.
+	// first caller and the calls that replay it. Default: a []byte or a
+	// string as it is, any other type as JSON (encoding/json), whose
+	// limits then apply to all callers alike: unexported fields are not
+	// kept, and a number inside an any comes back a float64 (exact up to
+	// 2^53). A Codec given here encodes every type, []byte and string
+	// included, and its result type is not checked before fn runs.
 	Codec Codec
 	// Wait bounds how long a call that finds the key in progress waits for
 	// the holder's result (ctx bounds it too), polling with a jittered
@@ -184,11 +201,20 @@ var (
 	// ErrMaxHold: the cause with which Do cancels fn's context once the
 	// lease has been kept alive for DoOptions.MaxHold.
 	ErrMaxHold = errors.New("idem: lease held for DoOptions.MaxHold")
+	// ErrResultType: Do refused fn's result type before any I/O, because
+	// the default codec (JSON) cannot record a value of it and read it
+	// back. fn did not run.
+	ErrResultType = errors.New("idem: Do: the result type cannot be recorded")
+	// ErrUnencodable: Do's fn ran, but its value could not be encoded and
+	// read back by the codec. The key records this error in place of the
+	// result, and answers it to every later call within the retention:
+	// the work was done, and is not done again.
+	ErrUnencodable = errors.New("idem: the work was done but its result could not be encoded")
 )
 
 // doSetup checks Do's arguments before any I/O and returns its options
 // with the defaults filled in.
-func doSetup(s Store, key string, nilFn bool, opts []DoOptions) (DoOptions, error) {
+func doSetup(s Store, key string, nilFn bool, result reflect.Type, opts []DoOptions) (DoOptions, error) {
 	var o DoOptions
 	switch {
 	case nilcheck.Nil(s):
@@ -212,6 +238,13 @@ func doSetup(s Store, key string, nilFn bool, opts []DoOptions) (DoOptions, erro
 	for i, e := range o.Errors {
 		if e == nil {
 			return o, badopt.Error("idem", fmt.Sprintf("DoOptions.Errors[%d]", i), e, "matches no error; give a sentinel error")
+		}
+	}
+	if o.Codec == nil {
+		// Checked now, not when the first value fails to encode: by then fn
+		// has done the work.
+		if err := jsontype.Check(result); err != nil {
+			return o, fmt.Errorf("%w: %w; return a type JSON can read back, or set DoOptions.Codec", ErrResultType, err)
 		}
 	}
 	if o.Wait == 0 {
@@ -291,8 +324,15 @@ func run[T any](ctx context.Context, s Store, cl Claim, fn func(context.Context)
 	var result []byte
 	switch {
 	case err == nil:
-		if result, err = encodeValue(v, o); err != nil {
-			return v, fmt.Errorf("%w: key#%s token %d: %w", ErrNotRecorded, KeyHash(l.Key), l.Token, err)
+		var read T
+		if result, read, err = recordable(v, o); err != nil {
+			// The work is done: returning without a record would leave the
+			// key held for the lease and then run fn again. The error is
+			// recorded in its place, as a permanent one.
+			err = &PermanentError{Err: fmt.Errorf("%w: key#%s token %d: %w", ErrUnencodable, KeyHash(l.Key), l.Token, err)}
+			result = encodeUnencodable(err)
+		} else {
+			v = read
 		}
 	case isPermanent(err):
 		result = encodeError(err, o)
@@ -411,6 +451,29 @@ type recordedError struct {
 	// Is is the message of the first sentinel of DoOptions.Errors that
 	// the error matched; empty if none.
 	Is string `json:"is,omitempty"`
+	// Unencodable marks the error Do records in place of a result it
+	// could not encode: a replay matches ErrUnencodable.
+	Unencodable bool `json:"unencodable,omitempty"`
+}
+
+// recordable encodes v, and decodes it back as a replay would: the record
+// and the value that the first caller gets, which is what every replay
+// gets.
+func recordable[T any](v T, o *DoOptions) ([]byte, T, error) {
+	var read T
+	b, err := encodeValue(v, o)
+	if err != nil {
+		return nil, read, err
+	}
+	if read, err = decodeValue[T](b[1:], o); err != nil {
+		return nil, read, fmt.Errorf("the encoded result, a %T, does not decode: %w", v, err)
+	}
+	return b, read, nil
+}
+
+func encodeUnencodable(err error) []byte {
+	b, _ := json.Marshal(recordedError{Error: err.Error(), Unencodable: true}) // a string and a bool: cannot fail
+	return append([]byte{resultError}, b...)
 }
 
 func encodeValue[T any](v T, o *DoOptions) ([]byte, error) {
@@ -455,22 +518,7 @@ func replay[T any](key string, result []byte, o *DoOptions) (v T, err error) {
 	body := result[1:]
 	switch result[0] {
 	case resultValue:
-		if o.Codec == nil {
-			switch p := any(&v).(type) {
-			case *[]byte:
-				*p = body
-				return v, nil
-			case *string:
-				*p = string(body)
-				return v, nil
-			}
-		}
-		if o.Codec != nil {
-			err = o.Codec.Unmarshal(body, &v)
-		} else {
-			err = json.Unmarshal(body, &v)
-		}
-		if err != nil {
+		if v, err = decodeValue[T](body, o); err != nil {
 			return v, fmt.Errorf("%w: key#%s: the recorded result does not decode as a %T: %w", ErrDamaged, KeyHash(key), v, err)
 		}
 		return v, nil
@@ -480,6 +528,9 @@ func replay[T any](key string, result []byte, o *DoOptions) (v T, err error) {
 			return v, fmt.Errorf("%w: key#%s: the recorded error does not decode: %w", ErrDamaged, KeyHash(key), err)
 		}
 		e := &replayedError{msg: r.Error}
+		if r.Unencodable {
+			e.is = ErrUnencodable
+		}
 		for _, s := range o.Errors {
 			if r.Is != "" && s.Error() == r.Is {
 				e.is = s
@@ -489,6 +540,27 @@ func replay[T any](key string, result []byte, o *DoOptions) (v T, err error) {
 		return v, &PermanentError{Err: e, Replayed: true}
 	}
 	return v, fmt.Errorf("%w: key#%s: a result beginning with %q is not a record of Do's", ErrDamaged, KeyHash(key), result[0])
+}
+
+// decodeValue decodes body, a result as encodeValue encoded it after its
+// first byte.
+func decodeValue[T any](body []byte, o *DoOptions) (v T, err error) {
+	if o.Codec == nil {
+		switch p := any(&v).(type) {
+		case *[]byte:
+			*p = body
+			return v, nil
+		case *string:
+			*p = string(body)
+			return v, nil
+		}
+	}
+	if o.Codec != nil {
+		err = o.Codec.Unmarshal(body, &v)
+	} else {
+		err = json.Unmarshal(body, &v)
+	}
+	return v, err
 }
 
 // replayedError is a recorded permanent error: its message, and the

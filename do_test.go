@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -572,7 +574,7 @@ func TestDoRetriesWhatRetryRetries(t *testing.T) {
 		idem.ErrInProgress, idem.ErrFingerprintMismatch, idem.ErrAlreadyConfirmed, idem.ErrInvalidLease,
 		idem.ErrDamaged, idem.ErrNotRecorded, idem.ErrMaxHold, errors.New("connection reset")}
 	for _, e := range sentinels {
-		s := &recordingStore{Store: memStore(idem.Options{LeaseTTL: 60 * time.Millisecond}),
+		s := &recordingStore{Store: memStore(idem.Options{LeaseTTL: idem.MinLeaseTTL}),
 			confirmErrs: func(n int64) error {
 				if n == 1 {
 					return fmt.Errorf("wrapped: %w", e)
@@ -622,8 +624,10 @@ func TestDoEncoding(t *testing.T) {
 			t.Errorf("Do(%q) with a Codec = %q, %v; want \"abc\"", k4, v, err)
 		}
 	}
-	if got := stored(k4); got != "vABC" || c.marshal != 1 || c.unmarshal != 1 {
-		t.Errorf("recorded %q with %d Marshal and %d Unmarshal calls; want \"vABC\", 1 and 1", got, c.marshal, c.unmarshal)
+	// Two Unmarshals: the first caller's value is read back from the
+	// record, as the replay's is.
+	if got := stored(k4); got != "vABC" || c.marshal != 1 || c.unmarshal != 2 {
+		t.Errorf("recorded %q with %d Marshal and %d Unmarshal calls; want \"vABC\", 1 and 2", got, c.marshal, c.unmarshal)
 	}
 }
 
@@ -639,6 +643,194 @@ func (c *upperCodec) Unmarshal(data []byte, v any) error {
 	c.unmarshal++
 	*v.(*string) = strings.ToLower(string(data))
 	return nil
+}
+
+// At the shortest lease a store accepts, KeepAlive keeps the key: eight
+// callers 30ms apart, over 300ms of work (three leases), run it once on
+// every backend. Shorter leases are refused (TestBadOptionMessages): on a
+// loaded machine 5ms and 10ms ran the work twice now and then, and a
+// user's 1ms lease over a real network ran it eight times.
+func TestDoAtTheShortestLeaseRunsOnce(t *testing.T) {
+	onEveryBackend(t, func(t *testing.T, open func(int, idem.Options) idem.Store) {
+		key := doKey("floor")
+		var runs atomic.Int64
+		var wg sync.WaitGroup
+		for w := range 8 {
+			s := open(w, idem.Options{LeaseTTL: idem.MinLeaseTTL})
+			wg.Go(func() {
+				_, _ = idem.Do(t.Context(), s, key, func(ctx context.Context) (int, error) {
+					runs.Add(1)
+					select {
+					case <-time.After(300 * time.Millisecond):
+					case <-ctx.Done():
+					}
+					return 1, nil
+				}, idem.DoOptions{Wait: 5 * time.Second})
+			})
+			time.Sleep(30 * time.Millisecond)
+		}
+		wg.Wait()
+		if n := runs.Load(); n != 1 {
+			t.Errorf("8 callers of %q, LeaseTTL %v: the work ran %d times; want once", key, idem.MinLeaseTTL, n)
+		}
+	})
+}
+
+// A result type JSON cannot carry there and back is refused before any I/O
+// and before fn runs: refused after, it would leave the work done and
+// unrecorded, the key held for its lease, and done again after it.
+func TestDoRefusesResultTypesJSONCannotRecord(t *testing.T) {
+	s := &recordingStore{Store: memStore(idem.Options{})}
+	ctx := t.Context()
+	var ran atomic.Int64
+	type order struct {
+		ID   string
+		Done chan struct{}
+	}
+	type hiddenReceipt struct{ id string }
+	for _, c := range []struct {
+		name string
+		do   func() error
+		says string
+	}{
+		{"chan", func() error {
+			_, err := idem.Do(ctx, s, doKey("chan"), func(context.Context) (chan int, error) { ran.Add(1); return nil, nil })
+			return err
+		}, "chan int: JSON cannot encode a channel"},
+		{"func", func() error {
+			_, err := idem.Do(ctx, s, doKey("func"), func(context.Context) (func(), error) { ran.Add(1); return nil, nil })
+			return err
+		}, "func(): JSON cannot encode a func"},
+		{"struct holding a chan", func() error {
+			_, err := idem.Do(ctx, s, doKey("order"), func(context.Context) (*order, error) { ran.Add(1); return &order{}, nil })
+			return err
+		}, "Done (chan struct {}): JSON cannot encode a channel"},
+		{"error", func() error {
+			_, err := idem.Do(ctx, s, doKey("error"), func(context.Context) (error, error) { ran.Add(1); return nil, nil })
+			return err
+		}, "error: JSON cannot decode into an interface with methods"},
+		{"unexported fields only", func() error {
+			_, err := idem.Do(ctx, s, doKey("hidden"), func(context.Context) (hiddenReceipt, error) { ran.Add(1); return hiddenReceipt{"rcpt-1"}, nil })
+			return err
+		}, "its fields are all unexported"},
+	} {
+		err := c.do()
+		if !errors.Is(err, idem.ErrResultType) || !strings.Contains(err.Error(), c.says) || !strings.Contains(err.Error(), "DoOptions.Codec") {
+			t.Errorf("Do returning a %s = %v; want ErrResultType saying %q and naming DoOptions.Codec", c.name, err, c.says)
+		}
+	}
+	if n, calls := ran.Load(), s.calls.Load(); n != 0 || calls != 0 {
+		t.Errorf("fn ran %d times and the store saw %d calls; want none", n, calls)
+	}
+	// A Codec takes the type over: Do does not second-guess it.
+	if v, err := idem.Do(ctx, s, doKey("codec"), func(context.Context) (string, error) { return "abc", nil }, idem.DoOptions{Codec: &upperCodec{}}); v != "abc" || err != nil {
+		t.Errorf("Do with a Codec = %q, %v; want \"abc\", nil", v, err)
+	}
+}
+
+// The first caller gets the value every replay decodes, not fn's value as
+// it was before the codec saw it.
+func TestDoFirstCallerGetsWhatReplaysGet(t *testing.T) {
+	s := memStore(idem.Options{})
+	ctx := t.Context()
+	type partly struct {
+		ID   string
+		note string
+	}
+	firstAndReplay := func(t *testing.T, name string, first, replay any, err1, err2 error) {
+		t.Helper()
+		if err1 != nil || err2 != nil {
+			t.Fatalf("%s: Do = %v, then %v; want nil", name, err1, err2)
+		}
+		if !reflect.DeepEqual(first, replay) {
+			t.Errorf("%s: the first call got %#v, the replay %#v; want the same", name, first, replay)
+		}
+	}
+	{
+		key := doKey("int64-in-any")
+		fn := func(context.Context) (any, error) { return int64(9007199254740993), nil }
+		a, err1 := idem.Do(ctx, s, key, fn)
+		b, err2 := idem.Do(ctx, s, key, fn)
+		firstAndReplay(t, "an int64 in an any", a, b, err1, err2)
+	}
+	{
+		key := doKey("partly-exported")
+		fn := func(context.Context) (partly, error) { return partly{ID: "rcpt-1", note: "kept in memory only"}, nil }
+		a, err1 := idem.Do(ctx, s, key, fn)
+		b, err2 := idem.Do(ctx, s, key, fn)
+		firstAndReplay(t, "unexported fields", a, b, err1, err2)
+	}
+	{
+		key := doKey("nil-bytes")
+		fn := func(context.Context) ([]byte, error) { return nil, nil }
+		a, err1 := idem.Do(ctx, s, key, fn)
+		b, err2 := idem.Do(ctx, s, key, fn)
+		firstAndReplay(t, "a nil []byte", a, b, err1, err2)
+	}
+	{
+		key := doKey("time")
+		at := time.Date(2026, 12, 3, 9, 0, 0, 0, time.FixedZone("X", 3600)).Add(time.Duration(1))
+		fn := func(context.Context) (time.Time, error) { return at, nil }
+		a, err1 := idem.Do(ctx, s, key, fn)
+		b, err2 := idem.Do(ctx, s, key, fn)
+		firstAndReplay(t, "a time.Time", a, b, err1, err2)
+	}
+}
+
+// A value that fails to encode once fn has run is recorded as the key's
+// answer in its place: fn runs once, the caller gets fn's value and an
+// error saying so, and a waiter and every later call get that error at
+// once, instead of waiting out the lease and then running fn again.
+func TestDoUnencodableValueAnswersItsKey(t *testing.T) {
+	onEveryBackend(t, func(t *testing.T, open func(int, idem.Options) idem.Store) {
+		holder, waiter := open(0, idem.Options{LeaseTTL: 10 * time.Second}), open(1, idem.Options{LeaseTTL: 10 * time.Second})
+		key := doKey("nan")
+		release, started := make(chan struct{}), make(chan struct{})
+		var runs atomic.Int64
+		fn := func(context.Context) (float64, error) {
+			if runs.Add(1) == 1 {
+				close(started)
+				<-release
+			}
+			return math.NaN(), nil
+		}
+		type answer struct {
+			v   float64
+			err error
+		}
+		first, waited := make(chan answer, 1), make(chan answer, 1)
+		go func() {
+			v, err := idem.Do(t.Context(), holder, key, fn)
+			first <- answer{v, err}
+		}()
+		<-started
+		go func() {
+			v, err := idem.Do(t.Context(), waiter, key, fn)
+			waited <- answer{v, err}
+		}()
+		time.Sleep(50 * time.Millisecond)
+		start := time.Now()
+		close(release)
+		a := <-first
+		if !math.IsNaN(a.v) || !errors.Is(a.err, idem.ErrUnencodable) || !strings.Contains(a.err.Error(), "NaN") {
+			t.Errorf("Do(%q) returning NaN = %v, %v; want NaN and ErrUnencodable naming it", key, a.v, a.err)
+		}
+		w := <-waited
+		if !errors.Is(w.err, idem.ErrUnencodable) {
+			t.Errorf("the waiter's Do(%q) = %v, %v; want ErrUnencodable", key, w.v, w.err)
+		}
+		if took := time.Since(start); took > 5*time.Second {
+			t.Errorf("the waiter answered %v after fn returned; want well within the 10s lease", took)
+		}
+		v, err := idem.Do(t.Context(), waiter, key, fn)
+		var p *idem.PermanentError
+		if !errors.Is(err, idem.ErrUnencodable) || !errors.As(err, &p) || !p.Replayed {
+			t.Errorf("a later Do(%q) = %v, %v; want the recorded ErrUnencodable, replayed", key, v, err)
+		}
+		if n := runs.Load(); n != 1 {
+			t.Errorf("fn ran %d times; want once", n)
+		}
+	})
 }
 
 // A waiter polls with a growing backoff, not in a tight loop: over a wait

@@ -1,8 +1,11 @@
 package idem
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -182,5 +185,38 @@ func TestLeaseFrom(t *testing.T) {
 	defer stop()
 	if l, ok := LeaseFrom(work); !ok || l != c.Lease {
 		t.Errorf("LeaseFrom(KeepAlive's context) = %v, %v; want the lease kept alive", l, ok)
+	}
+}
+
+// Renew and Forget of a lease whose Confirm was made say that the work is
+// recorded, not that the lease was lost (which reads as if the work were),
+// and a renewal racing the Confirm logs no "lease lost" warning; a lease
+// that ran out still says what happened to it.
+func TestLeaseLostAfterConfirmSaysConfirmed(t *testing.T) {
+	var logs bytes.Buffer
+	mem, err := NewMemoryStore(Options{LeaseTTL: MinLeaseTTL, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	cl, _ := mem.Claim(ctx, "paid", nil)
+	if err := mem.Confirm(ctx, cl.Lease, []byte("r")); err != nil {
+		t.Fatalf("Confirm = %v", err)
+	}
+	for op, err := range map[string]error{"Renew": mem.Renew(ctx, cl.Lease), "Forget": mem.Forget(ctx, cl.Lease)} {
+		if !errors.Is(err, ErrLeaseLost) || !strings.Contains(err.Error(), "the lease was confirmed: its work is recorded as done") {
+			t.Errorf("%s after Confirm = %v; want ErrLeaseLost saying the work is recorded", op, err)
+		}
+	}
+	if strings.Contains(logs.String(), "lease lost") {
+		t.Errorf("log = %q; want no lease-lost warning for a confirmed lease", logs.String())
+	}
+	ran, _ := mem.Claim(ctx, "ran-out", nil)
+	time.Sleep(MinLeaseTTL + 20*time.Millisecond)
+	if err := mem.Renew(ctx, ran.Lease); !errors.Is(err, ErrLeaseLost) || !strings.Contains(err.Error(), "no live claim of this lease (it ran out, was taken over or forgotten)") {
+		t.Errorf("Renew of a lease that ran out = %v; want ErrLeaseLost saying what may have happened", err)
+	}
+	if !strings.Contains(logs.String(), "lease lost") {
+		t.Errorf("log = %q; want the lease-lost warning for the lease that ran out", logs.String())
 	}
 }

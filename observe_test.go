@@ -322,13 +322,13 @@ func TestRevealKeys(t *testing.T) {
 	for _, reveal := range []bool{false, true} {
 		var logs strings.Builder
 		logger := slog.New(slog.NewTextHandler(&logs, nil))
-		st := memStore(idem.Options{RevealKeys: reveal, Logger: logger, LeaseTTL: time.Millisecond, Retention: time.Hour})
+		st := memStore(idem.Options{RevealKeys: reveal, Logger: logger, LeaseTTL: idem.MinLeaseTTL, Retention: time.Hour})
 		_, err := st.Lookup(t.Context(), key)
 		if !errors.Is(err, idem.ErrNotFound) {
 			t.Fatalf("Lookup = %v; want ErrNotFound", err)
 		}
 		c, _ := st.Claim(t.Context(), key, nil)
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(idem.MinLeaseTTL + 5*time.Millisecond)
 		_ = st.Renew(t.Context(), c.Lease) // lost: logged
 		if got := strings.Contains(err.Error(), key); got != reveal {
 			t.Errorf("RevealKeys %v: error %q names the key: %v; want %v", reveal, err, got, reveal)
@@ -375,5 +375,17 @@ func TestObserversStart(t *testing.T) {
 	}
 	if len(a.started) != 1 || a.started[0] != idem.OpMessage || len(b.started) != 1 {
 		t.Errorf("started a %v, b %v; want one OpMessage each", a.started, b.started)
+	}
+}
+
+// An Event of an operation that claims nothing prints no outcome: "", as
+// its ErrorClass prints "" for no error, not "outcome(0)".
+func TestZeroOutcomePrintsNothing(t *testing.T) {
+	e := idem.Event{Op: idem.OpConfirm}
+	if got := fmt.Sprintf("%v %v %v", e.Op, e.Outcome, e.Class()); got != "confirm  " {
+		t.Errorf("a Confirm's event prints %q; want %q", got, "confirm  ")
+	}
+	if got := idem.Claimed.String(); got != "claimed" {
+		t.Errorf("Claimed.String() = %q", got)
 	}
 }

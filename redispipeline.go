@@ -265,6 +265,9 @@ func (s *RedisStore) reloadLost(ctx context.Context, calls []scriptCall, cmds []
 			}
 		}
 	}
+	if len(lost) > 0 {
+		scriptLosses.Add(1) // the server may have restarted: see recheck
+	}
 	for _, sc := range lost {
 		if err := s.loadScript(ctx, sc); err != nil {
 			for _, i := range retry {

@@ -7,10 +7,13 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/idemgo/idem/internal/badopt"
 )
 
 // What a server may be found to lack on first contact (see
@@ -68,18 +71,57 @@ const (
 // at once for a person watching.
 const probeRetry = time.Second
 
+// recheckEvery is how often a store whose server passed its checks reads
+// the server's identity again (INFO server's run_id and uptime, and the
+// keys INFO keyspace counts; one
+// round trip per master), on the path of the next Claim, ClaimBatch or
+// Lookup: a server restarted since, perhaps with another configuration or
+// without its records, is checked again within it.
+const recheckEvery = time.Second
+
+// scriptLosses counts the NOSCRIPT replies every store of the process met:
+// a server that lost its scripts was restarted, failed over or flushed, so
+// each store reads its servers' identity at its next contact rather than
+// at its next scheduled read. Shared, because the first store to meet
+// NOSCRIPT loads the scripts again for all.
+var scriptLosses atomic.Uint64
+
+// persistenceWarned holds the run ids of the servers found persisting
+// nothing, so that each is logged once per process, whichever store found
+// it, and again after a restart (a new run id).
+var persistenceWarned sync.Map
+
 // probe is a RedisStore's check of its server: run once, on first
-// contact, then never again while it holds (one atomic load per call).
+// contact, then again when the server restarted (one atomic load per call,
+// and a read of the server's identity once per recheckEvery).
 type probe struct {
 	passed atomic.Bool
 	// once is set when the server first passed: a later finding (of
 	// Check) refuses new claims, never the record of work done or the
 	// renewal of work under way (see leaseReady).
-	once   atomic.Bool
-	gate   chan struct{} // one probe at a time; the others wait for its verdict
-	found  error         // the last finding (guarded by gate)
-	at     time.Time     // when it was found (guarded by gate)
-	warned atomic.Bool   // persistence off was logged
+	once  atomic.Bool
+	gate  chan struct{} // one probe at a time; the others wait for its verdict
+	found error         // the last finding (guarded by gate)
+	at    time.Time     // when it was found (guarded by gate)
+
+	next   atomic.Int64  // when contact next reads the servers' identity (UnixNano)
+	blind  atomic.Bool   // the server refuses INFO: no identity to read
+	losses atomic.Uint64 // scriptLosses when it last read them
+	mu     sync.Mutex
+	seen   map[string]identity // by master address ("" for the one server); guarded by mu
+	// masters are a cluster's masters as the last check found them
+	// (guarded by mu): read again without ForEachMaster, which reloads
+	// the client's slot map each time.
+	masters []*redis.Client
+}
+
+// identity is what a master said of itself when a store last read it.
+type identity struct {
+	runID    string // INFO server's run_id: new on every start
+	uptime   int64  // uptime_in_seconds
+	keys     int64  // in the client's database, by INFO keyspace; -1 if unknown
+	attempts uint64 // the store's Claim attempts then
+	at       time.Time
 }
 
 // leaseReady is the first step of the calls that give a lease back (Renew,
@@ -101,12 +143,170 @@ func (s *RedisStore) leaseReady(ctx context.Context) error {
 // not shorten the estimates.
 func (s *RedisStore) contact(ctx context.Context, start time.Time) (time.Time, error) {
 	if s.probe.passed.Load() {
-		return start, nil
+		if !s.probe.due(start) {
+			return start, nil
+		}
+		if !s.recheck(ctx) {
+			return start, nil
+		}
 	}
 	if err := s.check(ctx, false); err != nil {
 		return start, err
 	}
 	return time.Now(), nil
+}
+
+// due reports whether the caller, at now, is the one to read the servers'
+// identity again: recheckEvery has passed, or a store met NOSCRIPT.
+func (p *probe) due(now time.Time) bool {
+	if p.blind.Load() {
+		return false
+	}
+	next := p.next.Load()
+	if now.UnixNano() < next && scriptLosses.Load() == p.losses.Load() {
+		return false
+	}
+	return p.next.CompareAndSwap(next, now.Add(recheckEvery).UnixNano())
+}
+
+// recheck reads each master's identity and reports whether one of them is
+// another server than the checks last saw (restarted, or failed over), in
+// which case the checks must run again: a fresh process may have another
+// configuration (a maxmemory-policy that evicts), and may have come back
+// without the records. A server that does not answer is left to the call,
+// which reports it; the next read tells whether it restarted meanwhile.
+func (s *RedisStore) recheck(ctx context.Context) bool {
+	s.probe.losses.Store(scriptLosses.Load())
+	ids, err := s.identities(ctx)
+	if err != nil {
+		return false
+	}
+	s.probe.mu.Lock()
+	defer s.probe.mu.Unlock()
+	for addr, id := range ids {
+		if before, known := s.probe.seen[addr]; !known || before.runID != id.runID {
+			// The checks run again, and tell what changed (notice).
+			s.probe.passed.Store(false)
+			return true
+		}
+	}
+	return false
+}
+
+// notice keeps what a master said of itself when the checks ran, and logs
+// a new run id: as an error when the new process came back empty or
+// persists nothing (so started empty, or from an old snapshot at best),
+// while the one before held keys or this store had claimed some since: the
+// records are lost, and their work may be done again; else as a warning.
+func (s *RedisStore) notice(ctx context.Context, addr string, id identity, persists bool) {
+	id.attempts = s.attempts.Load()
+	s.probe.mu.Lock()
+	defer s.probe.mu.Unlock()
+	if s.probe.seen == nil {
+		s.probe.seen = map[string]identity{}
+	}
+	before, known := s.probe.seen[addr]
+	s.probe.seen[addr] = id
+	if id.runID == "" {
+		// INFO refused: reading it once a second would add a line to
+		// ACL LOG each time, and tell nothing.
+		s.probe.blind.Store(true)
+	}
+	if !known || before.runID == id.runID || before.runID == "" || id.runID == "" {
+		return // nothing to compare
+	}
+	attrs := []slog.Attr{slog.String("run_id_before", before.runID), slog.String("run_id", id.runID),
+		slog.Int64("uptime_s", id.uptime), slog.Int64("keys_before", before.keys), slog.Int64("keys", id.keys)}
+	if addr != "" {
+		attrs = append(attrs, slog.String("node", addr))
+	}
+	what := "restarted"
+	if id.uptime > int64(time.Since(before.at)/time.Second)+1 {
+		what = "was replaced by another server (a failover?)"
+	}
+	if (id.keys == 0 || !persists) && (before.keys > 0 || id.attempts > before.attempts) {
+		s.log(ctx, slog.LevelError, "idem: Redis "+what+" and came back empty: the records it held are lost, "+
+			"and their work may be done again; its checks run again", attrs...)
+	} else {
+		s.log(ctx, slog.LevelWarn, "idem: Redis "+what+"; its checks run again", attrs...)
+	}
+}
+
+// identities reads what each master says of itself, in one round trip per
+// master.
+func (s *RedisStore) identities(ctx context.Context) (map[string]identity, error) {
+	out := map[string]identity{}
+	if s.cluster == nil {
+		db := 0
+		if c, ok := s.c.(*redis.Client); ok {
+			db = c.Options().DB
+		}
+		id, err := readIdentity(ctx, s.c, db)
+		out[""] = id
+		return out, err
+	}
+	s.probe.mu.Lock()
+	masters := s.probe.masters
+	s.probe.mu.Unlock()
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	var failed error
+	for _, c := range masters {
+		wg.Go(func() {
+			id, err := readIdentity(ctx, c, 0)
+			mu.Lock()
+			defer mu.Unlock()
+			out[c.Options().Addr] = id
+			if err != nil {
+				failed = err
+			}
+		})
+	}
+	wg.Wait()
+	if failed == nil && len(masters) > 0 {
+		return out, nil
+	}
+	// A master gone (a failover?), or none known: ask the cluster which
+	// are its masters now, reloading its slot map, at most once per
+	// recheckEvery.
+	err := s.cluster.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+		id, err := readIdentity(ctx, c, 0)
+		mu.Lock()
+		out[c.Options().Addr] = id
+		mu.Unlock()
+		return err
+	})
+	return out, err
+}
+
+// readIdentity asks one server for its run id, uptime and the keys of
+// database db, in one INFO.
+func readIdentity(ctx context.Context, c redis.Cmdable, db int) (identity, error) {
+	return identityOf(c.Info(ctx, "server", "keyspace"), db)
+}
+
+// identityOf reads a reply to INFO server keyspace. A server that refuses
+// INFO (an ACL user without it, where the README's line grants it) has no
+// run id to compare: its restarts go unnoticed.
+func identityOf(info *redis.StringCmd, db int) (identity, error) {
+	id := identity{keys: -1, at: time.Now()}
+	text, err := info.Result()
+	var refused redis.Error
+	switch {
+	case errors.As(err, &refused):
+		return id, nil
+	case err != nil:
+		return identity{}, err
+	}
+	id.runID, _ = infoField(text, "run_id")
+	up, _ := infoField(text, "uptime_in_seconds")
+	id.uptime, _ = strconv.ParseInt(up, 10, 64)
+	id.keys = 0 // an empty database has no line
+	if v, ok := infoField(text, "db"+strconv.Itoa(db)); ok {
+		keys, _, _ := strings.Cut(strings.TrimPrefix(v, "keys="), ",")
+		id.keys, _ = strconv.ParseInt(keys, 10, 64)
+	}
+	return id, nil
 }
 
 // Check runs the checks of first contact now, whether or not they passed
@@ -127,7 +327,16 @@ func (s *RedisStore) contact(ctx context.Context, start time.Time) (time.Time, e
 // probe.lua finds TIME advancing inside a script and SET NX PX exclusive,
 // writing, with its TTL. A server without persistence (no AOF, no RDB
 // snapshots) loses every record on a restart: it is logged once as a
-// warning, not refused.
+// warning, not refused, once per server and process.
+//
+// A store whose server passed reads the server's identity (INFO server's
+// run_id and uptime, DBSIZE) again once a second, and at once after a
+// NOSCRIPT reply, on the path of a Claim, ClaimBatch or Lookup: when a
+// master restarted (or another server answers in its place), the checks
+// run again, and it is logged, as an error when the server came back
+// empty having held keys (the records are lost: their work may be done
+// again), else as a warning. A restart that lost only the records written
+// since the last snapshot is not told apart.
 func (s *RedisStore) Check(ctx context.Context) error {
 	if s.probe.gate == nil {
 		return errZeroStore // no constructor made it
@@ -161,6 +370,7 @@ func (s *RedisStore) check(ctx context.Context, again bool) error {
 	switch {
 	case err == nil:
 		s.probe.found = nil
+		s.probe.next.Store(time.Now().Add(recheckEvery).UnixNano())
 		s.probe.passed.Store(true)
 		s.probe.once.Store(true)
 	case isFinding(err):
@@ -185,12 +395,20 @@ func (s *RedisStore) check(ctx context.Context, again bool) error {
 // on.
 func (s *RedisStore) runProbe(ctx context.Context) error {
 	if cc := s.cluster; cc != nil {
+		var mu sync.Mutex
+		var masters []*redis.Client
 		err := cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+			mu.Lock()
+			masters = append(masters, c)
+			mu.Unlock()
 			return s.probeNode(ctx, c, c.Options().Addr, false)
 		})
 		if err != nil {
 			return err
 		}
+		s.probe.mu.Lock()
+		s.probe.masters = masters
+		s.probe.mu.Unlock()
 		if err := slotsServed(ctx, cc); err != nil {
 			return err
 		}
@@ -324,13 +542,13 @@ func (s *RedisStore) probeNode(ctx context.Context, c redis.Cmdable, addr string
 		on = " on " + addr
 	}
 	var (
-		policy, appendonly, save *redis.MapStringStringCmd
-		memory, replication      *redis.StringCmd
-		wait                     *redis.IntCmd
-		loads                    []*redis.StringCmd
+		policy, appendonly, save  *redis.MapStringStringCmd
+		memory, replication, info *redis.StringCmd
+		wait                      *redis.IntCmd
+		loads                     []*redis.StringCmd
 	)
-	warn := !s.probe.warned.Load()
-	_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
+	_, perr := c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		info = p.Info(ctx, "server", "keyspace")
 		if !s.allowEviction {
 			policy, memory = p.ConfigGet(ctx, "maxmemory-policy"), p.Info(ctx, "memory")
 		}
@@ -342,14 +560,40 @@ func (s *RedisStore) probeNode(ctx context.Context, c redis.Cmdable, addr string
 			wait = redis.NewIntCmd(ctx, "wait", 0, 1)
 			_ = p.Process(ctx, wait)
 		}
-		if warn {
-			appendonly, save = p.ConfigGet(ctx, "appendonly"), p.ConfigGet(ctx, "save")
-		}
+		appendonly, save = p.ConfigGet(ctx, "appendonly"), p.ConfigGet(ctx, "save")
 		if load {
 			loads = queueScriptLoads(ctx, p)
 		}
 		return nil
 	})
+	// A server that does not answer is said to be so, not named by the
+	// first check that could not run.
+	var reply redis.Error
+	if perr != nil && !errors.As(perr, &reply) && ctx.Err() == nil {
+		return unreachable(c, addr, perr)
+	}
+	db := 0
+	if c, ok := c.(*redis.Client); ok {
+		db = c.Options().DB
+	}
+	id, err := identityOf(info, db)
+	if err != nil {
+		return fmt.Errorf("idem: reading Redis INFO server%s: %w", on, err)
+	}
+	// Told before any finding, which would end the check: a restarted
+	// server refused for its eviction policy has lost its records all
+	// the same.
+	persists := persistent(appendonly, save)
+	s.notice(ctx, addr, id, persists)
+	if !persists {
+		if _, warned := persistenceWarned.LoadOrStore(addr+" "+id.runID, true); !warned {
+			var attrs []slog.Attr
+			if addr != "" {
+				attrs = append(attrs, slog.String("node", addr))
+			}
+			s.warn(ctx, "idem: Redis persists nothing (appendonly no, no save points): a restart loses every record, and the work of each may be done again", attrs...)
+		}
+	}
 	if !s.allowEviction {
 		policy, err := evictionPolicy(policy, memory)
 		switch {
@@ -376,19 +620,53 @@ func (s *RedisStore) probeNode(ctx context.Context, c redis.Cmdable, addr string
 				ErrTooFewReplicas, s.waitReplicas, on, n)
 		}
 	}
-	if warn && !persistent(appendonly, save) && s.probe.warned.CompareAndSwap(false, true) {
-		s.warn(ctx, "idem: Redis persists nothing (appendonly no, no save points): a restart loses every record, and the work of each may be done again")
-	}
 	if load {
 		return scriptsLoaded(loads, on)
 	}
 	return nil
 }
 
+// unreachable is the error of a first contact that got no answer from the
+// server at addr ("" : c's).
+func unreachable(c redis.Cmdable, addr string, err error) error {
+	if rc, ok := c.(*redis.Client); ok && addr == "" {
+		addr = rc.Options().Addr
+	}
+	if addr == "" {
+		return fmt.Errorf("idem: cannot reach Redis: %w", err)
+	}
+	return fmt.Errorf("idem: cannot reach Redis at %s: %w", addr, err)
+}
+
+// checkAddrs refuses a client whose address is a URL: go-redis takes it
+// for a host and port, and every call would fail after its dial retries
+// with "too many colons". redis.ParseURL reads URLs.
+func checkAddrs(c redis.UniversalClient) error {
+	var field string
+	var addrs []string
+	switch c := c.(type) {
+	case *redis.Client:
+		field, addrs = "redis.Options.Addr", []string{c.Options().Addr}
+	case *redis.ClusterClient:
+		field, addrs = "redis.ClusterOptions.Addrs", c.Options().Addrs
+	}
+	for _, a := range addrs {
+		if strings.Contains(a, "://") {
+			return badopt.Error("idem", field, a, "is a URL, not host:port: build the client's options with redis.ParseURL (redis.ParseClusterURL for a cluster)")
+		}
+	}
+	return nil
+}
+
 // warn logs a warning about the server to the Logger, if any.
 func (s *RedisStore) warn(ctx context.Context, msg string, attrs ...slog.Attr) {
+	s.log(ctx, slog.LevelWarn, msg, attrs...)
+}
+
+// log logs what the store found of its server to the Logger, if any.
+func (s *RedisStore) log(ctx context.Context, level slog.Level, msg string, attrs ...slog.Attr) {
 	if s.core.o.Logger != nil {
-		s.core.o.Logger.LogAttrs(ctx, slog.LevelWarn, msg, attrs...)
+		s.core.o.Logger.LogAttrs(ctx, level, msg, attrs...)
 	}
 }
 

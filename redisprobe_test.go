@@ -432,3 +432,157 @@ func TestRedisCheckFindingSparesLeases(t *testing.T) {
 		t.Errorf("Lookup once fixed = %+v, %v; want the confirmation made meanwhile", rec, err)
 	}
 }
+
+// logBuffer is a log's text, written by several goroutines.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// count counts the lines of level that say what.
+func (l *logBuffer) count(level, what string) int {
+	n := 0
+	for line := range strings.SplitSeq(l.String(), "\n") {
+		if strings.Contains(line, "level="+level) && strings.Contains(line, what) {
+			n++
+		}
+	}
+	return n
+}
+
+// A server that restarts is checked again: one restarted with an
+// eviction policy is refused within a second or so, and one that came
+// back without the records it held is an error in the log, as is the
+// persistence warning of the new process. Before, a store that passed its
+// first contact never looked again.
+func TestRedisRestartIsCheckedAgain(t *testing.T) {
+	t.Parallel()
+	srv := testenv.StartRedisServer(t) // persists nothing
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { _ = c.Close() })
+	logs := &logBuffer{}
+	s := newTestRedisStore(t, c, RedisOptions{Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	ctx := context.Background()
+	cl, err := s.Claim(ctx, "paid", nil)
+	if err != nil || cl.Outcome != Claimed {
+		t.Fatalf("Claim = %v, %v; want claimed", cl.Outcome, err)
+	}
+	if err := s.Confirm(ctx, cl.Lease, []byte("charged")); err != nil {
+		t.Fatalf("Confirm = %v", err)
+	}
+
+	srv.Kill()
+	if !srv.Start() {
+		t.FailNow()
+	}
+	admin := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { _ = admin.Close() })
+	if err := admin.ConfigSet(ctx, "maxmemory-policy", "allkeys-lru").Err(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_, err := s.Claim(ctx, "next", nil)
+		if errors.Is(err, ErrEviction) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Claim 5s after a restart with allkeys-lru = %v; want ErrEviction", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := logs.count("ERROR", "came back empty: the records it held are lost"); n != 1 {
+		t.Errorf("%d error lines on the restart that lost the records; want 1. Log:\n%s", n, logs)
+	}
+	if n := logs.count("WARN", "persists nothing"); n != 2 {
+		t.Errorf("%d persistence warnings; want 2, one per server process. Log:\n%s", n, logs)
+	}
+}
+
+// A restart that kept the records (AOF, fsync always) is a warning, not
+// the error of records lost, and the records still answer.
+func TestRedisRestartWithRecordsIsAWarning(t *testing.T) {
+	t.Parallel()
+	srv := testenv.StartRedisServer(t, "--appendonly", "yes", "--appendfsync", "always")
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { _ = c.Close() })
+	logs := &logBuffer{}
+	s := newTestRedisStore(t, c, RedisOptions{Logger: slog.New(slog.NewTextHandler(logs, nil))})
+	ctx := context.Background()
+	cl, err := s.Claim(ctx, "paid", nil)
+	if err != nil || cl.Outcome != Claimed {
+		t.Fatalf("Claim = %v, %v; want claimed", cl.Outcome, err)
+	}
+	if err := s.Confirm(ctx, cl.Lease, []byte("charged")); err != nil {
+		t.Fatalf("Confirm = %v", err)
+	}
+	srv.Kill()
+	if !srv.Start() {
+		t.FailNow()
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for logs.count("WARN", "Redis restarted; its checks run again") == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no warning of the restart 5s after it. Log:\n%s", logs)
+		}
+		if cl, err := s.Claim(ctx, "paid", nil); err != nil || cl.Outcome != Duplicate {
+			t.Fatalf("Claim(paid) after a restart that kept it = %v, %v; want duplicate", cl.Outcome, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if n := logs.count("ERROR", ""); n != 0 {
+		t.Errorf("%d error lines; want none. Log:\n%s", n, logs)
+	}
+}
+
+// Stores of one process on one server that persists nothing warn once
+// between them, not once each.
+func TestRedisWarnsOncePerServerProcess(t *testing.T) {
+	t.Parallel()
+	srv := testenv.StartRedisServer(t)
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { _ = c.Close() })
+	logs := &logBuffer{}
+	for range 2 {
+		s := newTestRedisStore(t, c, RedisOptions{Logger: slog.New(slog.NewTextHandler(logs, nil))})
+		if _, err := s.Claim(context.Background(), "k", nil); err != nil {
+			t.Fatalf("Claim = %v", err)
+		}
+	}
+	if n := logs.count("WARN", "persists nothing"); n != 1 {
+		t.Errorf("two stores on one server gave %d persistence warnings; want 1. Log:\n%s", n, logs)
+	}
+}
+
+// A server that does not answer is reported as such, with its address,
+// not as the name of the first check that could not run ("checking Redis
+// maxmemory-policy: ...").
+func TestRedisUnreachableSaysSo(t *testing.T) {
+	t.Parallel()
+	c := testenv.DeadRedis(t)
+	s, err := NewRedisStore(c, RedisOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, call := range []func() error{
+		func() error { _, err := s.Claim(context.Background(), "k", nil); return err },
+		func() error { return s.Check(context.Background()) },
+	} {
+		err := call()
+		if err == nil || !strings.Contains(err.Error(), "cannot reach Redis at "+c.Options().Addr) || strings.Contains(err.Error(), "maxmemory") {
+			t.Errorf("a call with the server down = %v; want \"cannot reach Redis at %s\", naming no check", err, c.Options().Addr)
+		}
+	}
+}

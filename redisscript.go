@@ -108,6 +108,7 @@ func (s *RedisStore) eval(ctx context.Context, script *luaScript, key string, ar
 		if err == nil || !redis.HasErrorPrefix(err, "NOSCRIPT") {
 			break
 		}
+		scriptLosses.Add(1) // the server may have restarted: see recheck
 		if err := s.loadScript(ctx, script); err != nil {
 			return nil, err
 		}

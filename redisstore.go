@@ -28,8 +28,9 @@ type RedisOptions struct {
 	// Retention is how long a confirmed key is remembered. At least
 	// LeaseTTL. Default 24h.
 	Retention time.Duration
-	// LeaseTTL is how long a claim binds unless renewed. At least 1ms.
-	// Default 30s.
+	// LeaseTTL is how long a claim binds unless renewed. At least
+	// idem.MinLeaseTTL (100ms), which KeepAlive can renew in time. Default
+	// 30s.
 	LeaseTTL time.Duration
 	// Worker names this store's leases (Lease.Owner); no two stores may
 	// share one. At most 255 bytes, no NUL. Default: a random UUID.
@@ -168,6 +169,9 @@ type RedisStore struct {
 func NewRedisStore(c redis.UniversalClient, o RedisOptions) (*RedisStore, error) {
 	if c == nil || isNilClient(c) {
 		return nil, errors.New("idem: NewRedisStore with a nil client")
+	}
+	if err := checkAddrs(c); err != nil {
+		return nil, err
 	}
 	if o.Prefix == "" {
 		o.Prefix = DefaultPrefix

@@ -25,9 +25,13 @@ const (
 
 // String returns the outcome's name in snake case ("claimed",
 // "duplicate", "in_progress"), as Op and ErrorClass name theirs, for logs
-// and metric labels.
+// and metric labels; "" for the zero Outcome, which an Event of an
+// operation that claims nothing (a Confirm, a Renew) carries, as
+// ErrorClass says "" for no error.
 func (o Outcome) String() string {
 	switch o {
+	case 0:
+		return ""
 	case Claimed:
 		return "claimed"
 	case Duplicate:

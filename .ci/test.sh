@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# What `make test` runs (DESIGN.md section 8): install missing servers (Redis 8.0 and
-# Valkey 8.1 are built from source once per machine, see services.sh), start throwaway
-# Redis / Redis Cluster / Sentinel / Redis 8.0 / Valkey 8.1 / Postgres / MariaDB / RabbitMQ on
-# loopback, run the whole test suite (and the nested modules') against them with the race
-# detector, and stop them on every exit path. The store's conformance suite, its
-# linearizability histories and the Redis fault tests run once per server (subtests
-# redis7, redis8.0, valkey8.1).
+# What `make test` runs (DESIGN.md section 8): install missing servers (Redis 8.0,
+# Valkey 8.1 and 9.1 are built from source once per machine, see services.sh), start
+# throwaway Redis / Redis Cluster / Sentinel / Redis 8.0 / Valkey 8.1 / Valkey 9.1 / a
+# Valkey 9.1 cluster / Postgres / MariaDB / RabbitMQ on loopback, run the whole test suite
+# (and the nested modules') against them with the race detector, and stop them on every
+# exit path. The store's conformance suite, its linearizability histories and the Redis
+# fault tests run once per server (subtests redis7, redis8.0, valkey8.1, valkey9.1), and
+# on each cluster (redis7, valkey9.1).
 #
 # It always starts its own servers, even when IDEM_* are already set: the suite then
 # runs against known, empty servers, and a green run means they were exercised.

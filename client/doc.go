@@ -36,6 +36,14 @@
 //   - drains and closes the body of every response it retries, so that its
 //     connection is reused.
 //
+// A 5xx is retried because the server says, by it, that nothing was done:
+// the idem middleware releases the key on a 5xx so that the retry runs
+// the handler again. A handler behind it that did the work and then
+// answers 500 does the work once per attempt. Servers this transport
+// calls answer 5xx only when nothing was done, and a 2xx that names the
+// step that failed when the work was done (see package middleware, "A 5xx
+// means nothing was done").
+//
 // The response returned is the last attempt's; its Request carries the key
 // that was sent (resp.Request.Header.Get("Idempotency-Key")), to log or to
 // retry with later.

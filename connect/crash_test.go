@@ -52,7 +52,7 @@ func (s *dyingStore) Forget(ctx context.Context, l *idem.Lease) error {
 // each protocol.
 func TestQuarantinedAfterCrashes(t *testing.T) {
 	eachProtocol(t, func(t *testing.T, proto []connect.ClientOption) {
-		const lease = 50 * time.Millisecond
+		const lease = idem.MinLeaseTTL
 		base, err := idem.NewMemoryStore(idem.Options{LeaseTTL: lease, MaxTakeOvers: 1})
 		if err != nil {
 			t.Fatal(err)

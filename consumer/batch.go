@@ -44,6 +44,14 @@ import (
 // were never claimed), and then the first panic is re-raised on the
 // caller's goroutine.
 //
+// A crash can redo up to one batch. The successes of a round are
+// confirmed together, once its last handler has returned: a process
+// killed (kill -9) after some handlers' effects and before that confirm
+// leaves their claims to run out, and the redelivery does all of them
+// again, where Idempotent's window is the one message (see "What once
+// means" in the package documentation). Smaller batches narrow the window;
+// fencing tokens or the SQL store's transactional mode close it.
+//
 // opts holds at most one Options; Batch panics on the mistakes Idempotent
 // panics on.
 //

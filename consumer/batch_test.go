@@ -219,7 +219,7 @@ func TestBatchClaimFails(t *testing.T) {
 
 func TestBatchKeepsWaitingLeasesAlive(t *testing.T) {
 	ctx := context.Background()
-	s := memStore(idem.Options{LeaseTTL: 60 * time.Millisecond})
+	s := memStore(idem.Options{LeaseTTL: idem.MinLeaseTTL})
 	var ev events
 	h := consumer.Batch(s, msgKey, func(context.Context, msg) error {
 		time.Sleep(30 * time.Millisecond)
@@ -240,7 +240,7 @@ func TestBatchKeepsWaitingLeasesAlive(t *testing.T) {
 
 func TestBatchLeaseLost(t *testing.T) {
 	ctx := context.Background()
-	s := memStore(idem.Options{LeaseTTL: 60 * time.Millisecond})
+	s := memStore(idem.Options{LeaseTTL: idem.MinLeaseTTL})
 	var ev events
 	var cause error
 	h := consumer.Batch(s, msgKey, func(ctx context.Context, m msg) error {
@@ -277,8 +277,8 @@ func TestBatchOversizedKeyFailsAlone(t *testing.T) {
 // plain store.
 func TestBatchAlreadyConfirmed(t *testing.T) {
 	for name, s := range map[string]idem.Store{
-		"batcher": memStore(idem.Options{LeaseTTL: 60 * time.Millisecond}),
-		"plain":   struct{ idem.Store }{memStore(idem.Options{LeaseTTL: 60 * time.Millisecond})},
+		"batcher": memStore(idem.Options{LeaseTTL: idem.MinLeaseTTL}),
+		"plain":   struct{ idem.Store }{memStore(idem.Options{LeaseTTL: idem.MinLeaseTTL})},
 	} {
 		t.Run(name, func(t *testing.T) {
 			var ev events

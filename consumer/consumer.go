@@ -176,7 +176,7 @@ func (c *config) notClaimed(ctx context.Context, key string, cl idem.Claim) erro
 		return nil
 	case idem.InProgress:
 		c.emit(ctx, InProgress, key, token, nil)
-		return fmt.Errorf("%w: key %s is held by another delivery (token %d)", idem.ErrInProgress, c.keyHasher.Hash(key), token)
+		return fmt.Errorf("%w: key#%s is held by another delivery (token %d)", idem.ErrInProgress, c.keyHasher.Hash(key), token)
 	}
 	return fmt.Errorf("consumer: unexpected claim outcome %v", cl.Outcome)
 }
@@ -268,7 +268,7 @@ func (c *config) recorded(ctx context.Context, l *idem.Lease, lost bool, err err
 		c.emit(ctx, AlreadyConfirmed, l.Key, l.Token, err)
 	case err != nil:
 		c.emit(ctx, ConfirmFailed, l.Key, l.Token, err)
-		return fmt.Errorf("%w: key %s token %d: %w", ErrNotRecorded, c.keyHasher.Hash(l.Key), l.Token, err)
+		return fmt.Errorf("%w: key#%s token %d: %w", ErrNotRecorded, c.keyHasher.Hash(l.Key), l.Token, err)
 	case lost:
 		c.emit(ctx, LateConfirm, l.Key, l.Token, nil)
 	}

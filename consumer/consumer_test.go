@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -111,6 +112,10 @@ func TestIdempotentInProgress(t *testing.T) {
 	if !errors.Is(err, idem.ErrInProgress) || ran {
 		t.Fatalf("delivery of a held key: err %v, ran %v; want ErrInProgress without running", err, ran)
 	}
+	// One form for a key's hash in every error: key#<hash>, as the stores write it.
+	if !strings.Contains(err.Error(), "key#") {
+		t.Errorf("error %q; want the key named key#<hash>, as the stores name it", err)
+	}
 	if !ev.has(consumer.InProgress) || ev.es[0].Token != held.Lease.Token {
 		t.Fatalf("hook saw %+v; want in_progress with the holder's token %d", ev.es, held.Lease.Token)
 	}
@@ -136,7 +141,7 @@ func TestIdempotentStoreErrorAndBadKey(t *testing.T) {
 
 func TestIdempotentLeaseLost(t *testing.T) {
 	ctx := context.Background()
-	s := memStore(idem.Options{LeaseTTL: 60 * time.Millisecond})
+	s := memStore(idem.Options{LeaseTTL: idem.MinLeaseTTL})
 	var ev events
 	var cause error
 	h := consumer.Idempotent(s, msgKey, func(ctx context.Context, m msg) error {
@@ -343,7 +348,7 @@ func takeOver(t *testing.T, ctx context.Context, s idem.Store) int64 {
 // work was done twice, and leaves the first confirmation in place.
 func TestIdempotentAlreadyConfirmed(t *testing.T) {
 	ctx := context.Background()
-	s := memStore(idem.Options{LeaseTTL: 60 * time.Millisecond})
+	s := memStore(idem.Options{LeaseTTL: idem.MinLeaseTTL})
 	var ev events
 	var mine, kept int64
 	h := consumer.Idempotent(s, msgKey, func(ctx context.Context, m msg) error {

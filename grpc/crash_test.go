@@ -59,7 +59,7 @@ func (e *events) last() idem.Event {
 // answered FailedPrecondition with ReasonKeyQuarantined and a
 // PreconditionFailure, no RetryInfo, and the handler does not run.
 func TestQuarantinedAfterCrashes(t *testing.T) {
-	const lease = 50 * time.Millisecond
+	const lease = idem.MinLeaseTTL
 	base, err := idem.NewMemoryStore(idem.Options{LeaseTTL: lease, MaxTakeOvers: 1})
 	if err != nil {
 		t.Fatal(err)

@@ -37,7 +37,7 @@ func (o *eventLog) last() idem.Event {
 // MaxTakeOvers 1), the key is quarantined: 423 TypeQuarantined, not
 // retryable, the handler does not run, the event's class is quarantined.
 func TestQuarantinedAfterCrashes(t *testing.T) {
-	const lease = 50 * time.Millisecond
+	const lease = idem.MinLeaseTTL
 	shared := memStore(idem.Options{LeaseTTL: lease, MaxTakeOvers: 1})
 	var obs eventLog
 	var seen []*idem.TakeOver

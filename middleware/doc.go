@@ -41,6 +41,19 @@
 //	  one (its lease ran out unconfirmed)                (idem.TakeOverFrom): ask whether its effect landed
 //	body over MaxBodyBytes                             413, before any store call
 //
+// # A 5xx means nothing was done
+//
+// A 5xx releases the key, and the client package's transport retries a
+// 500, 502, 503 or 504 with the same key: the retry runs the handler
+// again. So a handler answers 5xx only when nothing was done, or what was
+// done is undone (transactional mode rolls its SQL back). A handler that
+// did the work (charged the card) and then failed at something after it
+// (a receipt e-mail, a template) must not answer 5xx, or every retry does
+// the work again: five attempts, five charges. It answers what the work
+// came to, a 2xx (200, 201, or 202 Accepted while a later step is
+// pending) with the step that failed in its body, which is recorded and
+// replayed to every retry.
+//
 // # Problems
 //
 // Errors are application/problem+json (RFC 9457), written by Options.Error

@@ -320,3 +320,40 @@ func ExampleNew_serveMux() {
 	// 200 replayed="" {"invoice":"7","refund":1}
 	// payments: 1 refunds: 1
 }
+
+// A handler that did the work answers 2xx even when a step after it
+// failed: a 5xx releases the key, and the client's retry would do the work
+// again. Here the receipt e-mail fails after the card was charged: the
+// answer is 202 with the failed step in the body, recorded and replayed,
+// and the card is charged once however often the client retries.
+func ExampleNew_workDone() {
+	store, err := idem.NewMemoryStore(idem.Options{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	charges := 0
+	sendReceipt := func() error { return errors.New("smtp: connection refused") }
+	pay := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		charges++ // the work: done, and not to be done again
+		if err := sendReceipt(); err != nil {
+			w.WriteHeader(http.StatusAccepted) // not 500: a 5xx would run this handler again
+			fmt.Fprint(w, `{"charged":true,"receipt":"pending"}`)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	})
+	idempotent, err := middleware.New(middleware.Options{Store: store, Scope: tenant})
+	if err != nil {
+		panic(err)
+	}
+	h := authenticate(idempotent(pay))
+	for range 3 { // the client retries, with one key
+		send(h, "/pay", "c4f1", `{"amount":1250}`)
+	}
+	fmt.Println("charges:", charges)
+	// Output:
+	// 202 replayed="" {"charged":true,"receipt":"pending"}
+	// 202 replayed="true" {"charged":true,"receipt":"pending"}
+	// 202 replayed="true" {"charged":true,"receipt":"pending"}
+	// charges: 1
+}

@@ -2,9 +2,12 @@ package middleware_test
 
 import (
 	"fmt"
+	"go/parser"
+	"go/token"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -91,4 +94,65 @@ func TestClientRetriesAreNotKept(t *testing.T) {
 	if retried == 0 {
 		t.Fatal("the transport retried no status; want at least 409, 429 and 5xx")
 	}
+}
+
+// A handler that did the work and answers 500 is run once per attempt of
+// the client's transport: the docs of both packages say that a 5xx must
+// mean nothing was done, and what to answer instead. This shows the harm
+// they warn of, and holds the warning in both package docs.
+func TestA5xxMeansNothingWasDone(t *testing.T) {
+	store, err := idem.NewMemoryStore(idem.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	charges := 0
+	idempotent, err := middleware.New(middleware.Options{Store: store, SingleTenant: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := idempotent(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		charges++
+		w.WriteHeader(http.StatusInternalServerError) // the receipt failed after the charge
+	}))
+	rt, err := client.New(client.Options{Base: handlerTransport{h}, MaxAttempts: 5, InitialWait: time.Millisecond, MaxWait: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, err := http.NewRequest("POST", "http://shop/pay", strings.NewReader(`{"amount":1250}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := rt.RoundTrip(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	if charges != 5 {
+		t.Errorf("a handler answering 500 after the work ran %d times in 5 attempts; want 5, the harm the docs warn of", charges)
+	}
+	for _, pkg := range []string{".", "../client"} {
+		doc := packageDoc(t, pkg)
+		for _, says := range []string{"5xx", "nothing was done", "2xx"} {
+			if !strings.Contains(doc, says) {
+				t.Errorf("package doc of %s does not say %q; it must warn that a 5xx is retried and say what to answer when the work was done", pkg, says)
+			}
+		}
+		if !strings.Contains(doc, "means nothing was done") {
+			t.Errorf("package doc of %s has no \"A 5xx means nothing was done\"", pkg)
+		}
+	}
+}
+
+// packageDoc returns the package documentation of the package in dir:
+// the comment above the package clause of its doc.go.
+func packageDoc(t *testing.T, dir string) string {
+	t.Helper()
+	f, err := parser.ParseFile(token.NewFileSet(), filepath.Join(dir, "doc.go"), nil, parser.ParseComments|parser.PackageClauseOnly)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.Doc == nil {
+		t.Fatalf("%s/doc.go has no package documentation", dir)
+	}
+	return f.Doc.Text()
 }

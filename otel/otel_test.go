@@ -210,12 +210,12 @@ func TestConsumerOnRedis(t *testing.T) {
 	s := newSDK(t)
 	c := testRedis(t)
 	prefix := fmt.Sprintf("idemotel:%s:%d:", t.Name(), time.Now().UnixNano())
-	store, err := idem.NewRedisStore(c, idem.RedisOptions{Prefix: prefix, Observer: s.obs, LeaseTTL: 60 * time.Millisecond})
+	store, err := idem.NewRedisStore(c, idem.RedisOptions{Prefix: prefix, Observer: s.obs, LeaseTTL: idem.MinLeaseTTL})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// The consumer's own calls run on a store of the same records with the
-	// default lease: with 60ms, a Confirm delayed by a busy machine would
+	// default lease: with the shortest lease, a Confirm delayed by a busy machine would
 	// be one more late confirm than the one this test makes on purpose.
 	patient, err := idem.NewRedisStore(c, idem.RedisOptions{Prefix: prefix, Observer: s.obs})
 	if err != nil {
@@ -227,13 +227,13 @@ func TestConsumerOnRedis(t *testing.T) {
 	if cl, err := store.Claim(ctx, "crashed", nil); err != nil || cl.Outcome != idem.Claimed {
 		t.Fatalf("Claim(crashed) = %v, %v", cl.Outcome, err)
 	}
-	time.Sleep(120 * time.Millisecond)
+	time.Sleep(idem.MinLeaseTTL + 60*time.Millisecond)
 	// A worker that stalls past its lease, then confirms late.
 	stalled, err := store.Claim(ctx, "stalled", nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(120 * time.Millisecond)
+	time.Sleep(idem.MinLeaseTTL + 60*time.Millisecond)
 	if _, err := store.Claim(ctx, "stalled", nil); err != nil { // its successor
 		t.Fatal(err)
 	}
@@ -314,12 +314,12 @@ func TestStoreFailureOnRedis(t *testing.T) {
 // A claim that replaced an expired one is counted and marked on its span.
 func TestTakeOverOnMemoryStore(t *testing.T) {
 	s := newSDK(t)
-	store := memStore(idem.Options{Observer: s.obs, LeaseTTL: 20 * time.Millisecond})
+	store := memStore(idem.Options{Observer: s.obs, LeaseTTL: idem.MinLeaseTTL})
 	ctx := context.Background()
 	if _, err := store.Claim(ctx, "crashed", nil); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(40 * time.Millisecond)
+	time.Sleep(idem.MinLeaseTTL + 20*time.Millisecond)
 	h := consumer.Idempotent(store, func(k string) string { return k },
 		func(context.Context, string) error { return nil }, consumer.Options[string]{Observer: s.obs})
 	if err := h(ctx, "crashed"); err != nil {
@@ -346,13 +346,13 @@ func TestTakeOverOnMemoryStore(t *testing.T) {
 // idem.operations with error_class quarantined, on their spans too.
 func TestQuarantineCounted(t *testing.T) {
 	s := newSDK(t)
-	store := memStore(idem.Options{Observer: s.obs, LeaseTTL: 20 * time.Millisecond, MaxTakeOvers: 1})
+	store := memStore(idem.Options{Observer: s.obs, LeaseTTL: idem.MinLeaseTTL, MaxTakeOvers: 1})
 	ctx := context.Background()
 	for range 2 { // the first attempt and one take-over, each crashed
 		if _, err := store.Claim(ctx, "poison", nil); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(40 * time.Millisecond)
+		time.Sleep(idem.MinLeaseTTL + 20*time.Millisecond)
 	}
 	h := consumer.Idempotent(store, func(k string) string { return k },
 		func(context.Context, string) error { return nil }, consumer.Options[string]{Observer: s.obs})

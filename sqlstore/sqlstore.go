@@ -27,8 +27,9 @@ type Options struct {
 	// Retention is how long a confirmed key is remembered. At least
 	// LeaseTTL. Default 24h.
 	Retention time.Duration
-	// LeaseTTL is how long a claim binds unless renewed. At least 1ms.
-	// Default 30s.
+	// LeaseTTL is how long a claim binds unless renewed. At least
+	// idem.MinLeaseTTL (100ms), which KeepAlive can renew in time. Default
+	// 30s.
 	LeaseTTL time.Duration
 	// Worker names this store's leases (Lease.Owner); no two stores may
 	// share one. At most 255 bytes, no NUL. Default: a random UUID.

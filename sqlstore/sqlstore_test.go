@@ -318,7 +318,7 @@ func TestPurgeExpired(t *testing.T) {
 		ctx := t.Context()
 		table := sqltest.UniqueTable()
 		short := sqltest.NewStore(t, db, sqlstore.Options{Dialect: d, Table: table,
-			LeaseTTL: 50 * time.Millisecond, Retention: 50 * time.Millisecond})
+			LeaseTTL: idem.MinLeaseTTL, Retention: idem.MinLeaseTTL})
 		long, err := sqlstore.New(db, sqlstore.Options{Dialect: d, Table: table})
 		if err != nil {
 			t.Fatal(err)
@@ -349,7 +349,10 @@ func TestPurgeExpired(t *testing.T) {
 		if err := long.Confirm(ctx, done.Lease, []byte("r")); err != nil || held.Lease == nil {
 			t.Fatalf("Confirm = %v, lease %v", err, held.Lease)
 		}
-		time.Sleep(100 * time.Millisecond)
+		// Past the short store's lease and then its Retention (both
+		// MinLeaseTTL): its confirmations are gone, and so are its lapsed
+		// claims for a store with that Retention.
+		time.Sleep(2*idem.MinLeaseTTL + 50*time.Millisecond)
 		// The lapsed claims are kept for the purging store's Retention past
 		// their lease (24h here), so that the next claim is told it takes
 		// over: only the confirmations and the forgotten claim go.
@@ -357,11 +360,11 @@ func TestPurgeExpired(t *testing.T) {
 		if err != nil || got != 3 {
 			t.Fatalf("PurgeExpired with Retention 24h = %d, %v; want 3 (lapsed claims kept), nil", got, err)
 		}
-		// A store whose Retention (50ms) has passed since the leases ended
-		// purges them.
+		// A store whose Retention (MinLeaseTTL) has passed since the leases
+		// ended purges them.
 		more, err := short.PurgeExpired(ctx)
 		if err != nil || got+more != n {
-			t.Fatalf("PurgeExpired with Retention 50ms = %d, %v; want %d, nil", more, err, n-got)
+			t.Fatalf("PurgeExpired with Retention %v = %d, %v; want %d, nil", idem.MinLeaseTTL, more, err, n-got)
 		}
 		for _, k := range []string{"live-claim", "live-done"} {
 			if _, err := long.Lookup(ctx, k); err != nil {

@@ -91,9 +91,9 @@ func (c *cli) demo(args []string) int {
 	if len(args) > 0 && args[0] == "grpc" {
 		// A program of the grpc module: importing it here would bring
 		// grpc-go into this module's dependencies.
-		fmt.Fprintln(c.stderr, "idem demo grpc: the gRPC demo is the grpc module's program; run it with\n"+
-			"  go run github.com/idemgo/idem/grpc/cmd/idem-grpc-demo@latest [flags]\n"+
-			"or, in a checkout of idem: cd grpc && go run ./cmd/idem-grpc-demo [flags]")
+		fmt.Fprintln(c.stderr, "idem demo grpc: the gRPC demo is the grpc module's program; in a clone of idem, run it with\n"+
+			"  cd grpc && go run ./cmd/idem-grpc-demo [flags]\n"+
+			"(once the grpc module is published: go run github.com/idemgo/idem/grpc/cmd/idem-grpc-demo@latest)")
 		return exitUsage
 	}
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)

@@ -50,8 +50,11 @@ the request id of the request that did the work, and body.`
 
 // inspection is inspect's --json output: one object, stable field names.
 type inspection struct {
-	Key         string    `json:"key"`
-	State       string    `json:"state"` // "claimed", "confirmed" or "quarantined"
+	Key   string `json:"key"`
+	State string `json:"state"` // "claimed", "confirmed", "quarantined", or "none": no live record
+	// Error says why there is no record to show (state "none"); the
+	// command exits 1 then, as without --json.
+	Error       string    `json:"error,omitempty"`
 	Owner       string    `json:"owner"` // "" once confirmed
 	Token       int64     `json:"token"`
 	Expires     time.Time `json:"expires"`
@@ -152,8 +155,13 @@ func (c *cli) inspect(args []string) int {
 		for i, k := range keys {
 			quoted[i] = quoteKey(k)
 		}
-		return c.fail("inspect", exitFailed, fmt.Errorf("key %s has no live record in %s (never claimed, forgotten, or expired)%s",
-			strings.Join(quoted, " or "), b.desc, notFoundHint(*httpRoute, *scope, key)))
+		err := fmt.Errorf("key %s has no live record in %s (never claimed, forgotten, or expired)%s",
+			strings.Join(quoted, " or "), b.desc, notFoundHint(*httpRoute, *scope, key))
+		if *asJSON {
+			// A script reading --json gets JSON for this answer too.
+			_ = c.printJSON(inspection{Key: key, State: "none", Error: oneLine(err.Error())})
+		}
+		return c.fail("inspect", exitFailed, err)
 	}
 	if err != nil {
 		return c.fail("inspect", exitFailed, err)
@@ -170,9 +178,7 @@ func (c *cli) inspect(args []string) int {
 		in.Response = newRecordedResponse(resp)
 	}
 	if *asJSON {
-		enc := json.NewEncoder(c.stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(in); err != nil {
+		if err := c.printJSON(in); err != nil {
 			return c.fail("inspect", exitFailed, err)
 		}
 		return exitOK
@@ -182,6 +188,13 @@ func (c *cli) inspect(args []string) int {
 		writeResponse(c.stdout, in.Response)
 	}
 	return exitOK
+}
+
+// printJSON writes in to stdout as one indented JSON object.
+func (c *cli) printJSON(in inspection) error {
+	enc := json.NewEncoder(c.stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(in)
 }
 
 // httpKeys returns the store keys the middleware may have recorded for a

@@ -125,7 +125,7 @@ func fillForPrune(t *testing.T, short, long idem.Store) {
 	if _, err := long.Claim(context.Background(), "kept:2", nil); err != nil {
 		t.Fatalf("Claim = %v", err)
 	}
-	time.Sleep(50 * time.Millisecond) // the short retention is 10ms
+	time.Sleep(idem.MinLeaseTTL + 50*time.Millisecond) // past the short retention
 }
 
 func checkPruned(t *testing.T, r result, s idem.Store) {
@@ -143,7 +143,7 @@ func checkPruned(t *testing.T, r result, s idem.Store) {
 func TestPruneSQLite(t *testing.T) {
 	t.Parallel()
 	path, long := sqliteFile(t, idem.Options{})
-	short, err := sqlstore.New(sqltest.OpenSQLite(t, path), sqlstore.Options{Retention: 10 * time.Millisecond, LeaseTTL: 10 * time.Millisecond, Dialect: sqlstore.SQLite})
+	short, err := sqlstore.New(sqltest.OpenSQLite(t, path), sqlstore.Options{Retention: idem.MinLeaseTTL, LeaseTTL: idem.MinLeaseTTL, Dialect: sqlstore.SQLite})
 	if err != nil {
 		t.Fatalf("sqlstore.New = %v", err)
 	}
@@ -177,7 +177,7 @@ func testPrune(t *testing.T, d sqlstore.Dialect, dsnOf func(testing.TB) string, 
 	if err := long.CreateSchema(context.Background()); err != nil {
 		t.Fatalf("CreateSchema = %v", err)
 	}
-	fillForPrune(t, newStore(10*time.Millisecond), long)
+	fillForPrune(t, newStore(idem.MinLeaseTTL), long)
 	// The DSN and table come from the environment, as an operator's cron
 	// job would set them.
 	checkPruned(t, runCLI(t, map[string]string{envDSN: dsn, envTable: table}, "prune"), long)
@@ -275,5 +275,25 @@ Original-Request: req-1
 		if r := runCLI(t, nil, append(args, "--result", key)...); r.code != exitFailed || !strings.Contains(r.stderr, says) {
 			t.Errorf("inspect --result %s = %d %q; want %d saying %q", key, r.code, r.stderr, exitFailed, says)
 		}
+	}
+}
+
+// inspect --json answers in JSON on every path a script reads: a key with
+// no live record is an object with state "none" and the reason, exit 1.
+func TestInspectJSONMissingKey(t *testing.T) {
+	t.Parallel()
+	path, _ := sqliteFile(t, idem.Options{})
+	r := runCLI(t, nil, "inspect", "--sqlite", path, "--json", "no-such-key")
+	var got struct {
+		Key   string `json:"key"`
+		State string `json:"state"`
+		Error string `json:"error"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &got); err != nil || r.code != exitFailed ||
+		got.Key != "no-such-key" || got.State != "none" || !strings.Contains(got.Error, "no live record") {
+		t.Errorf("inspect --json of a missing key = %d, stdout %q (%v); want 1 and a JSON object with state none and the reason", r.code, r.stdout, err)
+	}
+	if !strings.Contains(r.stderr, "no live record") {
+		t.Errorf("stderr %q; want the one-line error too", r.stderr)
 	}
 }

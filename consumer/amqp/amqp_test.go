@@ -393,7 +393,7 @@ func quarantine(t *testing.T, s idem.Store, key string, crashes int) {
 // than MaxTakeOvers) is rejected without requeue, as consumer.ActionFor
 // dead-letters it: the handler does not run, and no redelivery would.
 func TestHandlerQuarantinedRejected(t *testing.T) {
-	store := memStore(idem.Options{LeaseTTL: 30 * time.Millisecond, MaxTakeOvers: 1})
+	store := memStore(idem.Options{LeaseTTL: idem.MinLeaseTTL, MaxTakeOvers: 1})
 	quarantine(t, store, "poison", 2)
 	st := newSettlements()
 	runs := 0

@@ -21,6 +21,11 @@
 // [Handler.Handle] takes one message at a time (Consume's callback, with
 // [Handler.MessageHandler]); [Handler.HandleBatch] takes a fetched batch
 // through consumer.Batch, one claim and one confirm round trip per batch.
+// With HandleBatch a crash can redo up to one batch: the messages of one
+// Fetch are confirmed together once their handlers have returned, so a
+// consumer killed in between leaves every effect of the batch unconfirmed,
+// and their redeliveries do them again; with Handle the window is the one
+// message.
 //
 // While the handler runs, the Handler sends InProgress every
 // Options.ProgressInterval, so that the broker's own lease on the message

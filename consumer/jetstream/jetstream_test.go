@@ -488,7 +488,7 @@ func TestTermQuarantined(t *testing.T) {
 	rc := testRedis(t)
 	_, js := connect(t, startServer(t))
 	cons := newConsumer(t, js, 5*time.Second)
-	store, err := idem.NewRedisStore(rc, idem.RedisOptions{Prefix: prefix(t), Worker: "w", LeaseTTL: 50 * time.Millisecond,
+	store, err := idem.NewRedisStore(rc, idem.RedisOptions{Prefix: prefix(t), Worker: "w", LeaseTTL: idem.MinLeaseTTL,
 		Retention: time.Minute, MaxTakeOvers: 1})
 	if err != nil {
 		t.Fatal(err)

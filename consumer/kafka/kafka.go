@@ -33,6 +33,13 @@
 // holder confirms it (a duplicate: committed without running again) or
 // claimed once the holder's lease expires (taken over).
 //
+// A crash can redo up to one batch: a partition's records of one poll (up
+// to Options.MaxPollRecords) are confirmed together once their handlers
+// have returned, so a consumer killed in between leaves every effect of
+// the batch unconfirmed, and the partition's next owner, fetching from the
+// committed offset, does them again once their leases run out. Lower
+// MaxPollRecords to narrow the window.
+//
 // Run polls again only when every partition of the last poll is settled
 // (or its work ended by a revocation): a partition retrying in place holds
 // the others back too, for as long as its delay. Give DeadLetter to bound

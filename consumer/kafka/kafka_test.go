@@ -451,7 +451,7 @@ func TestQuarantinedDeadLettered(t *testing.T) {
 		t.Run(map[bool]string{true: "DeadLetter", false: "Skip"}[withDL], func(t *testing.T) {
 			rc := testRedis(t)
 			kc := newCluster(t, 1)
-			s, err := idem.NewRedisStore(rc, idem.RedisOptions{Prefix: prefix(t), Worker: "w", LeaseTTL: 50 * time.Millisecond,
+			s, err := idem.NewRedisStore(rc, idem.RedisOptions{Prefix: prefix(t), Worker: "w", LeaseTTL: idem.MinLeaseTTL,
 				Retention: time.Minute, MaxTakeOvers: 1})
 			if err != nil {
 				t.Fatal(err)

@@ -28,6 +28,12 @@
 // crash between the effect and its confirmation can (see package consumer,
 // "What once means").
 //
+// A crash can redo up to one batch: the entries of one read (up to
+// Options.Count) are confirmed together once their handlers have returned,
+// so a reader killed in between leaves every effect of the batch
+// unconfirmed, and the reclaim does them again. Lower Count to narrow the
+// window; fence the effects where a second one matters.
+//
 // # Keys
 //
 // An entry's key is the value of its Options.KeyField. Without a KeyField,
@@ -124,7 +130,8 @@ type Options struct {
 	// consumer.Options.Fingerprint; a mismatch is rejected. Default: none.
 	Fingerprint func(m *redis.XMessage) []byte
 	// Count bounds the entries of one XREADGROUP or XAUTOCLAIM, which are
-	// claimed and confirmed as one batch. Negative is refused. Default
+	// claimed and confirmed as one batch: what a crash can make the group
+	// redo (see the package documentation). Negative is refused. Default
 	// DefaultCount.
 	Count int
 	// Block is how long one XREADGROUP waits for new entries; Run notices
@@ -279,7 +286,10 @@ func (r *Reader) key(m redis.XMessage) string {
 }
 
 // Run reads and handles entries until ctx ends, and then returns
-// ctx.Err(). It first creates the group if it is missing. Entries read
+// ctx.Err(). It first creates the group if it is missing: a Redis that
+// cannot be reached yet (a service starting before its Redis) is waited
+// for, retried as a mid-run outage is, while a refusal from Redis (the
+// key holds no stream, a user without XGROUP) is returned. Entries read
 // first go to the handler as they come; every MinIdle/2, entries of the
 // group idle for MinIdle are reclaimed and handled too. When ctx ends, the
 // handlers running see it end; the work they finished is confirmed and
@@ -293,15 +303,11 @@ func (r *Reader) key(m redis.XMessage) string {
 // batch's entries stay pending and are reclaimed, the done ones as
 // duplicates.
 func (r *Reader) Run(ctx context.Context) error {
-	err := r.c.XGroupCreateMkStream(ctx, r.o.Stream, r.o.Group, "0").Err()
-	if err != nil && !isBusyGroup(err) {
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		return fmt.Errorf("redisstream: creating group %q of stream %q: %w", r.o.Group, r.o.Stream, err)
+	pause := backoff.Backoff{First: min(10*time.Millisecond, r.o.Block), Most: r.o.Block}
+	if err := r.createGroup(ctx, &pause); err != nil {
+		return err
 	}
 	var lastClaim time.Time
-	pause := backoff.Backoff{First: min(10*time.Millisecond, r.o.Block), Most: r.o.Block}
 	for ctx.Err() == nil {
 		var err error
 		if time.Since(lastClaim) >= r.o.MinIdle/2 {
@@ -324,6 +330,39 @@ func (r *Reader) Run(ctx context.Context) error {
 		backoff.Sleep(ctx, d)
 	}
 	return ctx.Err()
+}
+
+// createGroup creates the group (and the stream) unless it exists,
+// retrying with pause while Redis cannot be reached.
+func (r *Reader) createGroup(ctx context.Context, pause *backoff.Backoff) error {
+	for {
+		err := r.c.XGroupCreateMkStream(ctx, r.o.Stream, r.o.Group, "0").Err()
+		var refused redis.Error
+		switch {
+		case err == nil || isBusyGroup(err):
+			pause.Reset()
+			return nil
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case errors.As(err, &refused) && !isTransient(err):
+			return fmt.Errorf("redisstream: creating group %q of stream %q: %w", r.o.Group, r.o.Stream, err)
+		}
+		d := pause.Next()
+		r.o.Logger.LogAttrs(ctx, slog.LevelWarn, "idem/redisstream: creating the group failed; retrying",
+			slog.String("stream", r.o.Stream), slog.String("group", r.o.Group), slog.Duration("pause", d), slog.Any("err", err))
+		backoff.Sleep(ctx, d)
+	}
+}
+
+// isTransient reports Redis's answers that say "not now" rather than
+// "never": a server loading its data, a cluster mid-failover.
+func isTransient(err error) bool {
+	for _, code := range []string{"LOADING", "BUSY", "TRYAGAIN", "CLUSTERDOWN", "MASTERDOWN", "READONLY"} {
+		if hasCode(err, code) {
+			return true
+		}
+	}
+	return false
 }
 
 // read reads new entries once (waiting up to Block) and handles them.
@@ -369,19 +408,15 @@ func (r *Reader) settle(ctx context.Context, ms []redis.XMessage, reclaimed bool
 	}
 	errs := r.handle(ctx, ms)
 	acts := make([]Action, len(ms))
+	alerts := make([]bool, len(ms))
 	ids := make([]string, 0, len(ms))
 	for i, err := range errs {
 		switch consumer.ActionFor(err) {
 		case consumer.Ack:
 			acts[i] = Ack
 		case consumer.AckAndAlert:
-			r.o.Logger.LogAttrs(ctx, slog.LevelError, "idem/redisstream: work done but not recorded; acked so it is not done again now",
-				slog.String("key_hash", r.o.KeyHasher.Hash(r.key(ms[i]))), slog.String("entry", ms[i].ID), slog.Any("err", err))
-			acts[i] = Ack
+			acts[i], alerts[i] = Ack, true
 		case consumer.DeadLetter:
-			// A stream has no dead-letter: the log is where an operator finds it.
-			r.o.Logger.LogAttrs(ctx, slog.LevelError, "idem/redisstream: entry acked without its work: "+whyDead(err),
-				slog.String("key_hash", r.o.KeyHasher.Hash(r.key(ms[i]))), slog.String("entry", ms[i].ID), slog.Any("err", err))
 			acts[i] = Reject
 		default: // consumer.Redeliver
 			acts[i] = Pending
@@ -399,6 +434,26 @@ func (r *Reader) settle(ctx context.Context, ms []redis.XMessage, reclaimed bool
 			r.o.Logger.LogAttrs(ctx, slog.LevelWarn, "idem/redisstream: XACK failed; the entries stay pending and are reclaimed as duplicates",
 				slog.String("stream", r.o.Stream), slog.Int("entries", len(ids)), slog.Any("err", ackErr))
 		}
+	}
+	// Logged once the XACK's verdict is known: the log says "acked" only
+	// of what Redis acked.
+	for i, err := range errs {
+		var msg string
+		switch {
+		case alerts[i] && ackErr == nil:
+			msg = "idem/redisstream: work done but not recorded; acked so it is not done again now"
+		case alerts[i]:
+			msg = "idem/redisstream: work done but not recorded; its XACK failed too: it stays pending, and a reclaim after its lease runs out does it again"
+		case acts[i] == Reject && ackErr == nil:
+			// A stream has no dead-letter: the log is where an operator finds it.
+			msg = "idem/redisstream: entry acked without its work: " + whyDead(err)
+		case acts[i] == Reject:
+			msg = "idem/redisstream: entry not acked, its XACK failed: it stays pending, and is reclaimed and refused again: " + whyDead(err)
+		default:
+			continue
+		}
+		r.o.Logger.LogAttrs(ctx, slog.LevelError, msg,
+			slog.String("key_hash", r.o.KeyHasher.Hash(r.key(ms[i]))), slog.String("entry", ms[i].ID), slog.Any("err", err))
 	}
 	if r.o.OnSettle == nil {
 		return

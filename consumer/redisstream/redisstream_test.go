@@ -409,7 +409,7 @@ func must[T any](v T, err error) T {
 func TestReaderQuarantinedRejected(t *testing.T) {
 	c := testenv.Redis(t)
 	stream := unique(t, "stream")
-	store, err := idem.NewRedisStore(c, idem.RedisOptions{Prefix: prefix(t), Worker: "w", LeaseTTL: 50 * time.Millisecond,
+	store, err := idem.NewRedisStore(c, idem.RedisOptions{Prefix: prefix(t), Worker: "w", LeaseTTL: idem.MinLeaseTTL,
 		Retention: time.Minute, MaxTakeOvers: 1})
 	if err != nil {
 		t.Fatal(err)
@@ -439,5 +439,75 @@ func TestReaderQuarantinedRejected(t *testing.T) {
 	}
 	if n := pending(t, c, stream, "g"); n != 0 {
 		t.Errorf("%d entries pending; want 0", n)
+	}
+}
+
+// A reader starts before its Redis, as the store does: while the server
+// cannot be reached, Run keeps trying to create the group instead of
+// returning, and handles entries once the server is up.
+func TestReaderStartsBeforeItsRedis(t *testing.T) {
+	srv := testenv.StartRedisServer(t)
+	srv.Kill()
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+	t.Cleanup(func() { _ = c.Close() })
+	stream := unique(t, "stream")
+	st := &settlements{}
+	var logs syncBuffer
+	r, err := redisstream.NewReader(c, newStore(t, c, prefix(t), "w", time.Second),
+		func(context.Context, redis.XMessage) error { return nil },
+		redisstream.Options{Stream: stream, Group: "g", Consumer: "c1", KeyField: "id", Block: 50 * time.Millisecond,
+			OnSettle: st.on, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	started := time.Now()
+	runUntil(t, r, func() bool {
+		if time.Since(started) > 1500*time.Millisecond { // past a few attempts: go-redis dials 5 times per call
+			if !srv.Start() {
+				t.FailNow()
+			}
+			add(t, c, stream, "k")
+			started = time.Now().Add(time.Hour) // started once
+		}
+		return st.count(redisstream.Ack) == 1
+	})
+	if l := logs.String(); !strings.Contains(l, "creating the group failed; retrying") {
+		t.Errorf("log = %q; want the failed group creation reported as retried", l)
+	}
+}
+
+// noAck is a client whose XACK never reaches Redis.
+type noAck struct{ redisstream.Client }
+
+func (noAck) XAck(ctx context.Context, stream, group string, ids ...string) *redis.IntCmd {
+	cmd := redis.NewIntCmd(ctx, "xack", stream, group)
+	cmd.SetErr(errors.New("connection reset"))
+	return cmd
+}
+
+// The log says an entry was acked only when its XACK reached Redis: work
+// done but not recorded whose XACK failed stays pending, and the log says
+// so instead of "acked".
+func TestReaderLogsAckedOnlyWhenAcked(t *testing.T) {
+	c := testenv.Redis(t)
+	stream := unique(t, "stream")
+	add(t, c, stream, "k")
+	st := &settlements{}
+	var logs syncBuffer
+	store := unconfirmable{newStore(t, c, prefix(t), "w", 300*time.Millisecond)}
+	r, err := redisstream.NewReader(noAck{c}, store, func(context.Context, redis.XMessage) error { return nil },
+		redisstream.Options{Stream: stream, Group: "g", Consumer: "c1", KeyField: "id", ConfirmBudget: 20 * time.Millisecond,
+			MinIdle: time.Minute, Block: 20 * time.Millisecond, OnSettle: st.on,
+			Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runUntil(t, r, func() bool { return st.count(redisstream.Ack) == 1 })
+	l := logs.String()
+	if strings.Contains(l, "acked so it is not done again") || !strings.Contains(l, "its XACK failed too") {
+		t.Errorf("log = %q; want the unrecorded work reported with its failed XACK, never as acked", l)
+	}
+	if n := pending(t, c, stream, "g"); n != 1 {
+		t.Errorf("%d entries pending; want 1 (the XACK failed)", n)
 	}
 }

@@ -293,7 +293,7 @@ func TestMiddlewareDeadLetterLogged(t *testing.T) {
 	runs := 0
 	// A key quarantined by the store: its messages crashed every consumer
 	// (the first attempt and MaxTakeOvers = 1 take-over, each lapsed).
-	store := memStore(idem.Options{LeaseTTL: 30 * time.Millisecond, MaxTakeOvers: 1})
+	store := memStore(idem.Options{LeaseTTL: idem.MinLeaseTTL, MaxTakeOvers: 1})
 	for range 2 {
 		c, err := store.Claim(context.Background(), "poison", nil)
 		if err != nil || c.Outcome != idem.Claimed {

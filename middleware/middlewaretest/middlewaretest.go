@@ -482,7 +482,7 @@ func leaseInContext(t *testing.T, mount Mount) {
 // 1), the key is quarantined: 423 TypeQuarantined, not retryable, and the
 // handler does not run.
 func crashTakeOverQuarantine(t *testing.T, mount Mount) {
-	const lease = 50 * time.Millisecond
+	const lease = idem.MinLeaseTTL
 	s := newServiceOn(t, mount, middleware.Options{RecordTimeout: lease}, idem.Options{LeaseTTL: lease, MaxTakeOvers: 1})
 	dies := map[string]string{headerDie: "1"}
 	crash := func() answer {

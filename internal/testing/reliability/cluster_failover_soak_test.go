@@ -227,7 +227,7 @@ func TestClusterFailoverDurability(t *testing.T) {
 	kills := envInt(t, "IDEM_FAILOVER_KILLS", 10)
 	workers := envInt(t, "IDEM_FAILOVER_WORKERS", 16)
 	wait := envInt(t, "IDEM_FAILOVER_WAIT_REPLICAS", 0)
-	cl := startTestCluster(t)
+	cl := startTestCluster(t, testenv.Servers[0])
 	rig := newKillRig(t, cl)
 
 	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()})

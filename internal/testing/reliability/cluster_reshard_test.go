@@ -455,7 +455,7 @@ func TestClusterResharding(t *testing.T) {
 		t.Fatalf("redis-cli is not on PATH: %v", err)
 	}
 	start := time.Now()
-	cl := startTestCluster(t)
+	cl := startTestCluster(t, testenv.Servers[0])
 	// The new master joins before the load starts; only the rebalance onto
 	// it moves slots, under load.
 	ms := clusterMasters(t, cl)
@@ -762,7 +762,7 @@ func TestClusterResharding(t *testing.T) {
 // TestClusterLateAskSplitsAKey), which is Redis's doing, not the store's.
 func TestLinearizableClusterResharding(t *testing.T) {
 	t.Parallel()
-	cl := startTestCluster(t)
+	cl := startTestCluster(t, testenv.Servers[0])
 	hook := &redirectHook{}
 	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), ContextTimeoutEnabled: true, NewClient: hook.client})
 	t.Cleanup(func() { _ = c.Close() })

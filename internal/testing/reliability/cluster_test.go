@@ -70,9 +70,9 @@ func (o observerFunc) Observe(ctx context.Context, e idem.Event) { o(ctx, e) }
 // how long a master must be unreachable before a failover starts.
 const clusterNodeTimeout = "2000"
 
-func startTestCluster(t *testing.T) *testenv.ClusterServers {
+func startTestCluster(t *testing.T, srv testenv.Server) *testenv.ClusterServers {
 	t.Helper()
-	return testenv.StartCluster(t, 3, 1, "--cluster-node-timeout", clusterNodeTimeout,
+	return srv.StartCluster(t, 3, 1, "--cluster-node-timeout", clusterNodeTimeout,
 		// A replica may take over however long ago it last heard of its
 		// master; diskless syncs start at once.
 		"--cluster-replica-validity-factor", "0",
@@ -182,9 +182,19 @@ func sideLoad(ctx context.Context, s *idem.RedisStore, batch bool, since *atomic
 // be back within 5 s of the replica's promotion (issue 20: 46 s, before the
 // store reloaded the slot map on failures); confirmations lost in the
 // failover (Redis replicates asynchronously) are counted, not failures.
+// It runs on a cluster of Redis 7 and one of Valkey 9.1, one after the
+// other (each loads both cores).
 func TestClusterFailover(t *testing.T) {
 	t.Parallel()
-	cl := startTestCluster(t)
+	for _, srv := range testenv.Servers {
+		if srv.Name == "redis7" || srv.Name == "valkey9.1" {
+			t.Run(srv.Name, func(t *testing.T) { clusterFailover(t, srv) })
+		}
+	}
+}
+
+func clusterFailover(t *testing.T, srv testenv.Server) {
+	cl := startTestCluster(t, srv)
 	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()})
 	t.Cleanup(func() { _ = client.Close() })
 	dc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs()})

@@ -208,7 +208,7 @@ func faultWorkload(f fault) workload {
 }
 
 // TestFaultsRedis runs the workload through the fault proxy on each server
-// of the matrix (Redis 7, Redis 8.0, Valkey 8.1).
+// of the matrix (Redis 7, Redis 8.0, Valkey 8.1, Valkey 9.1).
 // go-redis's own retries are off (MaxRetries -1) so that each fault
 // reaches the caller; with them on, a lost reply is retried and answered
 // by the store as the same attempt (see TestRedisLostReply).

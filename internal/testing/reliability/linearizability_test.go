@@ -3,7 +3,6 @@ package reliability_test
 import (
 	"flag"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -138,11 +137,14 @@ func TestLinearizableRedisStore(t *testing.T) {
 	})
 }
 
+// TestLinearizableRedisStoreCluster checks histories on each 3-master
+// cluster of the matrix.
 func TestLinearizableRedisStoreCluster(t *testing.T) {
-	addrs := strings.Split(testenv.Lookup(t, testenv.ClusterAddrsVar), ",")
-	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, ContextTimeoutEnabled: true})
-	t.Cleanup(func() { _ = c.Close() })
-	checkLinearizable(t, linFast, linRedis(t, c))
+	testenv.EachCluster(t, func(t *testing.T, cs testenv.ClusterServer) {
+		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cs.Addrs(t), ContextTimeoutEnabled: true})
+		t.Cleanup(func() { _ = c.Close() })
+		checkLinearizable(t, linFast, linRedis(t, c))
+	})
 }
 
 func TestLinearizableSQLStorePostgres(t *testing.T) {

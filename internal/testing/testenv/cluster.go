@@ -18,6 +18,7 @@ type ClusterServers struct {
 	Nodes []*RedisServer // every node, in the order created
 
 	t    testing.TB
+	bin  string   // the server binary; "" for redis-server on PATH
 	args []string // each node's redis-server arguments, port aside
 }
 
@@ -29,16 +30,37 @@ type ClusterServers struct {
 // StartRedisServer, it is required under CI=true.
 func StartCluster(t testing.TB, masters, replicas int, extra ...string) *ClusterServers {
 	t.Helper()
+	return startCluster(t, "", masters, replicas, extra...)
+}
+
+// StartCluster is testenv.StartCluster with this kind's server: the nodes
+// run its binary (joined by Debian 12's redis-cli, which creates Valkey
+// clusters too). It skips t (fails it under CI=true) as Start does.
+func (s Server) StartCluster(t testing.TB, masters, replicas int, extra ...string) *ClusterServers {
+	t.Helper()
+	bin := ""
+	if s.BinVar != "" {
+		bin = s.binary(t)
+	}
+	c := startCluster(t, bin, masters, replicas, extra...)
+	s.check(t, c.Nodes[0].Options(), c.Nodes[0].Addr)
+	return c
+}
+
+// startCluster is StartCluster with the server binary bin ("" for
+// redis-server on PATH).
+func startCluster(t testing.TB, bin string, masters, replicas int, extra ...string) *ClusterServers {
+	t.Helper()
 	cli, err := exec.LookPath("redis-cli")
 	if err != nil {
 		Lookup(t, RedisAddrVar)
 		t.Fatalf("redis-cli is not on PATH: %v", err)
 	}
-	c := &ClusterServers{t: t, args: append([]string{"--cluster-enabled", "yes",
+	c := &ClusterServers{t: t, bin: bin, args: append([]string{"--cluster-enabled", "yes",
 		"--cluster-config-file", "nodes.conf", "--appendonly", "no"}, extra...)}
 	args := []string{"--cluster", "create"}
 	for range masters * (1 + replicas) {
-		s := startRedisServer(t, clusterPort(t), c.args...)
+		s := c.startNode()
 		c.Nodes = append(c.Nodes, s)
 		args = append(args, s.Addr)
 	}
@@ -65,6 +87,15 @@ func StartCluster(t testing.TB, masters, replicas int, extra ...string) *Cluster
 		}
 	}
 	return c
+}
+
+// startNode starts one node with the cluster's binary and arguments.
+func (c *ClusterServers) startNode() *RedisServer {
+	c.t.Helper()
+	if c.bin == "" {
+		return startRedisServer(c.t, clusterPort(c.t), c.args...)
+	}
+	return startServer(c.t, c.bin, clusterPort(c.t), c.args...)
 }
 
 // Addrs returns every node's address.

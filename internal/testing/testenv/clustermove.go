@@ -18,7 +18,7 @@ import (
 // goroutine) when the node does not join. Not concurrently with MoveSlot.
 func (c *ClusterServers) AddMaster() *RedisServer {
 	c.t.Helper()
-	s := startRedisServer(c.t, clusterPort(c.t), c.args...)
+	s := c.startNode()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	out, err := exec.CommandContext(ctx, "redis-cli", "--cluster", "add-node", s.Addr, c.Nodes[0].Addr).CombinedOutput()

@@ -20,6 +20,11 @@ const (
 	Redis8ServerVar = "IDEM_REDIS8_SERVER" // path of Redis 8.0's redis-server
 	ValkeyAddrVar   = "IDEM_VALKEY_ADDR"   // host:port of a Valkey 8.1
 	ValkeyServerVar = "IDEM_VALKEY_SERVER" // path of Valkey 8.1's valkey-server
+	// Valkey 9.1 (Debian sid's source package): a standalone instance, its
+	// binary, and a 3-master cluster of it.
+	Valkey9AddrVar         = "IDEM_VALKEY9_ADDR"
+	Valkey9ServerVar       = "IDEM_VALKEY9_SERVER"
+	Valkey9ClusterAddrsVar = "IDEM_VALKEY9_CLUSTER_ADDRS"
 )
 
 // A Server is one of the Redis-compatible servers the store is tested on.
@@ -41,11 +46,60 @@ type Server struct {
 }
 
 // Servers are the servers of the matrix: Debian 12's Redis 7.0 (any Redis
-// 7 elsewhere), Redis 8.0 and Valkey 8.1.
+// 7 elsewhere), Redis 8.0, Valkey 8.1 and Valkey 9.1.
 var Servers = []Server{
 	{Name: "redis7", AddrVar: RedisAddrVar, product: "redis", version: "7."},
 	{Name: "redis8.0", AddrVar: Redis8AddrVar, BinVar: Redis8ServerVar, product: "redis", version: "8.0."},
 	{Name: "valkey8.1", AddrVar: ValkeyAddrVar, BinVar: ValkeyServerVar, product: "valkey", version: "8.1."},
+	{Name: "valkey9.1", AddrVar: Valkey9AddrVar, BinVar: Valkey9ServerVar, product: "valkey", version: "9.1."},
+}
+
+// A ClusterServer is one of the 3-master clusters the store is tested on.
+type ClusterServer struct {
+	// Name names the cluster's subtests, as Server.Name does.
+	Name string
+	// AddrsVar is the variable holding its masters' host:port, comma
+	// separated.
+	AddrsVar string
+
+	product, version string
+}
+
+// Clusters are the clusters of the matrix: Redis 7.0 (Debian 12's) and
+// Valkey 9.1.
+var Clusters = []ClusterServer{
+	{Name: "redis7", AddrsVar: ClusterAddrsVar, product: "redis", version: "7."},
+	{Name: "valkey9.1", AddrsVar: Valkey9ClusterAddrsVar, product: "valkey", version: "9.1."},
+}
+
+// EachCluster runs f as a subtest of t, named by the cluster, on each of
+// Clusters in turn. Each subtest skips (fails under CI=true) when its
+// cluster's variable is unset, as Lookup does.
+func EachCluster(t *testing.T, f func(t *testing.T, c ClusterServer)) {
+	t.Helper()
+	for _, c := range Clusters {
+		t.Run(c.Name, func(t *testing.T) { f(t, c) })
+	}
+}
+
+// Addrs returns the cluster's masters, or skips t (fails it under CI=true)
+// when its variable is unset. It fails t when a master does not answer or
+// is not the product and version c names.
+func (c ClusterServer) Addrs(t testing.TB) []string {
+	t.Helper()
+	addrs := strings.Split(Lookup(t, c.AddrsVar), ",")
+	s := Server{Name: c.Name, product: c.product, version: c.version}
+	for _, a := range addrs {
+		s.check(t, &redis.Options{Addr: a}, c.AddrsVar+"="+a)
+	}
+	return addrs
+}
+
+// Client returns a client of the cluster (see Addrs), closed when t ends,
+// once every master answers.
+func (c ClusterServer) Client(t testing.TB) *redis.ClusterClient {
+	t.Helper()
+	return clusterClient(t, c.Addrs(t))
 }
 
 // EachServer runs f as a subtest of t, named by the server, on each of

@@ -58,7 +58,14 @@ func Redis(t testing.TB) *redis.Client {
 // t when the cluster does not answer.
 func Cluster(t testing.TB) *redis.ClusterClient {
 	t.Helper()
-	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: strings.Split(Lookup(t, ClusterAddrsVar), ",")})
+	return clusterClient(t, strings.Split(Lookup(t, ClusterAddrsVar), ","))
+}
+
+// clusterClient returns a client of the cluster of addrs, closed when t
+// ends, once every master answers.
+func clusterClient(t testing.TB, addrs []string) *redis.ClusterClient {
+	t.Helper()
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
 	t.Cleanup(func() { _ = c.Close() })
 	ping(t, c)
 	if err := c.ForEachMaster(context.Background(), func(ctx context.Context, c *redis.Client) error {
