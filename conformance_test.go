@@ -447,7 +447,7 @@ const (
 	aclCluster = "+cluster|info +cluster|slots +command"
 	// aclOps is for an operator's listing of quarantined keys
 	// (RedisStore.Quarantined, idem inspect --quarantined).
-	aclOps = "+scan"
+	aclOps = "+scan +getrange"
 )
 
 // aclLine returns the ACL SETUSER rules of a store's user under prefix

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem/internal/badopt"
+	"github.com/idemgo/idem/internal/redisadmin"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -481,55 +482,62 @@ func (s *RedisStore) Quarantined(ctx context.Context, limit int) ([]*Record, err
 	)
 	full := func() bool { return limit > 0 && len(out) >= limit }
 	scan := func(ctx context.Context, c *redis.Client) error {
-		iter := c.Scan(ctx, 0, escapeGlob(s.prefix)+"{*}", 256).Iterator()
-		for iter.Next(ctx) {
-			name := iter.Val()
-			key, ok := s.userKey(name)
-			if !ok {
-				continue
+		iter := c.Scan(ctx, 0, escapeGlob(s.prefix)+"{*}", quarantineScan).Iterator()
+		names := make([]string, 0, quarantineScan)
+		for more := true; more; {
+			names = names[:0]
+			for len(names) < quarantineScan && iter.Next(ctx) {
+				names = append(names, iter.Val())
 			}
-			// A GET first: only a quarantined key ("2Q...") is read again,
-			// by the lookup script that answers it as Lookup does.
-			v, err := c.Get(ctx, name).Result()
+			more = len(names) == quarantineScan
+			// The state of a page of keys in one round trip (its first two
+			// bytes, not a whole record); only a quarantined one ("2Q") is
+			// read again, by the lookup script that answers it as Lookup
+			// does.
+			cmds, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
+				for _, name := range names {
+					p.GetRange(ctx, name, 0, 1)
+				}
+				return nil
+			})
 			if err != nil && !errors.Is(err, redis.Nil) {
 				return err
 			}
-			if !strings.HasPrefix(v, "2Q") {
-				continue
-			}
-			rec, err := s.Lookup(ctx, key)
-			if errors.Is(err, ErrNotFound) {
-				continue
-			}
-			if err != nil {
-				return err
-			}
-			mu.Lock()
-			if rec.Quarantined && !full() {
-				out = append(out, rec)
-			}
-			done := full()
-			mu.Unlock()
-			if done {
-				return nil
+			for i, cmd := range cmds {
+				key, ok := s.userKey(names[i])
+				if !ok || cmd.(*redis.StringCmd).Val() != "2Q" {
+					continue
+				}
+				rec, err := s.Lookup(ctx, key)
+				if errors.Is(err, ErrNotFound) {
+					continue
+				}
+				if err != nil {
+					return err
+				}
+				mu.Lock()
+				if rec.Quarantined && !full() {
+					out = append(out, rec)
+				}
+				done := full()
+				mu.Unlock()
+				if done {
+					return nil
+				}
 			}
 		}
 		return iter.Err()
 	}
-	var err error
-	switch c := s.c.(type) {
-	case *redis.ClusterClient:
-		err = c.ForEachMaster(ctx, scan)
-	case *redis.Client:
-		err = scan(ctx, c)
-	default:
-		err = fmt.Errorf("a %T cannot be scanned; use a *redis.Client or *redis.ClusterClient", s.c)
-	}
+	err := redisadmin.EachMaster(ctx, s.c, scan)
 	if err != nil {
 		return out, fmt.Errorf("idem: quarantined: %w", err)
 	}
 	return out, nil
 }
+
+// quarantineScan is how many keys one SCAN step of Quarantined asks for,
+// and one pipeline reads the state of.
+const quarantineScan = 256
 
 // MaxResultBytes returns the largest result Confirm accepts (the option
 // resolved to its default), so that a wrapper recording responses can

@@ -20,19 +20,26 @@ const chunk = 1000
 // returns how many keys it removed. On a cluster it scans every master. Keys
 // written while it runs may be missed.
 func Unlink(ctx context.Context, c redis.UniversalClient, pattern string) (int64, error) {
+	var n atomic.Int64 // EachMaster runs fn on the masters at once
+	err := EachMaster(ctx, c, func(ctx context.Context, m *redis.Client) error {
+		k, err := unlink(ctx, m, pattern)
+		n.Add(k)
+		return err
+	})
+	return n.Load(), err
+}
+
+// EachMaster runs fn on every master of a cluster, at once, or on c itself
+// when it is one Redis (or a Sentinel's failover client): where a SCAN of
+// the whole keyspace must go.
+func EachMaster(ctx context.Context, c redis.UniversalClient, fn func(ctx context.Context, m *redis.Client) error) error {
 	switch c := c.(type) {
 	case *redis.ClusterClient:
-		var n atomic.Int64 // ForEachMaster runs fn on the masters at once
-		err := c.ForEachMaster(ctx, func(ctx context.Context, m *redis.Client) error {
-			k, err := unlink(ctx, m, pattern)
-			n.Add(k)
-			return err
-		})
-		return n.Load(), err
+		return c.ForEachMaster(ctx, fn)
 	case *redis.Client:
-		return unlink(ctx, c, pattern)
+		return fn(ctx, c)
 	}
-	return 0, fmt.Errorf("redisadmin: unexpected client %T", c)
+	return fmt.Errorf("redisadmin: a %T cannot be scanned; use a *redis.Client or *redis.ClusterClient", c)
 }
 
 func unlink(ctx context.Context, c *redis.Client, pattern string) (int64, error) {
