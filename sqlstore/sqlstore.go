@@ -328,14 +328,13 @@ func (s *Store) Claim(ctx context.Context, key string, fingerprint []byte) (c id
 // duplicate there is then one read that takes no lock, where the INSERT
 // that finds the key would lock it (see sqlClaimMySQL). Answering from the
 // read is sound (the record was live when read, and only the writer could
-// have changed it since); the take-over itself is still the one upsert with the expiry
-// check in its WHERE clause, which holds against other processes too. On
-// Postgres the upsert alone answers a new or expired key.
+// have changed it since); the take-over itself is still the one statement
+// with the expiry check in its WHERE clause, which holds against other
+// processes too. On Postgres one statement inserts or reads (claimOrRead).
 func (s *Store) claimIn(ctx context.Context, q sqlQuerier, key string, fingerprint []byte, start time.Time) (idem.Claim, error) {
 	k, fp := []byte(key), nonNil(fingerprint)
-	readFirst := s.dialect == SQLite || s.dialect == MySQL
 	for range claimAttempts {
-		if !readFirst {
+		if s.dialect == Postgres {
 			c, err := s.claimOrRead(ctx, q, key, k, fp, start)
 			if !errors.Is(err, errChanged) {
 				return s.quarantined(c, err)
@@ -348,12 +347,10 @@ func (s *Store) claimIn(ctx context.Context, q sqlQuerier, key string, fingerpri
 			up       upserted
 		)
 		err := s.locked(ctx, q, func() error {
-			if readFirst {
-				var err error
-				if c, err = s.found(ctx, q, key, start, true); !errors.Is(err, errNoRecord) {
-					answered = true
-					return err
-				}
+			var err error
+			if c, err = s.found(ctx, q, key, start, true); !errors.Is(err, errNoRecord) {
+				answered = true
+				return err
 			}
 			return s.upsert(ctx, q, k, fp, &up)
 		})
@@ -365,22 +362,26 @@ func (s *Store) claimIn(ctx context.Context, q sqlQuerier, key string, fingerpri
 		case !errors.Is(err, sql.ErrNoRows):
 			return idem.Claim{}, err
 		}
-		if !readFirst {
-			if c, err := s.found(ctx, q, key, start, false); !errors.Is(err, errNoRecord) {
-				return s.quarantined(c, err)
-			}
+		c, err = s.quarantineLapsed(ctx, q, key, k, start)
+		if !errors.Is(err, errChanged) {
+			return s.quarantined(c, err)
 		}
-		// Nothing live, and the claim took nothing over: a lapsed claim at
-		// the limit of take-overs (quarantined now), or a row that changed
-		// between the statements (again).
-		marked, err := s.exec(ctx, q, s.q.quarantine, k, s.o.MaxTakeOvers, s.retentionMs)
-		if err != nil {
-			return idem.Claim{}, err
-		}
-		if marked {
-			if c, err := s.found(ctx, q, key, start, false); !errors.Is(err, errNoRecord) {
-				return s.quarantined(c, err)
-			}
+	}
+	return idem.Claim{}, errChanged
+}
+
+// quarantineLapsed follows a claim that found nothing live and took
+// nothing over: a lapsed claim at the limit of take-overs, quarantined now
+// and answered so, or a row that changed between the statements
+// (errChanged: the caller tries again).
+func (s *Store) quarantineLapsed(ctx context.Context, q sqlQuerier, key string, k []byte, start time.Time) (idem.Claim, error) {
+	marked, err := s.exec(ctx, q, s.q.quarantine, k, s.o.MaxTakeOvers, s.retentionMs)
+	if err != nil {
+		return idem.Claim{}, err
+	}
+	if marked {
+		if c, err := s.found(ctx, q, key, start, false); !errors.Is(err, errNoRecord) {
+			return c, err
 		}
 	}
 	return idem.Claim{}, errChanged
@@ -421,15 +422,7 @@ func (s *Store) claimOrRead(ctx context.Context, q sqlQuerier, key string, k, fp
 	if !errors.Is(err, sql.ErrNoRows) {
 		return idem.Claim{}, err
 	}
-	if marked, err := s.exec(ctx, q, s.q.quarantine, k, s.o.MaxTakeOvers, s.retentionMs); err != nil || marked {
-		if err != nil {
-			return idem.Claim{}, err
-		}
-		if c, err := s.found(ctx, q, key, start, false); !errors.Is(err, errNoRecord) {
-			return c, err
-		}
-	}
-	return idem.Claim{}, errChanged
+	return s.quarantineLapsed(ctx, q, key, k, start)
 }
 
 // quarantined returns c with the error of a quarantined key when c's
