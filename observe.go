@@ -33,9 +33,13 @@ const (
 	// OpResolve is an operator's Resolve of a quarantined key (see
 	// Resolver).
 	OpResolve
+	// OpCheck is a store's check of its server, reported only for what
+	// it tolerates but an operator must hear of: a Redis Cluster node
+	// down, failing or serving no slot (ErrClusterDegraded).
+	OpCheck
 )
 
-var opNames = [...]string{"", "claim", "renew", "confirm", "forget", "lookup", "claim_batch", "confirm_batch", "run", "request", "message", "checkpoint", "resolve"}
+var opNames = [...]string{"", "claim", "renew", "confirm", "forget", "lookup", "claim_batch", "confirm_batch", "run", "request", "message", "checkpoint", "resolve", "check"}
 
 // String returns the operation's name in snake case, for metric labels.
 func (op Op) String() string {

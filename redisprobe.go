@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -113,6 +114,9 @@ type probe struct {
 	// (guarded by mu): read again without ForEachMaster, which reloads
 	// the client's slot map each time.
 	masters []*redis.Client
+	// degraded is when the store last reported a degraded cluster
+	// (UnixNano; see reportNodes).
+	degraded atomic.Int64
 }
 
 // identity is what a master said of itself when a store last read it.
@@ -177,10 +181,10 @@ func (p *probe) due(now time.Time) bool {
 // which reports it; the next read tells whether it restarted meanwhile.
 func (s *RedisStore) recheck(ctx context.Context) bool {
 	s.probe.losses.Store(scriptLosses.Load())
-	ids, err := s.identities(ctx)
-	if err != nil {
-		return false
-	}
+	// The masters that answered are compared even when one did not: a
+	// dead node still in the client's slot map must not hide a promoted
+	// replica's new run id (nor a restart) from the checks.
+	ids, _ := s.identities(ctx)
 	s.probe.mu.Lock()
 	defer s.probe.mu.Unlock()
 	for addr, id := range ids {
@@ -233,7 +237,8 @@ func (s *RedisStore) notice(ctx context.Context, addr string, id identity, persi
 }
 
 // identities reads what each master says of itself, in one round trip per
-// master.
+// master. A master that does not answer is left out of the map, and the
+// error of one such is returned with what the others said.
 func (s *RedisStore) identities(ctx context.Context) (map[string]identity, error) {
 	out := map[string]identity{}
 	if s.cluster == nil {
@@ -242,8 +247,11 @@ func (s *RedisStore) identities(ctx context.Context) (map[string]identity, error
 			db = c.Options().DB
 		}
 		id, err := readIdentity(ctx, s.c, db)
+		if err != nil {
+			return out, err
+		}
 		out[""] = id
-		return out, err
+		return out, nil
 	}
 	s.probe.mu.Lock()
 	masters := s.probe.masters
@@ -256,10 +264,11 @@ func (s *RedisStore) identities(ctx context.Context) (map[string]identity, error
 			id, err := readIdentity(ctx, c, 0)
 			mu.Lock()
 			defer mu.Unlock()
-			out[c.Options().Addr] = id
 			if err != nil {
 				failed = err
+				return
 			}
+			out[c.Options().Addr] = id
 		})
 	}
 	wg.Wait()
@@ -271,9 +280,11 @@ func (s *RedisStore) identities(ctx context.Context) (map[string]identity, error
 	// recheckEvery.
 	err := s.cluster.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
 		id, err := readIdentity(ctx, c, 0)
-		mu.Lock()
-		out[c.Options().Addr] = id
-		mu.Unlock()
+		if err == nil {
+			mu.Lock()
+			out[c.Options().Addr] = id
+			mu.Unlock()
+		}
 		return err
 	})
 	return out, err
@@ -390,21 +401,50 @@ func (s *RedisStore) check(ctx context.Context, again bool) error {
 }
 
 // runProbe checks every master (one Redis, the Sentinel's master, or each
-// master of a cluster), loads the scripts (on every node of a cluster, so
-// that a failover finds them), and asks the server what the scripts rely
-// on.
+// master of a cluster), loading the scripts on each in the same round
+// trip, and asks the server what the scripts rely on.
+//
+// On a cluster it needs the masters that serve slots, and only them: a
+// script runs where its key's slot is served, and a replica promoted
+// later (or a dead node that comes back) gets them at its first NOSCRIPT,
+// which every call retries. A node that is down, failing or serving no
+// slot is reported (reportNodes), never a reason to refuse calls: the
+// node table keeps a dead node until it returns or an operator removes
+// it, and a store made meanwhile must serve.
 func (s *RedisStore) runProbe(ctx context.Context) error {
 	if cc := s.cluster; cc != nil {
 		var mu sync.Mutex
 		var masters []*redis.Client
+		failed := map[string]error{}
 		err := cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+			err := s.probeNode(ctx, c, c.Options().Addr, true)
 			mu.Lock()
+			defer mu.Unlock()
+			if err != nil && !isFinding(err) && ctx.Err() == nil {
+				// Perhaps a node the client's slot map still names
+				// but the cluster no longer serves slots from: the
+				// node table tells (servesSlots), once every master
+				// was tried.
+				failed[c.Options().Addr] = err
+				return nil
+			}
 			masters = append(masters, c)
-			mu.Unlock()
-			return s.probeNode(ctx, c, c.Options().Addr, false)
+			return err
 		})
 		if err != nil {
 			return err
+		}
+		if len(masters) == 0 {
+			for _, err := range failed {
+				return err
+			}
+			return errors.New("idem: Redis Cluster has no master")
+		}
+		nodes, nerr := masters[0].ClusterNodes(ctx).Result()
+		for addr, err := range failed {
+			if nerr != nil || servesSlots(nodes, addr) {
+				return err
+			}
 		}
 		s.probe.mu.Lock()
 		s.probe.masters = masters
@@ -412,16 +452,98 @@ func (s *RedisStore) runProbe(ctx context.Context) error {
 		if err := slotsServed(ctx, cc); err != nil {
 			return err
 		}
-		err = cc.ForEachShard(ctx, func(ctx context.Context, c *redis.Client) error {
-			return loadScriptsOn(ctx, c, " on "+c.Options().Addr)
-		})
-		if err != nil {
-			return err
+		if nerr == nil {
+			s.reportNodes(ctx, nodes)
 		}
 	} else if err := s.probeNode(ctx, s.c, "", true); err != nil {
 		return err
 	}
 	return s.probeScripts(ctx)
+}
+
+// ErrClusterDegraded is reported to the Observer (Op OpCheck) and the
+// Logger, at most once a minute per store, when a store's check of a Redis
+// Cluster finds a node down, failing or serving no slot while every slot
+// is served: the store goes on (no call is refused for it), and an
+// operator should bring the node back or remove it (CLUSTER FORGET).
+var ErrClusterDegraded = errors.New("idem: a Redis Cluster node is down or serves no slot")
+
+// degradedEvery is how often a store tells of the same degraded cluster.
+const degradedEvery = time.Minute
+
+// reportNodes reports the nodes a CLUSTER NODES reply shows failing or
+// serving no slot (see ErrClusterDegraded).
+func (s *RedisStore) reportNodes(ctx context.Context, nodes string) {
+	o := &s.core.o
+	if o.Logger == nil && o.Observer == nil {
+		return
+	}
+	found := degradedNodes(nodes)
+	if len(found) == 0 {
+		return
+	}
+	now := time.Now()
+	last := s.probe.degraded.Load()
+	if last != 0 && now.UnixNano()-last < int64(degradedEvery) || !s.probe.degraded.CompareAndSwap(last, now.UnixNano()) {
+		return
+	}
+	err := fmt.Errorf("%w: %s", ErrClusterDegraded, strings.Join(found, "; "))
+	s.log(ctx, slog.LevelWarn, "idem: Redis Cluster degraded; every slot is served and the store goes on",
+		slog.String("nodes", strings.Join(found, "; ")))
+	if o.Observer != nil {
+		o.Observer.Observe(ctx, Event{Op: OpCheck, Items: 1, Err: err})
+	}
+}
+
+// servesSlots reports whether a CLUSTER NODES reply shows the node at addr
+// as a master serving slots, or does not know it (then it may).
+func servesSlots(nodes, addr string) bool {
+	for line := range strings.SplitSeq(nodes, "\n") {
+		f := strings.Fields(line)
+		if len(f) < 8 {
+			continue
+		}
+		if a, _, _ := strings.Cut(f[1], "@"); a == addr {
+			return len(f) > 8 && slices.Contains(strings.Split(f[2], ","), "master")
+		}
+	}
+	return true
+}
+
+// degradedNodes reads a CLUSTER NODES reply and returns, for each node
+// failing (flag fail or fail?), without an address (noaddr), or a master
+// serving no slot, its address and why.
+func degradedNodes(nodes string) []string {
+	var out []string
+	for line := range strings.SplitSeq(nodes, "\n") {
+		// <id> <ip:port@cport[,hostname]> <flags> <master> <ping-sent>
+		// <pong-recv> <config-epoch> <link-state> <slot>...
+		f := strings.Fields(line)
+		if len(f) < 8 {
+			continue
+		}
+		addr, _, _ := strings.Cut(f[1], "@")
+		flags := strings.Split(f[2], ",")
+		var why string
+		switch {
+		case slices.Contains(flags, "fail"):
+			why = "failed"
+		case slices.Contains(flags, "fail?"):
+			why = "not answering (fail?)"
+		case slices.Contains(flags, "noaddr"):
+			why = "no address known (noaddr)"
+		case slices.Contains(flags, "master") && len(f) == 8:
+			why = "a master serving no slot"
+		default:
+			continue
+		}
+		role := "replica"
+		if slices.Contains(flags, "master") {
+			role = "master"
+		}
+		out = append(out, addr+" ("+role+"): "+why)
+	}
+	return out
 }
 
 // loadScriptsOn loads every script on c with SCRIPT LOAD, in one round

@@ -586,3 +586,30 @@ func TestRedisUnreachableSaysSo(t *testing.T) {
 		}
 	}
 }
+
+// A CLUSTER NODES reply of a cluster that lost a master (7001, promoted
+// away: failed, no slot), a replica (7005, not answering yet) and holds an
+// empty master (7006), as Redis 7.0 writes it.
+const lostNodes = `a1 127.0.0.1:7000@17000 myself,master - 0 0 1 connected 5461-10922
+a2 127.0.0.1:7001@17001 master,fail - 1700000000000 1700000000000 2 disconnected
+a3 127.0.0.1:7002@17002 master - 0 1700000000000 3 connected 10923-16383
+a4 127.0.0.1:7003@17003 master - 0 1700000000000 7 connected 0-5460
+a5 127.0.0.1:7005@17005 slave,fail? a3 1700000000000 0 3 connected
+a6 127.0.0.1:7006@17006,host6 master - 0 1700000000000 8 connected
+a7 127.0.0.1:7007@17007 slave a1 0 1700000000000 1 connected
+`
+
+func TestRedisClusterNodesRead(t *testing.T) {
+	got := degradedNodes(lostNodes)
+	want := []string{"127.0.0.1:7001 (master): failed", "127.0.0.1:7005 (replica): not answering (fail?)",
+		"127.0.0.1:7006 (master): a master serving no slot"}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("degradedNodes = %q; want %q", got, want)
+	}
+	for addr, want := range map[string]bool{"127.0.0.1:7000": true, "127.0.0.1:7001": false, "127.0.0.1:7003": true,
+		"127.0.0.1:7005": false, "127.0.0.1:7006": false, "127.0.0.1:7007": false, "127.0.0.1:9999": true} {
+		if got := servesSlots(lostNodes, addr); got != want {
+			t.Errorf("servesSlots(%s) = %t; want %t", addr, got, want)
+		}
+	}
+}

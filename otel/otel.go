@@ -33,7 +33,7 @@ type Options struct {
 
 // numbers of ops, outcomes and classes, for the precomputed attribute sets.
 const (
-	nOps      = int(idem.OpResolve) + 1
+	nOps      = int(idem.OpCheck) + 1
 	nOutcomes = int(idem.InProgress) + 1
 	nClasses  = int(idem.ClassQuarantined) + 1
 	// nCacheResults counts idem.CacheResult's values, zero included.
