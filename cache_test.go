@@ -665,3 +665,36 @@ func ExampleNewCache() {
 	// duplicate receipt-7
 	// cached: 1
 }
+
+// A quarantined record is never cached: a Lookup that returned one leaves
+// nothing in memory, and the next Claim is still the store's answer,
+// ErrQuarantined — not a Duplicate replayed from the record the Lookup
+// saw (a crash loop's key answered as done).
+func TestCacheQuarantined(t *testing.T) {
+	eachCacheRig(t, func(t *testing.T, r *cacheRig) {
+		const lease = 200 * time.Millisecond
+		c := newCacheUnderTest(t, r, idem.Options{LeaseTTL: lease, MaxTakeOvers: 1}, idem.CacheOptions{MaxAge: time.Hour})
+		ctx := context.Background()
+		key := "cache-quarantined-" + uuid.NewString()
+		for i := range 2 {
+			if cl, err := c.Claim(ctx, key, []byte("fp")); err != nil || cl.Outcome != idem.Claimed {
+				t.Fatalf("Claim(%q) attempt %d = %v, %v; want claimed", key, i+1, cl.Outcome, err)
+			}
+			r.pass(2 * lease) // the holder crashed
+		}
+		if _, err := c.Claim(ctx, key, []byte("fp")); !errors.Is(err, idem.ErrQuarantined) {
+			t.Fatalf("Claim(%q) after %d crashed attempts = %v; want ErrQuarantined", key, 2, err)
+		}
+		for i := range 3 {
+			rec, err := c.Lookup(ctx, key)
+			if err != nil || !rec.Quarantined || rec.Confirmed {
+				t.Fatalf("Lookup(%q) #%d of a quarantined key = %+v, %v; want the quarantined record", key, i, rec, err)
+			}
+			cl, err, asked := c.claim(t, key, []byte("fp"))
+			if !errors.Is(err, idem.ErrQuarantined) || cl.Outcome == idem.Duplicate || !asked {
+				t.Fatalf("Claim(%q) #%d after a Lookup of its quarantined record = %v, %v, store asked %v; want ErrQuarantined from the store",
+					key, i, cl.Outcome, err, asked)
+			}
+		}
+	})
+}

@@ -977,3 +977,65 @@ func resultsOf(ls []*Lease) [][]byte {
 	}
 	return rs
 }
+
+// TestRedisAutoPipelineCancelTakeOver: a Claim whose caller gave up after
+// it was sent, and which took over a lapsed claim, is left to lapse, not
+// forgotten: forgetting it would erase the crash, and the next holder must
+// be told of it (Claim.TakeOver, the attempts before, the count).
+func TestRedisAutoPipelineCancelTakeOver(t *testing.T) {
+	m, c := newMiniredisClient(t)
+	s := newTestRedisStore(t, c, RedisOptions{LeaseTTL: time.Second})
+	ctx := context.Background()
+	loadScripts(t, c)
+	g := newGate()
+	c.AddHook(g)
+
+	key := uuid.NewString()
+	first, err := s.Claim(ctx, key, nil)
+	if err != nil || first.Outcome != Claimed {
+		t.Fatalf("Claim(%q) = %v, %v; want Claimed", key, first.Outcome, err)
+	}
+	crashed := first.Lease
+	m.FastForward(2 * time.Second) // the first holder crashed: its lease lapsed
+
+	done := occupySenders(t, s, g)
+	cctx, cancel := context.WithCancel(ctx)
+	errc := make(chan error, 1)
+	go func() { _, err := s.Claim(cctx, key, nil); errc <- err }()
+	oerr := make(chan error, 1)
+	go func() { _, err := s.Claim(ctx, uuid.NewString(), nil); oerr <- err }()
+	waitQueued(t, s, 2)
+	g.pass()
+	g.waitEntered(t, 1)
+	cancel()
+	waitCancelled(t, errc, fmt.Sprintf("Claim(%q) cancelled in flight", key), "its pipeline was held")
+	g.release()
+	done()
+	if err := <-oerr; err != nil {
+		t.Fatalf("Claim beside the cancelled one: %v", err)
+	}
+	// The cancelled take-over ran: its claim holds the key. It must still
+	// hold it once the orphan's reply was handled (in the background).
+	var orphan *Record
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		rec, err := s.Lookup(ctx, key)
+		if err == nil && !rec.Confirmed && rec.Token > crashed.Token {
+			orphan = rec
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Lookup(%q) after the cancelled take-over = %+v, %v; want its live claim", key, rec, err)
+		}
+	}
+	time.Sleep(300 * time.Millisecond) // what a Forget of the orphan would take, many times over
+	if rec, err := s.Lookup(ctx, key); err != nil || rec.Token != orphan.Token {
+		t.Fatalf("Lookup(%q) after the orphan's reply = %+v, %v; want its claim (token %d) left to lapse", key, rec, err, orphan.Token)
+	}
+	m.FastForward(2 * time.Second)
+	next, err := s.Claim(ctx, key, nil)
+	if err != nil || next.Outcome != Claimed || !next.TakeOver || next.TakeOvers != 2 ||
+		next.Prior == nil || next.Prior.Token != orphan.Token {
+		t.Errorf("Claim(%q) after the orphan lapsed = %v, take-over %v (%d), prior %+v, %v; want the take-over of the orphan's attempt, the second",
+			key, next.Outcome, next.TakeOver, next.TakeOvers, next.Prior, err)
+	}
+}
