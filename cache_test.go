@@ -672,7 +672,7 @@ func ExampleNewCache() {
 // saw (a crash loop's key answered as done).
 func TestCacheQuarantined(t *testing.T) {
 	eachCacheRig(t, func(t *testing.T, r *cacheRig) {
-		const lease = 200 * time.Millisecond
+		const lease = idem.MinLeaseTTL
 		c := newCacheUnderTest(t, r, idem.Options{LeaseTTL: lease, MaxTakeOvers: 1}, idem.CacheOptions{MaxAge: time.Hour})
 		ctx := context.Background()
 		key := "cache-quarantined-" + uuid.NewString()

@@ -505,7 +505,7 @@ func TestDoRetriesConfirm(t *testing.T) {
 // the lease's end, as the code promises on a machine of any speed (a
 // bound on Do's own time would also measure the machine's load).
 func TestDoNotRecorded(t *testing.T) {
-	const ttl = 300 * time.Millisecond
+	const ttl = idem.MinLeaseTTL
 	down := errors.New("store down")
 	s := &unrecordingStore{Store: memStore(idem.Options{LeaseTTL: ttl}), err: down}
 	v, err := idem.Do(t.Context(), s, doKey("unrecorded"), func(context.Context) (string, error) { return "charged", nil })
@@ -646,10 +646,11 @@ func (c *upperCodec) Unmarshal(data []byte, v any) error {
 }
 
 // At the shortest lease a store accepts, KeepAlive keeps the key: eight
-// callers 30ms apart, over 300ms of work (three leases), run it once on
-// every backend. Shorter leases are refused (TestBadOptionMessages): on a
-// loaded machine 5ms and 10ms ran the work twice now and then, and a
-// user's 1ms lease over a real network ran it eight times.
+// callers three tenths of a lease apart, over three leases of work, run it
+// once on every backend. Shorter leases are refused (TestBadOptionMessages):
+// on a loaded machine 100ms leases ran the work twice now and then, 5ms
+// and 10ms often, and a user's 1ms lease over a real network ran it eight
+// times.
 func TestDoAtTheShortestLeaseRunsOnce(t *testing.T) {
 	onEveryBackend(t, func(t *testing.T, open func(int, idem.Options) idem.Store) {
 		key := doKey("floor")
@@ -661,13 +662,13 @@ func TestDoAtTheShortestLeaseRunsOnce(t *testing.T) {
 				_, _ = idem.Do(t.Context(), s, key, func(ctx context.Context) (int, error) {
 					runs.Add(1)
 					select {
-					case <-time.After(300 * time.Millisecond):
+					case <-time.After(3 * idem.MinLeaseTTL):
 					case <-ctx.Done():
 					}
 					return 1, nil
 				}, idem.DoOptions{Wait: 5 * time.Second})
 			})
-			time.Sleep(30 * time.Millisecond)
+			time.Sleep(idem.MinLeaseTTL * 3 / 10)
 		}
 		wg.Wait()
 		if n := runs.Load(); n != 1 {
@@ -878,7 +879,7 @@ func crash(t *testing.T, s idem.Store, wait func(time.Duration), key string, cp 
 // attempt and its checkpoint are what Reconcile is given.
 func TestDoReconcileConfirmsALandedEffect(t *testing.T) {
 	onEveryBackendClock(t, func(t *testing.T, open func(int, idem.Options) idem.Store, wait func(time.Duration)) {
-		o := idem.Options{LeaseTTL: 300 * time.Millisecond}
+		o := idem.Options{LeaseTTL: idem.MinLeaseTTL}
 		crashed, next := open(0, o), open(1, o)
 		key := doKey("reconciled")
 		lost := crash(t, crashed, wait, key, []byte("charged:ch_1"))
@@ -921,7 +922,7 @@ func TestDoReconcileConfirmsALandedEffect(t *testing.T) {
 // never reconciled.
 func TestDoReconcileRunsFnWhenNothingLanded(t *testing.T) {
 	onEveryBackendClock(t, func(t *testing.T, open func(int, idem.Options) idem.Store, wait func(time.Duration)) {
-		o := idem.Options{LeaseTTL: 300 * time.Millisecond}
+		o := idem.Options{LeaseTTL: idem.MinLeaseTTL}
 		crashed, next := open(0, o), open(1, o)
 		key := doKey("not-landed")
 		lost := crash(t, crashed, wait, key, nil)
@@ -961,7 +962,7 @@ func TestDoReconcileRunsFnWhenNothingLanded(t *testing.T) {
 // again, the second in a row, and reconciles again.
 func TestDoReconcileFailureLeavesTheClaim(t *testing.T) {
 	onEveryBackendClock(t, func(t *testing.T, open func(int, idem.Options) idem.Store, wait func(time.Duration)) {
-		o := idem.Options{LeaseTTL: 300 * time.Millisecond}
+		o := idem.Options{LeaseTTL: idem.MinLeaseTTL}
 		crashed, next := open(0, o), open(1, o)
 		key := doKey("unreachable")
 		crash(t, crashed, wait, key, []byte("cp"))
@@ -997,7 +998,7 @@ func TestDoReconcileFailureLeavesTheClaim(t *testing.T) {
 // quarantined: Do returns ErrQuarantined and runs neither Reconcile nor fn.
 func TestDoQuarantined(t *testing.T) {
 	onEveryBackendClock(t, func(t *testing.T, open func(int, idem.Options) idem.Store, wait func(time.Duration)) {
-		o := idem.Options{LeaseTTL: 200 * time.Millisecond, MaxTakeOvers: 1}
+		o := idem.Options{LeaseTTL: idem.MinLeaseTTL, MaxTakeOvers: 1}
 		a, b := open(0, o), open(1, o)
 		key := doKey("poison")
 		crash(t, a, wait, key, nil)

@@ -191,7 +191,7 @@ func ExampleRedisStore_ClaimBatch() {
 // context when the lease is lost.
 func ExampleKeepAlive() {
 	ctx := context.Background()
-	store, err := idem.NewMemoryStore(idem.Options{LeaseTTL: 300 * time.Millisecond})
+	store, err := idem.NewMemoryStore(idem.Options{LeaseTTL: time.Second})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -93,7 +93,7 @@ func TestKeepAliveRetriesTransientErrors(t *testing.T) {
 }
 
 func TestKeepAliveGivesUpWhenTheLeaseRunsOut(t *testing.T) {
-	const ttl = 300 * time.Millisecond
+	const ttl = MinLeaseTTL
 	mem, err := NewMemoryStore(Options{LeaseTTL: ttl})
 	if err != nil {
 		t.Fatal(err)
@@ -121,10 +121,10 @@ func TestKeepAliveGivesUpWhenTheLeaseRunsOut(t *testing.T) {
 }
 
 func TestKeepAliveStop(t *testing.T) {
-	// Renewals every 50ms: a lease of 30ms (renewed every 10ms) was lost
+	// The shortest lease: a lease of 30ms (renewed every 10ms) was lost
 	// before stop on a loaded machine, where a goroutine can wait that long
 	// for a core, and the test then saw ErrLeaseLost, not the stop.
-	const ttl = 150 * time.Millisecond
+	const ttl = MinLeaseTTL
 	mem, err := NewMemoryStore(Options{LeaseTTL: ttl})
 	if err != nil {
 		t.Fatal(err)

@@ -679,3 +679,99 @@ func TestRedisLeaseOfAnotherPrefix(t *testing.T) {
 func (sc *luaScript) Hash() string {
 	return fmt.Sprintf("%x", sha1.Sum([]byte(sc.src)))
 }
+
+// cutHook answers the script calls it sees, while armed, with a broken
+// connection's error (no reply from Redis), as a dead master's callers get
+// one.
+type cutHook struct{ armed atomic.Bool }
+
+var errCut = &net.OpError{Op: "read", Net: "tcp", Err: errors.New("connection reset by peer")}
+
+func (h *cutHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *cutHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if h.armed.Load() && cmd.Name() == "evalsha" {
+			cmd.SetErr(errCut)
+			return errCut
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *cutHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if h.armed.Load() {
+			for _, c := range cmds {
+				c.SetErr(errCut)
+			}
+			return errCut
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// TestRedisClusterReloadsSlotsWhenUnanswered: a call that got no answer
+// (a broken connection, a timeout: what a dead master's callers get) makes
+// the store ask its ClusterClient for a new slot map, once per
+// slotReloadGap at most; a reply from Redis does not. go-redis reloads by
+// itself only on MOVED and ASK, which a dead master never sends: without
+// the store's reload, its callers failed for 46 s after the replica's
+// promotion (issue 20). Counted where go-redis asks for the map
+// (ClusterOptions.ClusterSlots), with no node killed: nothing here
+// depends on a failover's timing.
+func TestRedisClusterReloadsSlotsWhenUnanswered(t *testing.T) {
+	addrs := strings.Split(testenv.Lookup(t, testenv.ClusterAddrsVar), ",")
+	seed := redis.NewClient(&redis.Options{Addr: addrs[0]})
+	t.Cleanup(func() { _ = seed.Close() })
+	var loads atomic.Int64
+	for _, auto := range []bool{false, true} {
+		t.Run(fmt.Sprintf("AutoPipeline %t", auto), func(t *testing.T) {
+			cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, MaxRetries: -1,
+				ClusterSlots: func(ctx context.Context) ([]redis.ClusterSlot, error) {
+					loads.Add(1)
+					return seed.ClusterSlots(ctx).Result()
+				}})
+			t.Cleanup(func() { _ = cc.Close() })
+			cut := &cutHook{}
+			cc.AddHook(cut)
+			s := newTestRedisStore(t, cc, RedisOptions{NoAutoPipeline: !auto})
+			ctx := context.Background()
+			if _, err := s.Lookup(ctx, "first-contact"); !errors.Is(err, ErrNotFound) {
+				t.Fatalf("Lookup = %v; want ErrNotFound", err)
+			}
+			// A reply from Redis (a damaged record's error is the store's
+			// own; a missing key) asks for nothing.
+			before := loads.Load()
+			if _, err := s.Lookup(ctx, "absent"); !errors.Is(err, ErrNotFound) {
+				t.Fatalf("Lookup = %v; want ErrNotFound", err)
+			}
+			time.Sleep(2 * slotReloadGap)
+			if n := loads.Load() - before; n != 0 {
+				t.Errorf("slot maps loaded after an answered call = %d; want 0", n)
+			}
+			cut.armed.Store(true)
+			before = loads.Load()
+			start := time.Now()
+			for range 10 {
+				if _, err := s.Lookup(ctx, "cut"); err == nil || errors.Is(err, ErrNotFound) {
+					t.Fatalf("Lookup through a cut connection = %v; want its error", err)
+				}
+			}
+			took := time.Since(start)
+			deadline := time.Now().Add(10 * time.Second)
+			for loads.Load() == before && time.Now().Before(deadline) {
+				time.Sleep(time.Millisecond)
+			}
+			cut.armed.Store(false)
+			// One reload per slotReloadGap that the failures spanned, at
+			// most (go-redis's own cooldown may fold two into one): a
+			// slow machine makes the calls span more gaps, never fewer.
+			most := 1 + int64(took/slotReloadGap)
+			if n := loads.Load() - before; n < 1 || n > most {
+				t.Errorf("slot maps loaded after 10 unanswered calls in %v = %d; want 1 to %d (the store asks go-redis to reload, once per %v)",
+					took.Round(time.Millisecond), n, most, slotReloadGap)
+			}
+		})
+	}
+}

@@ -30,7 +30,7 @@ type RedisOptions struct {
 	// LeaseTTL. Default 24h.
 	Retention time.Duration
 	// LeaseTTL is how long a claim binds unless renewed. At least
-	// idem.MinLeaseTTL (100ms), which KeepAlive can renew in time. Default
+	// idem.MinLeaseTTL (500ms), which KeepAlive can renew in time. Default
 	// 30s.
 	LeaseTTL time.Duration
 	// Worker names this store's leases (Lease.Owner); no two stores may

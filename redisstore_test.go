@@ -734,8 +734,8 @@ func TestRedisOptionsRefused(t *testing.T) {
 		{"prefix with a hash tag", c, RedisOptions{Prefix: "{tenant}:"}, `idem: Prefix: "{tenant}:" must not contain`},
 		{"negative Retention", c, RedisOptions{Retention: -time.Second}, "idem: Retention: -1s is negative; 0 means the default, 24h0m0s"},
 		{"negative LeaseTTL", c, RedisOptions{LeaseTTL: -1}, "idem: LeaseTTL: -1ns is negative; 0 means the default, 30s"},
-		{"sub-millisecond LeaseTTL", c, RedisOptions{LeaseTTL: 500 * time.Microsecond}, "idem: LeaseTTL: 500µs is under 100ms"},
-		{"1ms LeaseTTL", c, RedisOptions{LeaseTTL: time.Millisecond}, "idem: LeaseTTL: 1ms is under 100ms"},
+		{"sub-millisecond LeaseTTL", c, RedisOptions{LeaseTTL: 500 * time.Microsecond}, "idem: LeaseTTL: 500µs is under 500ms"},
+		{"1ms LeaseTTL", c, RedisOptions{LeaseTTL: time.Millisecond}, "idem: LeaseTTL: 1ms is under 500ms"},
 		{"sub-millisecond Retention", c, RedisOptions{Retention: time.Microsecond}, "idem: Retention: 1µs is under 1ms"},
 		{"Retention shorter than LeaseTTL", c, RedisOptions{Retention: time.Second, LeaseTTL: time.Minute}, "idem: Retention: 1s is shorter than LeaseTTL 1m0s"},
 		{"LeaseTTL over the default Retention", c, RedisOptions{LeaseTTL: 48 * time.Hour}, "idem: LeaseTTL: 48h0m0s is longer than the default Retention 24h0m0s; set Retention too"},
@@ -827,7 +827,7 @@ func TestRedisCrashedKeyMemory(t *testing.T) {
 	ctx := t.Context()
 	prefix := "idem:" + testenv.UniquePrefix()
 	open := func() *RedisStore {
-		s, err := NewRedisStore(c, RedisOptions{Prefix: prefix, LeaseTTL: 100 * time.Millisecond,
+		s, err := NewRedisStore(c, RedisOptions{Prefix: prefix, LeaseTTL: MinLeaseTTL,
 			Retention: time.Minute, Worker: uuid.NewString()})
 		if err != nil {
 			t.Fatal(err)
@@ -849,7 +849,7 @@ func TestRedisCrashedKeyMemory(t *testing.T) {
 		t.Logf("%s: %d bytes (MEMORY USAGE), %v left", what, n, ttl.Round(time.Second))
 		return n
 	}
-	time.Sleep(150 * time.Millisecond)
+	time.Sleep(MinLeaseTTL * 3 / 2)
 	crashed := usage("a lapsed claim, kept for the retention")
 	cl, err := b.Claim(ctx, key, fp)
 	if err != nil || !cl.TakeOver {
@@ -858,7 +858,7 @@ func TestRedisCrashedKeyMemory(t *testing.T) {
 	if err := b.Checkpoint(ctx, cl.Lease, []byte("step-1")); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(150 * time.Millisecond)
+	time.Sleep(MinLeaseTTL * 3 / 2)
 	again := usage("a lapsed take-over with a prior attempt and a 6-byte checkpoint")
 	// Bounded: one key per record, at most a prior attempt and the
 	// checkpoint more than a claim.

@@ -14,7 +14,7 @@ import (
 
 // crashLease is the lease of the crash tests: short, so that a crashed
 // delivery's claim runs out within the test.
-const crashLease = 100 * time.Millisecond
+const crashLease = idem.MinLeaseTTL
 
 // crashed claims key on s and abandons the lease, as a consumer that dies
 // mid-handler: no Confirm, no Forget. It returns once the lease ran out.

@@ -31,7 +31,7 @@ const fleetConfirmBudget = 150 * time.Millisecond
 // once, plus one extra effect per crash that fell after the effect and
 // before the confirm — no more, no less.
 
-const fleetTTL = 300 * time.Millisecond
+const fleetTTL = idem.MinLeaseTTL
 
 // fleetMaxTakeOvers lets a message be taken over again and again: the
 // fleet crashes and stops workers on purpose, and on a busy machine a

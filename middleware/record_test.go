@@ -92,7 +92,7 @@ func TestDamagedRecord(t *testing.T) {
 // lease runs the handler again. A handler that outlives its first TTL has
 // its lease renewed, and the bound follows the renewals.
 func TestRecordStopsAtLeaseEnd(t *testing.T) {
-	const ttl = 300 * time.Millisecond
+	const ttl = idem.MinLeaseTTL
 	stores := map[string]func(t *testing.T) idem.Store{
 		"memory": func(t *testing.T) idem.Store { return memStore(idem.Options{LeaseTTL: ttl}) },
 		"redis": func(t *testing.T) idem.Store {

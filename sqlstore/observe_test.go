@@ -20,7 +20,7 @@ func TestClaimTakeOver(t *testing.T) {
 	dialects(t, func(t *testing.T, db *sql.DB, d sqlstore.Dialect) {
 		ctx := t.Context()
 		log := &obstest.Log{}
-		lease := 200 * time.Millisecond
+		lease := idem.MinLeaseTTL
 		st := sqltest.NewStore(t, db, sqlstore.Options{LeaseTTL: lease, Observer: log, Dialect: d, Table: sqltest.UniqueTable()})
 		c, err := st.Claim(ctx, "job", nil)
 		if err != nil || c.Outcome != idem.Claimed || c.TakeOver {

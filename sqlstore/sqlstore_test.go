@@ -421,7 +421,7 @@ func TestTokensOutrunTheClock(t *testing.T) {
 		ctx := t.Context()
 		table := sqltest.UniqueTable()
 		st := sqltest.NewStore(t, db, sqlstore.Options{Dialect: d, Table: table,
-			LeaseTTL: 100 * time.Millisecond})
+			LeaseTTL: idem.MinLeaseTTL})
 		c, err := st.Claim(ctx, "k", nil)
 		if err != nil {
 			t.Fatal(err)
@@ -442,7 +442,7 @@ func TestTokensOutrunTheClock(t *testing.T) {
 		if err != nil || again.Outcome != idem.Claimed || again.Lease.Token <= ahead {
 			t.Fatalf("Claim after Forget = %+v, %v; want Claimed with a token above %d", again, err, ahead)
 		}
-		time.Sleep(150 * time.Millisecond)
+		time.Sleep(idem.MinLeaseTTL * 3 / 2)
 		over, err := st.Claim(ctx, "k", nil)
 		if err != nil || over.Outcome != idem.Claimed || over.Lease.Token <= again.Lease.Token {
 			t.Errorf("take-over Claim = %+v, %v; want Claimed with a token above %d", over, err, again.Lease.Token)

@@ -301,9 +301,9 @@ func TestRunAndLeases(t *testing.T) {
 
 		// An expired lease is taken over, with a greater token; the stalled
 		// holder's late Confirm leaves Run's record alone.
-		short := e.Store(sqlstore.Options{LeaseTTL: 100 * time.Millisecond})
+		short := e.Store(sqlstore.Options{LeaseTTL: idem.MinLeaseTTL})
 		c, _ = short.Claim(ctx, "expired", nil)
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(2 * idem.MinLeaseTTL)
 		if res, replayed, err := e.St.Run(ctx, "expired", nil, e.Write("expired", "run", nil)); err != nil || replayed || string(res) != "run" {
 			t.Errorf("Run of a key whose lease expired = %q, replayed %v, %v; want the work done", res, replayed, err)
 		}

@@ -147,9 +147,7 @@ func renewExtends(s *suite) {
 	c := s.claim(a, k, "fp", idem.Claimed)
 	s.waitUntil(start, lease*2/3)
 	set := s.mark()
-	if err := a.Renew(ctx(s), c.Lease); err != nil {
-		s.Fatalf("Renew of a live lease = %v; want nil", err)
-	}
+	s.renew(a, c.Lease, "Renew of a live lease")
 	// Past the original lease, within the renewed one.
 	s.waitUntil(start, lease*4/3)
 	d := s.claim(b, k, "fp", idem.InProgress)
@@ -158,9 +156,7 @@ func renewExtends(s *suite) {
 	// a third of a lease longer).
 	s.expires("renewed lease", d.Record.Expires, set, lease)
 	set = s.mark()
-	if err := a.Renew(ctx(s), c.Lease); err != nil {
-		s.Fatalf("second Renew = %v; want nil", err)
-	}
+	s.renew(a, c.Lease, "second Renew")
 	t0 := time.Now()
 	r, err := a.Lookup(ctx(s), k)
 	s.timed(t0)

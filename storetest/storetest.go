@@ -145,13 +145,14 @@ type suite struct {
 	// the expiries two claims report.
 	lastClaim  time.Time
 	sinceClaim time.Duration
-	// confirmTook is how long the last confirm call took.
-	confirmTook time.Duration
-	virtual     time.Duration // the advances so far, on a backend whose clock the suite controls
-	epoch       time.Time     // the check's start, on one whose clock runs by itself
-	took        time.Duration // the real time of the last call made through claim or lookup
-	ended       time.Time     // when that call returned
-	claims      []claimSpan   // the claim calls made through claimCall, in order
+	// setTook is how long the last call that set an expiry (confirm,
+	// renew) took: the store set it as late as that call's end.
+	setTook time.Duration
+	virtual time.Duration // the advances so far, on a backend whose clock the suite controls
+	epoch   time.Time     // the check's start, on one whose clock runs by itself
+	took    time.Duration // the real time of the last call made through claim or lookup
+	ended   time.Time     // when that call returned
+	claims  []claimSpan   // the claim calls made through claimCall, in order
 }
 
 // open opens a store with the suite's lease and retention and the given
@@ -322,7 +323,19 @@ func (s *suite) confirm(st idem.Store, l *idem.Lease, result string) {
 		s.Fatalf("Confirm(%q, %q) = %v; want nil", l.Key, result, err)
 	}
 	s.mu.Lock()
-	s.confirmTook = time.Since(t0)
+	s.setTook = time.Since(t0)
+	s.mu.Unlock()
+}
+
+// renew renews l in st, which must succeed, keeping how long it took.
+func (s *suite) renew(st idem.Store, l *idem.Lease, what string) {
+	s.Helper()
+	t0 := time.Now()
+	if err := st.Renew(ctx(s), l); err != nil {
+		s.Fatalf("%s = %v; want nil", what, err)
+	}
+	s.mu.Lock()
+	s.setTook = time.Since(t0)
 	s.mu.Unlock()
 }
 
@@ -361,7 +374,7 @@ func (s *suite) expires(what string, t time.Time, set, d time.Duration) {
 	// end, which on a loaded machine (a Postgres commit under -race) can
 	// be well after the mark.
 	s.mu.Lock()
-	setter := max(s.took, s.confirmTook)
+	setter := max(s.took, s.setTook)
 	s.mu.Unlock()
 	lo, hi := realSlack+s.took, realSlack+setter
 	if s.controlled() {

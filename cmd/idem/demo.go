@@ -142,7 +142,7 @@ func (c *cli) demo(args []string) int {
 		// longer on SQLite, which serializes every write (claims, renewals,
 		// confirms) behind one lock: a confirm that cannot get the lock
 		// within the lease is work done but not recorded.
-		d.lease = 300 * time.Millisecond
+		d.lease = idem.MinLeaseTTL
 		if b.dialect == sqlstore.SQLite {
 			d.lease = time.Second
 		}

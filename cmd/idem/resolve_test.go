@@ -17,7 +17,7 @@ import (
 
 // quarantineLease is the lease of the stores that quarantine keys here:
 // short, as each quarantine waits for two of them to run out.
-const quarantineLease = 250 * time.Millisecond
+const quarantineLease = idem.MinLeaseTTL
 
 // quarantineKey crashes key's attempts on s (MaxTakeOvers 1) until s
 // quarantines it: the first attempt lapses, the take-over records cp and

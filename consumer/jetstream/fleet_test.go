@@ -51,7 +51,7 @@ func testFleet(t *testing.T, fetch int) {
 	const (
 		messages  = 300
 		processes = 4
-		ttl       = 300 * time.Millisecond // idem's lease, and the consumer's AckWait
+		ttl       = 500 * time.Millisecond // idem.MinLeaseTTL: idem's lease, and the consumer's AckWait
 	)
 	rc := testRedis(t)
 	srv := startServer(t)

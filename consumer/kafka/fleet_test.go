@@ -38,7 +38,7 @@ func TestFleetKafka(t *testing.T) {
 		messages   = 200
 		consumers  = 3
 		partitions = 4
-		ttl        = 300 * time.Millisecond
+		ttl        = 500 * time.Millisecond // idem.MinLeaseTTL
 	)
 	rc := testRedis(t)
 	kc := newCluster(t, partitions)

@@ -37,7 +37,7 @@ func TestFleetRedisStream(t *testing.T) {
 	const (
 		messages = 300
 		readers  = 4
-		ttl      = 300 * time.Millisecond
+		ttl      = idem.MinLeaseTTL
 	)
 	c := testenv.Redis(t)
 	stream := unique(t, "fleet")

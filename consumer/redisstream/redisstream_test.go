@@ -255,7 +255,7 @@ func TestReaderNotRecordedIsAcked(t *testing.T) {
 	st := &settlements{}
 	var logs syncBuffer
 	var runs atomic.Int64 // handlers of one batch run concurrently
-	store := unconfirmable{newStore(t, c, prefix(t), "w", 300*time.Millisecond)}
+	store := unconfirmable{newStore(t, c, prefix(t), "w", idem.MinLeaseTTL)}
 	r, err := redisstream.NewReader(c, store, func(context.Context, redis.XMessage) error { runs.Add(1); return nil },
 		redisstream.Options{Stream: stream, Group: "g", Consumer: "c1", KeyField: "id", ConfirmBudget: 20 * time.Millisecond,
 			MinIdle: 100 * time.Millisecond, Block: 20 * time.Millisecond, OnSettle: st.on,
@@ -494,7 +494,7 @@ func TestReaderLogsAckedOnlyWhenAcked(t *testing.T) {
 	add(t, c, stream, "k")
 	st := &settlements{}
 	var logs syncBuffer
-	store := unconfirmable{newStore(t, c, prefix(t), "w", 300*time.Millisecond)}
+	store := unconfirmable{newStore(t, c, prefix(t), "w", idem.MinLeaseTTL)}
 	r, err := redisstream.NewReader(noAck{c}, store, func(context.Context, redis.XMessage) error { return nil },
 		redisstream.Options{Stream: stream, Group: "g", Consumer: "c1", KeyField: "id", ConfirmBudget: 20 * time.Millisecond,
 			MinIdle: time.Minute, Block: 20 * time.Millisecond, OnSettle: st.on,

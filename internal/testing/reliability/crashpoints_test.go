@@ -109,7 +109,7 @@ func (l *jobLedger) job(ctx context.Context, key string, at crashPoint, die func
 // memory store, the reference). Each open returns a store of worker w over
 // the backend's records.
 func crashBackends(t *testing.T) map[string]func(w string) idem.Store {
-	const lease = 300 * time.Millisecond
+	const lease = idem.MinLeaseTTL
 	o := func(w string) idem.Options {
 		return idem.Options{Worker: w, LeaseTTL: lease, Retention: time.Minute}
 	}
