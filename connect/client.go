@@ -56,26 +56,16 @@ const (
 	DefaultMaxWait     = rpccore.DefaultMaxWait
 )
 
-// Attempt describes one attempt of a call, for ClientOptions.OnAttempt.
+// Attempt describes one attempt of a call, for ClientOptions.OnAttempt:
+// rpccore.Attempt's fields, the call's procedure in Procedure.
 type Attempt struct {
-	// Procedure is the call's procedure.
-	Procedure string
-	// Key is the call's idempotency key, sent with every attempt; "" for
-	// a NO_SIDE_EFFECTS procedure, which needs none.
-	Key string
-	// N is the attempt's number, from 1.
-	N int
-	// Err is the attempt's error, nil on success.
-	Err error
-	// Retry reports whether another attempt follows, after Wait.
-	Retry bool
-	// Wait is the time until the next attempt; 0 when none follows.
-	Wait time.Duration
-	// Reason says why no attempt follows when the error was one that is
-	// retried: "attempts" (MaxAttempts reached), "elapsed" (MaxElapsed or
-	// the call's deadline would pass during the wait), "context" (the
-	// call's context ended). Empty otherwise.
-	Reason string
+	Procedure string        // the call's procedure
+	Key       string        // the call's key; "" for a NO_SIDE_EFFECTS procedure, which needs none
+	N         int           // the attempt's number, from 1
+	Err       error         // the attempt's error, nil on success
+	Retry     bool          // another attempt follows, after Wait
+	Wait      time.Duration // the time until the next attempt; 0 when none follows
+	Reason    string        // why no attempt follows a retried error: "attempts", "elapsed", "context"
 }
 
 // Client is the client interceptor, a connect.Interceptor: give it to a
@@ -137,17 +127,13 @@ func NewClient(o ClientOptions) (*Client, error) {
 
 // WrapUnary sends a covered call with its key, a fresh one (a UUID)
 // unless the caller set one in the request's header, and sends it again
-// with the same key while the attempt's error is one that is retried
-// (rpccode.Retried: Unavailable, ResourceExhausted, Aborted; an error of
-// the transport, not sent by the server; and an attempt that ran out of
-// AttemptTimeout) and the bounds allow, waiting a jittered backoff or the
-// server's RetryInfo delay, whichever is longer, capped by MaxWait. A key
-// it made is removed from the request's header when the call returns, so
-// that the request sent again is a new call. A NO_SIDE_EFFECTS procedure
-// is sent without a key and retried alike: it changes nothing. It returns
-// the last attempt's answer as it came; when the call's context ends
-// during a wait, an error of the context's code naming the last attempt's
-// error.
+// with the same key as rpccore.Client.Call says (an error of the
+// transport, not sent by the server, is retried too). A key it made is
+// removed from the request's header when the call returns, so that the
+// request sent again is a new call. A NO_SIDE_EFFECTS procedure is sent
+// without a key and retried alike. It returns the last attempt's answer
+// as it came; when the call's context ends during a wait, an error of the
+// context's code naming the last attempt's error.
 func (c *Client) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
 		spec := req.Spec()

@@ -44,16 +44,9 @@
 // interceptor around this one that asserts the concrete type of Any() on
 // a replay finds the wrapper.
 //
-// Records, keys and fingerprints are the gRPC module's, byte for byte
-// (Connect's procedure is gRPC's full method name): a service moving
-// between grpc-go and Connect keeps its records. A key quarantined after
-// repeated crashes is settled by an operator: Resolution builds the record
-// of the response to replay.
-//
-// The Client gives each covered call one key, a UUID unless the caller set
-// one in the request's header, sends it with every attempt, and retries
-// Unavailable (also Connect's answer for a connection lost mid-call),
-// ResourceExhausted, Aborted, an error of the transport, and an attempt
-// that ran out of ClientOptions.AttemptTimeout, never another code. A
-// NO_SIDE_EFFECTS procedure gets no key and is retried alike.
+// Records are the gRPC module's, byte for byte. Resolution builds an
+// operator's record of the response to settle a quarantined key with. The
+// Client gives each covered call one key (none to a NO_SIDE_EFFECTS
+// procedure) and retries, with it, what rpccore.Client.Call retries and
+// an error of the transport.
 package idemconnect

@@ -293,8 +293,8 @@ func decodeMessage(r *rpccore.Record) (proto.Message, error) {
 // under SingleTenant) and key. rpccore.Resolution builds the same from
 // m's encoding, for a program without m's type.
 func Resolution(m proto.Message, header, trailer http.Header) (idem.Resolution, error) {
-	if m == nil {
-		return idem.Resolution{}, errors.New("idemconnect: Resolution: a nil message; give the response to replay")
+	if m == nil || !m.ProtoReflect().IsValid() {
+		return idem.Resolution{}, errors.New("idemconnect: Resolution: a nil message; give the response to replay, an empty one if that is the answer")
 	}
 	body, err := proto.Marshal(m)
 	if err != nil {

@@ -103,14 +103,10 @@ func NewClient(o ClientOptions) (*Client, error) {
 
 // Unary sends a covered call with its key, a fresh one unless the caller
 // put one in the outgoing metadata, and sends it again with the same key
-// while the attempt's error is one that is retried (Unavailable, also
-// gRPC's answer for a connection lost mid-call; ResourceExhausted;
-// Aborted; and an attempt that ran out of AttemptTimeout) and the bounds
-// allow, waiting a jittered backoff or the server's RetryInfo delay,
-// whichever is longer, capped by MaxWait. It returns nil or the last
-// attempt's error as it came (a status error, its details intact); when
-// the call's context ends during a wait, a status of the context's code
-// naming the last attempt's error.
+// as rpccore.Client.Call says. It returns nil or the last attempt's error
+// as it came (a status error, its details intact); when the call's
+// context ends during a wait, a status of the context's code naming the
+// last attempt's error.
 func (c *Client) Unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 	if !c.core.Covers(method) {
 		return invoker(ctx, method, req, reply, cc, opts...)

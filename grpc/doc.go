@@ -34,29 +34,21 @@
 // with one. A recorded answer goes only to the tenant it belongs to.
 //
 // Every error the interceptor answers itself carries an
-// errdetails.ErrorInfo (Domain ErrorDomain, Reason one of the Reason
-// constants, the client's key in Metadata["idempotency_key"] where it is
-// well-formed); Aborted and Unavailable an errdetails.RetryInfo.
-//
-// An answer is recorded, and replayed for the store's retention, only when
-// a retry of the same call could not change it (DefaultKeep: OK and
-// InvalidArgument; the rules of package
-// [github.com/idemgo/idem/middleware/rpccode]). A replay carries the
-// response message, or the error status with its details, and the header
-// and trailer metadata of ServerOptions.ReplayMetadata that the handler
-// set (grpc.SetHeader, grpc.SendHeader, grpc.SetTrailer), plus
-// idempotent-replayed: true in the header. Where clients retry often, give
-// ServerOptions.Store an idem.Cache around the store (idem.NewCache), not
-// built by default because a cache answers a record deleted by hand for up
-// to its MaxAge. A key quarantined after repeated crashes is settled by an
-// operator: Resolution builds the record of the response to replay.
+// errdetails.ErrorInfo (Domain ErrorDomain, a Reason constant). Answers
+// are recorded per DefaultKeep (OK and InvalidArgument: package
+// [github.com/idemgo/idem/middleware/rpccode]); a replay carries the
+// response message or error status and the metadata of
+// ServerOptions.ReplayMetadata the handler set (grpc.SetHeader,
+// grpc.SendHeader, grpc.SetTrailer), plus idempotent-replayed: true. Where
+// clients retry often, give ServerOptions.Store an idem.Cache (not built by
+// default: a cache answers a record deleted by hand for up to its MaxAge).
+// Resolution builds an operator's record of the response to settle a
+// quarantined key with.
 //
 // The Client gives each covered call one key, a UUID unless the caller put
-// one in the outgoing metadata, sends it with every attempt, and retries
-// Unavailable (also gRPC's answer for a connection lost mid-call, whose
-// outcome is unknown), ResourceExhausted, Aborted, and an attempt that ran
-// out of ClientOptions.AttemptTimeout, never another code; it waits a
-// jittered backoff or the server's RetryInfo delay, whichever is longer.
+// one in the outgoing metadata, and retries Unavailable (also gRPC's answer
+// for a connection lost mid-call), ResourceExhausted, Aborted, and an
+// attempt that ran out of ClientOptions.AttemptTimeout, never another code.
 // Only for servers that honour the key: against one that does not, a
 // retried call repeats.
 package idemgrpc

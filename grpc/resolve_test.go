@@ -83,7 +83,9 @@ func TestResolutionRefusesWhatCannotReplay(t *testing.T) {
 			t.Errorf("rpccore.Resolution(%q) = nil error; want one: no replay could decode it", name)
 		}
 	}
-	if _, err := Resolution(nil, nil, nil); err == nil {
-		t.Errorf("Resolution(nil) = %v; want an error", err)
+	for _, m := range []proto.Message{nil, (*wrapperspb.StringValue)(nil)} {
+		if _, err := Resolution(m, nil, nil); err == nil {
+			t.Errorf("Resolution(%#v) = nil error; want one: a nil message is a mistake, not an answer", m)
+		}
 	}
 }

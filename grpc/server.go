@@ -246,8 +246,8 @@ func decodeMessage(r *rpccore.Record) (proto.Message, error) {
 // SingleTenant) and key. rpccore.Resolution builds the same from m's
 // encoding, for a program without m's type.
 func Resolution(m proto.Message, header, trailer metadata.MD) (idem.Resolution, error) {
-	if m == nil {
-		return idem.Resolution{}, errors.New("idemgrpc: Resolution: a nil message; give the response to replay")
+	if m == nil || !m.ProtoReflect().IsValid() {
+		return idem.Resolution{}, errors.New("idemgrpc: Resolution: a nil message; give the response to replay, an empty one if that is the answer")
 	}
 	body, err := proto.Marshal(m)
 	if err != nil {

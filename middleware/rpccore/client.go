@@ -61,14 +61,16 @@ type ClientConfig struct {
 // Attempt describes one attempt of a call, as the front doors' OnAttempt
 // receive it.
 type Attempt struct {
-	Method string // the call's full method name (Connect: its procedure)
-	Key    string // the call's key, sent with every attempt
-	N      int    // the attempt's number, from 1
-	Err    error  // the attempt's error, nil on success
-	Retry  bool   // another attempt follows, after Wait
-	Wait   time.Duration
+	Method string        // the call's full method name (Connect: its procedure)
+	Key    string        // the call's key, sent with every attempt
+	N      int           // the attempt's number, from 1
+	Err    error         // the attempt's error, nil on success
+	Retry  bool          // another attempt follows, after Wait
+	Wait   time.Duration // the time until the next attempt; 0 when none follows
 	// Reason says why no attempt follows an error that is retried:
-	// "attempts", "elapsed" or "context"; empty otherwise.
+	// "attempts" (MaxAttempts reached), "elapsed" (MaxElapsed or the
+	// call's deadline would pass during the wait), "context" (the call's
+	// context ended). Empty otherwise.
 	Reason string
 }
 

@@ -60,92 +60,61 @@ type Config struct {
 	// Frame is what the core needs of the framework.
 	Frame
 
-	// Store holds the records: a call claims its key under a lease, the
-	// handler runs under KeepAlive, and its answer is confirmed. Required.
+	// Store holds the records. Required.
 	Store idem.Store
 	// Scoped says the front door's Scope is set: it names the tenant a
-	// call acts for, from its authenticated principal (never from what the
-	// client merely claims), so that one tenant's key never replays
-	// another's response; the record's key is the scope and the client's
-	// key. An empty scope, which every call without a principal would
-	// share, answers Unauthenticated.
+	// call acts for, from its authenticated principal, so that one
+	// tenant's key never replays another's response. An empty scope
+	// answers Unauthenticated: every call without a principal would share
+	// it. Exactly one of Scoped and SingleTenant.
 	Scoped bool
-	// SingleTenant states that the service has one tenant: every call
-	// shares one scope, so that whoever sends a recorded key with the same
-	// request receives its recorded response. Only for a service whose
-	// callers all act for one party. Exactly one of Scoped and
-	// SingleTenant.
+	// SingleTenant states that every call shares one scope: whoever sends
+	// a recorded key with the same request receives its recorded response.
 	SingleTenant bool
-	// KeyField names a request field that carries the key, as AIP-155's
-	// request_id: a singular string field at the top level of the request
-	// message. A request whose message has the field set uses it (the
-	// key's metadata is not read); one whose message lacks the field, or
-	// leaves it empty, falls back to the metadata.
+	// KeyField names a singular string field at the top level of the
+	// request message that carries the key (AIP-155's request_id); where
+	// it is unset or empty, the key's metadata is read.
 	KeyField string
 	// Methods are the full method names covered, each listed once; others
-	// pass through untouched. Default: every unary method.
+	// pass through. Default: every unary method.
 	Methods []string
-	// Required answers InvalidArgument to a covered call without a key
-	// instead of passing it through.
+	// Required answers InvalidArgument to a covered call without a key.
 	Required bool
-	// LockTimeout bounds how long a call waits for another call of the
-	// same key in flight before answering Aborted with RetryInfo.
+	// LockTimeout bounds the wait for a call of the same key in flight,
+	// before Aborted with RetryInfo.
 	LockTimeout time.Duration
-	// RetryDelay is the RetryInfo delay of an Aborted (the key in flight)
-	// and an Unavailable (the store down) answer: a short poll, not the
-	// holder's lease end. At most 1h.
+	// RetryDelay is the RetryInfo delay of an Aborted or Unavailable: a
+	// short poll, not the holder's lease end. At most 1h.
 	RetryDelay time.Duration
-	// MaxKeyBytes bounds the client's key, in bytes; a longer one is
-	// InvalidArgument. The store's own MaxKeyBytes bounds the whole record
-	// key (scope and client key).
+	// MaxKeyBytes bounds the client's key; the store's own MaxKeyBytes
+	// bounds the record's key (scope and client key).
 	MaxKeyBytes int
-	// MaxResponse (the front doors' MaxResponseBytes) bounds the encoded
-	// response message that is recorded for replay. A longer response is
-	// still sent whole and recorded as done without the message: its
-	// replays answer AlreadyExists with ReasonResponseNotRecorded (the
-	// work was done once). With a store that reports its MaxResultBytes
-	// (idem.MemoryStore, idem.RedisStore, sqlstore.Store), New refuses one
-	// that would not fit it with RecordOverhead beside, and the default is
-	// lowered to fit.
+	// MaxResponse (MaxResponseBytes) bounds the encoded response message
+	// recorded for replay; a longer one is sent whole and recorded as done
+	// without it. New refuses one that does not fit the store's
+	// MaxResultBytes (where the store reports it) with RecordOverhead.
 	MaxResponse int
-	// Replay are the header and trailer metadata names the handler sets
-	// that are recorded and replayed, each listed once, in any case. Those
-	// that carry credentials (authorization, cookie, set-cookie,
-	// proxy-authenticate, www-authenticate) and the interceptor's own
-	// (idempotent-*) may not be listed: a replay goes to whoever holds the
-	// key in the scope.
+	// Replay are the metadata names recorded and replayed, each listed
+	// once, in any case; never those carrying credentials (authorization,
+	// cookie, set-cookie, proxy-authenticate, www-authenticate) nor the
+	// interceptor's own (idempotent-*).
 	Replay []string
 	// Keep reports whether an answer with this code is recorded; one not
-	// kept releases the key, so that a retry runs the handler again: keep
-	// only answers a retry of the same call cannot change. Default:
-	// KeepDefault.
+	// kept releases the key. Default: KeepDefault.
 	Keep func(Code) bool
-	// RecordTimeout bounds the Claim before the handler and the store
-	// calls that record (Confirm) or release (Forget) the key after it,
-	// retries included; they run detached from the call's cancellation
-	// (a Claim cut off may have been applied) and never retry past the
-	// lease's end.
+	// RecordTimeout bounds the Claim before the handler and the Confirm or
+	// Forget after it, retries included: they run detached from the
+	// call's cancellation and never retry past the lease's end.
 	RecordTimeout time.Duration
-	// Logger receives one line per error the interceptor answers (level
-	// Error for Unavailable and Internal, Info otherwise) and what it
-	// cannot tell the client: a response that could not be recorded, a key
-	// that could not be released, work done twice. Keys appear as their
-	// KeyHasher hash, never raw.
+	// Logger receives the errors the interceptor answers (level Error for
+	// Unavailable and Internal, Info otherwise) and what it cannot tell
+	// the client; keys as their KeyHasher hash, never raw.
 	Logger *slog.Logger
 	// Observer receives one idem.Event, Op idem.OpRequest, per call acted
-	// on, after the handler or the replay: Outcome is the claim's
-	// (Claimed: the handler ran; Duplicate: a replay; InProgress: another
-	// call held the key), KeyHash the store key's, Err the idempotency
-	// layer's error, not the handler's (idem.ErrInvalidKey for a call
-	// refused before any store call; idem.ErrFingerprintMismatch or
-	// idem.ErrInProgress for a FailedPrecondition or an Aborted; the
-	// store's error for an Unavailable or an answer not recorded). An
-	// idem.Starter is started before the first store call, and its context
-	// is the handler's, so that spans nest.
+	// on (see the package documentation); an idem.Starter is started first.
 	Observer idem.Observer
-	// KeyHasher hashes keys for the Logger and the Observer. Give it the
-	// store's (idem.Options.KeyHasher) so that a call's events and log
-	// lines correlate with its store operations. Default: the process's.
+	// KeyHasher hashes keys for the Logger and the Observer; give it the
+	// store's. Default: the process's.
 	KeyHasher *idem.KeyHasher
 }
 

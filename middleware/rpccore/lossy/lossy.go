@@ -5,12 +5,8 @@
 // all traffic for a while (a blackhole that heals: what was sent meanwhile
 // is delivered afterwards). It knows nothing of HTTP/2 or TLS: a reset
 // loses whatever answers were on the wire, after or before their handler
-// ran.
-//
-// It is a public package of the root module, not internal, because the
-// nested modules that use it (grpc, connect) may not import another
-// module's internal packages; it imports nothing but the standard library.
-// A service's own tests may use it too.
+// ran. It is public, not internal, because the nested modules that use it
+// may not import another module's internal packages.
 package lossy
 
 import (
