@@ -9,6 +9,7 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/idemgo/idem"
@@ -247,7 +248,7 @@ type replayed struct{ proto.Message }
 
 func (cl *call) Replay(ctx context.Context, r *rpccore.Record, answer error) error {
 	var header, trailer http.Header
-	if ce := new(connect.Error); errors.As(answer, &ce) {
+	if ce, ok := answer.(*connect.Error); ok { // frame.Error's
 		cl.err, header, trailer = ce, ce.Meta(), ce.Meta()
 		if r.Flags&rpccore.FlagOmitted != 0 {
 			header.Set(HeaderResponseOmitted, "true")
@@ -277,7 +278,12 @@ var errRecord = rpccore.ErrRecord
 // type, from protoregistry.GlobalTypes, where generated code registers
 // every type.
 func decodeMessage(r *rpccore.Record) (proto.Message, error) {
-	m, err := anypb.UnmarshalNew(&anypb.Any{TypeUrl: rpccore.TypeURLPrefix + r.Name, Value: r.Body}, proto.UnmarshalOptions{})
+	mt, err := protoregistry.GlobalTypes.FindMessageByName(protoreflect.FullName(r.Name))
+	var m proto.Message
+	if err == nil {
+		m = mt.New().Interface()
+		err = proto.Unmarshal(r.Body, m)
+	}
 	if err != nil {
 		return nil, errors.Join(errRecord, err)
 	}

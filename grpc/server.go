@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/idemgo/idem"
@@ -230,7 +231,12 @@ var errRecord = rpccore.ErrRecord
 // type, from protoregistry.GlobalTypes, where generated code registers
 // every type.
 func decodeMessage(r *rpccore.Record) (proto.Message, error) {
-	m, err := anypb.UnmarshalNew(&anypb.Any{TypeUrl: rpccore.TypeURLPrefix + r.Name, Value: r.Body}, proto.UnmarshalOptions{})
+	mt, err := protoregistry.GlobalTypes.FindMessageByName(protoreflect.FullName(r.Name))
+	var m proto.Message
+	if err == nil {
+		m = mt.New().Interface()
+		err = proto.Unmarshal(r.Body, m)
+	}
 	if err != nil {
 		return nil, errors.Join(errRecord, err)
 	}

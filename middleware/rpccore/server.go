@@ -129,11 +129,11 @@ func (s *Server) Passes(key string, err error) bool {
 // (the handler's, or a replay). See the package documentation for every
 // answer.
 func (s *Server) Serve(ctx context.Context, method, key string, keyErr error, h Handler) error {
-	cl := &call{ctx: ctx, method: method, key: key, h: h}
+	cl := call{ctx: ctx, method: method, key: key, h: h}
 	if s.c.Observer == nil {
-		s.serve(cl, keyErr)
+		s.serve(&cl, keyErr)
 	} else {
-		s.observe(cl, keyErr)
+		s.observe(&cl, keyErr)
 	}
 	return cl.err
 }
