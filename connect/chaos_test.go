@@ -15,7 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/connect/internal/lossy"
+	"github.com/idemgo/idem/middleware/rpccore/lossy"
 )
 
 // TestChaos sends 300 orders per protocol through the client interceptor

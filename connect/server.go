@@ -4,14 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net/http"
-	"time"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
+	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/middleware/rpccore"
 )
 
 // Server is the server interceptor, a connect.Interceptor: give it to a
@@ -19,7 +21,10 @@ import (
 // streaming call carrying a key is refused; a client's calls pass
 // through. Create it with NewServer; it is safe for concurrent use.
 type Server struct {
-	c *serverConfig
+	core     *rpccore.Server
+	scope    func(ctx context.Context, req connect.AnyRequest) (string, error)
+	keyField string
+	header   string // canonical
 }
 
 var _ connect.Interceptor = (*Server)(nil)
@@ -32,19 +37,39 @@ var _ connect.Interceptor = (*Server)(nil)
 // MaxResponseBytes the store cannot record), and Scope when neither Scope
 // nor SingleTenant is set, or both.
 func NewServer(o ServerOptions) (*Server, error) {
-	c, err := o.config()
+	c, err := o.core()
 	if err != nil {
 		return nil, err
 	}
-	return &Server{c: c}, nil
+	core, err := rpccore.New(c)
+	if err != nil {
+		return nil, err
+	}
+	return &Server{core: core, scope: o.Scope, keyField: o.KeyField, header: c.KeyName}, nil
 }
 
-// covers reports whether a call of spec is the interceptor's: a unary
-// handler's call of a covered procedure that may have side effects.
-func (s *Server) covers(spec connect.Spec) bool {
-	return !spec.IsClient && spec.StreamType == connect.StreamTypeUnary &&
-		spec.IdempotencyLevel != connect.IdempotencyNoSideEffects &&
-		(s.c.procedures == nil || s.c.procedures[spec.Procedure])
+// frame is what the RPC core needs of Connect.
+var frame = rpccore.Frame{
+	Error: func(st *rpccore.Status) error {
+		e := connect.NewError(connect.Code(st.Code), errors.New(st.Message))
+		for _, d := range st.Details {
+			if ed, err := connect.NewErrorDetail(&anypb.Any{TypeUrl: d.TypeURL, Value: d.Value}); err == nil {
+				e.AddDetail(ed)
+			}
+		}
+		return e
+	},
+	IsAnswer:     func(err error) bool { ce := (*connect.Error)(nil); return errors.As(err, &ce) },
+	ContextError: contextError,
+	CodeName:     func(c rpccore.Code) string { return connect.Code(c).String() },
+}
+
+// contextError is the answer to a call whose context ended.
+func contextError(ctx context.Context) error {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return connect.NewError(connect.CodeDeadlineExceeded, ctx.Err())
+	}
+	return connect.NewError(connect.CodeCanceled, ctx.Err())
 }
 
 // WrapUnary handles one unary call: with a key, the first call of the key
@@ -53,24 +78,42 @@ func (s *Server) covers(spec connect.Spec) bool {
 // the package documentation for every answer.
 func (s *Server) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
-		if !s.covers(req.Spec()) {
+		spec := req.Spec()
+		// A NO_SIDE_EFFECTS procedure changes nothing: a retry of it needs
+		// no key.
+		if spec.IsClient || spec.StreamType != connect.StreamTypeUnary ||
+			spec.IdempotencyLevel == connect.IdempotencyNoSideEffects || !s.core.Covers(spec.Procedure) {
 			return next(ctx, req)
 		}
-		key, keyErr := s.clientKey(ctx, req)
-		if keyErr == nil && key == "" && !s.c.Required {
+		key, keyErr := s.key(ctx, req)
+		if s.core.Passes(key, keyErr) {
 			return next(ctx, req)
 		}
-		cl := &call{ctx: ctx, req: req, next: next, key: key}
-		if s.c.Observer == nil {
-			s.serve(cl, keyErr)
-		} else {
-			s.observe(cl, keyErr)
+		cl := &call{s: s, req: req, next: next}
+		if err := s.core.Serve(ctx, spec.Procedure, key, keyErr, cl); err != nil {
+			return nil, err
 		}
 		if cl.err != nil {
 			return nil, cl.err
 		}
 		return cl.resp, nil
 	}
+}
+
+// key returns the call's key ("" for none), or the error answering a
+// malformed one.
+func (s *Server) key(ctx context.Context, req connect.AnyRequest) (string, error) {
+	var field string
+	if m, ok := req.Any().(proto.Message); ok && s.keyField != "" {
+		r := m.ProtoReflect()
+		if fd := r.Descriptor().Fields().ByName(protoreflect.Name(s.keyField)); fd != nil {
+			if fd.Kind() != protoreflect.StringKind || fd.IsList() {
+				return "", s.core.Plain(rpccore.Internal, fmt.Sprintf("KeyField %s of %s is not a singular string field", s.keyField, r.Descriptor().FullName()))
+			}
+			field = r.Get(fd).String()
+		}
+	}
+	return s.core.Key(ctx, field, req.Header().Values(s.header))
 }
 
 // WrapStreamingClient passes a client's streams through: the interceptor
@@ -87,251 +130,199 @@ func (s *Server) WrapStreamingClient(next connect.StreamingClientFunc) connect.S
 // promise its key makes.
 func (s *Server) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
 	return func(ctx context.Context, conn connect.StreamingHandlerConn) error {
-		spec := conn.Spec()
-		if (s.c.procedures != nil && !s.c.procedures[spec.Procedure]) || len(conn.RequestHeader().Values(s.c.Header)) == 0 {
+		if !s.core.Covers(conn.Spec().Procedure) || len(conn.RequestHeader().Values(s.header)) == 0 {
 			return next(ctx, conn)
 		}
-		return s.answer(ctx, connect.CodeUnimplemented, ReasonStreamNotCovered, "streaming calls are not covered by the idempotency interceptor; send this call without "+s.c.Header, "", nil)
+		return s.core.Answer(ctx, rpccore.Unimplemented, ReasonStreamNotCovered, "streaming calls are not covered by the idempotency interceptor; send this call without "+s.header, "", nil)
 	}
 }
 
-// call is one covered unary call and what the interceptor did with it.
+// call is one covered unary call: the RPC core's rpccore.Handler.
 type call struct {
-	ctx  context.Context
+	s    *Server
 	req  connect.AnyRequest
 	next connect.UnaryFunc
-	key  string // the client's key
+	work context.Context // the handler's
 
 	resp connect.AnyResponse
 	err  error
-
-	header, trailer http.Header // what the handler set, by every means
-
-	storeKey  string
-	outcome   idem.Outcome
-	layerErr  error // the idempotency layer's error, for the Observer
-	handlerOK bool  // the handler ran (for a panic's event)
-	takeOver  bool  // the claim took the key over from a lapsed attempt
 }
 
-// Errors reported to the Observer for calls refused before any store call.
-var (
-	errKeyRefused    = fmt.Errorf("%w: the call's key is missing or malformed, or its scope refused", idem.ErrInvalidKey)
-	errNotMessage    = fmt.Errorf("%w: the request is not a protobuf message", idem.ErrInvalidKey)
-	errRecordDamaged = fmt.Errorf("%w: the recorded response cannot be read", idem.ErrDamaged)
-	errPanicked      = errors.New("idemconnect: a Scope func panicked")
-)
-
-// observe serves cl and reports it to the Observer as one OpRequest event,
-// opening it first when the Observer is an idem.Starter.
-func (s *Server) observe(cl *call, keyErr error) {
-	start := time.Now()
-	if st, ok := s.c.Observer.(idem.Starter); ok {
-		cl.ctx = st.Start(cl.ctx, idem.OpRequest)
+func (cl *call) Scope(ctx context.Context) (string, error) {
+	if cl.s.scope == nil {
+		return "", nil
 	}
-	done := false
-	defer func() {
-		e := idem.Event{Op: idem.OpRequest, Outcome: cl.outcome, TakeOver: cl.takeOver, Items: 1, Took: time.Since(start), Err: cl.layerErr}
-		if !done {
-			// A panic of the handler is its own failure, not the
-			// idempotency layer's; one before it is the Scope func's.
-			e.Outcome, e.Err = idem.Claimed, nil
-			if !cl.handlerOK {
-				e.Outcome, e.Err = 0, errPanicked
-			}
-		}
-		if cl.storeKey != "" {
-			e.KeyHash = s.c.KeyHasher.Hash(cl.storeKey)
-		}
-		s.c.Observer.Observe(cl.ctx, e)
-	}()
-	s.serve(cl, keyErr)
-	done = true
+	return cl.s.scope(ctx, cl.req)
 }
 
-// serve handles a covered call with its key, or the error about it.
-func (s *Server) serve(cl *call, keyErr error) {
-	c := s.c
-	if keyErr != nil {
-		cl.err, cl.layerErr = keyErr, errKeyRefused
-		return
-	}
-	if cl.key == "" {
-		cl.err = s.answer(cl.ctx, connect.CodeInvalidArgument, ReasonKeyMissing, "the call has no idempotency key in its "+c.Header+" header"+s.fieldWords(), "", nil)
-		cl.layerErr = errKeyRefused
-		return
-	}
-	var scope string
-	if c.Scope != nil {
-		var err error
-		if scope, err = c.Scope(cl.ctx, cl.req); err == nil && scope == "" {
-			// Every call without a principal would share one scope, and
-			// replay each other's responses.
-			err = errors.New("idemconnect: Scope returned an empty scope")
-		}
-		if err != nil {
-			if ce := (*connect.Error)(nil); !errors.As(err, &ce) {
-				err = s.answer(cl.ctx, connect.CodeUnauthenticated, ReasonKeyInvalid, "the call's tenant could not be determined", "", err)
-			}
-			cl.err, cl.layerErr = err, errKeyRefused
-			return
-		}
-	}
+func (cl *call) AppendRequest(b []byte) ([]byte, error) {
 	m, ok := cl.req.Any().(proto.Message)
 	if !ok {
-		cl.err = connect.NewError(connect.CodeInternal, fmt.Errorf("idemconnect: the request of %s is a %T, not a protobuf message; the interceptor cannot fingerprint it", cl.req.Spec().Procedure, cl.req.Any()))
-		cl.layerErr = errNotMessage
-		return
+		return nil, fmt.Errorf("is a %T, not a protobuf message; the interceptor cannot fingerprint it", cl.req.Any())
 	}
-	fp, err := fingerprint(cl.req.Spec().Procedure, m)
+	b, err := proto.MarshalOptions{Deterministic: true}.MarshalAppend(b, m)
 	if err != nil {
-		cl.err = connect.NewError(connect.CodeInternal, fmt.Errorf("idemconnect: the request of %s does not encode: %v", cl.req.Spec().Procedure, err))
-		cl.layerErr = errNotMessage
-		return
+		return nil, fmt.Errorf("does not encode: %v", err)
 	}
-	cl.storeKey = storeKey(scope, cl.key)
-	s.lease(cl, fp)
+	return b, nil
 }
 
-func (s *Server) fieldWords() string {
-	if s.c.KeyField == "" {
-		return ""
+func (cl *call) Handle(ctx context.Context) rpccore.Code {
+	cl.work = ctx
+	if cl.resp, cl.err = cl.next(ctx, cl.req); cl.err != nil {
+		return rpccore.Code(connect.CodeOf(cl.err))
 	}
-	return " nor in the request's " + s.c.KeyField + " field"
+	return rpccore.OK
 }
 
-// lease claims cl's key and runs the handler under the lease; or replays;
-// or waits for the holder.
-func (s *Server) lease(cl *call, fp []byte) {
-	ctx := cl.ctx
-	deadline := time.Now().Add(s.c.LockTimeout)
-	wait := 10 * time.Millisecond
-	for {
-		claim, err := s.claim(ctx, cl.storeKey, fp)
-		// A different request under the key is answered at once, in
-		// flight or done: waiting would not make it the same request.
-		if errors.Is(err, idem.ErrFingerprintMismatch) {
-			cl.outcome, cl.layerErr = claim.Outcome, err
-			cl.err = s.answer(ctx, connect.CodeFailedPrecondition, ReasonKeyReused, "the idempotency key was used for another request (another procedure or message); use a new key for a new request", cl.key, nil)
-			return
-		}
-		if errors.Is(err, idem.ErrQuarantined) {
-			cl.layerErr = err
-			cl.err = s.quarantined(cl, claim)
-			return
-		}
-		if err != nil {
-			cl.layerErr = err
-			cl.err = s.storeFailed(cl, err)
-			return
-		}
-		switch claim.Outcome {
-		case idem.Claimed:
-			cl.outcome, cl.takeOver = idem.Claimed, claim.TakeOver
-			s.run(cl, claim)
-			return
-		case idem.Duplicate:
-			cl.outcome = idem.Duplicate
-			s.replay(cl, claim.Record.Result)
-			return
-		}
-		left := time.Until(deadline)
-		if left <= 0 {
-			cl.outcome, cl.layerErr = idem.InProgress, idem.ErrInProgress
-			cl.err = s.answer(ctx, connect.CodeAborted, ReasonKeyInFlight, "a call with this idempotency key is in flight; retry after the RetryInfo delay", cl.key, idem.ErrInProgress)
-			return
-		}
-		// Jittered, growing waits: many retries of one key do not poll
-		// the store in step.
-		d := min(wait/2+rand.N(wait), left)
-		wait = min(2*wait, 250*time.Millisecond)
-		if !sleep(ctx, d) {
-			cl.outcome, cl.layerErr = idem.InProgress, context.Cause(ctx)
-			cl.err = contextError(ctx)
-			return
-		}
-	}
-}
-
-// contextError is the answer to a call whose context ended.
-func contextError(ctx context.Context) error {
-	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		return connect.NewError(connect.CodeDeadlineExceeded, ctx.Err())
-	}
-	return connect.NewError(connect.CodeCanceled, ctx.Err())
-}
-
-// claim claims key on a context detached from the call's cancellation,
-// bounded by RecordTimeout: a Claim cut off by a client that hung up may
-// still have been applied, and its lease, unknown to anyone, would hold the
-// key for a whole LeaseTTL, answering the client's own retries Aborted.
-// Once the claim is known it is released on every path.
-func (s *Server) claim(ctx context.Context, key string, fp []byte) (idem.Claim, error) {
-	if ctx.Err() != nil {
-		return idem.Claim{}, context.Cause(ctx)
-	}
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.c.RecordTimeout)
-	defer cancel()
-	return s.c.Store.Claim(cctx, key, fp)
-}
-
-// storeFailed answers a failed Claim: InvalidArgument for a key the store
-// refuses, the context's code when the caller is gone, Unavailable (fail
-// closed) for anything else.
-func (s *Server) storeFailed(cl *call, err error) error {
-	switch {
-	case errors.Is(err, idem.ErrInvalidKey):
-		return s.answer(cl.ctx, connect.CodeInvalidArgument, ReasonKeyInvalid, "the idempotency key is too long for the store", "", err)
-	case cl.ctx.Err() != nil:
-		return contextError(cl.ctx)
-	}
-	return s.answer(cl.ctx, connect.CodeUnavailable, ReasonStoreUnavailable, "the idempotency store is unavailable; the call was not run", "", err)
-}
-
-// run runs the handler under claim's lease, with the take-over in its
-// context when claim took the key over, then records its answer or
-// releases the key.
-func (s *Server) run(cl *call, claim idem.Claim) {
-	l := claim.Lease
-	// After a crash, the handler is told: idem.TakeOverFrom(ctx).
-	work, stop := idem.Hold(idem.ContextWithTakeOver(cl.ctx, idem.TakeOverOf(claim)), s.c.Store, l)
-	done := false
-	defer func() {
-		if !done {
-			// The handler panicked: release the key so that a retry does
-			// the work, and let the panic go on.
-			s.forget(cl.ctx, l, stop())
-		}
-	}()
-	cl.handlerOK = true
-	cl.resp, cl.err = cl.next(work, cl.req)
-	done = true
-	end := stop() // waits for the renewals
-	var code connect.Code
+func (cl *call) Answered() (rpccore.Answered, error) {
+	header, trailer := answered(cl.work, cl.resp, cl.err)
+	a := rpccore.Answered{Header: rpccore.Metadata(header), Trailer: rpccore.Metadata(trailer)}
 	if cl.err != nil {
-		code = connect.CodeOf(cl.err)
+		ce := new(connect.Error)
+		if !errors.As(cl.err, &ce) {
+			ce = connect.NewError(connect.CodeOf(cl.err), cl.err)
+		}
+		a.Status = &rpccore.Status{Code: rpccore.Code(ce.Code()), Message: ce.Message()}
+		for _, d := range ce.Details() {
+			a.Status.Details = append(a.Status.Details, rpccore.Detail{TypeURL: rpccore.TypeURLPrefix + d.Type(), Value: d.Bytes()})
+		}
+		return a, nil
 	}
-	if !s.c.Keep(code) {
-		s.forget(cl.ctx, l, end)
-		return
+	var m proto.Message
+	ok := cl.resp != nil
+	if ok {
+		m, ok = cl.resp.Any().(proto.Message)
 	}
-	cl.header, cl.trailer = answered(work, cl.resp, cl.err)
-	rec, ok := s.encode(cl, false)
 	if !ok {
-		s.forget(cl.ctx, l, end)
-		return
+		return a, fmt.Errorf("%T", cl.resp)
 	}
-	cl.layerErr = s.confirm(cl, l, end, rec)
+	a.Name, a.Size = string(m.ProtoReflect().Descriptor().FullName()), proto.Size(m)
+	return a, nil
 }
 
-// sleep waits d, or returns false when ctx is done first.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
+func (cl *call) AppendResponse(b []byte) ([]byte, error) {
+	return proto.MarshalOptions{}.MarshalAppend(b, cl.resp.Any().(proto.Message))
+}
+
+// answered returns the headers and trailers a handler answered with, by
+// every means Connect gives it: the response's (or, for an error, its
+// Meta), and the handler context's call info (connect.CallInfoForHandlerContext,
+// which the simple handler API writes to).
+func answered(ctx context.Context, resp connect.AnyResponse, err error) (header, trailer http.Header) {
+	header, trailer = http.Header{}, http.Header{}
+	if info, ok := connect.CallInfoForHandlerContext(ctx); ok {
+		add(header, info.ResponseHeader())
+		add(trailer, info.ResponseTrailer())
+	}
+	if ce := new(connect.Error); errors.As(err, &ce) {
+		add(header, ce.Meta())
+	} else if err == nil && resp != nil {
+		add(header, resp.Header())
+		add(trailer, resp.Trailer())
+	}
+	return header, trailer
+}
+
+func add(dst, src http.Header) {
+	for k, vs := range src {
+		dst[k] = append(dst[k], vs...)
 	}
 }
+
+// Headers the interceptor adds to a replay, the gRPC module's metadata.
+const (
+	// HeaderReplayed is "true" on every replayed answer.
+	HeaderReplayed = "Idempotent-Replayed"
+	// HeaderResponseOmitted is "true" on the replay of a call whose
+	// response was over MaxResponseBytes: the work was done once, its
+	// response went to the first call only.
+	HeaderResponseOmitted = "Idempotent-Response-Omitted"
+)
+
+// replayed is a recorded response message as a handler's response: the
+// message of the recorded type, which the protocols' codecs encode as
+// they would the handler's own (it is a proto.Message by the one it
+// holds).
+type replayed struct{ proto.Message }
+
+func (cl *call) Replay(ctx context.Context, r *rpccore.Record, answer error) error {
+	var header, trailer http.Header
+	if ce, ok := answer.(*connect.Error); ok { // frame.Error's
+		cl.err, header, trailer = ce, ce.Meta(), ce.Meta()
+		if r.Flags&rpccore.FlagOmitted != 0 {
+			header.Set(HeaderResponseOmitted, "true")
+		}
+	} else {
+		m, err := decodeMessage(r)
+		if err != nil {
+			return err
+		}
+		resp := connect.NewResponse(&replayed{m})
+		cl.resp, header, trailer = resp, resp.Header(), resp.Trailer()
+	}
+	header.Set(HeaderReplayed, "true")
+	for k, vs := range r.Header {
+		header[k] = append(header[k], vs...)
+	}
+	for k, vs := range r.Trailer {
+		trailer[k] = append(trailer[k], vs...)
+	}
+	return nil
+}
+
+// errRecord is a record that does not decode.
+var errRecord = rpccore.ErrRecord
+
+// decodeMessage decodes a recorded response message: a new message of its
+// type, from protoregistry.GlobalTypes, where generated code registers
+// every type.
+func decodeMessage(r *rpccore.Record) (proto.Message, error) {
+	mt, err := protoregistry.GlobalTypes.FindMessageByName(protoreflect.FullName(r.Name))
+	var m proto.Message
+	if err == nil {
+		m = mt.New().Interface()
+		err = proto.Unmarshal(r.Body, m)
+	}
+	if err != nil {
+		return nil, errors.Join(errRecord, err)
+	}
+	return m, nil
+}
+
+// Resolution is how an operator settles, as done, a key this interceptor
+// quarantined (idem.Resolver.Resolve): the record of the answer m, with
+// the headers and trailers given (nil for none; replayed where
+// ReplayHeaders lists them). Every call of the key then gets m, with
+// Idempotent-Replayed: true, as if the handler had answered it. The key
+// to resolve is the store's: rpccore.StoreKey of the call's scope (""
+// under SingleTenant) and key. rpccore.Resolution builds the same from
+// m's encoding, for a program without m's type.
+func Resolution(m proto.Message, header, trailer http.Header) (idem.Resolution, error) {
+	if m == nil || !m.ProtoReflect().IsValid() {
+		return idem.Resolution{}, errors.New("idemconnect: Resolution: a nil message; give the response to replay, an empty one if that is the answer")
+	}
+	body, err := proto.Marshal(m)
+	if err != nil {
+		return idem.Resolution{}, fmt.Errorf("idemconnect: Resolution: %w", err)
+	}
+	return rpccore.Resolution(string(m.ProtoReflect().Descriptor().FullName()), body, rpccore.Metadata(header), rpccore.Metadata(trailer))
+}
+
+// ErrorDomain is the Domain of the errdetails.ErrorInfo in every error the
+// interceptor answers with; its Reason is one of the Reason constants,
+// the RPC core's, where each is documented with its code.
+const ErrorDomain = rpccore.ErrorDomain
+
+// Reasons of the errdetails.ErrorInfo of the interceptor's answers.
+const (
+	ReasonKeyMissing          = rpccore.ReasonKeyMissing
+	ReasonKeyInvalid          = rpccore.ReasonKeyInvalid
+	ReasonKeyReused           = rpccore.ReasonKeyReused
+	ReasonKeyInFlight         = rpccore.ReasonKeyInFlight
+	ReasonStoreUnavailable    = rpccore.ReasonStoreUnavailable
+	ReasonRecordDamaged       = rpccore.ReasonRecordDamaged
+	ReasonResponseNotRecorded = rpccore.ReasonResponseNotRecorded
+	ReasonKeyQuarantined      = rpccore.ReasonKeyQuarantined
+	ReasonStreamNotCovered    = rpccore.ReasonStreamNotCovered
+)

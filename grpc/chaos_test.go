@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/grpc/internal/lossy"
+	"github.com/idemgo/idem/middleware/rpccore/lossy"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"

@@ -4,16 +4,22 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
-	"time"
+	"strings"
+	"sync"
 
+	_ "google.golang.org/genproto/googleapis/rpc/errdetails" // the answers' details, registered for status.Details
+	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
+	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/middleware/rpccore"
 )
 
 // Server is the server interceptor: its Unary method is a
@@ -21,7 +27,10 @@ import (
 // grpc.StreamServerInterceptor that refuses keyed streams. Create it with
 // NewServer; it is safe for concurrent use.
 type Server struct {
-	c *serverConfig
+	core     *rpccore.Server
+	scope    func(ctx context.Context, fullMethod string) (string, error)
+	keyField string
+	metadata string // lower case
 }
 
 // NewServer returns the interceptor that ServerOptions describe, or an
@@ -32,11 +41,29 @@ type Server struct {
 // store cannot record), and Scope when neither Scope nor SingleTenant is
 // set, or both.
 func NewServer(o ServerOptions) (*Server, error) {
-	c, err := o.config()
+	c, err := o.core()
 	if err != nil {
 		return nil, err
 	}
-	return &Server{c: c}, nil
+	core, err := rpccore.New(c)
+	if err != nil {
+		return nil, err
+	}
+	return &Server{core: core, scope: o.Scope, keyField: o.KeyField, metadata: c.KeyName}, nil
+}
+
+// frame is what the RPC core needs of gRPC.
+var frame = rpccore.Frame{
+	Error: func(st *rpccore.Status) error {
+		p := &spb.Status{Code: int32(st.Code), Message: st.Message}
+		for _, d := range st.Details {
+			p.Details = append(p.Details, &anypb.Any{TypeUrl: d.TypeURL, Value: d.Value})
+		}
+		return status.ErrorProto(p)
+	},
+	IsAnswer:     func(err error) bool { _, ok := status.FromError(err); return ok },
+	ContextError: func(ctx context.Context) error { return status.FromContextError(ctx.Err()).Err() },
+	CodeName:     func(c rpccore.Code) string { return codes.Code(c).String() },
 }
 
 // Unary handles one unary call: with a key, the first call of the key runs
@@ -44,21 +71,47 @@ func NewServer(o ServerOptions) (*Server, error) {
 // request gets the recorded answer with MetadataReplayed: true. See the
 // package documentation for every answer.
 func (s *Server) Unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	c := s.c
-	if c.methods != nil && !c.methods[info.FullMethod] {
+	if !s.core.Covers(info.FullMethod) {
 		return handler(ctx, req)
 	}
-	key, keyErr := s.clientKey(ctx, req)
-	if keyErr == nil && key == "" && !c.Required {
+	key, keyErr := s.key(ctx, req)
+	if s.core.Passes(key, keyErr) {
 		return handler(ctx, req)
 	}
-	cl := &call{ctx: ctx, method: info.FullMethod, req: req, handler: handler, key: key}
-	if c.Observer == nil {
-		s.serve(cl, keyErr)
-		return cl.resp, cl.err
+	cl := &call{s: s, method: info.FullMethod, req: req, handler: handler}
+	if err := s.core.Serve(ctx, info.FullMethod, key, keyErr, cl); err != nil {
+		return nil, err
 	}
-	s.observe(cl, keyErr)
 	return cl.resp, cl.err
+}
+
+// key returns the call's key ("" for none), or the error answering a
+// malformed one.
+func (s *Server) key(ctx context.Context, req any) (string, error) {
+	field, err := keyField(req, s.keyField)
+	if err != nil {
+		return "", s.core.Plain(rpccore.Internal, err.Error())
+	}
+	md, _ := metadata.FromIncomingContext(ctx)
+	return s.core.Key(ctx, field, md[s.metadata])
+}
+
+// keyField returns the value of the request's field name, "" when the
+// request has no such field or leaves it empty, or an error when the field
+// is no singular string.
+func keyField(req any, name string) (string, error) {
+	m, ok := req.(proto.Message)
+	if name == "" || !ok {
+		return "", nil
+	}
+	r := m.ProtoReflect()
+	fd := r.Descriptor().Fields().ByName(protoreflect.Name(name))
+	if fd != nil && (fd.Kind() != protoreflect.StringKind || fd.IsList()) {
+		return "", fmt.Errorf("KeyField %s of %s is not a singular string field", name, r.Descriptor().FullName())
+	} else if fd == nil {
+		return "", nil
+	}
+	return r.Get(fd).String(), nil
 }
 
 // Stream passes a streaming call through unless it carries a key in
@@ -67,242 +120,216 @@ func (s *Server) Unary(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 // messages cannot be recorded and replayed as one answer, and running it
 // unprotected would break the promise its key makes.
 func (s *Server) Stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-	if s.c.methods != nil && !s.c.methods[info.FullMethod] {
-		return handler(srv, ss)
-	}
 	md, _ := metadata.FromIncomingContext(ss.Context())
-	if len(md[s.c.Metadata]) == 0 {
+	if !s.core.Covers(info.FullMethod) || len(md[s.metadata]) == 0 {
 		return handler(srv, ss)
 	}
-	return s.answer(ss.Context(), codes.Unimplemented, ReasonStreamNotCovered, "streaming calls are not covered by the idempotency interceptor; send this call without "+s.c.Metadata, "", nil)
+	return s.core.Answer(ss.Context(), rpccore.Unimplemented, ReasonStreamNotCovered, "streaming calls are not covered by the idempotency interceptor; send this call without "+s.metadata, "", nil)
 }
 
-// call is one covered unary call and what the interceptor did with it.
+// call is one covered unary call: the RPC core's rpccore.Handler.
 type call struct {
-	ctx     context.Context
+	s       *Server
 	method  string
 	req     any
 	handler grpc.UnaryHandler
-	key     string // the client's key
+	cp      capture // what the handler set
 
 	resp any   // the call's answer
 	err  error // the call's error answer
-
-	storeKey  string
-	outcome   idem.Outcome
-	layerErr  error // the idempotency layer's error, for the Observer
-	handlerOK bool  // the handler ran (for a panic's event)
-	takeOver  bool  // the claim took the key over from a lapsed attempt
 }
 
-// Errors reported to the Observer for calls refused before any store call.
-var (
-	errKeyRefused    = fmt.Errorf("%w: the call's key is missing or malformed, or its scope refused", idem.ErrInvalidKey)
-	errNotMessage    = fmt.Errorf("%w: the request is not a protobuf message", idem.ErrInvalidKey)
-	errRecordDamaged = fmt.Errorf("%w: the recorded response cannot be read", idem.ErrDamaged)
-	errPanicked      = errors.New("idemgrpc: a Scope func panicked")
-)
-
-// observe serves cl and reports it to the Observer as one OpRequest event,
-// opening it first when the Observer is an idem.Starter.
-func (s *Server) observe(cl *call, keyErr error) {
-	start := time.Now()
-	if st, ok := s.c.Observer.(idem.Starter); ok {
-		cl.ctx = st.Start(cl.ctx, idem.OpRequest)
+func (cl *call) Scope(ctx context.Context) (string, error) {
+	if cl.s.scope == nil {
+		return "", nil
 	}
-	done := false
-	defer func() {
-		e := idem.Event{Op: idem.OpRequest, Outcome: cl.outcome, TakeOver: cl.takeOver, Items: 1, Took: time.Since(start), Err: cl.layerErr}
-		if !done {
-			// A panic of the handler is its own failure, not the
-			// idempotency layer's; one before it is the Scope func's.
-			e.Outcome, e.Err = idem.Claimed, nil
-			if !cl.handlerOK {
-				e.Outcome, e.Err = 0, errPanicked
-			}
-		}
-		if cl.storeKey != "" {
-			e.KeyHash = s.c.KeyHasher.Hash(cl.storeKey)
-		}
-		s.c.Observer.Observe(cl.ctx, e)
-	}()
-	s.serve(cl, keyErr)
-	done = true
+	return cl.s.scope(ctx, cl.method)
 }
 
-// serve handles a covered call with its key, or the error about it.
-func (s *Server) serve(cl *call, keyErr error) {
-	c := s.c
-	if keyErr != nil {
-		cl.err, cl.layerErr = keyErr, errKeyRefused
-		return
-	}
-	if cl.key == "" {
-		cl.err = s.answer(cl.ctx, codes.InvalidArgument, ReasonKeyMissing, "the call has no idempotency key in "+c.Metadata+" metadata"+s.fieldWords(), "", nil)
-		cl.layerErr = errKeyRefused
-		return
-	}
-	var scope string
-	if c.Scope != nil {
-		var err error
-		if scope, err = c.Scope(cl.ctx, cl.method); err == nil && scope == "" {
-			// Every call without a principal would share one scope, and
-			// replay each other's responses.
-			err = errors.New("idemgrpc: Scope returned an empty scope")
-		}
-		if err != nil {
-			if _, ok := status.FromError(err); !ok {
-				err = s.answer(cl.ctx, codes.Unauthenticated, ReasonKeyInvalid, "the call's tenant could not be determined", "", err)
-			}
-			cl.err, cl.layerErr = err, errKeyRefused
-			return
-		}
-	}
+func (cl *call) AppendRequest(b []byte) ([]byte, error) {
 	m, ok := cl.req.(proto.Message)
 	if !ok {
-		cl.err = status.Errorf(codes.Internal, "idemgrpc: the request of %s is a %T, not a protobuf message; the interceptor cannot fingerprint it", cl.method, cl.req)
-		cl.layerErr = errNotMessage
-		return
+		return nil, fmt.Errorf("is a %T, not a protobuf message; the interceptor cannot fingerprint it", cl.req)
 	}
-	fp, err := fingerprint(cl.method, m)
+	b, err := proto.MarshalOptions{Deterministic: true}.MarshalAppend(b, m)
 	if err != nil {
-		cl.err = status.Errorf(codes.Internal, "idemgrpc: the request of %s does not encode: %v", cl.method, err)
-		cl.layerErr = errNotMessage
-		return
+		return nil, fmt.Errorf("does not encode: %v", err)
 	}
-	cl.storeKey = storeKey(scope, cl.key)
-	s.lease(cl, fp)
+	return b, nil
 }
 
-func (s *Server) fieldWords() string {
-	if s.c.KeyField == "" {
-		return ""
-	}
-	return " nor in the request's " + s.c.KeyField + " field"
+func (cl *call) Handle(ctx context.Context) rpccore.Code {
+	cl.cp.ServerTransportStream, cl.cp.method = grpc.ServerTransportStreamFromContext(ctx), cl.method
+	cl.resp, cl.err = cl.handler(grpc.NewContextWithServerTransportStream(ctx, &cl.cp), cl.req)
+	return rpccore.Code(status.Code(cl.err))
 }
 
-// lease claims cl's key and runs the handler under the lease; or replays;
-// or waits for the holder.
-func (s *Server) lease(cl *call, fp []byte) {
-	ctx := cl.ctx
-	deadline := time.Now().Add(s.c.LockTimeout)
-	wait := 10 * time.Millisecond
-	for {
-		claim, err := s.claim(ctx, cl.storeKey, fp)
-		// A different request under the key is answered at once, in
-		// flight or done: waiting would not make it the same request.
-		if errors.Is(err, idem.ErrFingerprintMismatch) {
-			cl.outcome, cl.layerErr = claim.Outcome, err
-			cl.err = s.answer(ctx, codes.FailedPrecondition, ReasonKeyReused, "the idempotency key was used for another request (another method or message); use a new key for a new request", cl.key, nil)
-			return
+func (cl *call) Answered() (rpccore.Answered, error) {
+	header, trailer := cl.cp.kept()
+	a := rpccore.Answered{Header: rpccore.Metadata(header), Trailer: rpccore.Metadata(trailer)}
+	if cl.err != nil {
+		st, _ := status.FromError(cl.err)
+		a.Status = &rpccore.Status{Code: rpccore.Code(st.Code()), Message: st.Message()}
+		for _, d := range st.Proto().GetDetails() {
+			a.Status.Details = append(a.Status.Details, rpccore.Detail{TypeURL: d.GetTypeUrl(), Value: d.GetValue()})
 		}
-		if errors.Is(err, idem.ErrQuarantined) {
-			cl.layerErr = err
-			cl.err = s.quarantined(cl, claim)
-			return
-		}
-		if err != nil {
-			cl.layerErr = err
-			cl.err = s.storeFailed(cl, err)
-			return
-		}
-		switch claim.Outcome {
-		case idem.Claimed:
-			cl.outcome, cl.takeOver = idem.Claimed, claim.TakeOver
-			s.run(cl, claim)
-			return
-		case idem.Duplicate:
-			cl.outcome = idem.Duplicate
-			s.replay(cl, claim.Record.Result)
-			return
-		}
-		left := time.Until(deadline)
-		if left <= 0 {
-			cl.outcome, cl.layerErr = idem.InProgress, idem.ErrInProgress
-			cl.err = s.answer(ctx, codes.Aborted, ReasonKeyInFlight, "a call with this idempotency key is in flight; retry after the RetryInfo delay", cl.key, idem.ErrInProgress)
-			return
-		}
-		// Jittered, growing waits: many retries of one key do not poll
-		// the store in step.
-		d := min(wait/2+rand.N(wait), left)
-		wait = min(2*wait, 250*time.Millisecond)
-		if !sleep(ctx, d) {
-			cl.outcome, cl.layerErr = idem.InProgress, context.Cause(ctx)
-			cl.err = status.FromContextError(ctx.Err()).Err()
-			return
-		}
+		return a, nil
 	}
-}
-
-// claim claims key on a context detached from the call's cancellation,
-// bounded by RecordTimeout: a Claim cut off by a client that hung up may
-// still have been applied, and its lease, unknown to anyone, would hold the
-// key for a whole LeaseTTL, answering the client's own retries Aborted.
-// Once the claim is known it is released on every path.
-func (s *Server) claim(ctx context.Context, key string, fp []byte) (idem.Claim, error) {
-	if ctx.Err() != nil {
-		return idem.Claim{}, context.Cause(ctx)
-	}
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.c.RecordTimeout)
-	defer cancel()
-	return s.c.Store.Claim(cctx, key, fp)
-}
-
-// storeFailed answers a failed Claim: InvalidArgument for a key the store
-// refuses, the context's code when the caller is gone, Unavailable (fail
-// closed) for anything else.
-func (s *Server) storeFailed(cl *call, err error) error {
-	switch {
-	case errors.Is(err, idem.ErrInvalidKey):
-		return s.answer(cl.ctx, codes.InvalidArgument, ReasonKeyInvalid, "the idempotency key is too long for the store", "", err)
-	case cl.ctx.Err() != nil:
-		return status.FromContextError(cl.ctx.Err()).Err()
-	}
-	return s.answer(cl.ctx, codes.Unavailable, ReasonStoreUnavailable, "the idempotency store is unavailable; the call was not run", "", err)
-}
-
-// run runs the handler under claim's lease, with the take-over in its
-// context when claim took the key over, then records its answer or
-// releases the key.
-func (s *Server) run(cl *call, claim idem.Claim) {
-	l := claim.Lease
-	// After a crash, the handler is told: idem.TakeOverFrom(ctx).
-	work, stop := idem.Hold(idem.ContextWithTakeOver(cl.ctx, idem.TakeOverOf(claim)), s.c.Store, l)
-	cp := &capture{ServerTransportStream: grpc.ServerTransportStreamFromContext(cl.ctx), method: cl.method}
-	work = grpc.NewContextWithServerTransportStream(work, cp)
-	done := false
-	defer func() {
-		if !done {
-			// The handler panicked: release the key so that a retry does
-			// the work, and let the panic go on.
-			s.forget(cl.ctx, l, stop())
-		}
-	}()
-	cl.handlerOK = true
-	cl.resp, cl.err = cl.handler(work, cl.req)
-	done = true
-	end := stop() // waits for the renewals
-	if !s.c.Keep(status.Code(cl.err)) {
-		s.forget(cl.ctx, l, end)
-		return
-	}
-	header, trailer := cp.kept()
-	rec, ok := s.encode(cl, header, trailer, false)
+	m, ok := cl.resp.(proto.Message)
 	if !ok {
-		s.forget(cl.ctx, l, end)
-		return
+		return a, fmt.Errorf("%T", cl.resp)
 	}
-	cl.layerErr = s.confirm(cl, l, end, header, trailer, rec)
+	a.Name, a.Size = string(m.ProtoReflect().Descriptor().FullName()), proto.Size(m)
+	return a, nil
 }
 
-// sleep waits d, or returns false when ctx is done first.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
+func (cl *call) AppendResponse(b []byte) ([]byte, error) {
+	return proto.MarshalOptions{}.MarshalAppend(b, cl.resp.(proto.Message))
 }
+
+// Metadata the interceptor adds to the header of a replay.
+const (
+	// MetadataReplayed is "true" on every replayed answer.
+	MetadataReplayed = "idempotent-replayed"
+	// MetadataResponseOmitted is "true" on the replay of a call whose
+	// response was over MaxResponseBytes: the work was done once, its
+	// response went to the first call only.
+	MetadataResponseOmitted = "idempotent-response-omitted"
+)
+
+var replayedTrue = []string{"true"}
+
+func (cl *call) Replay(ctx context.Context, r *rpccore.Record, answer error) error {
+	if answer == nil {
+		m, err := decodeMessage(r)
+		if err != nil {
+			return err
+		}
+		cl.resp = m
+	}
+	cl.err = answer
+	header := metadata.MD{MetadataReplayed: replayedTrue}
+	for k, vs := range r.Header {
+		header[k] = vs
+	}
+	if r.Flags&rpccore.FlagOmitted != 0 {
+		header[MetadataResponseOmitted] = replayedTrue
+	}
+	// Without a transport stream (the interceptor called directly) there
+	// is nowhere to send metadata: the answer itself still stands.
+	_ = grpc.SetHeader(ctx, header)
+	if len(r.Trailer) > 0 {
+		_ = grpc.SetTrailer(ctx, metadata.MD(r.Trailer))
+	}
+	return nil
+}
+
+// errRecord is a record that does not decode.
+var errRecord = rpccore.ErrRecord
+
+// decodeMessage decodes a recorded response message: a new message of its
+// type, from protoregistry.GlobalTypes, where generated code registers
+// every type.
+func decodeMessage(r *rpccore.Record) (proto.Message, error) {
+	mt, err := protoregistry.GlobalTypes.FindMessageByName(protoreflect.FullName(r.Name))
+	var m proto.Message
+	if err == nil {
+		m = mt.New().Interface()
+		err = proto.Unmarshal(r.Body, m)
+	}
+	if err != nil {
+		return nil, errors.Join(errRecord, err)
+	}
+	return m, nil
+}
+
+// Resolution is how an operator settles, as done, a key this interceptor
+// quarantined (idem.Resolver.Resolve): the record of the answer m, with
+// the header and trailer metadata given (nil for none; replayed where
+// ReplayMetadata lists them). Every call of the key then gets m, with
+// MetadataReplayed: true, as if the handler had answered it. The key to
+// resolve is the store's: rpccore.StoreKey of the call's scope ("" under
+// SingleTenant) and key. rpccore.Resolution builds the same from m's
+// encoding, for a program without m's type.
+func Resolution(m proto.Message, header, trailer metadata.MD) (idem.Resolution, error) {
+	if m == nil || !m.ProtoReflect().IsValid() {
+		return idem.Resolution{}, errors.New("idemgrpc: Resolution: a nil message; give the response to replay, an empty one if that is the answer")
+	}
+	body, err := proto.Marshal(m)
+	if err != nil {
+		return idem.Resolution{}, fmt.Errorf("idemgrpc: Resolution: %w", err)
+	}
+	return rpccore.Resolution(string(m.ProtoReflect().Descriptor().FullName()), body, rpccore.Metadata(header), rpccore.Metadata(trailer))
+}
+
+// capture is the grpc.ServerTransportStream a covered handler runs with:
+// it passes each call on to the call's own stream and keeps a copy of the
+// metadata the handler sets, for the record.
+type capture struct {
+	grpc.ServerTransportStream // the call's own; nil when the interceptor is called without one
+	method                     string
+
+	mu              sync.Mutex // a handler may set metadata from goroutines of its own
+	header, trailer metadata.MD
+}
+
+// kept returns the metadata the handler set.
+func (c *capture) kept() (header, trailer metadata.MD) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.header, c.trailer
+}
+
+// Method returns the call's full method name.
+func (c *capture) Method() string { return c.method }
+
+// SetHeader keeps md and passes it on.
+func (c *capture) SetHeader(md metadata.MD) error {
+	return c.keep(&c.header, md, grpc.ServerTransportStream.SetHeader)
+}
+
+// SendHeader keeps md and passes it on.
+func (c *capture) SendHeader(md metadata.MD) error {
+	return c.keep(&c.header, md, grpc.ServerTransportStream.SendHeader)
+}
+
+// SetTrailer keeps md and passes it on.
+func (c *capture) SetTrailer(md metadata.MD) error {
+	return c.keep(&c.trailer, md, grpc.ServerTransportStream.SetTrailer)
+}
+
+// keep appends md's values to dst's, keys in lower case as gRPC sends
+// them, and passes md on by send.
+func (c *capture) keep(dst *metadata.MD, md metadata.MD, send func(grpc.ServerTransportStream, metadata.MD) error) error {
+	c.mu.Lock()
+	if *dst == nil {
+		*dst = metadata.MD{}
+	}
+	for k, vs := range md {
+		k = strings.ToLower(k)
+		(*dst)[k] = append((*dst)[k], vs...)
+	}
+	c.mu.Unlock()
+	if c.ServerTransportStream == nil {
+		return nil
+	}
+	return send(c.ServerTransportStream, md)
+}
+
+// ErrorDomain is the Domain of the errdetails.ErrorInfo in every error the
+// interceptor answers with; its Reason is one of the Reason constants,
+// the RPC core's, where each is documented with its code.
+const ErrorDomain = rpccore.ErrorDomain
+
+// Reasons of the errdetails.ErrorInfo of the interceptor's answers.
+const (
+	ReasonKeyMissing          = rpccore.ReasonKeyMissing
+	ReasonKeyInvalid          = rpccore.ReasonKeyInvalid
+	ReasonKeyReused           = rpccore.ReasonKeyReused
+	ReasonKeyInFlight         = rpccore.ReasonKeyInFlight
+	ReasonStoreUnavailable    = rpccore.ReasonStoreUnavailable
+	ReasonRecordDamaged       = rpccore.ReasonRecordDamaged
+	ReasonResponseNotRecorded = rpccore.ReasonResponseNotRecorded
+	ReasonKeyQuarantined      = rpccore.ReasonKeyQuarantined
+	ReasonStreamNotCovered    = rpccore.ReasonStreamNotCovered
+)

@@ -29,7 +29,7 @@ import (
 	"github.com/alicebob/miniredis/v2"
 	"github.com/idemgo/idem"
 	idemgrpc "github.com/idemgo/idem/grpc"
-	"github.com/idemgo/idem/grpc/internal/lossy"
+	"github.com/idemgo/idem/middleware/rpccore/lossy"
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"

@@ -149,17 +149,18 @@ func pkgUnit(p string) string { return strings.TrimPrefix(p, module+"/") }
 // fileUnit is the unit of a file of package idem.
 func fileUnit(filename string) string { return "idem:" + filepath.Base(filename) }
 
-// load type-checks the module's packages from source, in the order of
-// `go list -deps` (a package after those it imports), and takes every
-// other package from the export data go list built.
-func load(t *testing.T, root string) (*token.FileSet, []*checked) {
+// load type-checks the packages of the module at dir, and those of the
+// tree's other modules they import, from source, in the order of `go list
+// -deps` (a package after those it imports), and takes every other package
+// from the export data go list built.
+func load(t *testing.T, dir string) (*token.FileSet, []*checked) {
 	t.Helper()
 	goTool, err := exec.LookPath("go")
 	if err != nil {
 		t.Fatalf("finding the go command: %v", err)
 	}
 	cmd := exec.Command(goTool, "list", "-deps", "-export", "-json=ImportPath,Dir,GoFiles,Export,Error", "./...")
-	cmd.Dir = root
+	cmd.Dir = dir
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -251,18 +252,107 @@ func moduleRoot(t *testing.T) string {
 	return root
 }
 
-// TestRules holds the module to the rules of docs/ARCHITECTURE.md: each
-// import of a package of the module, and each identifier of package idem
-// a file names, must be one the using unit's layer may use.
+// A mod is one module of the tree: its directory, relative to the root
+// module's, and its path.
+type mod struct{ dir, path string }
+
+// modules lists the modules of the tree at root, the root module first, as
+// .ci/modules.sh does: a directory with a go.mod, outside directories Go
+// ignores (names starting with "." or "_", testdata).
+func modules(t *testing.T, root string) []mod {
+	t.Helper()
+	mods := []mod{{".", module}}
+	err := filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		name := d.Name()
+		if d.IsDir() && p != root && (strings.HasPrefix(name, ".") || strings.HasPrefix(name, "_") || name == "testdata") {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || name != "go.mod" || filepath.Dir(p) == root {
+			return nil
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		m := regexp.MustCompile(`(?m)^module\s+(\S+)`).FindSubmatch(b)
+		if m == nil {
+			return fmt.Errorf("%s: no module line", p)
+		}
+		rel, _ := filepath.Rel(root, filepath.Dir(p))
+		mods = append(mods, mod{filepath.ToSlash(rel), string(m[1])})
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("listing the modules: %v", err)
+	}
+	return mods
+}
+
+// owner returns the module of mods a package belongs to: the longest
+// module path that is the package's path or a prefix of it.
+func owner(mods []mod, p string) string {
+	best := ""
+	for _, m := range mods {
+		if (p == m.path || strings.HasPrefix(p, m.path+"/")) && len(m.path) > len(best) {
+			best = m.path
+		}
+	}
+	return best
+}
+
+// internalTo reports whether package p is internal to its module o: a
+// path element "internal" below the module's path.
+func internalTo(p, o string) bool {
+	rel := strings.TrimPrefix(strings.TrimPrefix(p, o), "/")
+	return rel == "internal" || strings.HasPrefix(rel, "internal/") || strings.Contains(rel, "/internal/") || strings.HasSuffix(rel, "/internal")
+}
+
+// TestRules holds every module of the tree to the rules of
+// docs/ARCHITECTURE.md: each import of a package of the tree, and each
+// identifier of package idem a file names, must be one the using unit's
+// layer may use. A unit is a package by its path below the root module's
+// ("grpc", "consumer/kafka"), whichever module holds it. Across modules,
+// a nested module imports only the root module, and nothing internal to
+// it: each is published alone (.ci/publish-check.sh).
 func TestRules(t *testing.T) {
 	root := moduleRoot(t)
 	rs, err := readRules(root)
 	if err != nil {
 		t.Fatal(err)
 	}
-	fset, pkgs := load(t, root)
-
+	mods := modules(t, root)
 	used := map[*layer]bool{}
+	var imports, idents int
+	var broken []string // sorted before they are reported: Uses is a map
+	for _, m := range mods {
+		fset, pkgs := load(t, filepath.Join(root, m.dir))
+		i, n := check(t, root, rs, mods, m, fset, pkgs, used, &broken)
+		imports, idents = imports+i, idents+n
+	}
+	slices.Sort(broken)
+	for _, b := range broken {
+		t.Error(b)
+	}
+	// A check that saw nothing would pass whatever the code did.
+	if imports == 0 || idents == 0 {
+		t.Fatalf("checked %d imports and %d identifiers across units; the loader found none", imports, idents)
+	}
+	for _, l := range rs {
+		if !used[l] {
+			t.Errorf("%s:%d: layer %s holds no package or file of the module", rulesDoc, l.line, l.name)
+		}
+	}
+	t.Logf("%d modules, %d imports within the tree, %d uses of idem's identifiers across files", len(mods), imports, idents)
+}
+
+// check holds the packages of module m among pkgs to the rules, adding
+// what breaks them to broken, and returns how many imports and
+// identifiers it checked.
+func check(t *testing.T, root string, rs rules, mods []mod, m mod, fset *token.FileSet, pkgs []*checked, used map[*layer]bool, broken *[]string) (imports, idents int) {
+
 	// The layer of a unit, or an error naming the unit no layer holds.
 	layerOf := func(unit string) *layer {
 		l := rs.of(unit)
@@ -275,10 +365,11 @@ func TestRules(t *testing.T) {
 	}
 	allowed := func(from, to *layer) bool { return from == to || from.uses[to.name] }
 
-	var imports, idents int
 	reported := map[string]bool{}
-	var broken []string // sorted before they are reported: Uses is a map
 	for _, c := range pkgs {
+		if owner(mods, c.path) != m.path {
+			continue // another module's, checked with it
+		}
 		var pkgLayer *layer
 		if c.path != module {
 			pkgLayer = layerOf(pkgUnit(c.path))
@@ -299,9 +390,14 @@ func TestRules(t *testing.T) {
 					continue // idem is checked by identifier, below
 				}
 				imports++
+				if o := owner(mods, p); o != m.path && (o != module || internalTo(p, o)) {
+					*broken = append(*broken, fmt.Sprintf("%s:%d: imports %s, of module %s: module %s imports no other module but the root, and nothing internal to it (%s: Modules)",
+						rel, fset.Position(spec.Pos()).Line, p, o, m.path, rulesDoc))
+					continue
+				}
 				to := layerOf(pkgUnit(p))
 				if to != nil && !allowed(from, to) {
-					broken = append(broken, fmt.Sprintf("%s:%d: imports %s (layer %s), which layer %s may not use (%s:%d)",
+					*broken = append(*broken, fmt.Sprintf("%s:%d: imports %s (layer %s), which layer %s may not use (%s:%d)",
 						rel, fset.Position(spec.Pos()).Line, pkgUnit(p), to.name, from.name, rulesDoc, from.line))
 				}
 			}
@@ -328,25 +424,12 @@ func TestRules(t *testing.T) {
 					continue // one line per file and identifier
 				}
 				reported[key] = true
-				broken = append(broken, fmt.Sprintf("%s:%d: uses %s, declared in %s (layer %s), which layer %s may not use (%s:%d)",
+				*broken = append(*broken, fmt.Sprintf("%s:%d: uses %s, declared in %s (layer %s), which layer %s may not use (%s:%d)",
 					rel, pos.Line, id.Name, filepath.Base(decl), to.name, from.name, rulesDoc, from.line))
 			}
 		}
 	}
-	slices.Sort(broken)
-	for _, b := range broken {
-		t.Error(b)
-	}
-	// A check that saw nothing would pass whatever the code did.
-	if imports == 0 || idents == 0 {
-		t.Fatalf("checked %d imports and %d identifiers across units; the loader found none", imports, idents)
-	}
-	for _, l := range rs {
-		if !used[l] {
-			t.Errorf("%s:%d: layer %s holds no package or file of the module", rulesDoc, l.line, l.name)
-		}
-	}
-	t.Logf("%d packages, %d imports within the module, %d uses of idem's identifiers across files", len(pkgs), imports, idents)
+	return imports, idents
 }
 
 // A unit is in the first layer whose pattern holds it, and a unit no

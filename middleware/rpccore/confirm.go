@@ -1,66 +1,49 @@
-package idemgrpc
+package rpccore
 
 import (
 	"context"
 	"errors"
-	"fmt"
-	"math/rand/v2"
 	"time"
 
-	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
-
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/internal/backoff"
 )
 
-// encode encodes cl's answer for the store; without the response message
+// encode encodes a's answer for the store; without the response message
 // when omit is set, when it is over MaxResponseBytes, or when the whole
-// would be over the store's MaxResultBytes. It reports false for a
-// response that is not a protobuf message, which is not recorded.
-func (s *Server) encode(cl *call, header, trailer metadata.MD, omit bool) ([]byte, bool) {
-	if cl.err != nil {
-		st, _ := status.FromError(cl.err)
-		body, err := proto.Marshal(st.Proto())
-		if err != nil {
-			return nil, false
-		}
-		b := encodeRecord(flagStatus, header, trailer, s.c.replay, "", body)
-		if s.c.maxResult > 0 && len(b) > s.c.maxResult {
+// would be over the store's MaxResultBytes.
+func (s *Server) encode(cl *call, a *Answered, omit bool) []byte {
+	if a.Status != nil {
+		body := a.Status.Encode()
+		b := append(encodeRecord(FlagStatus, a.Header, a.Trailer, s.lower, s.canon, "", len(body)), body...)
+		if s.maxResult > 0 && len(b) > s.maxResult {
 			// Details too large to record: the code and message still
 			// say what the same request will be answered.
-			body, _ = proto.Marshal(status.New(st.Code(), st.Message()).Proto())
-			b = encodeRecord(flagStatus, header, trailer, s.c.replay, "", body)
+			st := Status{Code: a.Status.Code, Message: a.Status.Message}
+			b = append(encodeRecord(FlagStatus, a.Header, a.Trailer, s.lower, s.canon, "", 0), st.Encode()...)
 		}
-		return b, true
+		return b
 	}
-	m, ok := cl.resp.(proto.Message)
-	if !ok {
-		s.log(cl.ctx, "idemgrpc: the handler's response is not a protobuf message; not recorded, the key released", cl.storeKey, fmt.Errorf("%T", cl.resp))
-		return nil, false
-	}
-	name := m.ProtoReflect().Descriptor().FullName()
-	if !omit && proto.Size(m) <= s.c.MaxResponseBytes {
-		if body, err := proto.Marshal(m); err == nil {
-			b := encodeRecord(0, header, trailer, s.c.replay, name, body)
-			if s.c.maxResult == 0 || len(b) <= s.c.maxResult {
-				return b, true
-			}
+	if !omit && a.Size <= s.c.MaxResponse {
+		b := encodeRecord(0, a.Header, a.Trailer, s.lower, s.canon, a.Name, a.Size)
+		if b, err := cl.h.AppendResponse(b); err == nil && (s.maxResult == 0 || len(b) <= s.maxResult) {
+			return b
 		}
 	}
-	return encodeRecord(flagOmitted, header, trailer, s.c.replay, name, nil), true
+	return encodeRecord(FlagOmitted, a.Header, a.Trailer, s.lower, s.canon, a.Name, 0)
 }
 
-// confirm records rec as l's result, on a context detached from the call,
+// confirm records a as l's result, on a context detached from the call,
 // retrying within RecordTimeout and the lease, which ends at end. A
 // result the store finds too large is recorded again without the
 // message: the work is done, and must be recorded as done whatever its
 // size. It returns the last error when no Confirm succeeded.
-func (s *Server) confirm(cl *call, l *idem.Lease, end time.Time, header, trailer metadata.MD, rec []byte) error {
+func (s *Server) confirm(cl *call, l *idem.Lease, end time.Time, a *Answered) error {
+	rec := s.encode(cl, a, false)
 	err := s.record(cl.ctx, end, func(ctx context.Context) error {
 		err := s.c.Store.Confirm(ctx, l, rec)
-		if errors.Is(err, idem.ErrTooLarge) && cl.err == nil && rec[1]&flagOmitted == 0 {
-			rec, _ = s.encode(cl, header, trailer, true)
+		if errors.Is(err, idem.ErrTooLarge) && rec[1] == 0 {
+			rec = s.encode(cl, a, true)
 			err = s.c.Store.Confirm(ctx, l, rec)
 		}
 		return err
@@ -69,13 +52,13 @@ func (s *Server) confirm(cl *call, l *idem.Lease, end time.Time, header, trailer
 		// Another call's answer is the one replayed from now on; this one
 		// did the work too, which an operator must hear of, but it is done
 		// and its client gets its own answer.
-		s.log(cl.ctx, "idemgrpc: the work was done twice: another call under the key was recorded first", l.Key, err)
+		s.log(cl.ctx, s.c.Pkg+": the work was done twice: another call under the key was recorded first", l.Key, err)
 		return nil
 	}
 	if err != nil {
 		// The answer still goes out: the work was done, and a client told
 		// otherwise would retry it once the lease runs out.
-		s.log(cl.ctx, "idemgrpc: the answer could not be recorded; a retry after the lease may run the handler again", l.Key, err)
+		s.log(cl.ctx, s.c.Pkg+": the answer could not be recorded; a retry after the lease may run the handler again", l.Key, err)
 	}
 	return err
 }
@@ -85,7 +68,7 @@ func (s *Server) confirm(cl *call, l *idem.Lease, end time.Time, header, trailer
 func (s *Server) forget(ctx context.Context, l *idem.Lease, end time.Time) {
 	err := s.record(ctx, end, func(ctx context.Context) error { return s.c.Store.Forget(ctx, l) })
 	if err != nil && !errors.Is(err, idem.ErrLeaseLost) {
-		s.log(ctx, "idemgrpc: the key could not be released; retries wait for the lease to run out", l.Key, err)
+		s.log(ctx, s.c.Pkg+": the key could not be released; retries wait for the lease to run out", l.Key, err)
 	}
 }
 
@@ -103,17 +86,7 @@ func (s *Server) record(ctx context.Context, end time.Time, op func(context.Cont
 	}
 	ctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline)
 	defer cancel()
-	wait := 5 * time.Millisecond
-	for {
-		err := op(ctx)
-		if err == nil || over || permanent(err) {
-			return err
-		}
-		if !sleep(ctx, wait/2+rand.N(wait)) {
-			return errors.Join(err, ctx.Err())
-		}
-		wait = min(2*wait, 250*time.Millisecond)
-	}
+	return backoff.Retry(ctx, op, func(err error) bool { return over || permanent(err) })
 }
 
 // permanent reports store errors that no retry fixes.

@@ -1,24 +1,18 @@
-package idemgrpc
+package rpccore
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
+	"strconv"
 
 	"github.com/idemgo/idem"
-
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/protoadapt"
-	"google.golang.org/protobuf/types/known/durationpb"
 )
 
-// ErrorDomain is the Domain of the errdetails.ErrorInfo in every error the
-// interceptor answers with; its Reason is one of the Reason constants.
+// ErrorDomain is the Domain of the google.rpc.ErrorInfo in every error the
+// interceptors answer with; its Reason is one of the Reason constants.
 const ErrorDomain = "idem"
 
-// Reasons of the errdetails.ErrorInfo of the interceptor's answers. Every
+// Reasons of the google.rpc.ErrorInfo of the interceptors' answers. Every
 // answer carries one; those about a well-formed key also carry it, in
 // Metadata["idempotency_key"].
 const (
@@ -26,7 +20,7 @@ const (
 	// under ServerOptions.Required.
 	ReasonKeyMissing = "IDEMPOTENCY_KEY_MISSING"
 	// ReasonKeyInvalid: InvalidArgument, a key empty, repeated, too long,
-	// or refused by the store.
+	// or refused by the store; Unauthenticated, a scope refused.
 	ReasonKeyInvalid = "IDEMPOTENCY_KEY_INVALID"
 	// ReasonKeyReused: FailedPrecondition, the key was used for another
 	// request (another method or another message), done or in flight.
@@ -47,9 +41,10 @@ const (
 	// (its Violation's Type this reason, Subject "idempotency_key"): the
 	// key's calls crashed the server more times in a row than the store's
 	// MaxTakeOvers, so the store quarantined it, and the handler does not
-	// run for it until an operator settles it (idem resolve). As gRPC
-	// says of FailedPrecondition, the client should not retry until the
-	// system's state is fixed; clients do not retry it by themselves.
+	// run for it until an operator settles it (idem resolve; Resolution).
+	// As gRPC says of FailedPrecondition, the client should not retry
+	// until the system's state is fixed; clients do not retry it by
+	// themselves.
 	ReasonKeyQuarantined = "IDEMPOTENCY_KEY_QUARANTINED"
 	// ReasonStreamNotCovered: Unimplemented, a streaming call carrying a
 	// key: streams are not covered, and doing the work without the key's
@@ -57,37 +52,31 @@ const (
 	ReasonStreamNotCovered = "IDEMPOTENCY_STREAM_NOT_COVERED"
 )
 
-// answer builds the interceptor's error answer: code, a message that never
-// carries internal error text, and an ErrorInfo (the key in its Metadata
-// when given) and, for a retryable code, a RetryInfo. It logs it with
-// cause.
-func (s *Server) answer(ctx context.Context, code codes.Code, reason, msg, key string, cause error, extra ...protoadapt.MessageV1) error {
-	info := &errdetails.ErrorInfo{Reason: reason, Domain: ErrorDomain}
-	if key != "" {
-		info.Metadata = map[string]string{"idempotency_key": key}
-	}
-	details := append([]protoadapt.MessageV1{info}, extra...)
-	if code == codes.Aborted || code == codes.Unavailable {
-		details = append(details, &errdetails.RetryInfo{RetryDelay: durationpb.New(s.c.RetryDelay)})
-	}
-	st := status.New(code, "idemgrpc: "+msg)
-	if withDetails, err := st.WithDetails(details...); err == nil {
-		st = withDetails
+// Answer builds an error answer of the interceptor, as the framework's
+// error: code, a message after the front door's name that never carries
+// internal error text, a google.rpc.ErrorInfo (reason, ErrorDomain, and
+// key in its Metadata when given), extra, and for Aborted and Unavailable
+// a google.rpc.RetryInfo of RetryDelay. It logs it with cause: level Error
+// for Unavailable and Internal, Info otherwise.
+func (s *Server) Answer(ctx context.Context, code Code, reason, msg, key string, cause error, extra ...Detail) error {
+	st := &Status{Code: code, Message: s.c.Pkg + ": " + msg, Details: append([]Detail{errorInfo(reason, ErrorDomain, key)}, extra...)}
+	if code == Aborted || code == Unavailable {
+		st.Details = append(st.Details, retryInfo(s.c.RetryDelay))
 	}
 	if s.c.Logger != nil {
 		// A client error is routine; the operator's attention goes to the
 		// service's own failures.
 		level := slog.LevelInfo
-		if code == codes.Unavailable || code == codes.Internal {
+		if code == Unavailable || code == Internal {
 			level = slog.LevelError
 		}
-		attrs := []slog.Attr{slog.String("code", code.String()), slog.String("reason", reason)}
+		attrs := []slog.Attr{slog.String("code", s.c.CodeName(code)), slog.String("reason", reason)}
 		if cause != nil {
 			attrs = append(attrs, slog.Any("err", cause))
 		}
-		s.c.Logger.LogAttrs(ctx, level, "idemgrpc: answered "+code.String(), attrs...)
+		s.c.Logger.LogAttrs(ctx, level, s.c.Pkg+": answered "+s.c.CodeName(code), attrs...)
 	}
-	return st.Err()
+	return s.c.Error(st)
 }
 
 func (s *Server) log(ctx context.Context, msg, key string, err error) {
@@ -104,13 +93,9 @@ func (s *Server) quarantined(cl *call, claim idem.Claim) error {
 	if claim.Record != nil {
 		n = claim.Record.TakeOvers
 	}
-	pf := &errdetails.PreconditionFailure{Violations: []*errdetails.PreconditionFailure_Violation{{
-		Type:    ReasonKeyQuarantined,
-		Subject: "idempotency_key",
-		Description: fmt.Sprintf("the calls with this key crashed the server %d times in a row; "+
-			"it is not run again until an operator settles it (idem resolve)", n+1),
-	}}}
-	return s.answer(cl.ctx, codes.FailedPrecondition, ReasonKeyQuarantined,
+	pf := preconditionFailure(ReasonKeyQuarantined, "idempotency_key", "the calls with this key crashed the server "+
+		strconv.Itoa(n+1)+" times in a row; it is not run again until an operator settles it (idem resolve)")
+	return s.Answer(cl.ctx, FailedPrecondition, ReasonKeyQuarantined,
 		"the idempotency key is quarantined after repeated crashes; an operator must settle it before the call can run; do not retry",
 		cl.key, idem.ErrQuarantined, pf)
 }

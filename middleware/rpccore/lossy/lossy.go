@@ -1,12 +1,12 @@
-// Package lossy is a loopback TCP proxy for the chaos test and the demo of
-// the gRPC interceptors: it forwards every
-// connection to one upstream, byte for byte, and on demand resets every
-// open connection (RST, as a crashed middlebox would) or holds all traffic
-// for a while (a blackhole that heals: what was sent meanwhile is
-// delivered afterwards). It knows nothing of HTTP/2: a reset loses
-// whatever answers were on the wire, after or before their handler ran.
-// It lives in the grpc module (not the root's internal/faultproxy) so that
-// the module builds and tests alone, as published.
+// Package lossy is a loopback TCP proxy for chaos tests of RPC clients and
+// servers (the gRPC and Connect modules' chaos tests, idem-grpc-demo): it
+// forwards every connection to one upstream, byte for byte, and on demand
+// resets every open connection (RST, as a crashed middlebox would) or holds
+// all traffic for a while (a blackhole that heals: what was sent meanwhile
+// is delivered afterwards). It knows nothing of HTTP/2 or TLS: a reset
+// loses whatever answers were on the wire, after or before their handler
+// ran. It is public, not internal, because the nested modules that use it
+// may not import another module's internal packages.
 package lossy
 
 import (
