@@ -76,9 +76,9 @@ type RedisOptions struct {
 	// (1D<token>:<#fingerprint>:<fingerprint><result>, scripts/record.lua),
 	// which releases before the short form can read. By default a
 	// confirmation without fingerprint or result, a consumer's, is its
-	// token alone, a number Redis keeps in the key's own object: 32 bytes
-	// less per record on Redis, about 50 on Valkey (docs/BENCHMARKS.md,
-	// Records at scale). Set it while processes of an earlier release share
+	// token alone, a number Redis keeps in the key's own object: 15 to 36
+	// bytes less per record, by server (docs/BENCHMARKS.md, Records at
+	// scale). Set it while processes of an earlier release share
 	// the store (a rolling upgrade): they would find the short form damaged.
 	// Both forms are read either way. Default false: the short form.
 	LongConfirmations bool
