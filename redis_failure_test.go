@@ -365,6 +365,9 @@ var damagedRecords = []string{
 	"garbage",
 	"",
 	"1",
+	"179667091381781",        // a short confirmation's token, one digit short
+	"17966709138178160",      // ... or one digit long
+	"0796670913817816",       // ... or with a leading zero
 	"1C12:5:ab",              // a length longer than the value
 	"1C12:0:5:ab",            // ... the second one too
 	"1C12:0:",                // a field missing

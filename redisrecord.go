@@ -214,7 +214,14 @@ func (s *RedisStore) confirmArgs(l *Lease, result []byte) []any {
 	b := make([]byte, 0, 48+len(l.Owner)+len(l.Fingerprint)+len(result))
 	b = appendHeld(b, l)
 	n := len(b)
-	b = appendDone(b, l, result)
+	if s.longConfirmations || len(l.Fingerprint) > 0 || len(result) > 0 || l.Token < 1e15 || l.Token >= 1e16 {
+		b = appendDone(b, l, result)
+	} else {
+		// The short form, the token alone (16 digits, as record.lua reads
+		// it): Redis keeps a value that reads as a number in its object,
+		// without a string of its own.
+		b = strconv.AppendInt(b, l.Token, 10)
+	}
 	return []any{s.retentionMs, s.retentionMs, b[:n:n], b[n:]}
 }
 

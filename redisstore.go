@@ -72,6 +72,16 @@ type RedisOptions struct {
 	// pipelining). A lone call is sent at once either way, so it costs no
 	// latency; turn it off only to rule it out. Default false: on.
 	NoAutoPipeline bool
+	// LongConfirmations writes every confirmation in the long form
+	// (1D<token>:<#fingerprint>:<fingerprint><result>, scripts/record.lua),
+	// which releases before the short form can read. By default a
+	// confirmation without fingerprint or result, a consumer's, is its
+	// token alone, a number Redis keeps in the key's own object: 15 to 36
+	// bytes less per record, by server (docs/BENCHMARKS.md, Records at
+	// scale). Set it while processes of an earlier release share
+	// the store (a rolling upgrade): they would find the short form damaged.
+	// Both forms are read either way. Default false: the short form.
+	LongConfirmations bool
 	// AutoPipeline is the default now, and false does not turn it off.
 	//
 	// Deprecated: automatic pipelining is on unless NoAutoPipeline is set.
@@ -153,6 +163,8 @@ type RedisStore struct {
 	// last asked it to reload its slot map (UnixNano), see reloadSlots.
 	cluster  *redis.ClusterClient
 	reloaded atomic.Int64
+
+	longConfirmations bool // RedisOptions.LongConfirmations
 
 	waitReplicas  int // RedisOptions.WaitReplicas
 	waitTimeout   time.Duration
@@ -243,6 +255,7 @@ func NewRedisStore(c redis.UniversalClient, o RedisOptions) (*RedisStore, error)
 		s.waitReplicas, s.waitTimeout = o.WaitReplicas, o.WaitTimeout
 	}
 	s.allowEviction = o.AllowEviction
+	s.longConfirmations = o.LongConfirmations
 	s.probe.gate = make(chan struct{}, 1)
 	return s, nil
 }

@@ -10,6 +10,9 @@
 --                                                              a claim, live or lapsed
 --   2Q<the same fields>                                        a quarantined key
 --   1D<token>:<#fingerprint>:<fingerprint><result>             a confirmation
+--   <token>                                                    a confirmation without
+--                                                              fingerprint or result,
+--                                                              when token has 16 digits
 --   1F<token>                                                  a forgotten claim
 --
 -- <token> is a decimal microsecond timestamp of the store's clock (at most
@@ -49,6 +52,12 @@ local HELD, LATE, REPEAT, NOT_KEPT = 1, 2, 3, 4
 -- decode parses a record, or returns nil when it is not one this version
 -- can read (the caller answers DAMAGED and leaves the record alone).
 local function decode(v)
+  -- The short confirmation: a token of 16 digits, as the store's clock
+  -- writes them (microseconds since 2001), and nothing else. No other form
+  -- has a digit second.
+  if #v == 16 and string.find(v, '^[1-9]%d+$') then
+    return {st = 'D', keep = 0, n = 0, cp = '', toks = v, tok = tonumber(v), fp = '', result = ''}
+  end
   local ver = string.sub(v, 1, 1)
   if ver ~= '1' and ver ~= '2' then return nil end
   local r = {st = string.sub(v, 2, 2), keep = 0, n = 0, cp = ''}

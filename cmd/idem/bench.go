@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -26,6 +27,9 @@ import (
 const (
 	benchTableFile = "BENCHMARKS-results.md"
 	benchChartFile = "BENCHMARKS-throughput.svg"
+
+	benchConsumerTableFile = "BENCHMARKS-consumer.md"
+	benchConsumerChartFile = "BENCHMARKS-consumer.svg"
 )
 
 // benchPostgresConns bounds the Postgres pool: the server's default
@@ -47,7 +51,12 @@ idem's targets were met. The table goes to stdout, progress to stderr; --out
 also writes ` + benchTableFile + ` and ` + benchChartFile + `.
 
 Groups: redis (needs --redis), cluster (--cluster), sql (--postgres),
-http (--redis).`
+http (--redis); and, only when named, consumer (--redis, and --amqp for
+RabbitMQ's rows): a Redis Streams and a RabbitMQ consumer end to end, each
+reading --consumer-msgs messages of which 20% are redeliveries, bare and
+through idem's wrapper (per message and batched); --out writes its results to
+` + benchConsumerTableFile + ` and ` + benchConsumerChartFile + `. Kafka's is a Go benchmark of
+its own module (consumer/kafka: go test -bench Consumer -run '^$').`
 
 func (c *cli) bench(args []string) int {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
@@ -66,6 +75,9 @@ func (c *cli) bench(args []string) int {
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the timed rounds to `file`")
 	memprofile := fs.String("memprofile", "", "write an allocation profile of the whole run to `file`")
 	quiet := fs.Bool("quiet", false, "no progress lines on stderr")
+	amqpURL := fs.String("amqp", c.getenv("IDEM_AMQP_URL"), "RabbitMQ `URL` for the consumer group (default $IDEM_AMQP_URL; none: Redis Streams only)")
+	consumerMsgs := fs.Int("consumer-msgs", 20_000, "messages per contender per round of the consumer group")
+	brokerPID := fs.Int("broker-pid", 0, "RabbitMQ's `pid` (its beam.smp), whose CPU the consumer group reads (0: the one beam.smp running, if one; -1: none)")
 	pos, done, st := c.parse(fs, args, "[flags]", benchAbout+"\n\n"+envHelp(benchKinds))
 	if done {
 		return st
@@ -94,22 +106,36 @@ func (c *cli) bench(args []string) int {
 	}
 	slices.Sort(cfg.Goroutines)
 	cfg.Goroutines = slices.Compact(cfg.Goroutines)
+	runConsumer := false
 	for _, g := range strings.Split(*groups, ",") {
 		g = strings.TrimSpace(g)
+		if g == bench.GroupConsumer {
+			runConsumer = true
+			continue
+		}
 		if !slices.Contains(bench.AllGroups, g) {
-			return c.usageError("bench", fmt.Errorf("--groups: unknown group %q (have %s)", g, strings.Join(bench.AllGroups, ", ")))
+			return c.usageError("bench", fmt.Errorf("--groups: unknown group %q (have %s, %s)", g, strings.Join(bench.AllGroups, ", "), bench.GroupConsumer))
 		}
 		cfg.Groups = append(cfg.Groups, g)
 	}
+	if *consumerMsgs < 1 {
+		return c.usageError("bench", errors.New("--consumer-msgs must be at least 1"))
+	}
+	ccfg := bench.ConsumerConfig{Msgs: *consumerMsgs, Rounds: *rounds}
 	if *only != "" {
 		re, err := regexp.Compile(*only)
 		if err != nil {
 			return c.usageError("bench", fmt.Errorf("--only: %w", err))
 		}
 		cfg.Only = re.MatchString
+		ccfg.Only = re.MatchString
 	}
 	var tg benchTargets
-	for _, g := range cfg.Groups {
+	needs := cfg.Groups
+	if runConsumer {
+		needs = append(slices.Clone(needs), bench.GroupRedis)
+	}
+	for _, g := range needs {
 		var (
 			name, v string
 			err     error
@@ -139,11 +165,12 @@ func (c *cli) bench(args []string) int {
 			return c.usageError("bench", err)
 		}
 		if v == "" {
-			return c.usageError("bench", fmt.Errorf("the groups %s need %s (or its environment variable)", strings.Join(cfg.Groups, ","), name))
+			return c.usageError("bench", fmt.Errorf("the groups %s need %s (or its environment variable)", *groups, name))
 		}
 	}
 	if !*quiet {
 		cfg.Progress = func(format string, args ...any) { fmt.Fprintf(c.stderr, format+"\n", args...) }
+		ccfg.Progress = cfg.Progress
 	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
@@ -164,6 +191,24 @@ func (c *cli) bench(args []string) int {
 			return c.fail("bench", exitUsage, err)
 		}
 		defer pprof.StopCPUProfile()
+	}
+	if runConsumer {
+		rep, err := bench.RunConsumer(ctx, bench.ConsumerEnv{Redis: env.Redis, AMQP: *amqpURL, BrokerPID: *brokerPID}, ccfg)
+		if err != nil {
+			return c.fail("bench", exitFailed, err)
+		}
+		if err := rep.WriteMarkdown(c.stdout); err != nil {
+			return c.fail("bench", exitFailed, err)
+		}
+		if *out != "" {
+			if err := writeFiles(*out, benchConsumerTableFile, rep.WriteMarkdown, benchConsumerChartFile, rep.WriteSVG); err != nil {
+				return c.fail("bench", exitFailed, err)
+			}
+			fmt.Fprintf(c.stderr, "wrote %s and %s in %s\n", benchConsumerTableFile, benchConsumerChartFile, *out)
+		}
+		if len(cfg.Groups) == 0 {
+			return exitOK
+		}
 	}
 	rep, err := bench.Run(ctx, env, bench.Contenders, cfg)
 	if err != nil {
@@ -257,7 +302,13 @@ func writeHeapProfile(path string) error {
 
 // writeBenchFiles writes the markdown table and the chart into dir.
 func writeBenchFiles(rep *bench.Report, dir string) error {
-	write := func(name string, w func(f *os.File) error) error {
+	return writeFiles(dir, benchTableFile, func(w io.Writer) error { return rep.WriteMarkdown(w, bench.DefaultTargets) },
+		benchChartFile, rep.WriteSVG)
+}
+
+// writeFiles writes a table and a chart into dir.
+func writeFiles(dir, table string, writeTable func(io.Writer) error, chart string, writeChart func(io.Writer) error) error {
+	write := func(name string, w func(io.Writer) error) error {
 		f, err := os.Create(filepath.Join(dir, name))
 		if err != nil {
 			return err
@@ -268,8 +319,8 @@ func writeBenchFiles(rep *bench.Report, dir string) error {
 		}
 		return f.Close()
 	}
-	if err := write(benchTableFile, func(f *os.File) error { return rep.WriteMarkdown(f, bench.DefaultTargets) }); err != nil {
+	if err := write(table, writeTable); err != nil {
 		return err
 	}
-	return write(benchChartFile, func(f *os.File) error { return rep.WriteSVG(f) })
+	return write(chart, writeChart)
 }

@@ -40,6 +40,10 @@
 // Client and server share the machine, so when contenders are CPU-bound
 // these figures, steadier than throughput, say roughly where the time
 // goes.
+//
+// RunConsumer (group consumer, consumer.go) measures apart, with a loop of
+// its own: a fixed number of messages per round read from a real broker,
+// bare and through idem's consumer wrappers.
 package bench
 
 import (

@@ -27,6 +27,7 @@ const (
 	NameReplayClaim          = "idem (defaults) replay"
 	NameMix                  = "idem (defaults) 80% duplicates"
 	NameNoAutoPipeline       = "idem NoAutoPipeline Claim+Confirm"
+	NameLongConfirmations    = "idem LongConfirmations Claim+Confirm"
 	NameNoAutoPipelineReplay = "idem NoAutoPipeline replay"
 	NameNoAutoPipelineMix    = "idem NoAutoPipeline 80% duplicates"
 	NameCacheReplayClaim     = "idem + Cache replay"
@@ -62,13 +63,25 @@ const (
 var Contenders = []Contender{
 	{
 		Name: NameClaimConfirm, Group: GroupRedis, Redis: true,
-		Versus: []string{NameNoAutoPipeline, NameSetFloor, NameScriptFloor, NameRedislock},
+		Versus: []string{NameNoAutoPipeline, NameLongConfirmations, NameSetFloor, NameScriptFloor, NameRedislock},
 		Open: func(ctx context.Context, e *Env) (*Instance, error) {
 			s, err := newRedisStore(e.Redis)
 			if err != nil {
 				return nil, err
 			}
 			return ClaimConfirm(e, s, "cc"), nil
+		},
+	},
+	{
+		// Confirmations in the long form, as before the short one: the
+		// defaults are divided by it (docs/BENCHMARKS.md, Records at scale).
+		Name: NameLongConfirmations, Group: GroupRedis, Redis: true,
+		Open: func(ctx context.Context, e *Env) (*Instance, error) {
+			s, err := idem.NewRedisStore(e.Redis, idem.RedisOptions{Retention: retention, LongConfirmations: true})
+			if err != nil {
+				return nil, err
+			}
+			return ClaimConfirm(e, s, "lc"), nil
 		},
 	},
 	{
