@@ -275,7 +275,7 @@ func newConsole(cfg consoleConfig) (*console, error) {
 		},
 		"ago": func(t time.Time) string {
 			d := time.Until(t).Round(time.Second)
-			if d < 0 {
+			if d <= 0 {
 				return (-d).String() + " ago"
 			}
 			return "in " + d.String()
@@ -512,7 +512,7 @@ func (con *console) list(w http.ResponseWriter, r *http.Request) {
 		}
 		lp.LiveHow = con.cfg.Live.counter.how()
 	}
-	lp.Duration = time.Since(start)
+	lp.Duration = time.Since(start).Round(100 * time.Microsecond)
 	con.render(w, r, http.StatusOK, "list", "Quarantined keys", lp)
 }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"io"
 	"net/http"
@@ -14,7 +15,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
 	"github.com/idemgo/idem"
+	"github.com/idemgo/idem/sqlstore"
 )
 
 // fakeClock is a clock a test moves by hand.
@@ -346,6 +351,104 @@ func TestConsoleReveal(t *testing.T) {
 	for _, want := range []string{"HTTP 201 Created", "Content-Type: &#34;application/json&#34;", "pay-77"} {
 		if !strings.Contains(body, want) {
 			t.Errorf("key page lacks %q\n%s", want, body)
+		}
+	}
+}
+
+// The live counts on Redis (a bounded SCAN reading record heads) and on
+// SQL (COUNTs) see a quarantined key and a live take-over, and not a
+// plain claim, a confirmed key or a take-over whose lease ran out.
+func TestConsoleLiveCounts(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	// make builds, on s, one key in each state; lapse lets leases run out.
+	make := func(t *testing.T, s idem.Store, lapse func()) {
+		t.Helper()
+		claim := func(k string) idem.Claim {
+			c, err := s.Claim(ctx, k, nil)
+			if err != nil {
+				t.Fatalf("Claim(%q) = %v", k, err)
+			}
+			return c
+		}
+		claim("quarantined")
+		claim("takeover")
+		claim("takeover-lapsed")
+		lapse()
+		claim("quarantined")
+		claim("takeover-lapsed")
+		lapse()
+		if _, err := s.Claim(ctx, "quarantined", nil); !errors.Is(err, idem.ErrQuarantined) {
+			t.Fatalf("Claim(quarantined) = %v; want ErrQuarantined", err)
+		}
+		if c := claim("takeover"); !c.TakeOver {
+			t.Fatalf("Claim(takeover) = %+v; want a take-over", c)
+		}
+		claim("plain")
+		if err := s.Confirm(ctx, claim("done").Lease, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Run("redis", func(t *testing.T) {
+		m := miniredis.RunT(t)
+		c := redis.NewClient(&redis.Options{Addr: m.Addr()})
+		s, err := idem.NewRedisStore(c, idem.RedisOptions{Prefix: "p:", LeaseTTL: time.Second, MaxTakeOvers: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		make(t, s, func() { m.FastForward(2 * time.Second) })
+		var got liveSample
+		if err := (&redisCounter{c: c, prefix: "p:", max: 100}).count(ctx, &got); err != nil {
+			t.Fatal(err)
+		}
+		if got.Quarantined != 1 || got.TakeOvers != 1 || got.Scanned != 5 || got.Partial {
+			t.Errorf("count = %+v; want 1 quarantined, 1 live take-over, 5 keys read, whole", got)
+		}
+		got = liveSample{}
+		if err := (&redisCounter{c: c, prefix: "p:", max: 2}).count(ctx, &got); err != nil {
+			t.Fatal(err)
+		}
+		if got.Scanned != 2 || !got.Partial {
+			t.Errorf("count bounded to 2 keys = %+v; want 2 read, partial", got)
+		}
+	})
+	t.Run("sqlite", func(t *testing.T) {
+		path, _ := sqliteFile(t, idem.Options{})
+		db, err := sql.Open(sqliteDriver, path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer db.Close()
+		s, err := sqlstore.New(db, sqlstore.Options{Dialect: sqlstore.SQLite, LeaseTTL: time.Second, MaxTakeOvers: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		make(t, s, func() { time.Sleep(1100 * time.Millisecond) })
+		var got liveSample
+		if err := newSQLCounter(db, sqlstore.SQLite, "").count(ctx, &got); err != nil {
+			t.Fatal(err)
+		}
+		if got.Quarantined != 1 || got.TakeOvers != 1 {
+			t.Errorf("count = %+v; want 1 quarantined, 1 live take-over", got)
+		}
+	})
+}
+
+func TestClaimHead(t *testing.T) {
+	for _, tc := range []struct {
+		head string
+		keep int64
+		n    int
+		ok   bool
+	}{
+		{"2C17:3:own5:att-186400000:2:17:3:own", 86400000, 2, true},
+		{"2C17:3:own5:att-1", 0, 0, false},
+		{"2C17:3:ow", 0, 0, false},
+		{"2Cx:3:own", 0, 0, false},
+	} {
+		keep, n, ok := claimHead(tc.head)
+		if keep != tc.keep || n != tc.n || ok != tc.ok {
+			t.Errorf("claimHead(%q) = %d, %d, %v; want %d, %d, %v", tc.head, keep, n, ok, tc.keep, tc.n, tc.ok)
 		}
 	}
 }
