@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/aes"
 	"crypto/cipher"
@@ -78,7 +79,7 @@ func (c *cli) console(args []string) int {
 	sf.register(fs, c.getenv, kindsAll)
 	listen := fs.String("listen", consoleListen, "the `HOST:PORT` to listen on (another host than loopback exposes the console: put TLS in front)")
 	tokenFile := fs.String("token-file", "", "read the access tokens from `FILE`: name:token lines (default: one random token, printed)")
-	secretFile := fs.String("key-hash-secret-file", "", "hash keys with the secret in `FILE` (the service's KeyHasher secret; default: random per start)")
+	secretFile := fs.String("key-hash-secret-file", "", "hash keys with the secret in `FILE` (the service's KeyHasher secret, a final line end dropped; default: random per start)")
 	reveal := fs.Bool("reveal", false, "show keys, checkpoints and results as they are instead of their hash")
 	readOnly := fs.Bool("read-only", false, "show, never settle")
 	limit := fs.Int("limit", 200, "list at most `N` quarantined keys")
@@ -121,6 +122,9 @@ func (c *cli) console(args []string) int {
 		if err != nil {
 			return c.usageError("console", fmt.Errorf("--key-hash-secret-file: %w", err))
 		}
+		// The line end an editor or echo adds is not part of the secret
+		// the service was given.
+		secret = bytes.TrimSuffix(bytes.TrimSuffix(secret, []byte("\n")), []byte("\r"))
 		if hasher, err = idem.NewKeyHasher(secret); err != nil {
 			return c.usageError("console", fmt.Errorf("--key-hash-secret-file: %w", err))
 		}
@@ -323,6 +327,12 @@ func (con *console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.Set("Cache-Control", "no-store")
 	h.Set("Cross-Origin-Opener-Policy", "same-origin")
 	h.Set("Cross-Origin-Resource-Policy", "same-origin")
+	if r.URL.Path == "/style.css" && r.Method == http.MethodGet {
+		// The style sheet holds nothing of the store's: the refusal
+		// pages of a request without a token use it too.
+		con.mux.ServeHTTP(w, r)
+		return
+	}
 	if tok := r.URL.Query().Get("token"); tok != "" {
 		sess := con.mac("session", tok)
 		if _, ok := con.sessions[sess]; !ok || r.Method != http.MethodGet {

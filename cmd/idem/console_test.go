@@ -191,6 +191,9 @@ func TestConsoleRefuses(t *testing.T) {
 	if st, body := r.get(anon, "/"); st != http.StatusUnauthorized || strings.Contains(body, "#") && strings.Contains(body, "/key/") {
 		t.Errorf("GET / without token = %d; want 401 and no key", st)
 	}
+	if st, body := r.get(anon, "/style.css"); st != http.StatusOK || !strings.Contains(body, "font") {
+		t.Errorf("GET /style.css without token = %d; want 200: the refusal page uses it", st)
+	}
 	if st, _ := r.get(anon, "/?token=wrong-token-wrong-token"); st != http.StatusUnauthorized {
 		t.Errorf("GET /?token=wrong = %d; want 401", st)
 	}
