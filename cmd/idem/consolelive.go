@@ -147,8 +147,10 @@ func claimHead(head string) (keep int64, n int, ok bool) {
 	if _, ok := num(); !ok { // the token
 		return 0, 0, false
 	}
-	if !skip() || !skip() { // the owner, the attempt
-		return 0, 0, false
+	for range 2 { // the owner, then the attempt
+		if !skip() {
+			return 0, 0, false
+		}
 	}
 	keep, ok1 := num()
 	nn, ok2 := num()

@@ -98,7 +98,12 @@ func idemCommand(t *testing.T) string {
 			return
 		}
 		idemBin = filepath.Join(dir, "idem")
-		cmd := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-o", idemBin, "./cmd/idem")
+		goTool, err := exec.LookPath("go")
+		if err != nil {
+			buildErr = fmt.Errorf("the go command builds idem for the test: %w", err)
+			return
+		}
+		cmd := exec.Command(goTool, "build", "-o", idemBin, "./cmd/idem")
 		cmd.Dir = root
 		if out, err := cmd.CombinedOutput(); err != nil {
 			buildErr = fmt.Errorf("go build ./cmd/idem: %v\n%s", err, out)
