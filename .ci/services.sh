@@ -134,6 +134,10 @@ cmd_install() {
 	[[ -x $RABBITMQ_BIN/rabbitmq-server ]] || pkgs+=(rabbitmq-server)
 	[[ -x $MARIADBD ]] && command -v mariadb-install-db >/dev/null && command -v mariadb-admin >/dev/null ||
 		pkgs+=(mariadb-server mariadb-client)
+	# promtool tests otel/monitoring's alert rules; Chromium runs the
+	# console's browser test (cmd/idem/consoletest).
+	command -v promtool >/dev/null || pkgs+=(prometheus)
+	command -v chromium >/dev/null || pkgs+=(chromium)
 	if ((${#pkgs[@]} > 0)); then
 		apt_install "${pkgs[@]}"
 		# The Debian packages enable system servers on 6379/5432; we never use those.

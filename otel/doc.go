@@ -44,6 +44,13 @@
 // operation is counted once in idem.operations too: a hit by the Cache's
 // event, a miss by the store's.
 //
+// The module's monitoring/ directory holds Prometheus alerting rules for
+// what an operator must act on (alerts.yml: a key quarantined, take-overs
+// rising, the store failing, leases lost; tested with promtool by
+// alerts_test.yml) and a Grafana dashboard of these metrics
+// (grafana-dashboard.json); the module's tests check both against the
+// names a real export has.
+//
 // The key hash is never a metric attribute: one series per key would grow
 // without bound.
 //

@@ -106,7 +106,7 @@ func (f *storeFlags) open(ctx context.Context, embedded, sqliteMustExist bool) (
 				if errors.As(err, &pe) {
 					err = pe.Err
 				}
-				return nil, fmt.Errorf("--sqlite %q: %w (inspect and prune open an existing database)", f.sqlitePath, err)
+				return nil, fmt.Errorf("--sqlite %q: %w (inspect, prune and console open an existing database)", f.sqlitePath, err)
 			}
 		}
 		// WAL is what sqlstore.Store requires; it persists in the file.

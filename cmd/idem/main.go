@@ -4,6 +4,7 @@
 //	idem serve     an example payments API behind the Idempotency-Key middleware
 //	idem inspect   one key's record in a store (--quarantined: the quarantined keys)
 //	idem resolve   settle a quarantined key: --forget (run it again) or --confirm RESULT
+//	idem console   an operator's console in a browser: quarantined keys, a key's record, settling, live counts
 //	idem prune     delete expired rows from a SQL store
 //	idem schema    the SQL DDL of a store's table, for a migration tool
 //	idem bench     idem beside its alternatives on real Redis, Redis Cluster and Postgres
@@ -86,7 +87,7 @@ type command struct {
 var commands = map[string]command{}
 
 // commandOrder is the order of the commands in the usage text.
-var commandOrder = []string{"demo", "serve", "inspect", "resolve", "prune", "schema", "bench", "check"}
+var commandOrder = []string{"demo", "serve", "inspect", "resolve", "console", "prune", "schema", "bench", "check"}
 
 func init() {
 	// Filled here rather than in the declaration: the commands' run funcs
@@ -95,6 +96,7 @@ func init() {
 	commands["serve"] = command{"serve an example payments API behind the Idempotency-Key middleware", (*cli).serve}
 	commands["inspect"] = command{"show one key's record and attempts (--http: an HTTP request's; --quarantined: list)", (*cli).inspect}
 	commands["resolve"] = command{"settle a quarantined key: --forget (run it again) or --confirm RESULT (done)", (*cli).resolve}
+	commands["console"] = command{"serve an operator's console: quarantined keys, settling, live counts (127.0.0.1, a token)", (*cli).console}
 	commands["prune"] = command{"delete expired rows from a SQL store (run it on a schedule)", (*cli).prune}
 	commands["schema"] = command{"print the SQL DDL of a store's table, for a migration tool", (*cli).schema}
 	commands["bench"] = command{"measure idem beside its alternatives on real Redis, Redis Cluster and Postgres", (*cli).bench}
