@@ -41,7 +41,7 @@ var settle = struct{ form, field, input, want string }{"do-json", "json", `{"n":
 // crashLease is the crash children's lease: each crash waits for it to
 // run out before the next child takes the key over.
 const (
-	crashLease   = 400 * time.Millisecond
+	crashLease   = idem.MinLeaseTTL
 	maxTakeOvers = 2
 )
 
