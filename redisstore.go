@@ -449,8 +449,11 @@ func (s *RedisStore) Resolve(ctx context.Context, key string, r Resolution) (err
 		return s.fail("resolve", key, err)
 	}
 	args := []any{"forget", s.leaseMs, ""}
-	if r.Confirm {
+	switch {
+	case r.Confirm:
 		args = []any{"confirm", s.retentionMs, r.Result}
+	case r.Force:
+		args = []any{"clear", s.leaseMs, ""}
 	}
 	v, _, err := s.run(ctx, resolveScript, key, args...)
 	if err != nil {
@@ -459,11 +462,15 @@ func (s *RedisStore) Resolve(ctx context.Context, key string, r Resolution) (err
 	if damaged(v) {
 		return s.errDamaged("resolve", key)
 	}
-	switch n, _ := v.(int64); n {
-	case 1:
+	switch n, _ := v.(int64); {
+	case n == 1:
 		return nil
-	case 0:
+	case n == 0 && r.Force:
+		return s.core.NothingToClear(key)
+	case n == 0:
 		return s.core.NotQuarantined(key)
+	case n == 2 && r.Force:
+		return s.core.LiveClaim(key)
 	}
 	return s.badReply("resolve", key, v)
 }

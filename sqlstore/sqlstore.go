@@ -225,7 +225,7 @@ func New(db *sql.DB, o Options) (*Store, error) {
 		claim: text(sqlClaim), read: text(sqlRead), readAny: text(sqlReadAny),
 		claimOrRead: text(sqlClaimOrRead), takeOver: text(sqlTakeOver),
 		quarantine: text(sqlQuarantine), checkpoint: text(sqlCheckpoint), quarantined: text(sqlQuarantined),
-		resolveConfirm: text(sqlResolveConfirm), resolveForget: text(sqlResolveForget),
+		resolveConfirm: text(sqlResolveConfirm), resolveForget: text(sqlResolveForget), resolveClear: text(sqlResolveClear),
 		renew: text(sqlRenew), confirm: text(sqlConfirm), confirmLate: text(sqlConfirmLate),
 		forget: text(sqlForget), record: text(sqlRecordPostgres), release: text(sqlRelease), purge: text(sqlPurgePostgres),
 	}
@@ -594,6 +594,7 @@ func (r *dbRow) record(key string, start time.Time, unit time.Duration) (*idem.R
 		Expires: start.Add(time.Duration(r.ttl) * unit)}
 	if rec.Confirmed {
 		rec.Result = nonNil(r.res)
+		rec.Owner, rec.Resolved = "", r.owner == ownerResolved
 		return rec, nil
 	}
 	rec.Quarantined, rec.TakeOvers, rec.Checkpoint = r.st == "Q", int(r.takeovers), nilIfEmpty(r.checkpoint)
@@ -823,18 +824,29 @@ func (s *Store) Resolve(ctx context.Context, key string, r idem.Resolution) (err
 		return err
 	}
 	var ok bool
-	if r.Confirm {
+	switch {
+	case r.Confirm:
 		ok, err = s.exec(ctx, s.db, s.q.resolveConfirm, []byte(key), nonNil(r.Result), s.retentionMs)
-	} else {
+	case r.Force:
+		ok, err = s.exec(ctx, s.db, s.q.resolveClear, []byte(key))
+	default:
 		ok, err = s.exec(ctx, s.db, s.q.resolveForget, []byte(key))
 	}
 	if err != nil {
 		return s.fail("resolve", key, err)
 	}
-	if !ok {
-		return s.core.NotQuarantined(key)
+	switch {
+	case ok:
+		return nil
+	case r.Force:
+		// Nothing cleared: a live claim, or no record. Read to say which.
+		rec, err := s.read(ctx, s.db, key, start, false)
+		if err == nil && !rec.Confirmed && !rec.Quarantined {
+			return s.core.LiveClaim(key)
+		}
+		return s.core.NothingToClear(key)
 	}
-	return nil
+	return s.core.NotQuarantined(key)
 }
 
 // Quarantined implements idem.Resolver in one query.
