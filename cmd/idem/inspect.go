@@ -51,7 +51,7 @@ the request id of the request that did the work, and body.`
 // inspection is inspect's --json output: one object, stable field names.
 type inspection struct {
 	Key   string `json:"key"`
-	State string `json:"state"` // "claimed", "confirmed", "quarantined", or "none": no live record
+	State string `json:"state"` // "claimed", "confirmed", "quarantined", "damaged", or "none": no live record
 	// Error says why there is no record to show (state "none"); the
 	// command exits 1 then, as without --json.
 	Error       string    `json:"error,omitempty"`
@@ -69,6 +69,11 @@ type inspection struct {
 	CheckpointBase64 []byte   `json:"checkpoint_base64,omitempty"`
 	// Response is the recorded HTTP response, with --result only.
 	Response *recordedResponse `json:"response,omitempty"`
+	// Resolved marks a confirmation an operator recorded (idem resolve).
+	Resolved bool `json:"resolved,omitempty"`
+	// Unreadable says why the key's front door cannot replay its result
+	// (a middleware key settled with another form); "" when it can.
+	Unreadable string `json:"unreadable,omitempty"`
 }
 
 // attempt is an earlier attempt at a key, as inspect shows it.
@@ -163,10 +168,21 @@ func (c *cli) inspect(args []string) int {
 		}
 		return c.fail("inspect", exitFailed, err)
 	}
+	if errors.Is(err, idem.ErrDamaged) {
+		err := fmt.Errorf("key %s has a damaged record in %s: no front door can read it (%v); clear it with idem resolve %s --forget --force (the work then runs again)",
+			quoteKey(keys[0]), b.desc, err, quoteKey(keys[0]))
+		if *asJSON {
+			_ = c.printJSON(inspection{Key: keys[0], State: "damaged", Error: oneLine(err.Error())})
+		}
+		return c.fail("inspect", exitFailed, err)
+	}
 	if err != nil {
 		return c.fail("inspect", exitFailed, err)
 	}
 	in := newInspection(r)
+	if err := replayable(r.Key, r); err != nil {
+		in.Unreadable = err.Error()
+	}
 	if *showResult {
 		if !r.Confirmed {
 			return c.fail("inspect", exitFailed, fmt.Errorf("key %s has no result yet: its request is in flight (claimed by %s)", quoteKey(r.Key), or(r.Owner, "-")))
@@ -324,7 +340,7 @@ func newInspection(r *idem.Record) inspection {
 	in := inspection{
 		Key: r.Key, State: "claimed", Owner: r.Owner, Token: r.Token,
 		Expires: r.Expires.UTC(), Fingerprint: hex.EncodeToString(r.Fingerprint), ResultBytes: len(r.Result),
-		TakeOvers: r.TakeOvers,
+		TakeOvers: r.TakeOvers, Resolved: r.Resolved,
 	}
 	switch {
 	case r.Confirmed:
@@ -392,7 +408,8 @@ func (c *cli) listQuarantined(sf *storeFlags, limit int, asJSON bool) int {
 			quoteKey(in.Key), in.TakeOvers, or(in.Owner, "-"), in.Token, in.Expires.Sub(now).Round(time.Second))
 	}
 	if len(ins) > 0 {
-		fmt.Fprintln(c.stdout, "settle each with: idem resolve KEY --forget (run it again) | --confirm RESULT (it is done)")
+		fmt.Fprintln(c.stdout, "settle each with: idem resolve KEY --forget (run it again), or record it as done in its front door's form:\n"+
+			"  "+settleHint(""))
 	}
 	return exitOK
 }
@@ -415,6 +432,13 @@ func writeInspection(w io.Writer, in inspection, now time.Time) {
 	row("fingerprint", or(in.Fingerprint, "-"))
 	row("result", fmt.Sprintf("%d bytes", in.ResultBytes))
 	if in.State == "confirmed" {
+		if in.Resolved {
+			row("settled", "by an operator (idem resolve): the result is in its front door's plain form")
+		}
+		if in.Unreadable != "" {
+			fmt.Fprintf(w, "\nThe key's front door cannot replay this record: %s.\n"+
+				"Clear it with idem resolve %s --forget --force (the work then runs again).\n", in.Unreadable, quoteKey(in.Key))
+		}
 		return
 	}
 	row("take-overs", strconv.Itoa(in.TakeOvers))
@@ -430,9 +454,26 @@ func writeInspection(w io.Writer, in inspection, now time.Time) {
 		row("checkpoint", "-")
 	}
 	if in.State == "quarantined" {
-		fmt.Fprintf(w, "\nThe key's %d attempts in a row each ended in a crash: nothing runs it again until\n"+
-			"an operator settles it: idem resolve %s --forget (run it again) | --confirm RESULT (it is done)\n", in.TakeOvers+1, quoteKey(in.Key))
+		fmt.Fprintf(w, "\nThe key's %d attempts in a row each ended with their lease run out, neither\n"+
+			"confirmed nor forgotten (a crash, a stall, or a Reconcile that could not tell):\n"+
+			"nothing runs it again until an operator settles it: idem resolve %s --forget\n"+
+			"(run it again), or record it as done: %s\n", in.TakeOvers+1, quoteKey(in.Key), settleHint(in.Key))
 	}
+}
+
+// settleHint says how to record key as done in its front door's form, as
+// idem resolve --help does; "" stands for any key.
+func settleHint(key string) string {
+	switch keyForm(key) {
+	case formHTTP:
+		return "--http-status CODE [--header 'Name: value']... [--body TEXT] (the response its retries get)"
+	case formRPC:
+		return "in Go with the gRPC or Connect module's Resolution (a response message)"
+	}
+	if key == "" {
+		return "--do JSON (idem.Do: the value's JSON) | --http-status CODE [--header H] [--body TEXT] (the HTTP middleware) | --confirm RESULT (as it is: a consumer's, --confirm '')"
+	}
+	return "--do JSON (a key of idem.Do: the JSON of its value) | --confirm RESULT (as it is: a consumer's key, --confirm '')"
 }
 
 // quoteKey prints a key as is when it is plain text, quoted otherwise, so
