@@ -376,6 +376,16 @@ func (c *Cache) Resolve(ctx context.Context, key string, r Resolution) error {
 	return err
 }
 
+// Inspect implements Inspector: the store's answer (the cache holds no
+// lapsed claim), or, when it is not an Inspector, an error saying so.
+func (c *Cache) Inspect(ctx context.Context, key string) (*Record, error) {
+	in, ok := c.s.(Inspector)
+	if !ok {
+		return nil, fmt.Errorf("idem: Inspect: the cache's store %T does not implement idem.Inspector", c.s)
+	}
+	return in.Inspect(ctx, key)
+}
+
 // Quarantined implements Resolver: the store's quarantined records.
 func (c *Cache) Quarantined(ctx context.Context, limit int) ([]*Record, error) {
 	rs, ok := c.s.(Resolver)

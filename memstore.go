@@ -359,6 +359,30 @@ func (m *MemoryStore) Lookup(ctx context.Context, key string) (rec *Record, err 
 	return r.record(key), nil
 }
 
+// Inspect implements Inspector.
+func (m *MemoryStore) Inspect(ctx context.Context, key string) (*Record, error) {
+	if err := m.core.CheckKey(key); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	d := m.data
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	now := d.now()
+	r := d.get(key, now)
+	if r == nil {
+		return nil, m.core.NotFound(key)
+	}
+	rec := r.record(key)
+	if r.lapsed(now) {
+		rec.Lapsed = &Attempt{Owner: r.owner, Token: r.token, Claimed: r.claimed}
+		rec.Expires = r.expires.Add(r.remember)
+	}
+	return rec, nil
+}
+
 // ClaimBatch implements Batcher: the whole batch is claimed under one lock.
 func (m *MemoryStore) ClaimBatch(ctx context.Context, keys []string, fingerprints [][]byte) (cs []Claim, err error) {
 	start := time.Now()

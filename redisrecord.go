@@ -26,6 +26,7 @@ const (
 	replyByOp    = "R" // confirmed by an operator (Record.Resolved)
 	replyHeld    = "P" // held by a live claim
 	replyQuar    = "Q" // quarantined
+	replyLapsed  = "L" // a lapsed claim (lookup.lua asked for one: Inspect)
 
 	// confirm.lua's answers.
 	confirmHeld    = 1 // the lease was held

@@ -61,6 +61,13 @@ type Record struct {
 	// middleware's, the RPC interceptors') or that replays no result
 	// (the consumer) reads Result as it reads any other.
 	Resolved bool
+	// Lapsed is set only by Inspector.Inspect, on a claim whose lease ran
+	// out unconfirmed and that no one has taken over yet: the attempt
+	// (its owner, token, when claimed), which crashed or stalled. Expires
+	// is then when the store forgets it (its Retention after the lease),
+	// Owner and Token the attempt's, and TakeOvers, Prior and Checkpoint
+	// what the next claim will be told.
+	Lapsed *Attempt
 
 	// Quarantined is set on a key whose work crashed more times in a row
 	// than the store allows (see ErrQuarantined): Token and Owner are its
@@ -243,7 +250,8 @@ type Attempt struct {
 	// Token is its fencing token.
 	Token int64
 	// Claimed is when it was claimed, by the store's clock (on Redis the
-	// token's own time: tokens are the server's clock in microseconds).
+	// token's own time: tokens are the server's clock in microseconds;
+	// so too Inspect's Record.Lapsed on SQL).
 	Claimed time.Time
 }
 
@@ -306,6 +314,17 @@ type Resolver interface {
 	// Quarantined returns up to limit quarantined records (all when limit
 	// is 0 or less), in no particular order.
 	Quarantined(ctx context.Context, limit int) ([]*Record, error)
+}
+
+// Inspector is implemented by stores that show an operator a key's record
+// whatever its state: RedisStore, MemoryStore and the SQL store.
+type Inspector interface {
+	// Inspect returns key's record as Lookup does, and also a claim whose
+	// lease ran out unconfirmed (a crash or a stall), which Lookup answers
+	// ErrNotFound and the next Claim takes over: marked Record.Lapsed. A
+	// key without a record (never claimed, forgotten, expired) is
+	// ErrNotFound, a damaged record ErrDamaged. It only reads.
+	Inspect(ctx context.Context, key string) (*Record, error)
 }
 
 // Resolution is an operator's verdict on a key: a quarantined one, or,

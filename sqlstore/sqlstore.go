@@ -776,6 +776,45 @@ func (s *Store) Lookup(ctx context.Context, key string) (rec *idem.Record, err e
 	return rec, nil
 }
 
+// Inspect implements idem.Inspector in one statement: the row whatever
+// its state, a lapsed claim answered as one (Record.Lapsed). A lapsed
+// claim is kept until PurgeExpired, called with this store's Retention,
+// deletes it a Retention after its lease: its Expires says so.
+func (s *Store) Inspect(ctx context.Context, key string) (rec *idem.Record, err error) {
+	if err := s.core.CheckKey(key); err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	var r dbRow
+	err = s.reading(ctx, s.db, func() error {
+		return s.db.QueryRowContext(ctx, s.q.readAny, []byte(key)).Scan(r.dest()...)
+	})
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, s.core.NotFound(key)
+	}
+	if err != nil {
+		return nil, s.fail("inspect", key, err)
+	}
+	ttl := r.ttl
+	lapsed := r.st == "C" && ttl <= 0
+	if lapsed {
+		r.ttl = 1 // read as the claim it was
+	}
+	rec, err = r.record(key, start, s.ttlUnit)
+	if errors.Is(err, errNotLive) {
+		return nil, s.core.NotFound(key)
+	}
+	if err != nil {
+		return nil, s.fail("inspect", key, err)
+	}
+	if lapsed {
+		// Tokens are the database's clock in microseconds when claimed.
+		rec.Lapsed = &idem.Attempt{Owner: rec.Owner, Token: rec.Token, Claimed: time.UnixMicro(rec.Token)}
+		rec.Expires = start.Add(time.Duration(ttl)*s.ttlUnit + s.o.Retention)
+	}
+	return rec, nil
+}
+
 // heldUnchanged says, after a Renew or Checkpoint changed no row, whether
 // that was because the row already held what it wrote (the same
 // checkpoint; a renewal in the same microsecond) while l's lease is live.

@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"strings"
+	"time"
 
 	"github.com/idemgo/idem"
 )
@@ -18,6 +19,7 @@ func init() {
 		check{"Quarantine/ListedUpToTheLimit", quarantinedLimit},
 		check{"Quarantine/ExpiresAtItsEnd", quarantineExpires},
 		check{"Quarantine/LastAttemptHoldsNoLease", quarantineLastAttempt},
+		check{"Inspect/ShowsALapsedAttempt", inspectLapsed},
 	)
 }
 
@@ -240,4 +242,61 @@ func quarantineLastAttempt(s *suite) {
 	// Still quarantined, a lease later too.
 	s.wait(s.afterExpiry(lease))
 	s.quarantinedRecord(b, k)
+}
+
+// Inspect shows an operator a lapsed claim before anyone takes it over
+// (Lookup answers none, the next Claim takes it over): its owner, token,
+// when claimed, checkpoint, and how long the store keeps it. It only
+// reads: the next Claim is still told of the take-over.
+func inspectLapsed(s *suite) {
+	a, b := s.openWith(crashOpts("w1", 3)), s.openWith(crashOpts("w2", 3))
+	in, ok := a.(idem.Inspector)
+	if !ok {
+		s.Skipf("%T does not implement idem.Inspector", a)
+	}
+	k := s.key("k")
+	if _, err := in.Inspect(ctx(s), k); !isErr(err, idem.ErrNotFound) {
+		s.Errorf("Inspect(%q) of a new key = %v; want ErrNotFound", k, err)
+	}
+	before := s.now()
+	set := s.mark()
+	c := s.claim(a, k, "fp", idem.Claimed)
+	if cp, ok := a.(idem.Checkpointer); ok {
+		if err := cp.Checkpoint(ctx(s), c.Lease, []byte("step-1")); err != nil {
+			s.Fatalf("Checkpoint = %v", err)
+		}
+	}
+	if r, err := in.Inspect(ctx(s), k); err != nil || r.Lapsed != nil || r.Token != c.Lease.Token {
+		s.Errorf("Inspect(%q) of a live claim = %+v, %v; want it, not Lapsed", k, r, err)
+	}
+	s.lapse(set)
+	if _, err := a.Lookup(ctx(s), k); !isErr(err, idem.ErrNotFound) {
+		s.Errorf("Lookup(%q) of a lapsed claim = %v; want ErrNotFound", k, err)
+	}
+	t0 := time.Now()
+	r, err := in.Inspect(ctx(s), k)
+	s.timed(t0)
+	if err != nil || r.Lapsed == nil {
+		s.Fatalf("Inspect(%q) of a lapsed claim = %+v, %v; want the lapsed attempt", k, r, err)
+	}
+	if r.Lapsed.Owner != "w1" || r.Lapsed.Token != c.Lease.Token || r.Owner != "w1" || r.Token != c.Lease.Token || r.Confirmed || r.Quarantined {
+		s.Errorf("Inspect(%q).Lapsed = %+v (owner %q, token %d); want owner w1, token %d", k, r.Lapsed, r.Owner, r.Token, c.Lease.Token)
+	}
+	tol := realSlack + s.since(before)
+	if s.controlled() {
+		tol = lag + s.since(before)
+	}
+	if d := r.Lapsed.Claimed.Sub(before); d < -tol || d > tol {
+		s.Errorf("Inspect(%q).Lapsed.Claimed is %v from when the attempt was claimed; want within ±%v", k, d.Round(time.Millisecond), tol)
+	}
+	var cp []byte
+	if _, ok := a.(idem.Checkpointer); ok {
+		cp = []byte("step-1")
+	}
+	if string(r.Checkpoint) != string(cp) {
+		s.Errorf("Inspect(%q).Checkpoint = %q; want %q", k, r.Checkpoint, cp)
+	}
+	s.expires("a lapsed claim, as kept", r.Expires, set, lease+crashOpts("", 0).Retention)
+	next := s.claim(b, k, "fp", idem.Claimed)
+	checkTakeOver(s, next, c.Lease, before, 1, cp)
 }

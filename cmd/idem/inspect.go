@@ -28,8 +28,12 @@ the owner of a live claim (of a quarantined key: its last attempt), the
 fencing token, when the lease, the retention or the quarantine ends, the
 fingerprint (hex) and the size of the stored result; after a crash, the
 attempts: the take-overs in a row, the attempt taken over last (its owner,
-token and when it was claimed) and the last checkpoint. A key without a live record (never claimed, forgotten, or
-expired) exits 1. KEY is the store key as given to Claim; the middleware's
+token and when it was claimed) and the last checkpoint. A claim whose lease
+ran out unconfirmed (its worker crashed or stalled) is shown before anyone
+takes it over: state lapsed, its owner, token, when it was claimed, its
+checkpoint, and when the store forgets it. A key without a record (never
+claimed, forgotten, or expired) exits 1; so does a damaged record, which
+idem resolve KEY --forget --force clears. KEY is the store key as given to Claim; the middleware's
 keys look like h2<len>:<scope><len>:<client key>, e.g. 'h20:5:pay-1'
 (earlier versions': h1<len>:<scope><len>:<method><len>:<route><len>:<client
 key>). --hex reads KEY as hex, for keys
@@ -51,15 +55,17 @@ the request id of the request that did the work, and body.`
 // inspection is inspect's --json output: one object, stable field names.
 type inspection struct {
 	Key   string `json:"key"`
-	State string `json:"state"` // "claimed", "confirmed", "quarantined", "damaged", or "none": no live record
+	State string `json:"state"` // "claimed", "lapsed", "confirmed", "quarantined", "damaged", or "none": no record
 	// Error says why there is no record to show (state "none"); the
 	// command exits 1 then, as without --json.
-	Error       string    `json:"error,omitempty"`
-	Owner       string    `json:"owner"` // "" once confirmed
-	Token       int64     `json:"token"`
-	Expires     time.Time `json:"expires"`
-	Fingerprint string    `json:"fingerprint"` // hex; "" for none
-	ResultBytes int       `json:"result_bytes"`
+	Error   string    `json:"error,omitempty"`
+	Owner   string    `json:"owner"` // "" once confirmed
+	Token   int64     `json:"token"`
+	Expires time.Time `json:"expires"` // of a lapsed claim: when the store forgets it
+	// Claimed is when a lapsed claim (state "lapsed") was claimed.
+	Claimed     *time.Time `json:"claimed,omitempty"`
+	Fingerprint string     `json:"fingerprint"` // hex; "" for none
+	ResultBytes int        `json:"result_bytes"`
 	// TakeOvers counts a claim's or a quarantined key's take-overs in a
 	// row; Prior is the attempt taken over last; Checkpoint the last
 	// progress recorded (text, else CheckpointBase64).
@@ -261,8 +267,12 @@ func isHTTPRecordKey(k string) bool {
 // lookupAny returns the record of the first of keys that has one, or
 // idem.ErrNotFound.
 func lookupAny(ctx context.Context, s idem.Store, keys []string) (*idem.Record, error) {
+	lookup := s.Lookup
+	if in, ok := s.(idem.Inspector); ok {
+		lookup = in.Inspect // a lapsed claim too
+	}
 	for _, k := range keys {
-		r, err := s.Lookup(ctx, k)
+		r, err := lookup(ctx, k)
 		if !errors.Is(err, idem.ErrNotFound) {
 			return r, err
 		}
@@ -347,6 +357,10 @@ func newInspection(r *idem.Record) inspection {
 		in.State = "confirmed"
 	case r.Quarantined:
 		in.State = "quarantined"
+	case r.Lapsed != nil:
+		in.State = "lapsed"
+		at := r.Lapsed.Claimed.UTC()
+		in.Claimed = &at
 	}
 	if r.Prior != nil {
 		in.Prior = &attempt{Owner: r.Prior.Owner, Token: r.Prior.Token, Claimed: r.Prior.Claimed.UTC()}
@@ -427,6 +441,11 @@ func writeInspection(w io.Writer, in inspection, now time.Time) {
 		what = "retention ends"
 	case "quarantined":
 		what = "quarantine ends"
+	case "lapsed":
+		what = "the store forgets it"
+	}
+	if in.Claimed != nil {
+		row("claimed", in.Claimed.Format(time.RFC3339Nano))
 	}
 	row("expires", fmt.Sprintf("%s (%s in %v)", in.Expires.Format(time.RFC3339Nano), what, in.Expires.Sub(now).Round(time.Millisecond)))
 	row("fingerprint", or(in.Fingerprint, "-"))
@@ -452,6 +471,11 @@ func writeInspection(w io.Writer, in inspection, now time.Time) {
 		row("checkpoint", fmt.Sprintf("%d bytes, not text: --json shows them in base64", len(in.CheckpointBase64)))
 	default:
 		row("checkpoint", "-")
+	}
+	if in.State == "lapsed" {
+		fmt.Fprintf(w, "\nThis attempt's lease ran out, neither confirmed nor forgotten: its worker crashed or\n"+
+			"stalled (or a Reconcile could not tell), maybe after part of the work. The next claim\n"+
+			"takes it over and is told so (take-over %d in a row), resuming after its checkpoint.\n", in.TakeOvers+1)
 	}
 	if in.State == "quarantined" {
 		fmt.Fprintf(w, "\nThe key's %d attempts in a row each ended with their lease run out, neither\n"+

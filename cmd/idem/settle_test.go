@@ -2,9 +2,11 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -171,5 +173,44 @@ func TestResolveForceClearsADamagedRecord(t *testing.T) {
 	}
 	if _, err := s.Lookup(context.Background(), "none"); !errors.Is(err, idem.ErrNotFound) {
 		t.Errorf("Lookup(none) = %v", err)
+	}
+}
+
+// inspect shows a lapsed attempt before anyone takes it over: its owner,
+// token, when claimed, checkpoint and when the store forgets it; on
+// SQLite, real Redis and Postgres.
+func TestInspectShowsALapsedAttempt(t *testing.T) {
+	t.Parallel()
+	for _, name := range []string{"sqlite", "redis", "postgres"} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			o := idem.Options{Worker: "w-9", LeaseTTL: quarantineLease, Retention: time.Minute}
+			s, flags := settleStore(t, name, o)
+			ctx := context.Background()
+			c, err := s.Claim(ctx, "crashed", nil)
+			if err != nil || c.Outcome != idem.Claimed {
+				t.Fatalf("Claim = %v, %v", c.Outcome, err)
+			}
+			if err := s.(idem.Checkpointer).Checkpoint(ctx, c.Lease, []byte("charged")); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(quarantineLease + 50*time.Millisecond)
+			r := runCLI(t, nil, append(append([]string{"inspect"}, flags...), "crashed")...)
+			for _, want := range []string{"state        lapsed\n", "owner        w-9\n", "token        " + strconv.FormatInt(c.Lease.Token, 10) + "\n",
+				"claimed      ", `checkpoint   "charged"`, "the store forgets it in", "takes it over"} {
+				if !strings.Contains(r.stdout, want) {
+					t.Errorf("inspect of a lapsed claim = %d, lacks %q:\n%s%s", r.code, want, r.stdout, r.stderr)
+				}
+			}
+			r = runCLI(t, nil, append(append([]string{"inspect", "--json"}, flags...), "crashed")...)
+			var in inspection
+			if err := json.Unmarshal([]byte(r.stdout), &in); err != nil || in.State != "lapsed" || in.Claimed == nil || in.Token != c.Lease.Token {
+				t.Errorf("inspect --json of a lapsed claim = %v\n%s\nwant state lapsed, claimed, token %d", err, r.stdout, c.Lease.Token)
+			}
+			// It only reads: the next claim takes it over, told so.
+			if c2, err := s.Claim(ctx, "crashed", nil); err != nil || !c2.TakeOver || c2.Prior.Token != c.Lease.Token {
+				t.Errorf("Claim after inspect = %+v, %v; want the take-over of token %d", c2, err, c.Lease.Token)
+			}
+		})
 	}
 }
