@@ -521,7 +521,7 @@ func replay[T any](key string, rec *Record, o *DoOptions) (v T, err error) {
 	result := rec.Result
 	if rec.Resolved {
 		if v, err = decodeValue[T](result, o); err != nil {
-			return v, fmt.Errorf("%w: key#%s: the result an operator recorded does not decode as a %T: %w; clear the key (idem resolve --forget --force) or settle it again",
+			return v, fmt.Errorf("%w: key#%s: the result an operator recorded does not decode as a %T: %w; idem resolve KEY --forget --force clears it (the work then runs again)",
 				ErrDamaged, KeyHash(key), v, err)
 		}
 		return v, nil
@@ -553,7 +553,7 @@ func replay[T any](key string, rec *Record, o *DoOptions) (v T, err error) {
 		}
 		return v, &PermanentError{Err: e, Replayed: true}
 	}
-	return v, fmt.Errorf("%w: key#%s: a result beginning with %q is not a record of Do's", ErrDamaged, KeyHash(key), result[0])
+	return v, fmt.Errorf("%w: key#%s: a result beginning with %q is not a record of Do's; idem resolve KEY --forget --force clears it (the work then runs again)", ErrDamaged, KeyHash(key), result[0])
 }
 
 // decodeValue decodes body, a result as encodeValue encoded it after its

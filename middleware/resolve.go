@@ -23,7 +23,7 @@ func StoreKey(scope, key string) string { return storeKey(scope, key) }
 // key of the middleware's (quarantined after repeated crashes: see
 // idem.Resolver) with the response that every retry of the request is then
 // answered with: status, header and body, in the form the middleware
-// records and replays (what idem resolve --http writes too). Pass it, with
+// records and replays (what idem resolve --http-status writes too). Pass it, with
 // StoreKey's key, to the store's Resolve.
 //
 // o gives the rules of the middleware that serves the key: its Keep,
