@@ -77,6 +77,9 @@ type inspection struct {
 	Response *recordedResponse `json:"response,omitempty"`
 	// Resolved marks a confirmation an operator recorded (idem resolve).
 	Resolved bool `json:"resolved,omitempty"`
+	// Form is the front door whose form a confirmation's result is in, as
+	// far as the key and the result tell: "do", "http", "rpc" or "plain".
+	Form string `json:"form,omitempty"`
 	// Unreadable says why the key's front door cannot replay its result
 	// (a middleware key settled with another form); "" when it can.
 	Unreadable string `json:"unreadable,omitempty"`
@@ -186,6 +189,9 @@ func (c *cli) inspect(args []string) int {
 		return c.fail("inspect", exitFailed, err)
 	}
 	in := newInspection(r)
+	if r.Confirmed {
+		in.Form = string(recordForm(r.Key, r))
+	}
 	if err := replayable(r.Key, r); err != nil {
 		in.Unreadable = err.Error()
 	}
@@ -451,6 +457,9 @@ func writeInspection(w io.Writer, in inspection, now time.Time) {
 	row("fingerprint", or(in.Fingerprint, "-"))
 	row("result", fmt.Sprintf("%d bytes", in.ResultBytes))
 	if in.State == "confirmed" {
+		if f, ok := formNames[settleForm(in.Form)]; ok {
+			row("form", f)
+		}
 		if in.Resolved {
 			row("settled", "by an operator (idem resolve): the result is in its front door's plain form")
 		}

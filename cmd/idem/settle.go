@@ -46,6 +46,14 @@ const (
 	formPlain settleForm = "plain"
 )
 
+// formNames say whose form each is, as idem inspect prints it.
+var formNames = map[settleForm]string{
+	formDo:    "idem.Do's (the value's JSON, after a tag byte unless an operator wrote it)",
+	formHTTP:  "the HTTP middleware's (a recorded response: --result shows it)",
+	formRPC:   "the gRPC or Connect interceptors' (a response message)",
+	formPlain: "plain bytes (a consumer's, the raw API's, a Do of a string)",
+}
+
 // settleInput is an operator's verdict, as given.
 type settleInput struct {
 	// Forget removes the record (the work runs again); Force clears any

@@ -81,7 +81,7 @@ func TestResolveEachFrontDoorsForm(t *testing.T) {
 			if err != nil || v.ID != "rcpt-9" {
 				t.Errorf("Do(do:1) after resolve --do = %+v, %v; want {rcpt-9}, nil", v, err)
 			}
-			if r := cmd("inspect", "do:1"); !strings.Contains(r.stdout, "settled      by an operator") {
+			if r := cmd("inspect", "do:1"); !strings.Contains(r.stdout, "settled      by an operator") || !strings.Contains(r.stdout, "form         idem.Do's") {
 				t.Errorf("inspect do:1 = %d:\n%s%s\nwant it marked settled by an operator", r.code, r.stdout, r.stderr)
 			}
 
