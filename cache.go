@@ -362,12 +362,28 @@ func (c *Cache) Checkpoint(ctx context.Context, l *Lease, data []byte) error {
 
 // Resolve implements Resolver: the store settles the key (the cache holds
 // no quarantined key), or, when it is not a Resolver, an error saying so.
+// A forced forget drops the key from this cache too; other processes'
+// caches answer it for up to their MaxAge.
 func (c *Cache) Resolve(ctx context.Context, key string, r Resolution) error {
 	rs, ok := c.s.(Resolver)
 	if !ok {
 		return fmt.Errorf("idem: Resolve: the cache's store %T does not implement idem.Resolver", c.s)
 	}
-	return rs.Resolve(ctx, key, r)
+	err := rs.Resolve(ctx, key, r)
+	if r.Force {
+		c.drop(key)
+	}
+	return err
+}
+
+// Inspect implements Inspector: the store's answer (the cache holds no
+// lapsed claim), or, when it is not an Inspector, an error saying so.
+func (c *Cache) Inspect(ctx context.Context, key string) (*Record, error) {
+	in, ok := c.s.(Inspector)
+	if !ok {
+		return nil, fmt.Errorf("idem: Inspect: the cache's store %T does not implement idem.Inspector", c.s)
+	}
+	return in.Inspect(ctx, key)
 }
 
 // Quarantined implements Resolver: the store's quarantined records.

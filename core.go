@@ -367,14 +367,17 @@ func (c *Core) CheckCheckpoint(l *Lease, data []byte) error {
 	return nil
 }
 
-// CheckResolve is Resolve's check: the key as CheckKey, and a Result only
-// with Confirm, within MaxResultBytes.
+// CheckResolve is Resolve's check: the key as CheckKey, a Result only
+// with Confirm, within MaxResultBytes, and Force only without Confirm.
 func (c *Core) CheckResolve(key string, r Resolution) error {
 	if err := c.CheckKey(key); err != nil {
 		return err
 	}
 	if !r.Confirm && r.Result != nil {
 		return fmt.Errorf("idem: Resolution.Result is set without Confirm; a forgotten key records no result")
+	}
+	if r.Confirm && r.Force {
+		return fmt.Errorf("idem: Resolution.Force is set with Confirm; Force goes with a forget (clear the key, then the work runs again), Confirm settles a quarantined key")
 	}
 	if len(r.Result) > c.o.MaxResultBytes {
 		return fmt.Errorf("%w: Resolution.Result of %d bytes for %s exceeds MaxResultBytes %d",
@@ -394,6 +397,18 @@ func (c *Core) Quarantined(rec *Record) error {
 // (wrapping ErrNotFound).
 func (c *Core) NotQuarantined(key string) error {
 	return fmt.Errorf("%w: no quarantined record for %s", ErrNotFound, c.KeyName(key))
+}
+
+// NothingToClear is the error Resolve with Force returns when key has no
+// record (wrapping ErrNotFound).
+func (c *Core) NothingToClear(key string) error {
+	return fmt.Errorf("%w: no record to clear for %s", ErrNotFound, c.KeyName(key))
+}
+
+// LiveClaim is the error Resolve with Force returns when key is held by a
+// live claim, which it never removes (wrapping ErrInProgress).
+func (c *Core) LiveClaim(key string) error {
+	return fmt.Errorf("%w: %s is held by a live claim, which an operator's forget never removes: its holder is at work; wait for its lease to end", ErrInProgress, c.KeyName(key))
 }
 
 // AlreadyConfirmed is the error Confirm returns when another lease's

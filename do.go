@@ -35,7 +35,10 @@ import (
 //     ErrAlreadyConfirmed (the work was done twice; later calls get the
 //     other result).
 //   - Duplicate: fn does not run; Do returns the recorded result, decoded,
-//     or the recorded permanent error (see Permanent).
+//     or the recorded permanent error (see Permanent). A result an
+//     operator recorded (Resolver.Resolve, idem resolve; Record.Resolved)
+//     is the value as the Codec encodes it (JSON by default, a string or
+//     []byte as it is), decoded into T likewise.
 //   - InProgress: Do waits for the holder, for at most DoOptions.Wait and
 //     while ctx lasts, polling the store with a jittered backoff (Lookup
 //     while the claim lives, Claim once it is gone or done), and returns
@@ -99,7 +102,7 @@ func Do[T any](ctx context.Context, s Store, key string, fn func(ctx context.Con
 		case Claimed:
 			return run(ctx, s, cl, fn, &o)
 		case Duplicate:
-			return replay[T](key, cl.Record.Result, &o)
+			return replay[T](key, cl.Record, &o)
 		case InProgress:
 		default:
 			return v, fmt.Errorf("idem: Do: Claim answered an unknown outcome %v", cl.Outcome)
@@ -510,8 +513,19 @@ func encodeError(err error, o *DoOptions) []byte {
 	return append([]byte{resultError}, b...)
 }
 
-// replay decodes what an earlier call of key recorded.
-func replay[T any](key string, result []byte, o *DoOptions) (v T, err error) {
+// replay decodes what an earlier call of key recorded, or an operator:
+// an operator's result (Record.Resolved) is the value as the codec encodes
+// it, without Do's leading byte, which no document asks an operator to
+// write (see Resolution.Result).
+func replay[T any](key string, rec *Record, o *DoOptions) (v T, err error) {
+	result := rec.Result
+	if rec.Resolved {
+		if v, err = decodeValue[T](result, o); err != nil {
+			return v, fmt.Errorf("%w: key#%s: the result an operator recorded does not decode as a %T: %w; idem resolve KEY --forget --force clears it (the work then runs again)",
+				ErrDamaged, KeyHash(key), v, err)
+		}
+		return v, nil
+	}
 	if len(result) == 0 {
 		return v, fmt.Errorf("%w: key#%s: an empty result is not a record of Do's", ErrDamaged, KeyHash(key))
 	}
@@ -539,7 +553,7 @@ func replay[T any](key string, result []byte, o *DoOptions) (v T, err error) {
 		}
 		return v, &PermanentError{Err: e, Replayed: true}
 	}
-	return v, fmt.Errorf("%w: key#%s: a result beginning with %q is not a record of Do's", ErrDamaged, KeyHash(key), result[0])
+	return v, fmt.Errorf("%w: key#%s: a result beginning with %q is not a record of Do's; idem resolve KEY --forget --force clears it (the work then runs again)", ErrDamaged, KeyHash(key), result[0])
 }
 
 // decodeValue decodes body, a result as encodeValue encoded it after its

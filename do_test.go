@@ -1047,3 +1047,115 @@ func TestCheckpointFromContext(t *testing.T) {
 		t.Errorf("Checkpoint after Forget = %v; want ErrLeaseLost", err)
 	}
 }
+
+// An operator settles a quarantined key of Do's with the value in the
+// form Do's docs give (Resolution.Result: the JSON of the value, a string
+// as it is), and the next call replays it, decoded into T, without
+// running fn; so does a waiter. Checked on every backend.
+func TestDoReplaysAnOperatorsResult(t *testing.T) {
+	onEveryBackendClock(t, func(t *testing.T, open func(int, idem.Options) idem.Store, wait func(time.Duration)) {
+		o := idem.Options{LeaseTTL: 200 * time.Millisecond, MaxTakeOvers: 1}
+		a, b := open(0, o), open(1, o)
+		fn := func(context.Context) (receipt, error) {
+			t.Errorf("fn ran on a key an operator settled")
+			return receipt{}, nil
+		}
+		key := doKey("settled")
+		crash(t, a, wait, key, nil)
+		crash(t, b, wait, key, nil)
+		if _, err := idem.Do(t.Context(), a, key, fn); !errors.Is(err, idem.ErrQuarantined) {
+			t.Fatalf("Do(%q) after 2 crashes with MaxTakeOvers 1 = %v; want ErrQuarantined", key, err)
+		}
+		res := idem.Resolution{Confirm: true, Result: []byte(`{"ID":"rcpt-9","Token":7}`)}
+		if err := a.(idem.Resolver).Resolve(t.Context(), key, res); err != nil {
+			t.Fatalf("Resolve(%q, %s) = %v; want nil", key, res.Result, err)
+		}
+		for _, s := range []idem.Store{a, b} {
+			if v, err := idem.Do(t.Context(), s, key, fn); err != nil || v != (receipt{ID: "rcpt-9", Token: 7}) {
+				t.Errorf("Do(%q) after the operator's Resolve = %+v, %v; want {rcpt-9 7}, nil", key, v, err)
+			}
+		}
+		// A string as it is; the wrong type for the record is ErrDamaged,
+		// naming the operator's result and the way out.
+		key2 := doKey("settled-string")
+		crash(t, a, wait, key2, nil)
+		crash(t, b, wait, key2, nil)
+		if _, err := idem.Do(t.Context(), a, key2, fn); !errors.Is(err, idem.ErrQuarantined) {
+			t.Fatalf("Do(%q) after 2 crashes with MaxTakeOvers 1 = %v; want ErrQuarantined", key2, err)
+		}
+		if err := b.(idem.Resolver).Resolve(t.Context(), key2, idem.Resolution{Confirm: true, Result: []byte("rcpt-9")}); err != nil {
+			t.Fatalf("Resolve(%q) = %v; want nil", key2, err)
+		}
+		if v, err := idem.Do(t.Context(), a, key2, func(context.Context) (string, error) { return "ran", nil }); err != nil || v != "rcpt-9" {
+			t.Errorf("Do[string](%q) after the operator's Resolve = %q, %v; want \"rcpt-9\", nil", key2, v, err)
+		}
+		_, err := idem.Do(t.Context(), a, key2, fn)
+		if !errors.Is(err, idem.ErrDamaged) || !strings.Contains(err.Error(), "operator") || !strings.Contains(err.Error(), "--force") {
+			t.Errorf("Do[receipt](%q) on an operator's result %q = %v; want ErrDamaged naming the operator's result and --forget --force", key2, "rcpt-9", err)
+		}
+	})
+}
+
+// Reconcile's answers each do what DoOptions.Reconcile says: done with a
+// nil result records T's zero value and fn does not run; a Permanent
+// error is recorded and replayed as fn's would be; a panic leaves the
+// claim to run out unforgotten, so that the next call is told of the
+// take-over (the second in a row) and reconciles again.
+func TestDoReconcileAnswers(t *testing.T) {
+	onEveryBackendClock(t, func(t *testing.T, open func(int, idem.Options) idem.Store, wait func(time.Duration)) {
+		o := idem.Options{LeaseTTL: 300 * time.Millisecond}
+		crashed, next := open(0, o), open(1, o)
+		fnRuns := 0
+		fn := func(context.Context) (int, error) { fnRuns++; return 5, nil }
+		rc := func(r any, done bool, err error) idem.DoOptions {
+			return idem.DoOptions{Reconcile: func(context.Context, *idem.TakeOver) (any, bool, error) { return r, done, err }}
+		}
+
+		zero := doKey("done-nil")
+		crash(t, crashed, wait, zero, nil)
+		if v, err := idem.Do(t.Context(), next, zero, fn, rc(nil, true, nil)); v != 0 || err != nil || fnRuns != 0 {
+			t.Errorf("Do with Reconcile done, nil result = %d, %v (fn ran %d times); want 0, nil, fn not run", v, err, fnRuns)
+		}
+		if v, err := idem.Do(t.Context(), next, zero, fn); v != 0 || err != nil || fnRuns != 0 {
+			t.Errorf("Do after Reconcile recorded T's zero value = %d, %v (fn ran %d times); want the replay 0, nil", v, err, fnRuns)
+		}
+
+		perm := doKey("permanent")
+		crash(t, crashed, wait, perm, nil)
+		errGone := errors.New("the order was cancelled")
+		_, err := idem.Do(t.Context(), next, perm, fn, rc(nil, false, idem.Permanent(errGone)))
+		if !errors.Is(err, errGone) || fnRuns != 0 {
+			t.Errorf("Do with Reconcile's Permanent error = %v (fn ran %d times); want it, fn not run", err, fnRuns)
+		}
+		_, err = idem.Do(t.Context(), next, perm, fn)
+		var pe *idem.PermanentError
+		if !errors.As(err, &pe) || !pe.Replayed || err.Error() != errGone.Error() || fnRuns != 0 {
+			t.Errorf("Do after Reconcile's Permanent error = %v (fn ran %d times); want the recorded error replayed, fn not run", err, fnRuns)
+		}
+
+		panicky := doKey("panic")
+		crash(t, crashed, wait, panicky, nil)
+		func() {
+			defer func() {
+				if p := recover(); p != "ledger client bug" {
+					t.Errorf("Do with a panicking Reconcile: recovered %v; want the panic to go on", p)
+				}
+			}()
+			_, _ = idem.Do(t.Context(), next, panicky, fn, idem.DoOptions{Reconcile: func(context.Context, *idem.TakeOver) (any, bool, error) {
+				panic("ledger client bug")
+			}})
+		}()
+		if rec, err := next.Lookup(t.Context(), panicky); err != nil || rec.Confirmed {
+			t.Fatalf("Lookup(%q) after Reconcile panicked = %+v, %v; want the claim left live, not forgotten", panicky, rec, err)
+		}
+		wait(o.LeaseTTL + 50*time.Millisecond)
+		told := 0
+		v, err := idem.Do(t.Context(), next, panicky, fn, idem.DoOptions{Reconcile: func(_ context.Context, tk *idem.TakeOver) (any, bool, error) {
+			told = tk.TakeOvers
+			return nil, false, nil
+		}})
+		if v != 5 || err != nil || told != 2 {
+			t.Errorf("Do after Reconcile panicked = %d, %v (told %d take-overs); want 5, nil after Reconcile told of the 2nd take-over", v, err, told)
+		}
+	})
+}

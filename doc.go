@@ -152,7 +152,11 @@
 // handler find it with [TakeOverFrom] and record progress with
 // [Checkpoint]. A key that crashed its workers more than MaxTakeOvers
 // times in a row is quarantined ([ErrQuarantined]) until an operator
-// settles it ([Resolver], idem resolve).
+// settles it ([Resolver], idem resolve) with the result in the form its
+// front door replays ([Resolution].Result; the store marks it
+// [Record].Resolved), or clears it ([Resolution].Force, a confirmed or
+// damaged record too). An operator sees a lapsed attempt before anyone
+// takes it over ([Inspector], idem inspect).
 //
 // # What is not guaranteed
 //

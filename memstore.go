@@ -35,6 +35,7 @@ type memData struct {
 
 type memRecord struct {
 	confirmed   bool
+	resolved    bool // confirmed by an operator (Record.Resolved)
 	quarantined bool
 	token       int64
 	owner       string
@@ -158,6 +159,7 @@ func (r *memRecord) record(key string) *Record {
 		Fingerprint: bytes.Clone(r.fingerprint),
 		Result:      bytes.Clone(r.result),
 		Expires:     r.expires,
+		Resolved:    r.resolved,
 	}
 	if !r.confirmed {
 		rec.Quarantined = r.quarantined
@@ -239,9 +241,12 @@ func (m *MemoryStore) claimLocked(key string, fingerprint []byte) (Claim, error)
 	return c, nil
 }
 
-// holds reports whether r is l's own live claim.
+// holds reports whether r is l's own claim. A quarantined key keeps its
+// last attempt's owner and token, but is no one's claim: that attempt,
+// stalled and awake again, must not renew it back into a lease or forget
+// it, which would start the crash loop again.
 func holds(r *memRecord, l *Lease) bool {
-	return r != nil && !r.confirmed && r.owner == l.Owner && r.token == l.Token
+	return r != nil && r.claim() && r.owner == l.Owner && r.token == l.Token
 }
 
 // Renew implements Store.
@@ -354,6 +359,30 @@ func (m *MemoryStore) Lookup(ctx context.Context, key string) (rec *Record, err 
 	return r.record(key), nil
 }
 
+// Inspect implements Inspector.
+func (m *MemoryStore) Inspect(ctx context.Context, key string) (*Record, error) {
+	if err := m.core.CheckKey(key); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	d := m.data
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	now := d.now()
+	r := d.get(key, now)
+	if r == nil {
+		return nil, m.core.NotFound(key)
+	}
+	rec := r.record(key)
+	if r.lapsed(now) {
+		rec.Lapsed = &Attempt{Owner: r.owner, Token: r.token, Claimed: r.claimed}
+		rec.Expires = r.expires.Add(r.remember)
+	}
+	return rec, nil
+}
+
 // ClaimBatch implements Batcher: the whole batch is claimed under one lock.
 func (m *MemoryStore) ClaimBatch(ctx context.Context, keys []string, fingerprints [][]byte) (cs []Claim, err error) {
 	start := time.Now()
@@ -454,6 +483,16 @@ func (m *MemoryStore) Resolve(ctx context.Context, key string, res Resolution) (
 	defer d.mu.Unlock()
 	now := d.now()
 	r := d.get(key, now)
+	if res.Force {
+		switch {
+		case r == nil:
+			return m.core.NothingToClear(key)
+		case r.claim() && !r.lapsed(now):
+			return m.core.LiveClaim(key)
+		}
+		delete(d.recs, key)
+		return nil
+	}
 	if r == nil || !r.quarantined {
 		return m.core.NotQuarantined(key)
 	}
@@ -464,7 +503,7 @@ func (m *MemoryStore) Resolve(ctx context.Context, key string, res Resolution) (
 	// A token of its own: a stalled attempt's late Confirm is then told
 	// another confirmation was kept.
 	d.token++
-	d.recs[key] = &memRecord{confirmed: true, token: d.token, fingerprint: r.fingerprint,
+	d.recs[key] = &memRecord{confirmed: true, resolved: true, token: d.token, fingerprint: r.fingerprint,
 		result: append([]byte{}, res.Result...), expires: now.Add(m.core.o.Retention)}
 	d.wrote(now)
 	return nil

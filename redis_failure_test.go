@@ -380,6 +380,8 @@ var damagedRecords = []string{
 	"1D:0:",                  // empty token
 	"1D12:-1:",               // negative length
 	"2D1:0:",                 // a later format version
+	"2R12:5:ab",              // an operator's confirmation whose fingerprint is longer than the value
+	"2R:0:",                  // ... or without a token
 	"1X12:0:",                // unknown state
 	"1F",                     // forgotten without a token
 	"1Fx",                    // ... or with a bad one
@@ -436,6 +438,8 @@ func checkDamaged(t *testing.T, s *RedisStore, c *redis.Client, key, value strin
 		{"Lookup", func() error { _, err := s.Lookup(ctx, key); return err }},
 		{"ClaimBatch", func() error { _, err := s.ClaimBatch(ctx, []string{key}, nil); return err }},
 		{"ConfirmBatch", func() error { return s.ConfirmBatch(ctx, []*Lease{lease()}, nil) }},
+		{"Resolve", func() error { return s.Resolve(ctx, key, Resolution{}) }},
+		{"Resolve(Confirm)", func() error { return s.Resolve(ctx, key, Resolution{Confirm: true, Result: []byte("r")}) }},
 	} {
 		err := func() (err error) {
 			defer func() {
@@ -454,6 +458,14 @@ func checkDamaged(t *testing.T, s *RedisStore, c *redis.Client, key, value strin
 				t.Fatalf("SET %q: %v", rk, err)
 			}
 		}
+	}
+	// The way out: an operator's forced forget clears it, and the key
+	// works again.
+	if err := s.Resolve(ctx, key, Resolution{Force: true}); err != nil {
+		t.Errorf("Resolve(%q, Force) on record %q = %v; want nil, the record cleared", key, value, err)
+	}
+	if c, err := s.Claim(ctx, key, nil); err != nil || c.Outcome != Claimed {
+		t.Errorf("Claim(%q) after Resolve(Force) cleared a damaged record = %v, %v; want Claimed", key, c.Outcome, err)
 	}
 }
 

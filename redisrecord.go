@@ -23,8 +23,10 @@ const (
 	replyAgain   = "A" // the lease this same attempt was given before
 	replyTaken   = "T" // a new lease, the take-over of a lapsed claim
 	replyDone    = "D" // confirmed
+	replyByOp    = "R" // confirmed by an operator (Record.Resolved)
 	replyHeld    = "P" // held by a live claim
 	replyQuar    = "Q" // quarantined
+	replyLapsed  = "L" // a lapsed claim (lookup.lua asked for one: Inspect)
 
 	// confirm.lua's answers.
 	confirmHeld    = 1 // the lease was held
@@ -83,7 +85,7 @@ func (s *RedisStore) parseClaim(key string, fingerprint []byte, start time.Time,
 			ttl = time.Duration(p) * time.Millisecond
 		}
 		return s.claimed(key, tok, ttl, fingerprint, start), nil
-	case replyDone, replyHeld, replyQuar:
+	case replyDone, replyByOp, replyHeld, replyQuar:
 		rec, err := s.parseRecord(key, start, a)
 		if err != nil {
 			return Claim{}, err
@@ -138,7 +140,8 @@ func attempt(tv, ov any) (*Attempt, bool) {
 }
 
 // parseRecord reads the replies that claim.lua and lookup.lua share:
-// {'D', token, pttl, fingerprint, result}, or for a live claim ('P') or a
+// {'D', token, pttl, fingerprint, result} (an operator's confirmation
+// 'R', the same fields), or for a live claim ('P') or a
 // quarantined key ('Q') {state, token, pttl, fingerprint, owner, n, cp}
 // and, when n > 0, the prior attempt's token and owner.
 func (s *RedisStore) parseRecord(key string, start time.Time, a []any) (*Record, error) {
@@ -153,9 +156,10 @@ func (s *RedisStore) parseRecord(key string, start time.Time, a []any) (*Record,
 	if !ok1 || !ok2 || !ok3 || !ok4 {
 		return nil, s.badReply("record", key, a)
 	}
-	rec := &Record{Key: key, Confirmed: st == replyDone, Token: tok, Fingerprint: []byte(fp)}
+	done := st == replyDone || st == replyByOp
+	rec := &Record{Key: key, Confirmed: done, Resolved: st == replyByOp, Token: tok, Fingerprint: []byte(fp)}
 	switch {
-	case st == replyDone && len(a) == 5:
+	case done && len(a) == 5:
 		rec.Result = []byte(last)
 	case (st == replyHeld || st == replyQuar) && (len(a) == 7 || len(a) == 9):
 		rec.Owner, rec.Quarantined = last, st == replyQuar

@@ -418,6 +418,49 @@ func (s *RedisStore) Lookup(ctx context.Context, key string) (rec *Record, err e
 	return s.parseRecord(key, sent, a)
 }
 
+// Inspect implements Inspector in one round trip: lookup.lua, asked for a
+// lapsed claim too.
+func (s *RedisStore) Inspect(ctx context.Context, key string) (*Record, error) {
+	if err := s.core.CheckKey(key); err != nil {
+		return nil, err
+	}
+	sent, err := s.contact(ctx, time.Now())
+	if err != nil {
+		return nil, s.fail("inspect", key, err)
+	}
+	v, _, err := s.run(ctx, lookupScript, key, "lapsed")
+	if errors.Is(err, redis.Nil) {
+		return nil, s.core.NotFound(key)
+	}
+	if err != nil {
+		return nil, s.fail("inspect", key, err)
+	}
+	if damaged(v) {
+		return nil, s.errDamaged("inspect", key)
+	}
+	a, ok := v.([]any)
+	if !ok {
+		return nil, s.badReply("inspect", key, v)
+	}
+	if st, _ := a[0].(string); st != replyLapsed {
+		return s.parseRecord(key, sent, a)
+	}
+	// {'L', pttl, the claim's record}: the key lives pttl more.
+	pttl, ok1 := a[1].(int64)
+	inner, ok2 := a[2].([]any)
+	if len(a) != 3 || !ok1 || !ok2 {
+		return nil, s.badReply("inspect", key, v)
+	}
+	rec, err := s.parseRecord(key, sent, inner)
+	if err != nil {
+		return nil, err
+	}
+	// Tokens are the server's clock in microseconds when claimed.
+	rec.Lapsed = &Attempt{Owner: rec.Owner, Token: rec.Token, Claimed: time.UnixMicro(rec.Token)}
+	rec.Expires = sent.Add(time.Duration(pttl) * time.Millisecond)
+	return rec, nil
+}
+
 // Checkpoint implements Checkpointer in one round trip.
 func (s *RedisStore) Checkpoint(ctx context.Context, l *Lease, data []byte) (err error) {
 	start := time.Now()
@@ -462,8 +505,11 @@ func (s *RedisStore) Resolve(ctx context.Context, key string, r Resolution) (err
 		return s.fail("resolve", key, err)
 	}
 	args := []any{"forget", s.leaseMs, ""}
-	if r.Confirm {
+	switch {
+	case r.Confirm:
 		args = []any{"confirm", s.retentionMs, r.Result}
+	case r.Force:
+		args = []any{"clear", s.leaseMs, ""}
 	}
 	v, _, err := s.run(ctx, resolveScript, key, args...)
 	if err != nil {
@@ -472,11 +518,15 @@ func (s *RedisStore) Resolve(ctx context.Context, key string, r Resolution) (err
 	if damaged(v) {
 		return s.errDamaged("resolve", key)
 	}
-	switch n, _ := v.(int64); n {
-	case 1:
+	switch n, _ := v.(int64); {
+	case n == 1:
 		return nil
-	case 0:
+	case n == 0 && r.Force:
+		return s.core.NothingToClear(key)
+	case n == 0:
 		return s.core.NotQuarantined(key)
+	case n == 2 && r.Force:
+		return s.core.LiveClaim(key)
 	}
 	return s.badReply("resolve", key, v)
 }

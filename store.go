@@ -52,6 +52,23 @@ type Record struct {
 	Result      []byte    // as given to Confirm; nil while claimed
 	Expires     time.Time // lease end while claimed, retention end once confirmed (local estimate)
 
+	// Resolved marks a confirmation an operator recorded
+	// (Resolver.Resolve with Confirm): its Result is the plain result
+	// the key's front door documents (for Do the value as its Codec
+	// encodes it, JSON by default, a string or []byte as it is), not
+	// the front door's own record of it. Do decodes it as such; a front
+	// door whose Resolution is built in its own form (the HTTP
+	// middleware's, the RPC interceptors') or that replays no result
+	// (the consumer) reads Result as it reads any other.
+	Resolved bool
+	// Lapsed is set only by Inspector.Inspect, on a claim whose lease ran
+	// out unconfirmed and that no one has taken over yet: the attempt
+	// (its owner, token, when claimed), which crashed or stalled. Expires
+	// is then when the store forgets it (its Retention after the lease),
+	// Owner and Token the attempt's, and TakeOvers, Prior and Checkpoint
+	// what the next claim will be told.
+	Lapsed *Attempt
+
 	// Quarantined is set on a key whose work crashed more times in a row
 	// than the store allows (see ErrQuarantined): Token and Owner are its
 	// last attempt's, Expires the quarantine's end.
@@ -233,7 +250,8 @@ type Attempt struct {
 	// Token is its fencing token.
 	Token int64
 	// Claimed is when it was claimed, by the store's clock (on Redis the
-	// token's own time: tokens are the server's clock in microseconds).
+	// token's own time: tokens are the server's clock in microseconds;
+	// so too Inspect's Record.Lapsed on SQL).
 	Claimed time.Time
 }
 
@@ -277,24 +295,54 @@ type Checkpointer interface {
 // Resolver is implemented by stores on which an operator settles a
 // quarantined key: RedisStore, MemoryStore and the SQL store.
 type Resolver interface {
-	// Resolve settles key's quarantine. Without Confirm the record is
-	// removed and the next Claim runs the work as new (no take-over, the
-	// count starts again); with Confirm the key is recorded as done with
-	// Result, replayed to duplicates for the store's Retention. A key
-	// that is not quarantined is left as it is: an error wrapping
-	// ErrNotFound.
+	// Resolve settles key's quarantine in one atomic step. Without
+	// Confirm the record is removed and the next Claim runs the work as
+	// new (no take-over, the count starts again); with Confirm the key is
+	// recorded as done with Result, marked Resolved, under a token of its
+	// own and the quarantined attempts' fingerprint, replayed to
+	// duplicates for the store's Retention. A key that is not quarantined
+	// (none, a live claim, a confirmation) is left as it is: an error
+	// wrapping ErrNotFound.
+	//
+	// With Force (and without Confirm) the record is removed whatever it
+	// holds, but a live claim: a confirmation, a quarantine, a lapsed
+	// claim, a damaged record. That is how an operator clears a key that
+	// no front door can read; the work then runs again. A live claim is
+	// refused with an error wrapping ErrInProgress (its holder is at
+	// work: wait for its lease), no record with one wrapping ErrNotFound.
 	Resolve(ctx context.Context, key string, r Resolution) error
 	// Quarantined returns up to limit quarantined records (all when limit
 	// is 0 or less), in no particular order.
 	Quarantined(ctx context.Context, limit int) ([]*Record, error)
 }
 
-// Resolution is an operator's verdict on a quarantined key.
+// Inspector is implemented by stores that show an operator a key's record
+// whatever its state: RedisStore, MemoryStore and the SQL store.
+type Inspector interface {
+	// Inspect returns key's record as Lookup does, and also a claim whose
+	// lease ran out unconfirmed (a crash or a stall), which Lookup answers
+	// ErrNotFound and the next Claim takes over: marked Record.Lapsed. A
+	// key without a record (never claimed, forgotten, expired) is
+	// ErrNotFound, a damaged record ErrDamaged. It only reads.
+	Inspect(ctx context.Context, key string) (*Record, error)
+}
+
+// Resolution is an operator's verdict on a key: a quarantined one, or,
+// with Force, any key but one in flight.
 type Resolution struct {
 	// Confirm records the work as done (its effect happened) with Result;
 	// false removes the record so that the work runs again.
 	Confirm bool
-	// Result is what duplicates are answered with when Confirm is set: for
-	// Do, its encoding of the function's result.
+	// Result is what duplicates are answered with when Confirm is set,
+	// as the key's front door documents its result: for Do the value as
+	// the call's Codec encodes it (JSON by default; a string or []byte
+	// as it is), which Do decodes into its result type; for the consumer
+	// wrappers the plain bytes (they record none: nil will do); for the
+	// HTTP middleware the response as middleware.Resolution builds it.
+	// The store keeps it marked Resolved (see Record.Resolved).
 	Result []byte
+	// Force, without Confirm, removes the key's record whatever it holds
+	// but a live claim, a confirmed or damaged one included (see
+	// Resolver.Resolve): the work runs again on the next call.
+	Force bool
 }

@@ -1,7 +1,12 @@
 -- lookup: read a key's live record.
 --
 -- KEYS[1]  the record
--- Reply:   false when there is none (a forgotten or lapsed claim counts as none)
+-- ARGV[1]  'lapsed' to answer a lapsed claim too (an operator's Inspect);
+--          absent for Lookup
+-- Reply:   false when there is none (a forgotten claim, and without
+--          'lapsed' a lapsed one, counts as none)
+--          {'L', pttl, {'P', token, lease left (not above 0), fingerprint, owner, n, cp[, ptoken, powner]}}
+--                                                    a lapsed claim, with 'lapsed'
 --          {'D', token, pttl, fingerprint, result}   confirmed
 --          {'P', token, pttl, fingerprint, owner, n, cp[, ptoken, powner]}
 --                                                    a live claim
@@ -18,5 +23,8 @@ local r = decode(v)
 if not r then return DAMAGED end
 if r.st == 'F' then return false end
 local pttl = redis.call('PTTL', KEYS[1])
-if r.st == 'C' and not live(r, pttl) then return false end
+if r.st == 'C' and not live(r, pttl) then
+  if ARGV[1] ~= 'lapsed' then return false end
+  return {'L', pttl, reply(r, pttl)}
+end
 return reply(r, pttl)

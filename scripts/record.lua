@@ -13,6 +13,7 @@
 --   <token>                                                    a confirmation without
 --                                                              fingerprint or result,
 --                                                              when token has 16 digits
+--   2R<the same fields as 1D>                                  an operator's confirmation
 --   1F<token>                                                  a forgotten claim
 --
 -- <token> is a decimal microsecond timestamp of the store's clock (at most
@@ -32,6 +33,13 @@
 -- an operator settles it (resolve.lua) or a late confirm records over it.
 -- Version 1 claims (1C<token>:<#owner>:<owner><#attempt>:<attempt><fingerprint>,
 -- a TTL of the lease alone) are still read: keep 0, no take-overs.
+--
+-- An operator's confirmation (resolve.lua) is a confirmation in all but its
+-- mark: its result is the plain one the front door documents, not the front
+-- door's own record (Record.Resolved), and it is answered 'R' where a
+-- confirmation is answered 'D'. A version of its own, so that a client of
+-- an earlier version, which cannot tell it apart, calls it damaged instead
+-- of replaying it as what it is not.
 --
 -- A forgotten claim is kept for what remained of its lease only so that the
 -- next claim's token exceeds it even within the same clock tick; it reads as
@@ -101,6 +109,14 @@ local function decode(v)
   r.toks = tok()
   if not r.toks then return nil end
   r.tok = tonumber(r.toks)
+  if ver == '2' and r.st == 'R' then
+    -- An operator's confirmation: a confirmation, marked.
+    r.st, r.op = 'D', true
+    r.fp = str()
+    if not r.fp then return nil end
+    r.result = string.sub(v, pos)
+    return r
+  end
   if ver == '2' then
     if r.st ~= 'C' and r.st ~= 'Q' then return nil end
     r.owner = str()
@@ -151,10 +167,14 @@ end
 -- reply describes a live record the way Claim and Lookup answer it, pttl
 -- being its key's:
 --   {'D', token, pttl, fingerprint, result}                         confirmed
+--   {'R', token, pttl, fingerprint, result}                         confirmed by an operator
 --   {'P', token, lease left, fingerprint, owner, n, cp[, ptoken, powner]}  a live claim
 --   {'Q', token, pttl, fingerprint, owner, n, cp[, ptoken, powner]}        quarantined
 local function reply(r, pttl)
-  if r.st == 'D' then return {'D', r.toks, pttl, r.fp, r.result} end
+  if r.st == 'D' then
+    if r.op then return {'R', r.toks, pttl, r.fp, r.result} end
+    return {'D', r.toks, pttl, r.fp, r.result}
+  end
   local st, left = 'Q', pttl
   if r.st == 'C' then
     st = 'P'

@@ -9,13 +9,19 @@ package sqlstore
 // and table.
 type sqlStatements struct {
 	claim, readAny, read, renew, confirm, confirmLate, forget, record, release, purge string
-	quarantine, checkpoint, resolveConfirm, resolveForget, quarantined                string
+	quarantine, checkpoint, resolveConfirm, resolveForget, resolveClear, quarantined  string
 	claimOrRead, takeOver                                                             string
 	// MySQL only: the read of what a take-over carried over, the late
 	// confirm's insert, the purge's delete (its key list appended per
 	// batch), and whether a lease is held.
 	takenOver, confirmLateInsert, purgeDelete, held string
 }
+
+// ownerResolved is the owner of a confirmation an operator recorded
+// (idem.Record.Resolved). Every other confirmation has an empty owner: the
+// mark needs no column of its own, and a row written before it reads as
+// it did.
+const ownerResolved = "idem:resolved"
 
 // The statements, in the markers of sqlText.
 const (
@@ -83,13 +89,17 @@ WHERE key = $1 AND state = 'C' AND expires_at <= {now} AND takeovers >= $2`
 WHERE key = $1 AND state = 'C' AND owner = $2 AND token = $3 AND expires_at > {now}`
 	// An operator's verdict on a quarantined key. The confirmation takes a
 	// token of its own, so that the last attempt's late confirm is told
-	// another was kept; a forgotten key starts afresh.
-	sqlResolveConfirm = `UPDATE {t} SET state = 'D', owner = '', token = {max}({tok}, token + 1), result = $2,
+	// another was kept, and is marked an operator's by its owner (see
+	// ownerResolved); a forgotten key starts afresh.
+	sqlResolveConfirm = `UPDATE {t} SET state = 'D', owner = '` + ownerResolved + `', token = {max}({tok}, token + 1), result = $2,
 recorded_at = {now}, expires_at = {in $3}
 WHERE key = $1 AND state = 'Q' AND expires_at > {now}`
 	sqlResolveForget = `UPDATE {t} SET state = 'F' WHERE key = $1 AND state = 'Q' AND expires_at > {now}`
-	sqlQuarantined   = `SELECT ` + sqlColumns + `, key FROM {t} WHERE state = 'Q' AND expires_at > {now} LIMIT $1`
-	sqlRenew         = `UPDATE {t} SET expires_at = {in $4}
+	// An operator's forced forget: anything but a live claim (and a row
+	// already forgotten) becomes a forgotten claim, its token kept.
+	sqlResolveClear = `UPDATE {t} SET state = 'F' WHERE key = $1 AND state <> 'F' AND NOT (state = 'C' AND expires_at > {now})`
+	sqlQuarantined  = `SELECT ` + sqlColumns + `, key FROM {t} WHERE state = 'Q' AND expires_at > {now} LIMIT $1`
+	sqlRenew        = `UPDATE {t} SET expires_at = {in $4}
 WHERE key = $1 AND state = 'C' AND owner = $2 AND token = $3 AND expires_at > {now}`
 	sqlConfirm = `UPDATE {t} SET state = 'D', owner = '', fingerprint = $4, result = $5, recorded_at = {now}, expires_at = {in $6}
 WHERE key = $1 AND state = 'C' AND owner = $2 AND token = $3 AND expires_at > {now}`

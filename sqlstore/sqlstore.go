@@ -225,7 +225,7 @@ func New(db *sql.DB, o Options) (*Store, error) {
 		claim: text(sqlClaim), read: text(sqlRead), readAny: text(sqlReadAny),
 		claimOrRead: text(sqlClaimOrRead), takeOver: text(sqlTakeOver),
 		quarantine: text(sqlQuarantine), checkpoint: text(sqlCheckpoint), quarantined: text(sqlQuarantined),
-		resolveConfirm: text(sqlResolveConfirm), resolveForget: text(sqlResolveForget),
+		resolveConfirm: text(sqlResolveConfirm), resolveForget: text(sqlResolveForget), resolveClear: text(sqlResolveClear),
 		renew: text(sqlRenew), confirm: text(sqlConfirm), confirmLate: text(sqlConfirmLate),
 		forget: text(sqlForget), record: text(sqlRecordPostgres), release: text(sqlRelease), purge: text(sqlPurgePostgres),
 	}
@@ -594,6 +594,7 @@ func (r *dbRow) record(key string, start time.Time, unit time.Duration) (*idem.R
 		Expires: start.Add(time.Duration(r.ttl) * unit)}
 	if rec.Confirmed {
 		rec.Result = nonNil(r.res)
+		rec.Owner, rec.Resolved = "", r.owner == ownerResolved
 		return rec, nil
 	}
 	rec.Quarantined, rec.TakeOvers, rec.Checkpoint = r.st == "Q", int(r.takeovers), nilIfEmpty(r.checkpoint)
@@ -775,6 +776,45 @@ func (s *Store) Lookup(ctx context.Context, key string) (rec *idem.Record, err e
 	return rec, nil
 }
 
+// Inspect implements idem.Inspector in one statement: the row whatever
+// its state, a lapsed claim answered as one (Record.Lapsed). A lapsed
+// claim is kept until PurgeExpired, called with this store's Retention,
+// deletes it a Retention after its lease: its Expires says so.
+func (s *Store) Inspect(ctx context.Context, key string) (rec *idem.Record, err error) {
+	if err := s.core.CheckKey(key); err != nil {
+		return nil, err
+	}
+	start := time.Now()
+	var r dbRow
+	err = s.reading(ctx, s.db, func() error {
+		return s.db.QueryRowContext(ctx, s.q.readAny, []byte(key)).Scan(r.dest()...)
+	})
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, s.core.NotFound(key)
+	}
+	if err != nil {
+		return nil, s.fail("inspect", key, err)
+	}
+	ttl := r.ttl
+	lapsed := r.st == "C" && ttl <= 0
+	if lapsed {
+		r.ttl = 1 // read as the claim it was
+	}
+	rec, err = r.record(key, start, s.ttlUnit)
+	if errors.Is(err, errNotLive) {
+		return nil, s.core.NotFound(key)
+	}
+	if err != nil {
+		return nil, s.fail("inspect", key, err)
+	}
+	if lapsed {
+		// Tokens are the database's clock in microseconds when claimed.
+		rec.Lapsed = &idem.Attempt{Owner: rec.Owner, Token: rec.Token, Claimed: time.UnixMicro(rec.Token)}
+		rec.Expires = start.Add(time.Duration(ttl)*s.ttlUnit + s.o.Retention)
+	}
+	return rec, nil
+}
+
 // heldUnchanged says, after a Renew or Checkpoint changed no row, whether
 // that was because the row already held what it wrote (the same
 // checkpoint; a renewal in the same microsecond) while l's lease is live.
@@ -823,18 +863,29 @@ func (s *Store) Resolve(ctx context.Context, key string, r idem.Resolution) (err
 		return err
 	}
 	var ok bool
-	if r.Confirm {
+	switch {
+	case r.Confirm:
 		ok, err = s.exec(ctx, s.db, s.q.resolveConfirm, []byte(key), nonNil(r.Result), s.retentionMs)
-	} else {
+	case r.Force:
+		ok, err = s.exec(ctx, s.db, s.q.resolveClear, []byte(key))
+	default:
 		ok, err = s.exec(ctx, s.db, s.q.resolveForget, []byte(key))
 	}
 	if err != nil {
 		return s.fail("resolve", key, err)
 	}
-	if !ok {
-		return s.core.NotQuarantined(key)
+	switch {
+	case ok:
+		return nil
+	case r.Force:
+		// Nothing cleared: a live claim, or no record. Read to say which.
+		rec, err := s.read(ctx, s.db, key, start, false)
+		if err == nil && !rec.Confirmed && !rec.Quarantined {
+			return s.core.LiveClaim(key)
+		}
+		return s.core.NothingToClear(key)
 	}
-	return nil
+	return s.core.NotQuarantined(key)
 }
 
 // Quarantined implements idem.Resolver in one query.

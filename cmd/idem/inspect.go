@@ -28,8 +28,12 @@ the owner of a live claim (of a quarantined key: its last attempt), the
 fencing token, when the lease, the retention or the quarantine ends, the
 fingerprint (hex) and the size of the stored result; after a crash, the
 attempts: the take-overs in a row, the attempt taken over last (its owner,
-token and when it was claimed) and the last checkpoint. A key without a live record (never claimed, forgotten, or
-expired) exits 1. KEY is the store key as given to Claim; the middleware's
+token and when it was claimed) and the last checkpoint. A claim whose lease
+ran out unconfirmed (its worker crashed or stalled) is shown before anyone
+takes it over: state lapsed, its owner, token, when it was claimed, its
+checkpoint, and when the store forgets it. A key without a record (never
+claimed, forgotten, or expired) exits 1; so does a damaged record, which
+idem resolve KEY --forget --force clears. KEY is the store key as given to Claim; the middleware's
 keys look like h2<len>:<scope><len>:<client key>, e.g. 'h20:5:pay-1'
 (earlier versions': h1<len>:<scope><len>:<method><len>:<route><len>:<client
 key>). --hex reads KEY as hex, for keys
@@ -51,15 +55,17 @@ the request id of the request that did the work, and body.`
 // inspection is inspect's --json output: one object, stable field names.
 type inspection struct {
 	Key   string `json:"key"`
-	State string `json:"state"` // "claimed", "confirmed", "quarantined", or "none": no live record
+	State string `json:"state"` // "claimed", "lapsed", "confirmed", "quarantined", "damaged", or "none": no record
 	// Error says why there is no record to show (state "none"); the
 	// command exits 1 then, as without --json.
-	Error       string    `json:"error,omitempty"`
-	Owner       string    `json:"owner"` // "" once confirmed
-	Token       int64     `json:"token"`
-	Expires     time.Time `json:"expires"`
-	Fingerprint string    `json:"fingerprint"` // hex; "" for none
-	ResultBytes int       `json:"result_bytes"`
+	Error   string    `json:"error,omitempty"`
+	Owner   string    `json:"owner"` // "" once confirmed
+	Token   int64     `json:"token"`
+	Expires time.Time `json:"expires"` // of a lapsed claim: when the store forgets it
+	// Claimed is when a lapsed claim (state "lapsed") was claimed.
+	Claimed     *time.Time `json:"claimed,omitempty"`
+	Fingerprint string     `json:"fingerprint"` // hex; "" for none
+	ResultBytes int        `json:"result_bytes"`
 	// TakeOvers counts a claim's or a quarantined key's take-overs in a
 	// row; Prior is the attempt taken over last; Checkpoint the last
 	// progress recorded (text, else CheckpointBase64).
@@ -69,6 +75,14 @@ type inspection struct {
 	CheckpointBase64 []byte   `json:"checkpoint_base64,omitempty"`
 	// Response is the recorded HTTP response, with --result only.
 	Response *recordedResponse `json:"response,omitempty"`
+	// Resolved marks a confirmation an operator recorded (idem resolve).
+	Resolved bool `json:"resolved,omitempty"`
+	// Form is the front door whose form a confirmation's result is in, as
+	// far as the key and the result tell: "do", "http", "rpc" or "plain".
+	Form string `json:"form,omitempty"`
+	// Unreadable says why the key's front door cannot replay its result
+	// (a middleware key settled with another form); "" when it can.
+	Unreadable string `json:"unreadable,omitempty"`
 }
 
 // attempt is an earlier attempt at a key, as inspect shows it.
@@ -163,10 +177,24 @@ func (c *cli) inspect(args []string) int {
 		}
 		return c.fail("inspect", exitFailed, err)
 	}
+	if errors.Is(err, idem.ErrDamaged) {
+		err := fmt.Errorf("key %s has a damaged record in %s: no front door can read it (%v); clear it with idem resolve %s --forget --force (the work then runs again)",
+			quoteKey(keys[0]), b.desc, err, quoteKey(keys[0]))
+		if *asJSON {
+			_ = c.printJSON(inspection{Key: keys[0], State: "damaged", Error: oneLine(err.Error())})
+		}
+		return c.fail("inspect", exitFailed, err)
+	}
 	if err != nil {
 		return c.fail("inspect", exitFailed, err)
 	}
 	in := newInspection(r)
+	if r.Confirmed {
+		in.Form = string(recordForm(r.Key, r))
+	}
+	if err := replayable(r.Key, r); err != nil {
+		in.Unreadable = err.Error()
+	}
 	if *showResult {
 		if !r.Confirmed {
 			return c.fail("inspect", exitFailed, fmt.Errorf("key %s has no result yet: its request is in flight (claimed by %s)", quoteKey(r.Key), or(r.Owner, "-")))
@@ -245,8 +273,12 @@ func isHTTPRecordKey(k string) bool {
 // lookupAny returns the record of the first of keys that has one, or
 // idem.ErrNotFound.
 func lookupAny(ctx context.Context, s idem.Store, keys []string) (*idem.Record, error) {
+	lookup := s.Lookup
+	if in, ok := s.(idem.Inspector); ok {
+		lookup = in.Inspect // a lapsed claim too
+	}
 	for _, k := range keys {
-		r, err := s.Lookup(ctx, k)
+		r, err := lookup(ctx, k)
 		if !errors.Is(err, idem.ErrNotFound) {
 			return r, err
 		}
@@ -324,13 +356,17 @@ func newInspection(r *idem.Record) inspection {
 	in := inspection{
 		Key: r.Key, State: "claimed", Owner: r.Owner, Token: r.Token,
 		Expires: r.Expires.UTC(), Fingerprint: hex.EncodeToString(r.Fingerprint), ResultBytes: len(r.Result),
-		TakeOvers: r.TakeOvers,
+		TakeOvers: r.TakeOvers, Resolved: r.Resolved,
 	}
 	switch {
 	case r.Confirmed:
 		in.State = "confirmed"
 	case r.Quarantined:
 		in.State = "quarantined"
+	case r.Lapsed != nil:
+		in.State = "lapsed"
+		at := r.Lapsed.Claimed.UTC()
+		in.Claimed = &at
 	}
 	if r.Prior != nil {
 		in.Prior = &attempt{Owner: r.Prior.Owner, Token: r.Prior.Token, Claimed: r.Prior.Claimed.UTC()}
@@ -392,7 +428,8 @@ func (c *cli) listQuarantined(sf *storeFlags, limit int, asJSON bool) int {
 			quoteKey(in.Key), in.TakeOvers, or(in.Owner, "-"), in.Token, in.Expires.Sub(now).Round(time.Second))
 	}
 	if len(ins) > 0 {
-		fmt.Fprintln(c.stdout, "settle each with: idem resolve KEY --forget (run it again) | --confirm RESULT (it is done)")
+		fmt.Fprintln(c.stdout, "settle each with: idem resolve KEY --forget (run it again), or record it as done in its front door's form:\n"+
+			"  "+settleHint(""))
 	}
 	return exitOK
 }
@@ -410,11 +447,26 @@ func writeInspection(w io.Writer, in inspection, now time.Time) {
 		what = "retention ends"
 	case "quarantined":
 		what = "quarantine ends"
+	case "lapsed":
+		what = "the store forgets it"
+	}
+	if in.Claimed != nil {
+		row("claimed", in.Claimed.Format(time.RFC3339Nano))
 	}
 	row("expires", fmt.Sprintf("%s (%s in %v)", in.Expires.Format(time.RFC3339Nano), what, in.Expires.Sub(now).Round(time.Millisecond)))
 	row("fingerprint", or(in.Fingerprint, "-"))
 	row("result", fmt.Sprintf("%d bytes", in.ResultBytes))
 	if in.State == "confirmed" {
+		if f, ok := formNames[settleForm(in.Form)]; ok {
+			row("form", f)
+		}
+		if in.Resolved {
+			row("settled", "by an operator (idem resolve): the result is in its front door's plain form")
+		}
+		if in.Unreadable != "" {
+			fmt.Fprintf(w, "\nThe key's front door cannot replay this record: %s.\n"+
+				"Clear it with idem resolve %s --forget --force (the work then runs again).\n", in.Unreadable, quoteKey(in.Key))
+		}
 		return
 	}
 	row("take-overs", strconv.Itoa(in.TakeOvers))
@@ -429,10 +481,32 @@ func writeInspection(w io.Writer, in inspection, now time.Time) {
 	default:
 		row("checkpoint", "-")
 	}
-	if in.State == "quarantined" {
-		fmt.Fprintf(w, "\nThe key's %d attempts in a row each ended in a crash: nothing runs it again until\n"+
-			"an operator settles it: idem resolve %s --forget (run it again) | --confirm RESULT (it is done)\n", in.TakeOvers+1, quoteKey(in.Key))
+	if in.State == "lapsed" {
+		fmt.Fprintf(w, "\nThis attempt's lease ran out, neither confirmed nor forgotten: its worker crashed or\n"+
+			"stalled (or a Reconcile could not tell), maybe after part of the work. The next claim\n"+
+			"takes it over and is told so (take-over %d in a row), resuming after its checkpoint.\n", in.TakeOvers+1)
 	}
+	if in.State == "quarantined" {
+		fmt.Fprintf(w, "\nThe key's %d attempts in a row each ended with their lease run out, neither\n"+
+			"confirmed nor forgotten (a crash, a stall, or a Reconcile that could not tell):\n"+
+			"nothing runs it again until an operator settles it: idem resolve %s --forget\n"+
+			"(run it again), or record it as done: %s\n", in.TakeOvers+1, quoteKey(in.Key), settleHint(in.Key))
+	}
+}
+
+// settleHint says how to record key as done in its front door's form, as
+// idem resolve --help does; "" stands for any key.
+func settleHint(key string) string {
+	switch keyForm(key) {
+	case formHTTP:
+		return "--http-status CODE [--header 'Name: value']... [--body TEXT] (the response its retries get)"
+	case formRPC:
+		return "in Go with the gRPC or Connect module's Resolution (a response message)"
+	}
+	if key == "" {
+		return "--do JSON (idem.Do: the value's JSON) | --http-status CODE [--header H] [--body TEXT] (the HTTP middleware) | --confirm RESULT (as it is: a consumer's, --confirm '')"
+	}
+	return "--do JSON (a key of idem.Do: the JSON of its value) | --confirm RESULT (as it is: a consumer's key, --confirm '')"
 }
 
 // quoteKey prints a key as is when it is plain text, quoted otherwise, so
