@@ -27,7 +27,7 @@ func init() {
 // that set the expiry, when that call was not the last one timed.
 func (s *suite) widen(d time.Duration) {
 	s.mu.Lock()
-	s.confirmTook = max(s.confirmTook, d)
+	s.setTook = max(s.setTook, d)
 	s.mu.Unlock()
 }
 
