@@ -1054,7 +1054,7 @@ func TestCheckpointFromContext(t *testing.T) {
 // running fn; so does a waiter. Checked on every backend.
 func TestDoReplaysAnOperatorsResult(t *testing.T) {
 	onEveryBackendClock(t, func(t *testing.T, open func(int, idem.Options) idem.Store, wait func(time.Duration)) {
-		o := idem.Options{LeaseTTL: 200 * time.Millisecond, MaxTakeOvers: 1}
+		o := idem.Options{LeaseTTL: idem.MinLeaseTTL, MaxTakeOvers: 1}
 		a, b := open(0, o), open(1, o)
 		fn := func(context.Context) (receipt, error) {
 			t.Errorf("fn ran on a key an operator settled")
@@ -1103,7 +1103,7 @@ func TestDoReplaysAnOperatorsResult(t *testing.T) {
 // take-over (the second in a row) and reconciles again.
 func TestDoReconcileAnswers(t *testing.T) {
 	onEveryBackendClock(t, func(t *testing.T, open func(int, idem.Options) idem.Store, wait func(time.Duration)) {
-		o := idem.Options{LeaseTTL: 300 * time.Millisecond}
+		o := idem.Options{LeaseTTL: idem.MinLeaseTTL}
 		crashed, next := open(0, o), open(1, o)
 		fnRuns := 0
 		fn := func(context.Context) (int, error) { fnRuns++; return 5, nil }

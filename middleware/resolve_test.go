@@ -54,7 +54,7 @@ func TestResolutionRefusesWhatIsNotReplayed(t *testing.T) {
 // gets exactly that response, replayed, without the handler running: on
 // memory, real Redis and Postgres.
 func TestResolvedKeyReplaysTheOperatorsResponse(t *testing.T) {
-	const lease = 200 * time.Millisecond
+	const lease = idem.MinLeaseTTL
 	backends := map[string]func(t *testing.T) func(worker string) idem.Store{
 		"memory": func(*testing.T) func(string) idem.Store {
 			shared := memStore(idem.Options{LeaseTTL: lease, MaxTakeOvers: 1})

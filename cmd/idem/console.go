@@ -498,7 +498,7 @@ type listPage struct {
 	Err      string
 	Latest   *liveSample
 	LiveHow  string
-	Forms    []settleForm
+	Forms    []pageForm
 	Duration time.Duration
 }
 
@@ -580,9 +580,10 @@ type keyPage struct {
 	DoError    bool
 	Result     string
 	Checkpoint string
-	Forms      []settleForm
+	Forms      []pageForm
 	CanSettle  bool
 	CanClear   bool
+	Clear      pageForm
 }
 
 // shownResponse is a recorded HTTP response as the key page shows it.
@@ -602,22 +603,29 @@ func (con *console) key(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
 	defer cancel()
-	kp := keyPage{ID: r.PathValue("id"), Name: con.keyName(key), Forms: settleForms, CanClear: canClear}
-	rec, err := con.cfg.Store.Lookup(ctx, key)
+	kp := keyPage{ID: r.PathValue("id"), Name: con.keyName(key), Forms: pageForms}
+	rec, err := lookupAny(ctx, con.cfg.Store, []string{key}) // a lapsed attempt too
 	switch {
 	case errors.Is(err, idem.ErrNotFound):
 		kp.In = inspection{Key: key, State: "none"}
+	case errors.Is(err, idem.ErrDamaged):
+		// No front door can read it: the way out is to clear it.
+		kp.Record, kp.In = true, inspection{Key: key, State: "damaged", Error: oneLine(err.Error())}
+		kp.CanClear = !con.cfg.ReadOnly
 	case err != nil:
 		con.fail(w, r, http.StatusBadGateway, fmt.Sprintf("Reading %s from %s: %s", kp.Name, con.cfg.Desc, oneLine(err.Error())))
 		return
 	default:
 		kp.Record, kp.In, kp.FrontDoor = true, newInspection(rec), frontDoor(rec)
 		kp.CanSettle = rec.Quarantined && !con.cfg.ReadOnly
+		// Force clears any record but a live claim (Resolution.Force).
+		kp.CanClear = !con.cfg.ReadOnly && (rec.Confirmed || rec.Quarantined || rec.Lapsed != nil)
 		kp.Checkpoint = con.checkpoint(rec.Checkpoint)
 		if rec.Confirmed {
 			con.answer(&kp, rec)
 		}
 	}
+	kp.Clear = clearForm
 	con.render(w, r, http.StatusOK, "key", "Key "+kp.Name, kp)
 }
 
@@ -642,8 +650,10 @@ func (con *console) answer(kp *keyPage, rec *idem.Record) {
 		return
 	}
 	if kp.FrontDoor == doorDo {
-		v := rec.Result[1:]
-		kp.DoError = rec.Result[0] == 'e'
+		v := rec.Result
+		if !rec.Resolved { // Do's own record: a tag byte, then the JSON
+			v, kp.DoError = rec.Result[1:], rec.Result[0] == 'e'
+		}
 		if con.cfg.Reveal {
 			kp.Value = string(v)
 		} else {
@@ -678,7 +688,7 @@ func (con *console) lookup(w http.ResponseWriter, r *http.Request) {
 // confirmPage asks the operator to confirm a settle.
 type confirmPage struct {
 	ID, Name, Form, Label, Help string
-	Input                       settleInput
+	Input                       pageInput
 	Bytes                       int
 	Confirm                     bool
 }
@@ -701,15 +711,15 @@ func (con *console) settle(w http.ResponseWriter, r *http.Request) {
 	}
 	name := con.keyName(key)
 	form := r.PostFormValue("form")
-	in := settleInput{JSON: r.PostFormValue("json"), Status: r.PostFormValue("status"), Header: r.PostFormValue("header"),
-		Body: r.PostFormValue("body"), Text: r.PostFormValue("text"), Hex: r.PostFormValue("hex")}
-	res, err := settleResolution(form, in)
+	in := pageInput{JSON: r.PostFormValue("json"), Status: r.PostFormValue("status"), Header: r.PostFormValue("header"),
+		Body: r.PostFormValue("body"), Type: r.PostFormValue("type"), Text: r.PostFormValue("text"), Hex: r.PostFormValue("hex")}
+	res, err := pageResolution(key, form, in)
 	if err != nil {
 		con.render(w, r, http.StatusBadRequest, "error", "Not settled", errorPage{Message: "Nothing was written: " + strings.TrimPrefix(err.Error(), errBadSettle.Error()+": ") + ".", Back: "/key/" + id})
 		return
 	}
-	var sf settleForm
-	for _, f := range settleForms {
+	var sf pageForm
+	for _, f := range append(pageForms, clearForm) {
 		if f.Name == form {
 			sf = f
 		}

@@ -1,15 +1,12 @@
 package main
 
-// The console's settle forms, in one place: which front door wrote a
-// record, and a form's input turned into the idem.Resolution that front
-// door replays. Issue 44 ("Settled by the operator") puts this logic in one
-// place for idem resolve, the Resolver API and the console; until it lands
-// this file holds the console's side of it, written with what exists today,
-// so that the merge re-points these functions and nothing else.
+// The console's settle forms: what the key page offers, read from its
+// fields into settle.go's settleInput, so that the console and idem resolve
+// settle a key the same way (the same forms, the same refusals, written
+// once there).
 
 import (
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -18,7 +15,6 @@ import (
 	"strings"
 
 	"github.com/idemgo/idem"
-	"github.com/idemgo/idem/internal/httprecord"
 )
 
 // The front doors a record can come from, as the console names them.
@@ -26,78 +22,91 @@ const (
 	doorHTTP    = "HTTP middleware"
 	doorRPC     = "RPC (gRPC or Connect)"
 	doorDo      = "Do"
+	doorPlain   = "a consumer or the raw API (plain bytes)"
 	doorUnknown = "Do, a consumer or the raw API (the key does not say)"
 )
 
-// frontDoor names the front door that wrote r: the HTTP middleware's and
-// the RPC interceptors' keys say so by their prefix (httprecord.Key "h2",
-// its earlier "h1", the RPC servers' "g1"); a confirmed record of Do says so
-// by its result's first byte and JSON. A quarantined key of Do or of a
+// frontDoor names the front door that wrote r, as settle.go tells it: by
+// the key's shape for the HTTP middleware and the RPC interceptors, by
+// the result of a confirmed record for Do; a quarantined key of Do or of a
 // consumer carries nothing that tells them apart.
 func frontDoor(r *idem.Record) string {
-	switch {
-	case isHTTPRecordKey(r.Key):
+	form := keyForm(r.Key)
+	if form == "" && r.Confirmed {
+		form = recordForm(r.Key, r)
+	}
+	switch form {
+	case formHTTP:
 		return doorHTTP
-	case strings.HasPrefix(r.Key, "g1") && len(r.Key) > 2 && r.Key[2] >= '0' && r.Key[2] <= '9':
+	case formRPC:
 		return doorRPC
-	case r.Confirmed && len(r.Result) > 0 && (r.Result[0] == 'v' || r.Result[0] == 'e') && json.Valid(r.Result[1:]):
+	case formDo:
 		return doorDo
+	case formPlain:
+		return doorPlain
 	}
 	return doorUnknown
 }
 
-// A settleForm is one way to settle a key on the console's key page.
-type settleForm struct {
+// A pageForm is one way to settle a key on the console's key page.
+type pageForm struct {
 	Name  string // the form's value of the "form" field
 	Label string // the button
 	Help  string // what it does, said before the operator confirms
 }
 
-// settleForms are the console's settle forms, in the order the key page
-// shows them.
-var settleForms = []settleForm{
+// pageForms are the console's settle forms, in the order the key page
+// shows them; "clear" is offered for any record but a live claim.
+var pageForms = []pageForm{
 	{"forget", "Forget", "Remove the record: the next delivery or call runs the work again, as new."},
-	{"do-json", "Confirm a Do value (JSON)", "Record the work as done; the next Do of the key replays this JSON value as its result."},
-	{"http", "Confirm an HTTP response", "Record the work as done; the middleware replays this status, these headers and this body."},
-	{"bytes", "Confirm plain bytes", "Record the work as done with these bytes as they are (text, or hex): a consumer's result (usually empty), an RPC's encoded response message."},
+	{"do-json", "Confirm a Do value (JSON)", "Record the work as done; the next Do of the key decodes this JSON value into its result type and replays it."},
+	{"http", "Confirm an HTTP response", "Record the work as done; the middleware replays this status, these headers and this body (only a status and headers it would record and replay are taken)."},
+	{"rpc", "Confirm an RPC response message", "Record the work as done; the gRPC or Connect interceptor replays this message (its full type name, its wire encoding in hex)."},
+	{"bytes", "Confirm plain bytes", "Record the work as done with these bytes as they are (text, or hex): a consumer's result (usually empty), a Do of a string."},
 }
 
-// settleInput is what the operator typed into a settle form.
-type settleInput struct {
+// clearForm clears any record but a live claim (Resolution.Force): a
+// confirmed or damaged one too. The work then runs again.
+var clearForm = pageForm{"clear", "Clear the record", "Delete the record whatever it holds (a confirmed or damaged one too): the next delivery or call runs the work again."}
+
+// pageInput is what the operator typed into a settle form.
+type pageInput struct {
 	JSON   string // do-json: one JSON value
-	Status string // http: the status code, 100-599
+	Status string // http: the status code
 	Header string // http: "Name: value" lines
 	Body   string // http: the body, as text
+	Type   string // rpc: the message's full type name
 	Text   string // bytes: the result as text
-	Hex    string // bytes: the result in hex, when Text is empty
+	Hex    string // bytes, rpc: the result in hex (bytes: when Text is empty)
 }
 
 // errBadSettle marks an operator's input the console refuses before any
 // write: the page says why.
 var errBadSettle = errors.New("bad settle input")
 
-// settleResolution turns form and in into the Resolution that settles a
-// key in the form its front door replays, or an error wrapping
-// errBadSettle that names the field.
-func settleResolution(form string, in settleInput) (idem.Resolution, error) {
-	bad := func(format string, a ...any) (idem.Resolution, error) {
-		return idem.Resolution{}, fmt.Errorf("%w: %s", errBadSettle, fmt.Sprintf(format, a...))
+// pageResolution turns form and in into the Resolution that settles key
+// in the form its front door replays (settleResolution), or an error
+// wrapping errBadSettle that says what is wrong, before anything is
+// written.
+func pageResolution(key, form string, in pageInput) (idem.Resolution, error) {
+	bad := func(err error) (idem.Resolution, error) {
+		return idem.Resolution{}, fmt.Errorf("%w: %w", errBadSettle, err)
 	}
+	var (
+		sf settleForm
+		si settleInput
+	)
 	switch form {
 	case "forget":
-		return idem.Resolution{}, nil
+		si.Forget = true
+	case "clear":
+		si.Forget, si.Force = true, true
 	case "do-json":
-		v := strings.TrimSpace(in.JSON)
-		if v == "" || !json.Valid([]byte(v)) {
-			return bad("the Do value is not JSON: give one JSON value, e.g. {\"id\": 7} or \"done\"")
-		}
-		// Do replays a result recorded as 'v' and the value's JSON
-		// (do.go, resultValue): the form it reads today.
-		return idem.Resolution{Confirm: true, Result: append([]byte{'v'}, v...)}, nil
+		sf, si.Value = formDo, []byte(strings.TrimSpace(in.JSON))
 	case "http":
 		st, err := strconv.Atoi(strings.TrimSpace(in.Status))
-		if err != nil || st < 100 || st > 599 {
-			return bad("the HTTP status %q is not a number from 100 to 599", in.Status)
+		if err != nil {
+			return bad(fmt.Errorf("the HTTP status %q is not a number", in.Status))
 		}
 		h := http.Header{}
 		for i, line := range strings.Split(strings.ReplaceAll(in.Header, "\r\n", "\n"), "\n") {
@@ -107,28 +116,40 @@ func settleResolution(form string, in settleInput) (idem.Resolution, error) {
 			k, v, ok := strings.Cut(line, ":")
 			k = strings.TrimSpace(k)
 			if !ok || k == "" || strings.ContainsAny(k, " \t") {
-				return bad("header line %d, %q, is not 'Name: value'", i+1, line)
+				return bad(fmt.Errorf("header line %d, %q, is not 'Name: value'", i+1, line))
 			}
 			h.Add(textproto.CanonicalMIMEHeaderKey(k), strings.TrimSpace(v))
 		}
-		return idem.Resolution{Confirm: true, Result: httprecord.Encode(&httprecord.Response{Status: st, Header: h, Body: []byte(in.Body)})}, nil
+		sf, si.Status, si.Header, si.Body = formHTTP, st, h, []byte(in.Body)
+	case "rpc":
+		b, err := hex.DecodeString(strings.TrimSpace(in.Hex))
+		if err != nil {
+			return bad(fmt.Errorf("the message's hex does not decode: %w", err))
+		}
+		sf, si.Type, si.Value = formRPC, strings.TrimSpace(in.Type), b
 	case "bytes":
 		if in.Text != "" && in.Hex != "" {
-			return bad("give the result as text or as hex, not both")
+			return bad(errors.New("give the result as text or as hex, not both"))
 		}
+		sf, si.Value = formPlain, []byte(in.Text)
 		if in.Hex != "" {
 			b, err := hex.DecodeString(strings.TrimSpace(in.Hex))
 			if err != nil {
-				return bad("the hex result does not decode: %v", err)
+				return bad(fmt.Errorf("the hex result does not decode: %w", err))
 			}
-			return idem.Resolution{Confirm: true, Result: b}, nil
+			si.Value = b
 		}
-		return idem.Resolution{Confirm: true, Result: []byte(in.Text)}, nil
+	default:
+		return bad(fmt.Errorf("unknown settle form %q", form))
 	}
-	return bad("unknown settle form %q", form)
+	if !si.Forget {
+		if err := checkKeyForm(key, sf); err != nil {
+			return bad(err)
+		}
+	}
+	r, err := settleResolution(sf, si)
+	if err != nil {
+		return bad(err)
+	}
+	return r, nil
 }
-
-// canClear reports whether the console can clear a damaged or confirmed
-// record. Not yet: Resolver.Resolve settles a quarantined key only; issue
-// 44 adds clearing (idem resolve --forget --force) and re-points this.
-const canClear = false

@@ -43,8 +43,12 @@ front door replays to every duplicate for the store's retention:
                      are not text): a consumer wrapper's key (it replays no
                      result: --confirm ''), the raw API's, or a Do of a
                      string or []byte.
-A key of the gRPC or Connect interceptors (g1...) is settled in Go with
-the module's Resolution, or forgotten.
+  --rpc-type NAME --confirm-hex HEX
+                     a key of the gRPC or Connect interceptors (g1...): the
+                     response message every retry gets, by its full type
+                     name (acme.orders.v1.Order) and its wire encoding in
+                     hex (protoc --encode=NAME file.proto < msg.txt | xxd -p);
+                     in Go, the module's Resolution builds the same.
 
 A key that is not quarantined is left as it is, and the command exits 1
 (--forget --force clears it). --hex reads KEY as hex, for keys that are
@@ -79,8 +83,9 @@ func (c *cli) resolve(args []string) int {
 	fs.Var(header, "header", "with --http-status: a replayed `'Name: value'` header (repeat for more)")
 	body := fs.String("body", "", "with --http-status: the response body `TEXT`")
 	bodyFile := fs.String("body-file", "", "with --http-status: read the response body from `PATH`")
+	rpcType := fs.String("rpc-type", "", "with --confirm-hex: settle a key of the gRPC or Connect interceptors with a response message of this full type `NAME` (its wire encoding in --confirm-hex)")
 	asHex := fs.Bool("hex", false, "KEY is hex-encoded")
-	pos, done, st := c.parse(fs, args, "[store flags] --forget [--force] | --do JSON | --http-status CODE [--header H]... [--body TEXT | --body-file PATH] | --confirm RESULT | --confirm-hex HEX KEY",
+	pos, done, st := c.parse(fs, args, "[store flags] --forget [--force] | --do JSON | --http-status CODE [--header H]... [--body TEXT | --body-file PATH] | --confirm RESULT | --confirm-hex HEX [--rpc-type NAME] KEY",
 		resolveAbout+"\n\n"+envHelp(kindsAll))
 	if done {
 		return st
@@ -109,6 +114,14 @@ func (c *cli) resolve(args []string) int {
 		return c.usageError("resolve", errors.New("--force goes with --forget: it clears a key, it records no result"))
 	case !set["http-status"] && (len(header) > 0 || set["body"] || set["body-file"]):
 		return c.usageError("resolve", errors.New("--header, --body and --body-file go with --http-status"))
+	case set["rpc-type"] && !set["confirm-hex"]:
+		return c.usageError("resolve", errors.New("--rpc-type goes with --confirm-hex: the response message's wire encoding"))
+	case set["rpc-type"]:
+		b, err := hex.DecodeString(*confirmHex)
+		if err != nil {
+			return c.usageError("resolve", fmt.Errorf("--confirm-hex: %w", err))
+		}
+		form, in.Value, in.Type = formRPC, b, *rpcType
 	case set["confirm"]:
 		form, in.Value = formPlain, []byte(*confirm)
 	case set["confirm-hex"]:

@@ -24,6 +24,7 @@ import (
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/internal/httprecord"
 	"github.com/idemgo/idem/middleware"
+	"github.com/idemgo/idem/middleware/rpccore"
 )
 
 // settleForm is the form in which a front door records a key's result,
@@ -37,8 +38,9 @@ const (
 	// formHTTP is the HTTP middleware's: a status, replayed headers and a
 	// body, as middleware.Resolution builds them.
 	formHTTP settleForm = "http"
-	// formRPC is the gRPC and Connect interceptors': a response message,
-	// built by their modules' own Resolution in Go.
+	// formRPC is the gRPC and Connect interceptors': a response message
+	// (its full type name and wire encoding), as rpccore.Resolution, and
+	// their modules' Resolution in Go, build it.
 	formRPC settleForm = "rpc"
 	// formPlain is the bytes as they are: the consumer wrappers' (which
 	// replay no result), the raw API's, and a Do whose result type is
@@ -60,8 +62,11 @@ type settleInput struct {
 	// record but a live claim (see idem.Resolution.Force).
 	Forget, Force bool
 	// Value is the result: for formDo the JSON of the value, for
-	// formPlain its bytes.
+	// formPlain its bytes, for formRPC the response message's wire
+	// encoding.
 	Value []byte
+	// Type is formRPC's message's full type name (acme.orders.v1.Order).
+	Type string
 	// Status, Header and Body are formHTTP's response.
 	Status int
 	Header http.Header
@@ -90,7 +95,10 @@ func settleResolution(form settleForm, in settleInput) (idem.Resolution, error) 
 	case formHTTP:
 		return middleware.Resolution(in.Status, in.Header, in.Body, middleware.Options{})
 	case formRPC:
-		return idem.Resolution{}, errors.New("a key of the gRPC or Connect interceptors is settled with its module's Resolution in Go (a response message), or forgotten (--forget)")
+		if in.Type == "" {
+			return idem.Resolution{}, errors.New("a key of the gRPC or Connect interceptors is settled with a response message: give its full type name (--rpc-type acme.orders.v1.Order) and its wire encoding (--confirm-hex, e.g. from protoc --encode), or --forget")
+		}
+		return rpccore.Resolution(in.Type, nonNilBytes(in.Value), nil, nil)
 	}
 	return idem.Resolution{}, fmt.Errorf("unknown settle form %q", form)
 }
@@ -152,7 +160,7 @@ func checkKeyForm(key string, form settleForm) error {
 	case kf == formHTTP:
 		return errors.New("the key is the HTTP middleware's (h2<len>:<scope><len>:<client key>): settle it with the response its retries get (--http-status, --header, --body), or --forget")
 	case kf == formRPC:
-		return errors.New("the key is the gRPC or Connect interceptors' (g1...): settle it in Go with the module's Resolution, or --forget")
+		return errors.New("the key is the gRPC or Connect interceptors' (g1...): settle it with a response message (--rpc-type NAME --confirm-hex HEX), in Go with the module's Resolution, or --forget")
 	}
 	return errors.New("--http-status settles a key of the HTTP middleware, whose keys look like h2<len>:<scope><len>:<client key> (idem inspect --quarantined lists them); this key is not one")
 }
