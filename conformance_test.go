@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -444,7 +445,7 @@ const (
 	// go-redis's ClusterClient's (the slot map, and each command's keys
 	// and routing).
 	aclWait    = "+wait"
-	aclCluster = "+cluster|info +cluster|slots +command"
+	aclCluster = "+cluster|info +cluster|slots +cluster|nodes +command"
 	// aclOps is for an operator's listing of quarantined keys
 	// (RedisStore.Quarantined, idem inspect --quarantined).
 	aclOps = "+scan +getrange"
@@ -495,11 +496,14 @@ func setUser(t *testing.T, c redis.UniversalClient, user string, rules []string)
 func aclDenials(t *testing.T, c redis.UniversalClient, user string) []string {
 	t.Helper()
 	var out []string
+	var mu sync.Mutex // ForEachShard reads the nodes at once
 	read := func(ctx context.Context, c *redis.Client) error {
 		v, err := c.Do(ctx, "acl", "log").Slice()
 		if err != nil {
 			return err
 		}
+		mu.Lock()
+		defer mu.Unlock()
 		for _, e := range v {
 			m := map[string]any{}
 			switch e := e.(type) {

@@ -440,7 +440,15 @@ func (s *RedisStore) runProbe(ctx context.Context) error {
 			}
 			return errors.New("idem: Redis Cluster has no master")
 		}
-		nodes, nerr := masters[0].ClusterNodes(ctx).Result()
+		// The node table, read where it is needed: to pass over a
+		// master that serves no slot, and to report what is degraded.
+		// A user without CLUSTER NODES (an ACL line older than the
+		// README's) loses the report, not a call.
+		var nodes string
+		nerr := errNoNodeTable
+		if len(failed) > 0 || s.core.o.Logger != nil || s.core.o.Observer != nil {
+			nodes, nerr = masters[0].ClusterNodes(ctx).Result()
+		}
 		for addr, err := range failed {
 			if nerr != nil || servesSlots(nodes, addr) {
 				return err
@@ -467,6 +475,9 @@ func (s *RedisStore) runProbe(ctx context.Context) error {
 // is served: the store goes on (no call is refused for it), and an
 // operator should bring the node back or remove it (CLUSTER FORGET).
 var ErrClusterDegraded = errors.New("idem: a Redis Cluster node is down or serves no slot")
+
+// errNoNodeTable stands for a node table the probe did not read.
+var errNoNodeTable = errors.New("idem: CLUSTER NODES not read")
 
 // degradedEvery is how often a store tells of the same degraded cluster.
 const degradedEvery = time.Minute
