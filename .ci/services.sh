@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Throwaway servers for idem's integration tests (DESIGN.md section 8).
+# Throwaway servers for idem's integration tests (README.md, Getting started).
 #
 #   services.sh install         install redis-server/redis-tools/postgresql/rabbitmq-server/
 #                               mariadb-server if missing (root), then build-servers
