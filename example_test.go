@@ -346,24 +346,44 @@ func readmeAfterCrash(ctx context.Context, store idem.Store, key string, fp []by
 }
 
 func readmeCache(redisClient redis.UniversalClient, obs idem.Observer, tenant func(*http.Request) (string, error),
-	key func(Order) string, h func(context.Context, Order) error) {
+	key func(Order) string, h func(context.Context, Order) error) error {
 	// README: cache
 	store, err := idem.NewRedisStore(redisClient, idem.RedisOptions{Observer: obs})
-	cache, err := idem.NewCache(store, idem.CacheOptions{Observer: obs})       // 32 MiB, 1s
+	if err != nil {
+		return err
+	}
+	cache, err := idem.NewCache(store, idem.CacheOptions{Observer: obs}) // 32 MiB, 1s
+	if err != nil {
+		return err
+	}
 	mw, err := middleware.New(middleware.Options{Store: cache, Scope: tenant}) // replays from memory
-	handle := consumer.Idempotent(cache, key, h)                               // redeliveries too
+	if err != nil {
+		return err
+	}
+	handle := consumer.Idempotent(cache, key, h) // redeliveries too
 	// README end
-	_, _, _ = err, mw, handle
+	_, _ = mw, handle
+	return nil
 }
 
 func readmeKeyHasher(secretFromYourVault []byte, client redis.UniversalClient, obs idem.Observer,
-	tenant func(*http.Request) (string, error), key func(Order) string, h func(context.Context, Order) error) {
+	tenant func(*http.Request) (string, error), key func(Order) string, h func(context.Context, Order) error) error {
 	// README: key-hasher
 	hasher, err := idem.NewKeyHasher(secretFromYourVault) // at least 16 bytes
+	if err != nil {
+		return err
+	}
 	store, err := idem.NewRedisStore(client, idem.RedisOptions{
 		Logger: slog.Default(), Observer: obs, KeyHasher: hasher})
+	if err != nil {
+		return err
+	}
 	mw, err := middleware.New(middleware.Options{Store: store, Scope: tenant, Observer: obs, KeyHasher: hasher})
+	if err != nil {
+		return err
+	}
 	handle := consumer.Idempotent(store, key, h, consumer.Options[Order]{Observer: obs, KeyHasher: hasher})
 	// README end
-	_, _, _ = err, mw, handle
+	_, _ = mw, handle
+	return nil
 }
