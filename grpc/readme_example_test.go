@@ -23,6 +23,9 @@ func readmeInterceptors(store idem.Store, target string, creds grpc.DialOption) 
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(s.Unary), grpc.ChainStreamInterceptor(s.Stream))
 
 	c, err := idemgrpc.NewClient(idemgrpc.ClientOptions{AttemptTimeout: 5 * time.Second})
+	if err != nil {
+		log.Fatal(err)
+	}
 	conn, err := grpc.NewClient(target, grpc.WithChainUnaryInterceptor(c.Unary), creds)
 	// README end
 	return srv, conn, err

@@ -1,6 +1,7 @@
 package idemotel_test
 
 import (
+	"log"
 	"net/http"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -29,6 +30,9 @@ func readmePrometheus() (idem.Observer, error) {
 	// README: prometheus
 	reg := prometheus.NewRegistry()
 	exporter, err := otelprom.New(otelprom.WithRegisterer(reg))
+	if err != nil {
+		log.Fatal(err)
+	}
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
 	obs, err := idemotel.New(idemotel.Options{MeterProvider: mp})
 	http.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
