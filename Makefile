@@ -1,4 +1,5 @@
-# Test and check targets; the scripts in .ci/ do the work (see DESIGN.md section 8).
+# Test and check targets; the scripts in .ci/ do the work (README.md, Getting started and
+# Releasing, says what each target runs).
 
 SHELL := bash
 .SHELLFLAGS := -euo pipefail -c

@@ -61,8 +61,9 @@
 // Redis Cluster. [MemoryStore] keeps records in one process, for tests and
 // local development. Both implement [Batcher], which claims or confirms many
 // keys in one round trip. The SQL store, package
-// [github.com/idemgo/idem/sqlstore], keeps them in a table of Postgres or
-// SQLite behind the same Store interface, and adds a transactional mode in
+// [github.com/idemgo/idem/sqlstore], keeps them in a table of Postgres,
+// MySQL 8 / MariaDB 10.11+ or SQLite behind the same Store interface, and
+// adds a transactional mode in
 // which the record commits in the same transaction as the work: the record
 // and the effect are one fact. The storetest package checks that a Store
 // keeps the contract; [Core] is what a Store of your own can be built on.

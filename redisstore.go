@@ -329,8 +329,20 @@ func (s *RedisStore) Claim(ctx context.Context, key string, fingerprint []byte) 
 // fail wraps a Redis error with the operation and key. The operation's
 // event logs it (see Core.Observe), with the key's hash in the error.
 func (s *RedisStore) fail(op, key string, err error) error {
+	if strings.HasPrefix(err.Error(), "idem: ") {
+		err = prefixless{err}
+	}
 	return fmt.Errorf("idem: %s of %s: %w", op, s.core.KeyName(key), err)
 }
+
+// prefixless is err with the "idem: " its text begins with dropped, inside
+// a message that says it once already ("idem: claim of key#…: cannot reach
+// Redis …", not "…: idem: cannot reach …"); errors.Is and As still find
+// err.
+type prefixless struct{ err error }
+
+func (p prefixless) Error() string { return strings.TrimPrefix(p.err.Error(), "idem: ") }
+func (p prefixless) Unwrap() error { return p.err }
 
 // Renew implements Store in one round trip.
 func (s *RedisStore) Renew(ctx context.Context, l *Lease) (err error) {

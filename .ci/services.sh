@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Throwaway servers for idem's integration tests (DESIGN.md section 8).
+# Throwaway servers for idem's integration tests (README.md, Getting started).
 #
 #   services.sh install         install redis-server/redis-tools/postgresql/rabbitmq-server/
 #                               mariadb-server if missing (root), then build-servers
@@ -14,16 +14,21 @@
 #   services.sh stop DIR        stop what `start DIR` started and remove DIR
 #
 # Everything listens on 127.0.0.1 on non-default ports, so it never collides with a
-# developer's own servers on 6379/5432. Ports can be overridden:
+# developer's own servers on 6379/5432, and below 32768, out of the kernel's range of
+# ports for outgoing connections (32768-60999), where any client's connection (or the
+# TIME-WAIT it leaves for 60 s) could hold a port a server must bind. A server that
+# fails to start is named with its port and what holds that port (ss -tanp). Ports
+# can be overridden:
 #   IDEM_TEST_REDIS_PORT         standalone Redis                    (default 16379)
 #   IDEM_TEST_CLUSTER_PORT       first of 3 consecutive cluster ports (default 17000;
 #                                the cluster bus also uses port+10000)
-#   IDEM_TEST_POSTGRES_PORT      Postgres                            (default 55432)
+#   IDEM_TEST_POSTGRES_PORT      Postgres                            (default 15432)
 #   IDEM_TEST_SENTINEL_PORT      first of 5 consecutive ports of a Sentinel set: master,
 #                                replica, 3 sentinels (default 16380)
 #   IDEM_TEST_AMQP_PORT          first of 3 consecutive RabbitMQ ports: AMQP, Erlang
-#                                distribution, and a private epmd (default 35672; not
-#                                25672, a system RabbitMQ's distribution port)
+#                                distribution, and a private epmd (default 16672; not
+#                                25672, a system RabbitMQ's distribution port, nor
+#                                15672, its management plugin's)
 #   IDEM_TEST_REDIS8_PORT        Redis 8.0                           (default 16390)
 #   IDEM_TEST_VALKEY_PORT        Valkey 8.1                          (default 16391)
 #   IDEM_TEST_MARIADB_PORT       MariaDB                             (default 13306)
@@ -56,9 +61,9 @@ readonly MARKER=.idem-services # marks a DIR created by `start`; `stop` removes 
 
 REDIS_PORT=${IDEM_TEST_REDIS_PORT:-16379}
 CLUSTER_PORT=${IDEM_TEST_CLUSTER_PORT:-17000}
-PG_PORT=${IDEM_TEST_POSTGRES_PORT:-55432}
+PG_PORT=${IDEM_TEST_POSTGRES_PORT:-15432}
 SENTINEL_BASE=${IDEM_TEST_SENTINEL_PORT:-16380}
-AMQP_PORT=${IDEM_TEST_AMQP_PORT:-35672}
+AMQP_PORT=${IDEM_TEST_AMQP_PORT:-16672}
 REDIS8_PORT=${IDEM_TEST_REDIS8_PORT:-16390}
 VALKEY_PORT=${IDEM_TEST_VALKEY_PORT:-16391}
 MARIADB_PORT=${IDEM_TEST_MARIADB_PORT:-13306}
@@ -365,13 +370,16 @@ port_in_use() {
 
 # Fail, naming the holder of each busy port. Never kill it: it may be anybody's.
 check_ports_free() {
-	local p busy=0 line pid cwd leftovers=() what
+	local p busy=0 line pid cwd leftovers=() what lo=32768 hi=60999
+	read -r lo hi </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || true
 	for p in "$REDIS_PORT" "${CLUSTER_PORTS[@]}" "$((CLUSTER_PORT + 10000))" \
 		"$((CLUSTER_PORT + 10001))" "$((CLUSTER_PORT + 10002))" "$PG_PORT" \
 		"$SENTINEL_MASTER_PORT" "$SENTINEL_REPLICA_PORT" "${SENTINEL_PORTS[@]}" \
 		"$AMQP_PORT" "$AMQP_DIST_PORT" "$AMQP_EPMD_PORT" "$REDIS8_PORT" "$VALKEY_PORT" "$MARIADB_PORT" \
 		"$VALKEY9_PORT" "${VALKEY9_CLUSTER_PORTS[@]}" "$((VALKEY9_CLUSTER_PORT + 10000))" \
 		"$((VALKEY9_CLUSTER_PORT + 10001))" "$((VALKEY9_CLUSTER_PORT + 10002))"; do
+		((p < lo || p > hi)) ||
+			log "warning: port $p is in the kernel's range for outgoing connections ($lo-$hi): a client's connection, or its TIME-WAIT, may hold it when its server starts"
 		port_in_use "$p" || continue
 		busy=1
 		what=
@@ -397,17 +405,49 @@ check_ports_free() {
 	((busy == 0)) || die "ports busy (override with IDEM_TEST_*_PORT); nothing was started or killed"
 }
 
+# port_holders PORT: each socket on local port PORT now (ss -tanp: listening,
+# connected or TIME-WAIT, with its process when ss can tell), or a line saying none is.
+port_holders() {
+	local lines
+	lines=$(ss -Htanp "sport = :$1" 2>/dev/null | head -n 5 || true)
+	if [[ -n $lines ]]; then
+		printf '%s\n' "$lines"
+	else
+		echo "no socket on port $1 now"
+	fi
+}
+
+# fail_service NAME "PORT..." MESSAGE LOGFILE...: the server NAME on PORT... did not
+# start: say so, name what holds each of its ports (a bind that failed names no port
+# in some servers' logs), then fail_with_logs.
+fail_service() {
+	local name=$1 ports=$2 msg=$3 p
+	shift 3
+	log "error: $name on port ${ports// /, } $msg"
+	for p in $ports; do
+		log "port $p is held by:"
+		port_holders "$p" | sed 's/^/    /' >&2
+	done
+	show_logs "$@"
+	exit 1
+}
+
 # fail_with_logs MESSAGE LOGFILE...: report, then show the tail of each log.
 fail_with_logs() {
-	local msg=$1 f
+	log "error: $1"
 	shift
-	log "error: $msg"
+	show_logs "$@"
+	exit 1
+}
+
+# show_logs LOGFILE...: the last lines of each log that is not empty.
+show_logs() {
+	local f
 	for f in "$@"; do
 		[[ -s $f ]] || continue
 		log "---- last lines of $f"
 		tail -n 20 "$f" >&2
 	done
-	exit 1
 }
 
 abs_dir() {
@@ -447,13 +487,42 @@ start_server() { # BIN PORT [extra server args...]: redis-server, or one that ta
 	echo $! >"$DIR/redis-$port.pid"
 }
 
+# server_name PORT: which of the Redis-protocol servers listens on PORT, for errors.
+server_name() {
+	case " $1 " in
+	" $REDIS_PORT ") echo "Redis 7.0" ;;
+	" $REDIS8_PORT ") echo "Redis 8.0" ;;
+	" $VALKEY_PORT ") echo "Valkey 8.1" ;;
+	" $VALKEY9_PORT ") echo "Valkey 9.1" ;;
+	" $SENTINEL_MASTER_PORT " | " $SENTINEL_REPLICA_PORT ") echo "Redis 7.0 of the Sentinel set" ;;
+	*)
+		if [[ " ${CLUSTER_PORTS[*]} " == *" $1 "* ]]; then
+			echo "Redis Cluster node"
+		elif [[ " ${VALKEY9_CLUSTER_PORTS[*]} " == *" $1 "* ]]; then
+			echo "Valkey 9.1 cluster node"
+		else
+			echo "Redis sentinel"
+		fi
+		;;
+	esac
+}
+
+# server_ports PORT: the ports the server on PORT binds: a cluster node's bus too.
+server_ports() {
+	if [[ " ${CLUSTER_PORTS[*]} ${VALKEY9_CLUSTER_PORTS[*]} " == *" $1 "* ]]; then
+		echo "$1 $(($1 + 10000))"
+	else
+		echo "$1"
+	fi
+}
+
 wait_redis() { # PORT
 	local port=$1 pid deadline=$((SECONDS + 10))
 	pid=$(<"$DIR/redis-$port.pid")
 	until [[ $(timeout --foreground 5 redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null) == PONG ]]; do
-		is_alive "$pid" || fail_with_logs "redis-server on port $port exited" \
+		is_alive "$pid" || fail_service "$(server_name "$port")" "$(server_ports "$port")" "exited" \
 			"$DIR/redis-$port/log" "$DIR/redis-$port/stdout"
-		((SECONDS < deadline)) || fail_with_logs "redis-server on port $port not ready after 10s" \
+		((SECONDS < deadline)) || fail_service "$(server_name "$port")" "$(server_ports "$port")" "not ready after 10s" \
 			"$DIR/redis-$port/log"
 		sleep 0.05
 	done
@@ -588,8 +657,8 @@ wait_rabbitmq() {
 	local d="$DIR/rabbitmq" launcher deadline=$((SECONDS + 60))
 	launcher=$(<"$DIR/rabbitmq-launcher.pid")
 	until (exec 3<>"/dev/tcp/127.0.0.1/$AMQP_PORT") 2>/dev/null; do
-		is_alive "$launcher" || fail_with_logs "rabbitmq-server exited" "$d/out.log"
-		((SECONDS < deadline)) || fail_with_logs "RabbitMQ not ready after 60s" "$d/out.log"
+		is_alive "$launcher" || fail_service RabbitMQ "$AMQP_PORT $AMQP_DIST_PORT $AMQP_EPMD_PORT" "exited" "$d/out.log"
+		((SECONDS < deadline)) || fail_service RabbitMQ "$AMQP_PORT $AMQP_DIST_PORT $AMQP_EPMD_PORT" "not ready after 60s" "$d/out.log"
 		sleep 0.1
 	done
 }
@@ -706,13 +775,13 @@ cmd_start() {
 	local pg_status=0
 	wait "$PG_JOB" || pg_status=$?
 	PG_JOB=
-	((pg_status == 0)) || fail_with_logs "Postgres did not start (exit $pg_status)" \
+	((pg_status == 0)) || fail_service Postgres "$PG_PORT" "did not start (exit $pg_status)" \
 		"$DIR/pg-setup.log" "$DIR/pg/log"
 
 	local mariadb_status=0
 	wait "$MARIADB_JOB" || mariadb_status=$?
 	MARIADB_JOB=
-	((mariadb_status == 0)) || fail_with_logs "MariaDB did not start (exit $mariadb_status)" \
+	((mariadb_status == 0)) || fail_service MariaDB "$MARIADB_PORT" "did not start (exit $mariadb_status)" \
 		"$DIR/mariadb-setup.log" "$DIR/mariadb/log"
 
 	wait_rabbitmq
@@ -845,7 +914,7 @@ stop_rabbitmq() {
 		[[ $comm == epmd ]] || continue
 		pid=${f#/proc/}
 		pid=${pid%/comm}
-		if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qxF "HOME=$dir/rabbitmq"; then
+		if tr '\0' '\n' 2>/dev/null <"/proc/$pid/environ" | grep -qxF "HOME=$dir/rabbitmq"; then
 			kill -TERM "$pid" 2>/dev/null || true
 			wait_gone "$pid" 5 || log "warning: epmd $pid still alive"
 			reap+=("$pid")

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What `make test` runs (DESIGN.md section 8): install missing servers (Redis 8.0,
+# What `make test` runs (README.md, Getting started): install missing servers (Redis 8.0,
 # Valkey 8.1 and 9.1 are built from source once per machine, see services.sh), start
 # throwaway Redis / Redis Cluster / Sentinel / Redis 8.0 / Valkey 8.1 / Valkey 9.1 / a
 # Valkey 9.1 cluster / Postgres / MariaDB / RabbitMQ on loopback, run the whole test suite

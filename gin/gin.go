@@ -22,13 +22,17 @@
 //     rules.
 //   - A replay or a problem answer aborts the chain: no handler after the
 //     middleware runs, nothing runs twice.
-//   - A chain that writes nothing but records errors (c.Error) is
-//     answered 500 inside the middleware: nothing is recorded and the key
-//     is released, so that a retry runs the handler. Gin would send an
-//     empty 200, which the middleware would record and replay to every
-//     retry, and an error-rendering middleware mounted around it would
-//     come too late. Mount such middleware after idemgin's (inside it),
-//     so that its answer is the one recorded.
+//   - The answer is what plain Gin sends for the same chain, with one
+//     exception: a chain that records errors (c.Error) and neither writes
+//     nor sets a status is answered 500 inside the middleware: nothing is
+//     recorded and the key is released, so that a retry runs the handler.
+//     Gin would send an empty 200, which the middleware would record and
+//     replay to every retry, and an error-rendering middleware mounted
+//     around it would come too late. Mount such middleware after
+//     idemgin's (inside it), so that its answer is the one recorded. A
+//     chain that called c.Error and then answered (c.Status(204),
+//     c.JSON, c.AbortWithError(400, err)) gets that answer, recorded or
+//     not by its status as any other.
 //   - The *gin.Context is reachable from the Options funcs (Scope, Key,
 //     Fingerprint, Error) by Context, and the handlers' c.Request carries
 //     the key's lease (idem.LeaseFrom(c.Request.Context()), or
@@ -81,9 +85,13 @@ func New(o middleware.Options) (gin.HandlerFunc, error) {
 			defer func() { c.Request, c.Writer = outerReq, outerWriter }() // a panic too goes on with Gin's own
 			errs := len(c.Errors)
 			c.Next()
-			if !gw.Written() && len(c.Errors) > errs {
+			if !gw.Written() && !gw.statusSet && len(c.Errors) > errs {
 				// The chain failed and said nothing: Gin's empty 200
-				// would be recorded and replayed to every retry.
+				// would be recorded and replayed to every retry. A
+				// status the chain set (c.Status(204) after c.Error)
+				// is its answer, as plain Gin sends it: the work was
+				// done, and answering 500 would release the key and
+				// run it again on every retry.
 				gw.WriteHeader(http.StatusInternalServerError)
 			}
 			gw.WriteHeaderNow() // a status set by c.Status alone
@@ -113,13 +121,14 @@ type writer struct {
 	http.ResponseWriter                    // the middleware's
 	outer               gin.ResponseWriter // Gin's own, for CloseNotify
 	size, status        int                // size -1: nothing written
+	statusSet           bool               // the chain set a status (c.Status, an abort)
 }
 
 var errHeld = errors.New("idemgin: the response is held until it is recorded: a covered handler cannot hijack the connection")
 
 func (w *writer) WriteHeader(code int) {
 	if code > 0 && !w.Written() {
-		w.status = code
+		w.status, w.statusSet = code, true
 	}
 }
 

@@ -361,3 +361,70 @@ func TestRedis(t *testing.T) {
 		t.Errorf("handler ran %d times; want 2", n)
 	}
 }
+
+// Each of Gin's own ways to answer, or to fail, gets the answer plain Gin
+// sends for the same chain (measured here on an engine without the
+// adapter), recorded or released by its status under the keep rules; the
+// one exception is a chain that called c.Error and neither wrote nor set a
+// status, which plain Gin answers with an empty 200 and the adapter with a
+// 500 that releases the key (see the package documentation).
+func TestAnswersAsPlainGin(t *testing.T) {
+	errMail := errors.New("receipt e-mail failed")
+	for _, c := range []struct {
+		name     string
+		recovery bool // gin.Recovery mounted first, as gin.Default does
+		inside   bool // gin.Recovery mounted after the adapter
+		h        gin.HandlerFunc
+		kept     bool // the answer is recorded and replayed
+		status   int  // the adapter's answer when it differs from plain Gin's
+	}{
+		{name: "Error+Status204", h: func(c *gin.Context) { _ = c.Error(errMail); c.Status(http.StatusNoContent) }, kept: true},
+		{name: "Error+JSON201", h: func(c *gin.Context) { _ = c.Error(errMail); c.JSON(http.StatusCreated, gin.H{"id": 1}) }, kept: true},
+		{name: "AbortWithError400", h: func(c *gin.Context) { _ = c.AbortWithError(http.StatusBadRequest, errMail) }, kept: true},
+		{name: "AbortWithError500", h: func(c *gin.Context) { _ = c.AbortWithError(http.StatusInternalServerError, errMail) }},
+		{name: "AbortWithStatusJSON422", h: func(c *gin.Context) { c.AbortWithStatusJSON(422, gin.H{"error": "no"}) }, kept: true},
+		{name: "AbortWithStatusJSON503", h: func(c *gin.Context) { c.AbortWithStatusJSON(503, gin.H{"error": "later"}) }},
+		{name: "Status204", h: func(c *gin.Context) { c.Status(http.StatusNoContent) }, kept: true},
+		{name: "nothing written", h: func(*gin.Context) {}, kept: true},
+		{name: "panic under Recovery", recovery: true, h: func(*gin.Context) { panic("boom") }},
+		{name: "panic under Recovery inside", inside: true, h: func(*gin.Context) { panic("boom") }},
+		{name: "Error alone", h: func(c *gin.Context) { _ = c.Error(errMail) }, status: http.StatusInternalServerError},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			engine := func(mw ...gin.HandlerFunc) (*gin.Engine, *atomic.Int64) {
+				var runs atomic.Int64
+				e := gin.New()
+				if c.recovery {
+					e.Use(gin.RecoveryWithWriter(io.Discard))
+				}
+				e.Use(mw...)
+				if c.inside {
+					e.Use(gin.RecoveryWithWriter(io.Discard))
+				}
+				e.POST("/orders", func(g *gin.Context) { runs.Add(1); c.h(g) })
+				return e, &runs
+			}
+			plain, _ := engine()
+			want := post(plain, "/orders", "k1", `{}`)
+			if c.status != 0 {
+				if want.Code != http.StatusOK || want.Body.Len() != 0 {
+					t.Fatalf("plain Gin = %d %q; want the empty 200 the exception is about", want.Code, want.Body)
+				}
+				want.Code, want.Body = c.status, nil
+			}
+			e, runs := engine(mustNew(t, middleware.Options{Store: memStore(t), SingleTenant: true}))
+			first := post(e, "/orders", "k1", `{}`)
+			if first.Code != want.Code || want.Body != nil && first.Body.String() != want.Body.String() {
+				t.Fatalf("first = %d %q; want plain Gin's %d %q", first.Code, first.Body, want.Code, want.Body)
+			}
+			retry := post(e, "/orders", "k1", `{}`)
+			replayed := retry.Header().Get(middleware.HeaderReplayed) == "true"
+			if retry.Code != first.Code || retry.Body.String() != first.Body.String() || replayed != c.kept {
+				t.Errorf("retry = %d %q replayed %v; want %d %q replayed %v", retry.Code, retry.Body, replayed, first.Code, first.Body, c.kept)
+			}
+			if n, want := runs.Load(), map[bool]int64{true: 1, false: 2}[c.kept]; n != want {
+				t.Errorf("handler ran %d times; want %d", n, want)
+			}
+		})
+	}
+}

@@ -89,16 +89,17 @@ func (o Options) shared() idem.Options {
 		Observer: o.Observer, KeyHasher: o.KeyHasher, RevealKeys: o.RevealKeys, MaxTakeOvers: o.MaxTakeOvers}
 }
 
-// Store is an idem.Store and idem.Batcher on a SQL table (Postgres or
-// SQLite), with a transactional mode, Run, in which the record commits in
-// the same transaction as the work.
+// Store is an idem.Store and idem.Batcher on a SQL table (Postgres,
+// MySQL 8 / MariaDB 10.11+ or SQLite), with a transactional mode, Run, in
+// which the record commits in the same transaction as the work.
 //
 // One row per key (see SchemaDDL). Claim is an INSERT ... ON CONFLICT DO
-// NOTHING; taking over an expired claim is one UPDATE whose WHERE clause
-// holds the expiry check, so check and take-over are one atomic statement.
-// Expiry is judged by the database's clock (Postgres's
-// statement_timestamp(); on SQLite, which runs in the process, the
-// process's clock). Nothing on the hot path deletes rows: call PurgeExpired
+// NOTHING (on MySQL a read, then an INSERT; see "MySQL and MariaDB" in the
+// package documentation); taking over an expired claim is one UPDATE whose
+// WHERE clause holds the expiry check, so check and take-over are one
+// atomic statement. Expiry is judged by the database's clock (Postgres's
+// statement_timestamp(), MySQL's UTC_TIMESTAMP(6); on SQLite, which runs
+// in the process, the process's clock). Nothing on the hot path deletes rows: call PurgeExpired
 // on a schedule.
 //
 // Fencing tokens are the database clock in microseconds when a key's row is

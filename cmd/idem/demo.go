@@ -65,6 +65,7 @@ type demoRun struct {
 	lease, retryDelay  time.Duration
 	retention, timeout time.Duration
 	store, runID       string
+	embedded           bool // the store is the demo's own miniredis, gone when it exits
 	plan               *plan
 	ledger             *ledger
 	queue              *queue
@@ -160,7 +161,16 @@ func (c *cli) demo(args []string) int {
 			return c.fail("demo", exitUsage, err)
 		}
 	}
-	d.store = b.desc
+	d.store, d.embedded = b.desc, sf.kind == ""
+	if b.isSQL() {
+		// database/sql keeps 2 idle connections by default: the workers'
+		// claims, confirms and renewals, more at once than that, would
+		// close a connection after each statement and open one for the
+		// next, a TCP and login handshake that a loaded machine stretches
+		// past the lease (a confirm that waited for one missed its
+		// budget: work done but not recorded).
+		b.db.SetMaxIdleConns(2*d.workers + 2)
+	}
 	// One store per worker, each naming its leases, as separate processes
 	// would: inspect shows which worker holds a key.
 	for i := range d.workers + 1 {
@@ -210,6 +220,7 @@ func (d *demoRun) run(ctx context.Context, w io.Writer) int {
 	d.retryDelay = d.lease / 6
 
 	handlers := make([]func(context.Context, int) error, d.workers)
+	tokens := make([]int64, d.workers) // each worker's last run's token, for the ledger
 	opts := consumer.Options[int]{
 		Hook: func(_ context.Context, e consumer.Event) {
 			switch e.Kind {
@@ -222,7 +233,12 @@ func (d *demoRun) run(ctx context.Context, w io.Writer) int {
 		Observer: d.metrics,
 	}
 	for i := range handlers {
-		handlers[i] = consumer.Idempotent(d.stores[i+1], d.key, d.handle, opts)
+		handlers[i] = consumer.Idempotent(d.stores[i+1], d.key, func(ctx context.Context, m int) error {
+			if l, ok := idem.LeaseFrom(ctx); ok {
+				tokens[i] = l.Token
+			}
+			return d.handle(ctx, m)
+		}, opts)
 	}
 	fmt.Fprintf(w, "idem demo: %d messages (%d deliveries planned), %d workers, dup-rate %.2f, crash-rate %.2f, seed %d, lease %v\nstore: %s\n",
 		d.messages, len(d.plan.order), d.workers, d.dupRate, d.crashRate, d.seed, d.lease, d.store)
@@ -240,8 +256,8 @@ func (d *demoRun) run(ctx context.Context, w io.Writer) int {
 	start := time.Now()
 	stopProgress := d.progress(w, start)
 	var wg sync.WaitGroup
-	for _, h := range handlers {
-		wg.Go(func() { d.work(ctx, h) })
+	for i, h := range handlers {
+		wg.Go(func() { d.work(ctx, h, &tokens[i]) })
 	}
 	wg.Wait()
 	elapsed := time.Since(start)
@@ -266,15 +282,27 @@ func (d *demoRun) run(ctx context.Context, w io.Writer) int {
 }
 
 // work is one worker: it takes deliveries until the queue is drained and
-// settles each as a broker would (see consumer.Idempotent).
-func (d *demoRun) work(ctx context.Context, h func(context.Context, int) error) {
+// settles each as a broker would (see consumer.Idempotent). *token is the
+// token of the lease its handler last ran under, 0 when it did not run.
+func (d *demoRun) work(ctx context.Context, h func(context.Context, int) error, token *int64) {
 	for {
 		m, ok := d.queue.next()
 		if !ok {
 			return
 		}
 		d.ledger.count(func(c *counts) { c.deliveries++ })
+		*token = 0
 		crashed, err := deliver(ctx, h, m)
+		if ran := *token; ran != 0 && !crashed {
+			how := settledFailed // forgotten, or taken over
+			switch {
+			case err == nil:
+				how = settledDone
+			case errors.Is(err, consumer.ErrNotRecorded):
+				how = settledUnrecorded
+			}
+			d.ledger.settled(m, how)
+		}
 		switch {
 		case crashed:
 			// The worker died holding the delivery: the broker notices the
@@ -327,11 +355,15 @@ func deliver(ctx context.Context, h func(context.Context, int) error, m int) (cr
 // wrapper confirms, and the effect is not applied twice.
 func (d *demoRun) handle(ctx context.Context, m int) error {
 	l, _ := idem.LeaseFrom(ctx)
-	_, tookOver := idem.TakeOverFrom(ctx)
-	n := d.ledger.begin(m, l.Token, tookOver)
+	t, tookOver := idem.TakeOverFrom(ctx)
+	var prior int64
+	if tookOver {
+		prior = t.Prior.Token
+	}
+	n := d.ledger.begin(m, l.Token, tookOver, prior)
 	k := d.plan.crashAt(m, n)
 	if k == crashBefore {
-		d.ledger.crashed(m, k)
+		d.ledger.crashed(m, l.Token, k)
 		runtime.Goexit()
 	}
 	// A lease lost while the handler ran (a stall) cancels ctx: do not apply
@@ -339,13 +371,17 @@ func (d *demoRun) handle(ctx context.Context, m int) error {
 	if err := context.Cause(ctx); err != nil {
 		return err
 	}
-	if tookOver && d.reconcile && d.ledger.landed(m) {
-		d.ledger.reconcile()
+	if tookOver && d.reconcile {
+		// The question and the effect are one step, as a conditional write
+		// downstream would make them: a worker that stalled past its lease
+		// (not crashed) may still apply its effect, and asking first, then
+		// applying, would let that land in between and the effect twice.
+		d.ledger.applyUnlessLanded(m, l.Token)
 	} else {
 		d.ledger.apply(m, l.Token)
 	}
 	if k == crashAfter {
-		d.ledger.crashed(m, k)
+		d.ledger.crashed(m, l.Token, k)
 		runtime.Goexit()
 	}
 	return nil
@@ -355,7 +391,7 @@ func (d *demoRun) handle(ctx context.Context, m int) error {
 // one must hold a confirmed record, each poison one a quarantined record
 // with MaxTakeOvers take-overs.
 func (d *demoRun) checkRecords(ctx context.Context, v *verdict) {
-	v.unconfirmed, v.lookupErrors = 0, 0
+	v.unconfirmed, v.alerted, v.lookupErrors = 0, 0, 0
 	for m := range d.messages + d.poison {
 		r, err := d.stores[0].Lookup(ctx, d.key(m))
 		if d.plan.poison(m) {
@@ -368,11 +404,15 @@ func (d *demoRun) checkRecords(ctx context.Context, v *verdict) {
 			continue
 		}
 		switch {
-		case errors.Is(err, idem.ErrNotFound):
-			v.unconfirmed++
-		case err != nil:
+		case err != nil && !errors.Is(err, idem.ErrNotFound):
 			v.lookupErrors++
-		case !r.Confirmed:
+		case err == nil && r.Confirmed:
+		case d.ledger.unrecorded(m):
+			// Acked as done but not recorded: its work was done once, and
+			// the consumer alerted (AckAndAlert); no delivery came after
+			// to record it.
+			v.alerted++
+		default:
 			v.unconfirmed++
 		}
 	}

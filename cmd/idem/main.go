@@ -58,8 +58,19 @@ type quietLogger struct{}
 func (quietLogger) Printf(context.Context, string, ...any) {}
 
 func main() {
+	// go-redis logs each failed dial of its pool on its own (8 lines for one
+	// call to a Redis that is down, each retry's). Every failure they
+	// describe reaches the command as the error of the call that met it,
+	// which the command reports once, naming the store: the lines only
+	// repeat it.
+	redis.SetLogger(quietRedis{})
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
+
+// quietRedis is go-redis's logger in the command: it drops the lines.
+type quietRedis struct{}
+
+func (quietRedis) Printf(context.Context, string, ...any) {}
 
 // run is the whole command: it parses args, runs the command and returns the
 // exit status. It reads connection settings from the process environment.

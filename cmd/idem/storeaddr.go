@@ -175,3 +175,60 @@ func or(v, def string) string {
 	}
 	return v
 }
+
+// mysqlForms says what --mysql takes, for its errors.
+const mysqlForms = "go-sql-driver's DSN user:pass@tcp(host:port)/db[?params], or a URL mysql://user:pass@host[:port]/db[?params]"
+
+// mysqlDSN turns what --mysql was given into go-sql-driver's DSN: a
+// mysql:// (or mariadb://) URL is rewritten, port 3306 by default; the
+// driver's own form is kept as it is, but a host:port not wrapped in
+// tcp(...) is refused here, naming the form wanted, where the driver would
+// say "default addr for network '127.0.0.1:3306' unknown".
+func mysqlDSN(v string) (string, error) {
+	bad := func(why string) error { return fmt.Errorf("--mysql %q: %s; want %s", v, why, mysqlForms) }
+	if strings.HasPrefix(v, "mysql://") || strings.HasPrefix(v, "mariadb://") {
+		u, err := url.Parse(v)
+		if err != nil {
+			return "", bad("not a URL")
+		}
+		if u.Hostname() == "" {
+			return "", bad("no host")
+		}
+		host := u.Host
+		if u.Port() == "" {
+			host = net.JoinHostPort(u.Hostname(), "3306")
+		}
+		var cred string
+		if u.User != nil {
+			cred = u.User.Username()
+			if p, ok := u.User.Password(); ok {
+				cred += ":" + p
+			}
+			cred += "@"
+		}
+		dsn := cred + "tcp(" + host + ")/" + strings.TrimPrefix(u.Path, "/")
+		if u.RawQuery != "" {
+			dsn += "?" + u.RawQuery
+		}
+		return dsn, nil
+	}
+	if v == "" {
+		return "", bad("empty")
+	}
+	base, _, _ := strings.Cut(v, "?")
+	if scheme, _, ok := strings.Cut(base, "://"); ok {
+		return "", bad(fmt.Sprintf("a URL of scheme %q", scheme))
+	}
+	i := strings.LastIndex(base, "/")
+	if i < 0 {
+		return "", bad("no /db")
+	}
+	addr := base[:i]
+	if j := strings.LastIndex(addr, "@"); j >= 0 {
+		addr = addr[j+1:]
+	}
+	if addr != "" && !strings.HasSuffix(addr, ")") && strings.ContainsAny(addr, ":.") {
+		return "", bad(fmt.Sprintf("the address %q is not wrapped in tcp(...)", addr))
+	}
+	return v, nil
+}

@@ -104,7 +104,7 @@ func (f *storeFlags) register(fs *flag.FlagSet, getenv func(string) string, kind
 		fs.StringVar(&f.postgres, "postgres", env("postgres", envPostgresDSN), "a Postgres `DSN`: postgres://user@host:port/db or 'host=... dbname=...' (env "+envPostgresDSN+")")
 	}
 	if kinds&kindMySQL != 0 {
-		fs.StringVar(&f.mysql, "mysql", env("mysql", envMySQLDSN), "a MySQL or MariaDB `DSN` of go-sql-driver/mysql: user:pass@tcp(host:port)/db[?interpolateParams=true] (env "+envMySQLDSN+")")
+		fs.StringVar(&f.mysql, "mysql", env("mysql", envMySQLDSN), "a MySQL or MariaDB `DSN` of go-sql-driver/mysql: user:pass@tcp(host:port)/db[?interpolateParams=true], or mysql://user:pass@host:port/db (env "+envMySQLDSN+")")
 	}
 	if kinds&kindSQLite != 0 {
 		fs.StringVar(&f.sqlite, "sqlite", env("sqlite", envSQLiteFile), "a SQLite database `FILE`: "+sqliteForms+" (env "+envSQLiteFile+")")
@@ -160,6 +160,8 @@ func (c *cli) chooseStore(cmd string, fs *flag.FlagSet, f *storeFlags) error {
 	case "mysql":
 		if mysqlDriver == "" {
 			err = fmt.Errorf("--mysql: this idem was built with -tags %s, without the MySQL driver; build it without that tag", tagNoMySQL)
+		} else {
+			f.mysql, err = mysqlDSN(f.mysql)
 		}
 	case "sqlite":
 		if sqliteDriver == "" {

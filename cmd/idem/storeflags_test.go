@@ -347,3 +347,27 @@ func TestDriverBuildTags(t *testing.T) {
 		}
 	}
 }
+
+// --mysql takes go-sql-driver's DSN as it is and a mysql:// URL rewritten
+// to it; a host:port outside tcp(...) is refused naming both forms, not
+// left to the driver's "default addr for network ... unknown".
+func TestMySQLDSN(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"root@tcp(127.0.0.1:13306)/idem", "root@tcp(127.0.0.1:13306)/idem"},
+		{"u:p@tcp(db:3306)/idem?interpolateParams=true", "u:p@tcp(db:3306)/idem?interpolateParams=true"},
+		{"u:p@/idem", "u:p@/idem"},
+		{"u@unix(/run/mysqld/mysqld.sock)/idem", "u@unix(/run/mysqld/mysqld.sock)/idem"},
+		{"mysql://root@127.0.0.1:33306/idem", "root@tcp(127.0.0.1:33306)/idem"},
+		{"mysql://u:p%40ss@db/idem?interpolateParams=true", "u:p@ss@tcp(db:3306)/idem?interpolateParams=true"},
+		{"mariadb://[::1]:3307/idem", "tcp([::1]:3307)/idem"},
+	} {
+		if got, err := mysqlDSN(tc.in); got != tc.want || err != nil {
+			t.Errorf("mysqlDSN(%q) = %q, %v; want %q", tc.in, got, err, tc.want)
+		}
+	}
+	for _, in := range []string{"", "root@127.0.0.1:33306/idem", "127.0.0.1:3306/idem", "root@tcp(db:3306)", "mysql:///idem", "postgres://u@h/db"} {
+		if _, err := mysqlDSN(in); err == nil || !strings.Contains(err.Error(), mysqlForms) {
+			t.Errorf("mysqlDSN(%q) = %v; want an error naming %q", in, err, mysqlForms)
+		}
+	}
+}
