@@ -108,7 +108,7 @@ func (c *cli) demo(args []string) int {
 	fs.Uint64Var(&d.seed, "seed", 1, "seed of the plan: copies, queue order and crashes")
 	fs.IntVar(&d.poison, "poison", 0, "add `N` poison messages, whose handler crashes its worker every time: each is quarantined")
 	noReconcile := fs.Bool("no-reconcile", false, "a take-over applies the effect again without asking the ledger: shows the double effects reconciling prevents")
-	fs.DurationVar(&d.lease, "lease", 0, "the lease TTL: how long a crashed worker's message waits for a take-over (default 300ms; 1s on SQLite)")
+	fs.DurationVar(&d.lease, "lease", 0, "the lease TTL: how long a crashed worker's message waits for a take-over (default idem.MinLeaseTTL, 500ms; 1s on SQLite)")
 	fs.DurationVar(&d.retention, "retention", time.Hour, "how long the store remembers a confirmed key")
 	fs.DurationVar(&d.timeout, "timeout", 2*time.Minute, "give up (exit 1) when the run takes longer")
 	pos, done, st := c.parse(fs, args, "[flags]", demoAbout+"\n\n"+envHelp(kindsAll))
@@ -128,8 +128,8 @@ func (c *cli) demo(args []string) int {
 		return c.usageError("demo", fmt.Errorf("--poison %d: want 0 to 1000", d.poison))
 	case d.dupRate < 0 || d.dupRate >= 1 || d.crashRate < 0 || d.crashRate >= 1:
 		return c.usageError("demo", errors.New("--dup-rate and --crash-rate must be in [0, 1)"))
-	case d.lease != 0 && d.lease < 10*time.Millisecond || d.retention < time.Second || d.timeout <= 0:
-		return c.usageError("demo", errors.New("--lease must be at least 10ms, --retention at least 1s, --timeout positive"))
+	case d.lease != 0 && d.lease < idem.MinLeaseTTL || d.retention < time.Second || d.timeout <= 0:
+		return c.usageError("demo", fmt.Errorf("--lease must be at least %v (idem.MinLeaseTTL), --retention at least 1s, --timeout positive", idem.MinLeaseTTL))
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()

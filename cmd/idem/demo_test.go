@@ -89,8 +89,8 @@ func checkReport(t *testing.T, r result, messages int) {
 }
 
 // A small run on the embedded Redis: every field reported, exit 0. The
-// tests' leases are longer than the demo's 300ms: under -race, with every
-// package's tests sharing the CPUs, a 300ms lease can run out while its
+// tests' leases are longer than the demo's 500ms: under -race, with every
+// package's tests sharing the CPUs, a 500ms lease can run out while its
 // handler runs, which the demo rightly reports as a failure.
 func TestDemoEmbedded(t *testing.T) {
 	t.Parallel()
