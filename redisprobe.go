@@ -557,17 +557,6 @@ func degradedNodes(nodes string) []string {
 	return out
 }
 
-// loadScriptsOn loads every script on c with SCRIPT LOAD, in one round
-// trip, and keeps the digests c answers.
-func loadScriptsOn(ctx context.Context, c redis.Cmdable, on string) error {
-	var loads []*redis.StringCmd
-	_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
-		loads = queueScriptLoads(ctx, p)
-		return nil
-	})
-	return scriptsLoaded(loads, on)
-}
-
 // queueScriptLoads queues a SCRIPT LOAD of every script on p.
 func queueScriptLoads(ctx context.Context, p redis.Pipeliner) []*redis.StringCmd {
 	loads := make([]*redis.StringCmd, len(scripts))
