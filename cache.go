@@ -1,5 +1,8 @@
 package idem
 
+// Over 500 lines, one concept: the Cache's every Store method and the
+// bounded, sharded memory behind them, which only those methods touch.
+
 import (
 	"context"
 	"errors"

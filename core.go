@@ -1,5 +1,9 @@
 package idem
 
+// Over 500 lines, one concept: Core is one type whose methods are the
+// steps every store takes in one operation (check, grant, answer, observe),
+// in the order it takes them; a store's author reads them together.
+
 import (
 	"bytes"
 	"context"

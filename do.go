@@ -1,5 +1,8 @@
 package idem
 
+// Over 500 lines, one concept: Do's whole path, from the claim to the
+// replay, with the encoding of the record that only Do writes and reads.
+
 import (
 	"context"
 	"encoding/json"

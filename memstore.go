@@ -1,5 +1,8 @@
 package idem
 
+// Over 500 lines, one concept: the MemoryStore, the reference every
+// store is held to, its records and each operation on them in one place.
+
 import (
 	"bytes"
 	"context"

@@ -1,5 +1,9 @@
 package idem
 
+// Over 500 lines, one concept: the RedisStore, its options, and each of
+// its operations as one call to its script (the operator's ones included);
+// what they share lives in the redis*.go files below it.
+
 import (
 	"context"
 	"crypto/rand"

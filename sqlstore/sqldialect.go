@@ -1,5 +1,8 @@
 package sqlstore
 
+// Over 500 lines, one concept: the three dialects' differences
+// (placeholders, upserts, locking, the clock, the DDL) side by side.
+
 import (
 	"context"
 	"database/sql"

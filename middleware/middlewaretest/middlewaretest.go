@@ -26,6 +26,9 @@
 //	}
 package middlewaretest
 
+// Over 500 lines, one concept: the scenario suite every mounting of
+// the middleware runs, each scenario a step of the same conversation.
+
 import (
 	"context"
 	"encoding/json"
