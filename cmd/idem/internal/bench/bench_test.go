@@ -555,10 +555,12 @@ func TestMeasureExpiry(t *testing.T) {
 	if n, err := c.DBSize(ctx).Result(); err != nil || n != 0 {
 		t.Errorf("DBSIZE after measureExpiry = %d, %v; want every key expired", n, err)
 	}
-	// Removing a small key costs this Redis about a microsecond: a figure
-	// far below it is a unit gone wrong, far above it a runaway.
-	if !(cost > 0.2 && cost < 100) {
-		t.Errorf("expiry cost %.2f µs per key; want 0.2 to 100", cost)
+	// Removing a small key costs this Redis about a microsecond: a unit
+	// gone wrong is a thousand times off, a runaway far above. The bounds
+	// leave room for the shared server's other clients, whose CPU the
+	// baseline subtracts (seen: 0.18 µs while other packages ran).
+	if !(cost > 0.01 && cost < 100) {
+		t.Errorf("expiry cost %.2f µs per key; want 0.01 to 100", cost)
 	}
 	t.Logf("expiry: %.2f µs of Redis CPU per key", cost)
 }
