@@ -16,6 +16,7 @@ import (
 	"github.com/idemgo/idem/internal/testing/sqltest"
 	"github.com/idemgo/idem/internal/testing/testenv"
 	"github.com/idemgo/idem/middleware"
+	"github.com/idemgo/idem/middleware/rpccore"
 	"github.com/idemgo/idem/sqlstore"
 )
 
@@ -114,6 +115,28 @@ func TestResolveEachFrontDoorsForm(t *testing.T) {
 			h.ServeHTTP(w, req)
 			if w.Code != 201 || w.Body.String() != `{"id":77}` || w.Header().Get("Location") != "/payments/77" || w.Header().Get("Content-Type") != "application/json" {
 				t.Errorf("retry after resolve --http-status = %d %v %q; want 201, Location, JSON, {\"id\":77}", w.Code, w.Header(), w.Body)
+			}
+
+			// The RPC interceptors: a response message by its type name and
+			// wire encoding, recorded as rpccore.Resolution builds it (the
+			// form the gRPC and Connect modules replay: their resolve tests).
+			gk := rpccore.StoreKey("", "call-1")
+			quarantineKey(t, s, gk, nil)
+			for _, bad := range [][]string{{"--confirm", "ok"}, {"--do", "{}"}, {"--rpc-type", "google.protobuf.StringValue"},
+				{"--rpc-type", "google protobuf", "--confirm-hex", "0a026869"}, {"--rpc-type", "google.protobuf.StringValue", "--confirm-hex", "zz"}} {
+				if r := cmd(append(append([]string{"resolve"}, bad...), gk)...); r.code != exitUsage {
+					t.Errorf("resolve %q on an RPC key = %d:\n%s%s\nwant 2, refused", bad, r.code, r.stdout, r.stderr)
+				}
+			}
+			if r := cmd("resolve", "--rpc-type", "google.protobuf.StringValue", "--confirm-hex", "0a026869", gk); r.code != exitOK {
+				t.Errorf("resolve --rpc-type = %d:\n%s%s", r.code, r.stdout, r.stderr)
+			}
+			want, err := rpccore.Resolution("google.protobuf.StringValue", []byte("\x0a\x02hi"), nil, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rec, err := s.Lookup(ctx, gk); err != nil || !rec.Confirmed || string(rec.Result) != string(want.Result) {
+				t.Errorf("Lookup of the RPC key after resolve --rpc-type = %+v, %v; want the record rpccore.Resolution builds", rec, err)
 			}
 
 			// A consumer's key: the plain bytes (none); the next delivery is skipped.
