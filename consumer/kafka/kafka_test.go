@@ -236,7 +236,7 @@ func TestNotRecordedIsCommitted(t *testing.T) {
 	var eff effects
 	var st settlements
 	var logs syncBuffer
-	store := unconfirmable{newStore(t, rc, prefix(t), "w", 200*time.Millisecond)}
+	store := unconfirmable{newStore(t, rc, prefix(t), "w", 500*time.Millisecond)}
 	c, err := kafka.NewConsumer(store, func(_ context.Context, r *kgo.Record) error { eff.add(header(r)); return nil },
 		kafka.Options{Group: "g", Topics: []string{topic}, Client: clientOpts(kc), CommitInterval: 100 * time.Millisecond,
 			ConfirmBudget: 20 * time.Millisecond, MinDelay: 10 * time.Millisecond, OnSettle: st.on,
@@ -396,7 +396,7 @@ func TestOptionsMistakes(t *testing.T) {
 		"kafka: CommitInterval: -1ns is negative; 0 means the default, 1s":                           func(o *kafka.Options) { o.CommitInterval = -1 },
 		"kafka: Concurrency: -1 is negative; 0 means the default, 16":                                func(o *kafka.Options) { o.Concurrency = -1 },
 		"kafka: ConfirmBudget: -1ns is negative; 0 means the default, two thirds of the lease's TTL": func(o *kafka.Options) { o.ConfirmBudget = -1 },
-		"kafka: CommitInterval: 10ms is under 500ms, franz-go's minimum; 0 means the default, 1s": func(o *kafka.Options) {
+		"kafka: CommitInterval: 10ms is under 100ms, franz-go's minimum; 0 means the default, 1s": func(o *kafka.Options) {
 			o.CommitInterval = 10 * time.Millisecond
 		},
 	} {

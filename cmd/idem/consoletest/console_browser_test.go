@@ -507,7 +507,7 @@ func TestDemoPoisonSettledInBrowser(t *testing.T) {
 	addr := need(t, "IDEM_REDIS_ADDR")
 	prefix := "consoletest:demo:" + unique() + ":"
 	out, err := exec.Command(idemCommand(t), "demo", "--redis", addr, "--prefix", prefix, "--messages", "60", "--workers", "4",
-		"--poison", "3", "--lease", "300ms").CombinedOutput()
+		"--poison", "3", "--lease", "500ms").CombinedOutput()
 	if err != nil {
 		t.Fatalf("idem demo --poison 3: %v\n%s", err, out)
 	}
