@@ -173,16 +173,7 @@ func (c *cli) console(args []string) int {
 	} else {
 		fmt.Fprintf(c.stdout, "idem console for %s%s on %s (%d tokens from %s: open %s?token=YOUR-TOKEN)\n", b.desc, mode, base, len(tokens), *tokenFile, base)
 	}
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	select {
-	case err = <-errc:
-	case <-ctx.Done():
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		err = srv.Shutdown(sctx)
-	}
-	if err != nil && !errors.Is(err, http.ErrServerClosed) {
+	if err := serveUntil(ctx, srv, ln); err != nil {
 		return c.fail("console", exitFailed, err)
 	}
 	return exitOK

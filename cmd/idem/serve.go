@@ -87,16 +87,7 @@ func (c *cli) serve(args []string) int {
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	fmt.Fprintf(c.stdout, "payments API on http://%s (store: %s; a charge takes %v)\n\n", ln.Addr(), b.desc, *delay)
 	writeCurlHelp(c.stdout, "http://"+ln.Addr().String(), runTag())
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	select {
-	case err = <-errc:
-	case <-ctx.Done():
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		err = srv.Shutdown(sctx)
-	}
-	if err != nil && !errors.Is(err, http.ErrServerClosed) {
+	if err := serveUntil(ctx, srv, ln); err != nil {
 		return c.fail("serve", exitFailed, err)
 	}
 	return exitOK
@@ -206,4 +197,23 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(v)
+}
+
+// serveUntil serves srv on ln until ctx ends (then shuts it down, giving
+// requests in flight 5s) or the server fails; a shutdown is not an error.
+func serveUntil(ctx context.Context, srv *http.Server, ln net.Listener) error {
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	var err error
+	select {
+	case err = <-errc:
+	case <-ctx.Done():
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		err = srv.Shutdown(sctx)
+	}
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
 }
