@@ -101,6 +101,17 @@ type ledger struct {
 
 	deliveries, claimErrs, confirmErrs, forgetErrs, inProgress atomic.Int64
 	maxInflight                                                int
+	firstErrs                                                  []string // the first few errors' texts
+}
+
+// failed counts err in n and keeps its text if it is among the first few.
+func (l *ledger) failed(n *atomic.Int64, op string, err error) {
+	n.Add(1)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.firstErrs) < 4 {
+		l.firstErrs = append(l.firstErrs, op+": "+err.Error())
+	}
 }
 
 func newLedger(keys []string) *ledger {
@@ -198,6 +209,7 @@ type report struct {
 	lost, doublesLost                  int // confirmed, then lost in a failover (lossy runs)
 	orphans, recovered                 int
 	maxInflight                        int
+	firstErrs                          []string
 	took                               time.Duration
 }
 
@@ -219,7 +231,7 @@ func (l *ledger) check(t *testing.T, direct idem.Store, lossy bool) report {
 	t.Helper()
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	r := report{messages: len(l.keys), maxInflight: l.maxInflight,
+	r := report{messages: len(l.keys), maxInflight: l.maxInflight, firstErrs: l.firstErrs,
 		deliveries: int(l.deliveries.Load()), claimErrs: int(l.claimErrs.Load()),
 		confirmErrs: int(l.confirmErrs.Load()), forgetErrs: int(l.forgetErrs.Load()),
 		inProgress: int(l.inProgress.Load())}
@@ -446,7 +458,7 @@ func deliver(ctx context.Context, w workload, led *ledger, s idem.Store, obs *la
 	cancel()
 	got := time.Now()
 	if err != nil {
-		led.claimErrs.Add(1)
+		led.failed(&led.claimErrs, "claim", err)
 		return false
 	}
 	switch c.Outcome {
@@ -466,7 +478,7 @@ func deliver(ctx context.Context, w workload, led *ledger, s idem.Store, obs *la
 		if err != nil {
 			// The claim may stay until its lease expires, or may have been
 			// deleted by a Forget that ran and lost its reply.
-			led.forgetErrs.Add(1)
+			led.failed(&led.forgetErrs, "forget", err)
 			led.end(key, info, forgetUnsure, sent, time.Time{})
 		} else {
 			led.end(key, info, forgotten, sent, time.Now())
@@ -494,7 +506,7 @@ func deliver(ctx context.Context, w workload, led *ledger, s idem.Store, obs *la
 			led.end(key, info, f, sent, time.Now())
 			return true
 		}
-		led.confirmErrs.Add(1)
+		led.failed(&led.confirmErrs, "confirm", err)
 		info.errs++
 		// Retry within the lease, as the consumer wrapper does; past it,
 		// give up: the outcome is unknown, and the lease's expiry hands
