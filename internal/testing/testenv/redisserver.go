@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -87,15 +88,29 @@ func startServer(t testing.TB, bin, port string, extra ...string) *RedisServer {
 // (nil: plain TCP).
 func startServerTLS(t testing.TB, bin, port string, tc *tls.Config, args ...string) *RedisServer {
 	t.Helper()
-	dir := t.TempDir()
-	s := &RedisServer{t: t, bin: bin, Addr: "127.0.0.1:" + port, TLS: tc,
-		args: append([]string{"--bind", "127.0.0.1", "--save", "",
-			"--dir", dir, "--logfile", filepath.Join(dir, "log")}, args...)}
-	t.Cleanup(s.Kill)
-	if !s.Start() {
-		t.FailNow()
+	for attempt := 1; ; attempt++ {
+		dir := t.TempDir()
+		s := &RedisServer{t: t, bin: bin, Addr: "127.0.0.1:" + port, TLS: tc,
+			args: append([]string{"--bind", "127.0.0.1", "--save", "",
+				"--dir", dir, "--logfile", filepath.Join(dir, "log")}, args...)}
+		t.Cleanup(s.Kill)
+		ok, taken := s.start()
+		if ok {
+			return s
+		}
+		if !taken || attempt == 3 {
+			t.FailNow()
+		}
+		// Another test's server took the port between FreePort and this
+		// start (many start at once): the same server on another port.
+		next := FreePort(t)
+		for i, a := range args {
+			if a == port {
+				args[i] = next
+			}
+		}
+		port = next
 	}
-	return s
 }
 
 // Start runs the server and waits until it answers PING. It reports
@@ -103,11 +118,23 @@ func startServerTLS(t testing.TB, bin, port string, tc *tls.Config, args ...stri
 // test's may restart a server, and returns whether the server answers.
 func (s *RedisServer) Start() bool {
 	s.t.Helper()
+	ok, taken := s.start()
+	if taken {
+		s.t.Errorf("redis-server on %s: another process answers on its port; this one could not listen there", s.Addr)
+	}
+	return ok
+}
+
+// start is Start; taken, without an error reported, says that the port
+// is another process's: a server answered PING that is not this one (it
+// could not listen and exited), which a caller may retry on another port.
+func (s *RedisServer) start() (ok, taken bool) {
+	s.t.Helper()
 	s.cmd = exec.Command(s.bin, s.args...)
 	if err := s.cmd.Start(); err != nil {
 		s.t.Errorf("starting redis-server: %v", err)
 		s.cmd = nil
-		return false
+		return false, false
 	}
 	o := s.Options()
 	o.MaxRetries = -1
@@ -116,13 +143,33 @@ func (s *RedisServer) Start() bool {
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		err := c.Ping(context.Background()).Err()
 		if err == nil {
-			return true
+			if pid, known := serverPID(c); known && pid != s.cmd.Process.Pid {
+				s.Kill()
+				return false, true
+			}
+			return true, false
 		}
 		if time.Now().After(deadline) {
 			s.t.Errorf("redis-server on %s does not answer: %v", s.Addr, err)
-			return false
+			return false, false
 		}
 	}
+}
+
+// serverPID reads the process id of the server c reaches (INFO server's
+// process_id); known is false when it cannot be read.
+func serverPID(c *redis.Client) (pid int, known bool) {
+	info, err := c.Info(context.Background(), "server").Result()
+	if err != nil {
+		return 0, false
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "process_id:"); ok {
+			n, err := strconv.Atoi(v)
+			return n, err == nil
+		}
+	}
+	return 0, false
 }
 
 // Options returns a client's options for the server: its address, and
