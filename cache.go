@@ -363,6 +363,16 @@ func (c *Cache) Checkpoint(ctx context.Context, l *Lease, data []byte) error {
 	return cp.Checkpoint(ctx, l, data)
 }
 
+// Abandon implements Abandoner: the store records the reason (the cache
+// holds no claim), or, when it is not an Abandoner, an error saying so.
+func (c *Cache) Abandon(ctx context.Context, l *Lease, reason string) error {
+	a, ok := c.s.(Abandoner)
+	if !ok {
+		return fmt.Errorf("idem: Abandon: the cache's store %T does not implement idem.Abandoner", c.s)
+	}
+	return a.Abandon(ctx, l, reason)
+}
+
 // Resolve implements Resolver: the store settles the key (the cache holds
 // no quarantined key), or, when it is not a Resolver, an error saying so.
 // A forced forget drops the key from this cache too; other processes'

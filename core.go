@@ -18,6 +18,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 	"unsafe"
 
 	"github.com/dchest/siphash"
@@ -39,7 +40,7 @@ import (
 //	func (s *MyStore) Claim(ctx context.Context, key string, fp []byte) (c idem.Claim, err error) {
 //		start := time.Now()
 //		defer func() {
-//			s.core.Observe(ctx, idem.Event{Op: idem.OpClaim, Outcome: c.Outcome, TakeOver: c.TakeOver, Err: err}, key, start)
+//			s.core.Observe(ctx, idem.Event{Op: idem.OpClaim, Outcome: c.Outcome, TakeOver: c.TakeOver, Prior: c.Prior, Err: err}, key, start)
 //		}()
 //		if err := s.core.CheckClaim(key, fp); err != nil {
 //			return idem.Claim{}, err // before any I/O
@@ -371,6 +372,24 @@ func (c *Core) CheckCheckpoint(l *Lease, data []byte) error {
 	return nil
 }
 
+// CheckAbandon is Abandon's check: the lease as CheckLease, and a reason
+// that is non-empty UTF-8 within MaxReasonBytes.
+func (c *Core) CheckAbandon(l *Lease, reason string) error {
+	if err := c.CheckLease(l); err != nil {
+		return err
+	}
+	switch {
+	case reason == "":
+		return fmt.Errorf("idem: Abandon of %s: the reason is empty; say why the attempt gives up", c.KeyName(l.Key))
+	case len(reason) > MaxReasonBytes:
+		return fmt.Errorf("%w: Abandon's reason of %d bytes for %s exceeds MaxReasonBytes %d",
+			ErrTooLarge, len(reason), c.KeyName(l.Key), MaxReasonBytes)
+	case !utf8.ValidString(reason):
+		return fmt.Errorf("idem: Abandon of %s: the reason is not valid UTF-8", c.KeyName(l.Key))
+	}
+	return nil
+}
+
 // CheckResolve is Resolve's check: the key as CheckKey, a Result only
 // with Confirm, within MaxResultBytes, and Force only without Confirm.
 func (c *Core) CheckResolve(key string, r Resolution) error {
@@ -393,8 +412,18 @@ func (c *Core) CheckResolve(key string, r Resolution) error {
 // Quarantined is the error Claim returns, with the quarantined record in
 // its Claim, when key is quarantined (wrapping ErrQuarantined).
 func (c *Core) Quarantined(rec *Record) error {
-	return fmt.Errorf("%w: claim of %s: %d take-overs, last attempt token %d by %q",
-		ErrQuarantined, c.KeyName(rec.Key), rec.TakeOvers, rec.Token, rec.Owner)
+	return fmt.Errorf("%w: claim of %s: %d take-overs, last attempt token %d by %q %s",
+		ErrQuarantined, c.KeyName(rec.Key), rec.TakeOvers, rec.Token, rec.Owner, howEnded(rec.Ended))
+}
+
+// howEnded says how an attempt that gave its key up unconfirmed ended:
+// as its holder said (Abandoner), or, when it said nothing, by its lease
+// running out.
+func howEnded(reason string) string {
+	if reason == "" {
+		return "(its lease ran out: a crash or a stall)"
+	}
+	return "(abandoned: " + reason + ")"
 }
 
 // NotQuarantined is the error Resolve returns when key is not quarantined
@@ -494,8 +523,9 @@ func (c *Core) Observe(ctx context.Context, e Event, key string, start time.Time
 	}
 }
 
-// logEvent logs the events an operator must see: a lease found lost on
-// Renew (the work goes on unprotected, or stops), and a store failing. A
+// logEvent logs the events an operator must see: a take-over (and how
+// the attempt taken over ended), a lease found lost on Renew (the work
+// goes on unprotected, or stops), and a store failing. A
 // late confirm is logged where it is found, per item (LogLate). The key is
 // hashed only for a line that is written.
 func (c *Core) logEvent(ctx context.Context, e *Event, key string) {
@@ -511,6 +541,13 @@ func (c *Core) logEvent(ctx context.Context, e *Event, key string) {
 			return c.keyAttr(key)
 		}
 		return slog.String("key_hash", hash())
+	}
+	if e.Op == OpClaim && e.TakeOver && e.Err == nil && e.Prior != nil {
+		// The work may have happened, and may now happen again: what an
+		// operator asks after a double effect.
+		o.Logger.LogAttrs(ctx, slog.LevelWarn, "idem: take-over: an earlier attempt gave the key up unconfirmed, maybe after its effect",
+			keyAttr(), slog.String("prior_owner", e.Prior.Owner), slog.Int64("prior_token", e.Prior.Token),
+			slog.String("prior_ended", howEnded(e.Prior.Ended)))
 	}
 	switch e.Class() {
 	case ClassLeaseLost:
@@ -538,6 +575,17 @@ func (c *Core) LogLate(ctx context.Context, l *Lease) {
 	}
 	c.o.Logger.LogAttrs(ctx, slog.LevelWarn, "idem: late confirm: the lease was lost before the work was confirmed",
 		c.keyAttr(l.Key), slog.Int64("token", l.Token), slog.String("owner", l.Owner))
+}
+
+// LogAbandoned logs l's Abandon with reason: the next claim takes the key
+// over, and an operator reading the log of a later take-over or
+// quarantine finds why here.
+func (c *Core) LogAbandoned(ctx context.Context, l *Lease, reason string) {
+	if c.o.Logger == nil {
+		return
+	}
+	c.o.Logger.LogAttrs(ctx, slog.LevelWarn, "idem: attempt abandoned unconfirmed: the next claim takes the key over when its lease runs out",
+		c.keyAttr(l.Key), slog.Int64("token", l.Token), slog.String("owner", l.Owner), slog.String("reason", reason))
 }
 
 // keyAttr names key in a log line: by its hash, or with RevealKeys as it is.

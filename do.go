@@ -11,6 +11,7 @@ import (
 	"reflect"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/idemgo/idem/internal/backoff"
 	"github.com/idemgo/idem/internal/badopt"
@@ -174,7 +175,12 @@ type DoOptions struct {
 	//     unforgotten, so that the next call is told of the take-over and
 	//     reconciles again; a Forget would erase what it was told, and the
 	//     next call would redo the effect. That counts as a take-over
-	//     towards the store's MaxTakeOvers.
+	//     towards the store's MaxTakeOvers. On a store that is an
+	//     Abandoner (every store of this module) Do records why first
+	//     ("Reconcile failed: " and the error), which the next call finds
+	//     in TakeOver.Prior.Ended and `idem inspect`, a quarantine and the
+	//     store's log show, so that a failed Reconcile is not taken for a
+	//     crash.
 	//
 	// Default: none; fn runs after a take-over too, and may check
 	// TakeOverFrom itself.
@@ -304,9 +310,11 @@ func run[T any](ctx context.Context, s Store, cl Claim, fn func(context.Context)
 			// fn panicked or called runtime.Goexit: release the key so a
 			// later call runs fn, and let the panic go on. A panic of
 			// Reconcile leaves the claim to run out (see
-			// DoOptions.Reconcile).
+			// DoOptions.Reconcile), saying so.
 			end := stop()
-			if !reconciling {
+			if reconciling {
+				abandon(ctx, s, l, end, "Reconcile panicked (or called runtime.Goexit)")
+			} else {
 				_ = settle(ctx, l, end, func(ctx context.Context) error { return s.Forget(ctx, l) })
 			}
 		}
@@ -318,7 +326,7 @@ func run[T any](ctx context.Context, s Store, cl Claim, fn func(context.Context)
 		reconciling = false
 		if err != nil && !isPermanent(err) {
 			returned = true
-			stop()
+			abandon(ctx, s, l, stop(), "Reconcile failed: "+err.Error())
 			return v, fmt.Errorf("idem: Do: Reconcile after the take-over of key#%s (token %d; left to run out): %w", KeyHash(l.Key), l.Token, err)
 		}
 	}
@@ -372,6 +380,26 @@ func reconcile[T any](ctx context.Context, rc func(context.Context, *TakeOver) (
 		return v, false, fmt.Errorf("the result of Reconcile is a %T; want fn's result type %s", r, strings.TrimPrefix(fmt.Sprintf("%T", (*T)(nil)), "*"))
 	}
 	return x, true, nil
+}
+
+// abandon tells s why l's attempt gives its key up, when s is an
+// Abandoner, so that the next holder and an operator do not take a failed
+// Reconcile for a crash; end is when l runs out. The claim is left to run
+// out either way: a failure to say why loses nothing but the reason.
+func abandon(ctx context.Context, s Store, l *Lease, end time.Time, reason string) {
+	a, ok := s.(Abandoner)
+	if !ok {
+		return
+	}
+	reason = strings.ToValidUTF8(reason, "\uFFFD")
+	if len(reason) > MaxReasonBytes {
+		cut := MaxReasonBytes - len("…")
+		for cut > 0 && !utf8.RuneStart(reason[cut]) {
+			cut--
+		}
+		reason = reason[:cut] + "…"
+	}
+	_ = settle(ctx, l, end, func(ctx context.Context) error { return a.Abandon(ctx, l, reason) })
 }
 
 // settle runs op, the Confirm or Forget of l, which runs out at end, on a

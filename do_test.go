@@ -978,18 +978,33 @@ func TestDoReconcileFailureLeavesTheClaim(t *testing.T) {
 			t.Fatalf("Do with a failing Reconcile = %v; want its error", err)
 		}
 		rec, lerr := next.Lookup(t.Context(), key)
-		if lerr != nil || rec.Confirmed {
-			t.Fatalf("Lookup(%q) after a failed Reconcile = %+v, %v; want the claim left live, not forgotten", key, rec, lerr)
+		const why = "Reconcile failed: ledger unreachable"
+		if lerr != nil || rec.Confirmed || rec.Ended != why {
+			t.Fatalf("Lookup(%q) after a failed Reconcile = %+v, %v; want the claim left live, not forgotten, Ended %q", key, rec, lerr, why)
 		}
 		wait(o.LeaseTTL + 50*time.Millisecond)
 		_, err = idem.Do(t.Context(), next, key, fn, idem.DoOptions{Reconcile: func(_ context.Context, tk *idem.TakeOver) (any, bool, error) {
 			if tk.TakeOvers != 2 || string(tk.Checkpoint) != "cp" {
 				t.Errorf("second Reconcile given %+v; want the 2nd take-over, checkpoint %q carried", tk, "cp")
 			}
+			// Told the attempt before it failed to reconcile: not a crash.
+			if tk.Prior.Ended != why {
+				t.Errorf("second Reconcile told the attempt before it ended %q; want %q", tk.Prior.Ended, why)
+			}
 			return "not an int", true, nil
 		}})
 		if err == nil || !strings.Contains(err.Error(), "want fn's result type int") {
 			t.Errorf("Do with Reconcile's result of another type = %v; want an error naming the type", err)
+		}
+		wait(o.LeaseTTL + 50*time.Millisecond)
+		_, err = idem.Do(t.Context(), next, key, fn, idem.DoOptions{Reconcile: func(_ context.Context, tk *idem.TakeOver) (any, bool, error) {
+			if !strings.HasPrefix(tk.Prior.Ended, "Reconcile failed: ") || !strings.Contains(tk.Prior.Ended, "want fn's result type int") {
+				t.Errorf("third Reconcile told the attempt before it ended %q; want the type error", tk.Prior.Ended)
+			}
+			return 7, true, nil
+		}})
+		if err != nil {
+			t.Errorf("Do with a third Reconcile that found the effect = %v; want nil", err)
 		}
 	})
 }
@@ -1149,13 +1164,14 @@ func TestDoReconcileAnswers(t *testing.T) {
 			t.Fatalf("Lookup(%q) after Reconcile panicked = %+v, %v; want the claim left live, not forgotten", panicky, rec, err)
 		}
 		wait(o.LeaseTTL + 50*time.Millisecond)
-		told := 0
+		told, ended := 0, ""
 		v, err := idem.Do(t.Context(), next, panicky, fn, idem.DoOptions{Reconcile: func(_ context.Context, tk *idem.TakeOver) (any, bool, error) {
-			told = tk.TakeOvers
+			told, ended = tk.TakeOvers, tk.Prior.Ended
 			return nil, false, nil
 		}})
-		if v != 5 || err != nil || told != 2 {
-			t.Errorf("Do after Reconcile panicked = %d, %v (told %d take-overs); want 5, nil after Reconcile told of the 2nd take-over", v, err, told)
+		if v != 5 || err != nil || told != 2 || !strings.Contains(ended, "Reconcile panicked") {
+			t.Errorf("Do after Reconcile panicked = %d, %v (told %d take-overs, the last ended %q); want 5, nil after Reconcile told of the 2nd take-over and the panic",
+				v, err, told, ended)
 		}
 	})
 }

@@ -51,6 +51,7 @@ type memRecord struct {
 	takeovers  int
 	prior      *Attempt
 	checkpoint []byte
+	ended      string // why this claim's holder gave it up (Abandon); "" when it did not say
 }
 
 // NewMemoryStore returns an empty MemoryStore, or an error naming the
@@ -168,6 +169,7 @@ func (r *memRecord) record(key string) *Record {
 		rec.Quarantined = r.quarantined
 		rec.TakeOvers = r.takeovers
 		rec.Checkpoint = bytes.Clone(r.checkpoint)
+		rec.Ended = r.ended
 		if r.prior != nil {
 			p := *r.prior
 			rec.Prior = &p
@@ -180,7 +182,7 @@ func (r *memRecord) record(key string) *Record {
 func (m *MemoryStore) Claim(ctx context.Context, key string, fingerprint []byte) (c Claim, err error) {
 	start := time.Now()
 	defer func() {
-		m.core.Observe(ctx, Event{Op: OpClaim, Outcome: c.Outcome, TakeOver: c.TakeOver, Err: err}, key, start)
+		m.core.Observe(ctx, Event{Op: OpClaim, Outcome: c.Outcome, TakeOver: c.TakeOver, Prior: c.Prior, Err: err}, key, start)
 	}()
 	if err := m.core.CheckClaim(key, fingerprint); err != nil {
 		return Claim{}, err
@@ -236,6 +238,7 @@ func (m *MemoryStore) claimLocked(key string, fingerprint []byte) (Claim, error)
 		n.prior = &Attempt{Owner: r.owner, Token: r.token, Claimed: r.claimed}
 		n.checkpoint = r.checkpoint
 		p := *n.prior
+		p.Ended = r.ended // told to the next holder, not kept (as on every store)
 		c.TakeOver, c.Prior, c.TakeOvers, c.Checkpoint = true, &p, n.takeovers, bytes.Clone(r.checkpoint)
 	}
 	d.recs[key] = n
@@ -380,7 +383,7 @@ func (m *MemoryStore) Inspect(ctx context.Context, key string) (*Record, error) 
 	}
 	rec := r.record(key)
 	if r.lapsed(now) {
-		rec.Lapsed = &Attempt{Owner: r.owner, Token: r.token, Claimed: r.claimed}
+		rec.Lapsed = &Attempt{Owner: r.owner, Token: r.token, Claimed: r.claimed, Ended: r.ended}
 		rec.Expires = r.expires.Add(r.remember)
 	}
 	return rec, nil
@@ -468,6 +471,29 @@ func (m *MemoryStore) Checkpoint(ctx context.Context, l *Lease, data []byte) (er
 	if len(data) > 0 {
 		r.checkpoint = bytes.Clone(data)
 	}
+	return nil
+}
+
+// Abandon implements Abandoner.
+func (m *MemoryStore) Abandon(ctx context.Context, l *Lease, reason string) (err error) {
+	start := time.Now()
+	defer func() { m.core.Observe(ctx, Event{Op: OpAbandon, Err: err}, leaseKey(l), start) }()
+	if err := m.core.CheckAbandon(l, reason); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	d := m.data
+	d.mu.Lock()
+	r := d.live(l.Key, d.now())
+	if !holds(r, l) {
+		d.mu.Unlock()
+		return m.core.LeaseLost(OpAbandon, l)
+	}
+	r.ended = reason
+	d.mu.Unlock()
+	m.core.LogAbandoned(ctx, l, reason)
 	return nil
 }
 

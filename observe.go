@@ -37,9 +37,12 @@ const (
 	// it tolerates but an operator must hear of: a Redis Cluster node
 	// down, failing or serving no slot (ErrClusterDegraded).
 	OpCheck
+	// OpAbandon is a holder's Abandon (see Abandoner): it gave its key up
+	// unfinished and said why.
+	OpAbandon
 )
 
-var opNames = [...]string{"", "claim", "renew", "confirm", "forget", "lookup", "claim_batch", "confirm_batch", "run", "request", "message", "checkpoint", "resolve", "check"}
+var opNames = [...]string{"", "claim", "renew", "confirm", "forget", "lookup", "claim_batch", "confirm_batch", "run", "request", "message", "checkpoint", "resolve", "check", "abandon"}
 
 // String returns the operation's name in snake case, for metric labels.
 func (op Op) String() string {
@@ -61,6 +64,10 @@ type Event struct {
 	// Claim refused because the key is quarantined has Err wrapping
 	// ErrQuarantined (ClassQuarantined).
 	TakeOver bool
+	// Prior is Claim.Prior on a take-over: the attempt taken over, and in
+	// its Ended how it ended (empty: its lease ran out, a crash or a
+	// stall).
+	Prior *Attempt
 	// Items is the number of keys a batch operation carried; 1 otherwise.
 	Items int
 	// Late is set on a Confirm that recorded after its lease was lost.

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -301,6 +302,47 @@ func TestStoreLogsForOperators(t *testing.T) {
 	}
 	if got := strings.Count(out, `"msg":"idem: store operation failed"`); got != 1 {
 		t.Errorf("%d store-failure lines for 10 failures within a second; want 1:\n%s", got, out)
+	}
+}
+
+// The log tells a take-over of an attempt that crashed from one whose
+// holder gave it up saying why (a failed Reconcile), and logs the giving
+// up itself; on every store kind, here the memory store's.
+func TestTakeOverLogsHowThePriorEnded(t *testing.T) {
+	ctx := context.Background()
+	var buf bytes.Buffer
+	var mu sync.Mutex
+	logger := slog.New(slog.NewJSONHandler(&lockedWriter{w: &buf, mu: &mu}, nil))
+	b := storetest.MemoryBackend()
+	st := must(b.Open(idem.Options{LeaseTTL: time.Second, Logger: logger}))
+	crashed := must(st.Claim(ctx, "crashed", nil))
+	gaveUp := must(st.Claim(ctx, "gave-up", nil))
+	if err := st.(idem.Abandoner).Abandon(ctx, gaveUp.Lease, "Reconcile failed: ledger unreachable"); err != nil {
+		t.Fatal(err)
+	}
+	b.Advance(2 * time.Second)
+	for _, k := range []string{"crashed", "gave-up"} {
+		if c := must(st.Claim(ctx, k, nil)); !c.TakeOver {
+			t.Fatalf("Claim(%q) after the lapse: no take-over", k)
+		}
+	}
+	mu.Lock()
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	mu.Unlock()
+	want := [][]string{
+		{`"msg":"idem: attempt abandoned unconfirmed`, `"reason":"Reconcile failed: ledger unreachable"`},
+		{`"msg":"idem: take-over:`, `"prior_token":` + strconv.FormatInt(crashed.Lease.Token, 10), `"prior_ended":"(its lease ran out: a crash or a stall)"`},
+		{`"msg":"idem: take-over:`, `"prior_token":` + strconv.FormatInt(gaveUp.Lease.Token, 10), `"prior_ended":"(abandoned: Reconcile failed: ledger unreachable)"`},
+	}
+	if len(lines) != len(want) {
+		t.Fatalf("%d log lines; want 3 (the abandon, two take-overs):\n%s", len(lines), strings.Join(lines, "\n"))
+	}
+	for i, ws := range want {
+		for _, w := range ws {
+			if !strings.Contains(lines[i], w) {
+				t.Errorf("log line %d lacks %s:\n%s", i+1, w, lines[i])
+			}
+		}
 	}
 }
 

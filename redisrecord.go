@@ -108,16 +108,21 @@ func (s *RedisStore) claimed(key string, tok int64, left time.Duration, fingerpr
 		Lease: s.core.Lease(key, tok, s.core.o.LeaseTTL, start.Add(left), bytes.Clone(fingerprint))}
 }
 
-// parseTakeOver reads claim.lua's {'T', token, n, cp, ptoken, powner}: a
-// new lease that took over the lapsed claim of ptoken's attempt.
+// parseTakeOver reads claim.lua's {'T', token, n, cp, ptoken, powner[,
+// ended]}: a new lease that took over the lapsed claim of ptoken's
+// attempt, which its holder gave up saying why when ended is there.
 func (s *RedisStore) parseTakeOver(key string, tok int64, fingerprint []byte, start time.Time, a []any) (Claim, error) {
-	if len(a) != 6 {
+	if len(a) != 6 && len(a) != 7 {
 		return Claim{}, s.badReply("claim", key, a)
 	}
 	n, ok1 := a[2].(int64)
 	cp, ok2 := a[3].(string)
 	prior, ok3 := attempt(a[4], a[5])
-	if !ok1 || !ok2 || !ok3 || n <= 0 {
+	ok4 := true
+	if len(a) == 7 && ok3 {
+		prior.Ended, ok4 = a[6].(string)
+	}
+	if !ok1 || !ok2 || !ok3 || !ok4 || n <= 0 {
 		return Claim{}, s.badReply("claim", key, a)
 	}
 	c := s.claimed(key, tok, s.core.o.LeaseTTL, fingerprint, start)
@@ -142,8 +147,9 @@ func attempt(tv, ov any) (*Attempt, bool) {
 // parseRecord reads the replies that claim.lua and lookup.lua share:
 // {'D', token, pttl, fingerprint, result} (an operator's confirmation
 // 'R', the same fields), or for a live claim ('P') or a
-// quarantined key ('Q') {state, token, pttl, fingerprint, owner, n, cp}
-// and, when n > 0, the prior attempt's token and owner.
+// quarantined key ('Q') {state, token, pttl, fingerprint, owner, n, cp},
+// when n > 0 the prior attempt's token and owner, and last, when the
+// claim's holder gave it up saying why, the reason.
 func (s *RedisStore) parseRecord(key string, start time.Time, a []any) (*Record, error) {
 	if len(a) < 5 {
 		return nil, s.badReply("record", key, a)
@@ -161,11 +167,19 @@ func (s *RedisStore) parseRecord(key string, start time.Time, a []any) (*Record,
 	switch {
 	case done && len(a) == 5:
 		rec.Result = []byte(last)
-	case (st == replyHeld || st == replyQuar) && (len(a) == 7 || len(a) == 9):
+	case (st == replyHeld || st == replyQuar) && len(a) >= 7 && len(a) <= 10:
 		rec.Owner, rec.Quarantined = last, st == replyQuar
 		n, ok1 := a[5].(int64)
 		cp, ok2 := a[6].(string)
-		if !ok1 || !ok2 || n < 0 || (n > 0) != (len(a) == 9) {
+		fields := 7 // and 2 more for a prior attempt
+		if n > 0 {
+			fields = 9
+		}
+		ok3 := true
+		if len(a) == fields+1 {
+			rec.Ended, ok3 = a[fields].(string)
+		}
+		if !ok1 || !ok2 || !ok3 || n < 0 || len(a) < fields || len(a) > fields+1 {
 			return nil, s.badReply("record", key, a)
 		}
 		rec.TakeOvers = int(n)

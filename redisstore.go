@@ -313,7 +313,7 @@ func (s *RedisStore) run(ctx context.Context, script *luaScript, key string, arg
 func (s *RedisStore) Claim(ctx context.Context, key string, fingerprint []byte) (c Claim, err error) {
 	start := time.Now()
 	defer func() {
-		s.core.Observe(ctx, Event{Op: OpClaim, Outcome: c.Outcome, TakeOver: c.TakeOver, Err: err}, key, start)
+		s.core.Observe(ctx, Event{Op: OpClaim, Outcome: c.Outcome, TakeOver: c.TakeOver, Prior: c.Prior, Err: err}, key, start)
 	}()
 	if err := s.core.CheckClaim(key, fingerprint); err != nil {
 		return Claim{}, err
@@ -472,7 +472,7 @@ func (s *RedisStore) Inspect(ctx context.Context, key string) (*Record, error) {
 		return nil, err
 	}
 	// Tokens are the server's clock in microseconds when claimed.
-	rec.Lapsed = &Attempt{Owner: rec.Owner, Token: rec.Token, Claimed: time.UnixMicro(rec.Token)}
+	rec.Lapsed = &Attempt{Owner: rec.Owner, Token: rec.Token, Claimed: time.UnixMicro(rec.Token), Ended: rec.Ended}
 	rec.Expires = sent.Add(time.Duration(pttl) * time.Millisecond)
 	return rec, nil
 }
@@ -494,8 +494,30 @@ func (s *RedisStore) Checkpoint(ctx context.Context, l *Lease, data []byte) (err
 	return s.held(OpCheckpoint, l, v)
 }
 
+// Abandon implements Abandoner in one round trip (checkpoint.lua, which
+// records the reason in the claim's attempt field).
+func (s *RedisStore) Abandon(ctx context.Context, l *Lease, reason string) (err error) {
+	start := time.Now()
+	defer func() { s.core.Observe(ctx, Event{Op: OpAbandon, Err: err}, leaseKey(l), start) }()
+	if err := s.core.CheckAbandon(l, reason); err != nil {
+		return err
+	}
+	if err := s.leaseReady(ctx); err != nil {
+		return s.fail("abandon", l.Key, err)
+	}
+	v, _, err := s.run(ctx, checkpointScript, l.Key, heldPrefix(l), s.retentionMs, reason, "ended")
+	if err != nil {
+		return s.fail("abandon", l.Key, err)
+	}
+	if err := s.held(OpAbandon, l, v); err != nil {
+		return err
+	}
+	s.core.LogAbandoned(ctx, l, reason)
+	return nil
+}
+
 // held reads the answer of a script that acts only on l's own live claim
-// (renew, forget, checkpoint): 1 done, 0 ErrLeaseLost.
+// (renew, forget, checkpoint, abandon): 1 done, 0 ErrLeaseLost.
 func (s *RedisStore) held(op Op, l *Lease, v any) error {
 	if damaged(v) {
 		return s.errDamaged(op.String(), l.Key)

@@ -73,6 +73,12 @@ type Record struct {
 	// than the store allows (see ErrQuarantined): Token and Owner are its
 	// last attempt's, Expires the quarantine's end.
 	Quarantined bool
+	// Ended is why the claim's own attempt (Owner, Token) gave the key
+	// up, as its holder said (see Abandoner), on a claim, a lapsed claim
+	// or a quarantined key; empty when it said nothing (on a lapsed or
+	// quarantined key: its lease ran out, a crash or a stall) and on a
+	// confirmation.
+	Ended string
 	// TakeOvers counts the take-overs of a live claim's or a quarantined
 	// key's earlier attempts (0 when none); Prior is the last attempt
 	// taken over, and Checkpoint the last checkpoint recorded (nil: none).
@@ -253,6 +259,36 @@ type Attempt struct {
 	// token's own time: tokens are the server's clock in microseconds;
 	// so too Inspect's Record.Lapsed on SQL).
 	Claimed time.Time
+	// Ended is why the attempt gave the key up, as its holder said with
+	// Abandoner.Abandon (Do writes "Reconcile failed: ..." there); empty
+	// when it said nothing: its lease ran out under it, a crash or a
+	// stall. Set in Claim.Prior (the attempt just taken over) and
+	// Record.Lapsed; a Record's Prior, an attempt further back, does not
+	// carry it.
+	Ended string
+}
+
+// MaxReasonBytes bounds Abandoner.Abandon's reason: a line for an
+// operator, not a log.
+const MaxReasonBytes = 1 << 10
+
+// Abandoner is implemented by stores on which the holder of a lease that
+// gives its key up unfinished, but may have done part of the work, says
+// why: RedisStore, MemoryStore and the SQL store. Do calls it when
+// Reconcile fails, so that neither the next holder nor an operator takes
+// a failed Reconcile for a crash.
+type Abandoner interface {
+	// Abandon records reason as the way l's attempt ends, in one round
+	// trip, while l is the key's live lease (else ErrLeaseLost). It
+	// neither forgets the claim nor shortens the lease: the claim runs
+	// out when it would, and the next claim takes the key over as after
+	// a crash (a take-over, counted towards MaxTakeOvers), told reason in
+	// Claim.Prior.Ended. Until then Inspector.Inspect shows it in
+	// Record.Ended (and Record.Lapsed.Ended once the lease ran out), and
+	// a key quarantined at this attempt keeps it. reason is non-empty
+	// UTF-8 of at most MaxReasonBytes; a second Abandon replaces the
+	// first.
+	Abandon(ctx context.Context, l *Lease, reason string) error
 }
 
 // MaxCheckpointBytes bounds a checkpoint: a note of progress (the last

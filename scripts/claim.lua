@@ -11,13 +11,15 @@
 --          retry whose first reply was lost gets its lease back
 -- Reply:   token                                     claimed: a new lease (the common case)
 --          {'C', token}                              claimed: a new lease, after a forgotten claim
---          {'T', token, n, cp, ptoken, powner}       claimed: the take-over of a lapsed claim,
+--          {'T', token, n, cp, ptoken, powner[, ended]}
+--                                                    claimed: the take-over of a lapsed claim,
 --                                                    the n-th in a row, of ptoken's attempt
+--                                                    (ended: why its holder gave it up)
 --          {'A', token, pttl}                        claimed before by this same attempt
 --          {'D', token, pttl, fingerprint, result}   confirmed
---          {'P', token, pttl, fingerprint, owner, n, cp[, ptoken, powner]}
+--          {'P', token, pttl, fingerprint, owner, n, cp[, ptoken, powner][, ended]}
 --                                                    held by a live claim
---          {'Q', token, pttl, fingerprint, owner, n, cp[, ptoken, powner]}
+--          {'Q', token, pttl, fingerprint, owner, n, cp[, ptoken, powner][, ended]}
 --                                                    quarantined (the last attempt's)
 --          'X'                                       the record is damaged
 -- token is a decimal string; pttl the milliseconds left of the lease or

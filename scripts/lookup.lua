@@ -5,12 +5,12 @@
 --          absent for Lookup
 -- Reply:   false when there is none (a forgotten claim, and without
 --          'lapsed' a lapsed one, counts as none)
---          {'L', pttl, {'P', token, lease left (not above 0), fingerprint, owner, n, cp[, ptoken, powner]}}
+--          {'L', pttl, {'P', token, lease left (not above 0), fingerprint, owner, n, cp[, ptoken, powner][, ended]}}
 --                                                    a lapsed claim, with 'lapsed'
 --          {'D', token, pttl, fingerprint, result}   confirmed
---          {'P', token, pttl, fingerprint, owner, n, cp[, ptoken, powner]}
+--          {'P', token, pttl, fingerprint, owner, n, cp[, ptoken, powner][, ended]}
 --                                                    a live claim
---          {'Q', token, pttl, fingerprint, owner, n, cp[, ptoken, powner]}
+--          {'Q', token, pttl, fingerprint, owner, n, cp[, ptoken, powner][, ended]}
 --                                                    quarantined
 --          'X'                                       the record is damaged
 -- See claim.lua for the fields.

@@ -31,6 +31,13 @@
 -- the store's MaxTakeOvers becomes a quarantined key (2Q), living for the
 -- Retention of the store that quarantined it, answered to every claim until
 -- an operator settles it (resolve.lua) or a late confirm records over it.
+-- A claim's <attempt> names the Claim call that made it (a retry of that
+-- call gets its lease back) until its holder gives the key up unfinished
+-- and says why (Abandon): then it is ENDED followed by the reason, which
+-- no attempt name begins with (they are hex). The next claim is told the
+-- reason with the attempt it takes over; a quarantined key keeps it. A
+-- client of an earlier version reads the field as an attempt like any
+-- other.
 -- Version 1 claims (1C<token>:<#owner>:<owner><#attempt>:<attempt><fingerprint>,
 -- a TTL of the lease alone) are still read: keep 0, no take-overs.
 --
@@ -54,6 +61,9 @@
 -- damaged record is always answered DAMAGED, alone or as a batch's item,
 -- and left as it is for an operator to inspect.
 local DAMAGED = 'X'
+-- What a claim's attempt field begins with once its holder said why it
+-- gives the key up.
+local ENDED = '!'
 -- confirm's answers (see confirm.lua).
 local HELD, LATE, REPEAT, NOT_KEPT = 1, 2, 3, 4
 
@@ -164,12 +174,20 @@ local function live(r, pttl)
   return pttl == -1 or pttl >= r.keep
 end
 
+-- ended returns why claim r's holder gave it up, or nil when it did not
+-- say.
+local function ended(r)
+  if string.sub(r.attempt, 1, 1) == ENDED then return string.sub(r.attempt, 2) end
+  return nil
+end
+
 -- reply describes a live record the way Claim and Lookup answer it, pttl
 -- being its key's:
 --   {'D', token, pttl, fingerprint, result}                         confirmed
 --   {'R', token, pttl, fingerprint, result}                         confirmed by an operator
---   {'P', token, lease left, fingerprint, owner, n, cp[, ptoken, powner]}  a live claim
---   {'Q', token, pttl, fingerprint, owner, n, cp[, ptoken, powner]}        quarantined
+--   {'P', token, lease left, fingerprint, owner, n, cp[, ptoken, powner][, ended]}  a live claim
+--   {'Q', token, pttl, fingerprint, owner, n, cp[, ptoken, powner][, ended]}        quarantined
+-- where ended, why the holder gave the claim up, is there when it said.
 local function reply(r, pttl)
   if r.st == 'D' then
     if r.op then return {'R', r.toks, pttl, r.fp, r.result} end
@@ -185,6 +203,8 @@ local function reply(r, pttl)
     out[8] = r.ptoks
     out[9] = r.powner
   end
+  local why = ended(r)
+  if why then out[#out + 1] = why end
   return out
 end
 
@@ -226,7 +246,10 @@ local function claimed(key, px, tail, toks, maxto, v)
     mine.st, mine.toks, mine.n, mine.ptoks, mine.powner, mine.cp =
       'C', toks, prior.n + 1, prior.toks, prior.owner, prior.cp
     redis.call('SET', key, encode(mine), 'PX', px)
-    return {'T', toks, mine.n, mine.cp, prior.toks, prior.owner}
+    local out = {'T', toks, mine.n, mine.cp, prior.toks, prior.owner}
+    local why = ended(prior)
+    if why then out[7] = why end
+    return out
   end
   redis.call('SET', key, '2C' .. toks .. ':' .. tail, 'PX', px)
   return {'C', toks}

@@ -33,7 +33,7 @@ var (
 func (s *Store) Claim(ctx context.Context, key string, fingerprint []byte) (c idem.Claim, err error) {
 	start := time.Now()
 	defer func() {
-		s.core.Observe(ctx, idem.Event{Op: idem.OpClaim, Outcome: c.Outcome, TakeOver: c.TakeOver, Err: err}, key, start)
+		s.core.Observe(ctx, idem.Event{Op: idem.OpClaim, Outcome: c.Outcome, TakeOver: c.TakeOver, Prior: c.Prior, Err: err}, key, start)
 	}()
 	if err := s.core.CheckClaim(key, fingerprint); err != nil {
 		return idem.Claim{}, err
@@ -84,10 +84,11 @@ func (s *Store) claimIn(ctx context.Context, q sqlQuerier, key string, fingerpri
 			c        idem.Claim
 			answered bool
 			up       upserted
+			old      dbRow
 		)
 		err := s.locked(ctx, q, func() error {
 			var err error
-			if c, err = s.found(ctx, q, key, start, true); !errors.Is(err, errNoRecord) {
+			if c, err = s.foundRow(ctx, q, key, start, &old); !errors.Is(err, errNoRecord) {
 				answered = true
 				return err
 			}
@@ -97,7 +98,7 @@ func (s *Store) claimIn(ctx context.Context, q sqlQuerier, key string, fingerpri
 		case answered:
 			return s.quarantined(c, err)
 		case err == nil:
-			return s.claimed(key, fp, up, start), nil
+			return withEnded(s.claimed(key, fp, up, start), &old), nil
 		case !errors.Is(err, sql.ErrNoRows):
 			return idem.Claim{}, err
 		}
@@ -156,12 +157,47 @@ func (s *Store) claimOrRead(ctx context.Context, q sqlQuerier, key string, k, fp
 	err = q.QueryRowContext(ctx, s.q.takeOver, k, s.o.Worker, fp, s.leaseMs, s.o.MaxTakeOvers).
 		Scan(&up.tok, &up.takeovers, &up.priorOwner, &up.priorToken, &up.priorAt, &up.checkpoint)
 	if err == nil {
-		return s.claimed(key, fp, up, start), nil
+		return withEnded(s.claimed(key, fp, up, start), &r), nil
 	}
 	if !errors.Is(err, sql.ErrNoRows) {
 		return idem.Claim{}, err
 	}
 	return s.quarantineLapsed(ctx, q, key, k, start)
+}
+
+// foundRow is found with any, the row it read kept in *old: a claim that
+// then takes that row over tells the next holder why its holder gave it up
+// (withEnded).
+func (s *Store) foundRow(ctx context.Context, q sqlQuerier, key string, start time.Time, old *dbRow) (idem.Claim, error) {
+	err := s.reading(ctx, q, func() error {
+		return q.QueryRowContext(ctx, s.q.readAny, []byte(key)).Scan(old.dest()...)
+	})
+	if errors.Is(err, sql.ErrNoRows) {
+		return idem.Claim{}, errNoRecord
+	}
+	if err != nil {
+		return idem.Claim{}, err
+	}
+	rec, err := old.record(key, start, s.ttlUnit)
+	if errors.Is(err, errNotLive) {
+		return idem.Claim{}, errNoRecord
+	}
+	if err != nil {
+		return idem.Claim{}, err
+	}
+	return foundClaim(rec), nil
+}
+
+// withEnded sets c's Prior.Ended from old, the row c's claim read before
+// it took the key over, when old is the claim taken over: why its holder
+// gave it up (sqlAbandon keeps it in the claim's result column, which the
+// take-over clears). A row that moved on between the read and the take-over
+// is another attempt's; its reason is not told.
+func withEnded(c idem.Claim, old *dbRow) idem.Claim {
+	if c.Prior != nil && old.st == "C" && old.tok == c.Prior.Token && old.owner == c.Prior.Owner {
+		c.Prior.Ended = string(old.res)
+	}
+	return c
 }
 
 // quarantined returns c with the error of a quarantined key when c's

@@ -110,6 +110,7 @@ func (r *dbRow) record(key string, start time.Time, unit time.Duration) (*idem.R
 		return rec, nil
 	}
 	rec.Quarantined, rec.TakeOvers, rec.Checkpoint = r.st == "Q", int(r.takeovers), nilIfEmpty(r.checkpoint)
+	rec.Ended = string(r.res) // a claim's result column holds why its holder gave it up (sqlAbandon)
 	if r.takeovers > 0 && r.priorToken.Valid {
 		rec.Prior = &idem.Attempt{Owner: r.priorOwner.String, Token: r.priorToken.Int64, Claimed: time.UnixMilli(r.priorAt.Int64)}
 	}

@@ -11,7 +11,8 @@ import (
 	"github.com/idemgo/idem"
 )
 
-// After a crash, and the operator: a holder's checkpoint, a lapsed
+// After a crash, and the operator: a holder's checkpoint and its
+// abandon, a lapsed
 // attempt shown (Inspect), a quarantined key settled or any key cleared
 // (Resolve), the quarantined keys listed (sqlstore.go).
 
@@ -48,7 +49,7 @@ func (s *Store) Inspect(ctx context.Context, key string) (rec *idem.Record, err 
 	}
 	if lapsed {
 		// Tokens are the database's clock in microseconds when claimed.
-		rec.Lapsed = &idem.Attempt{Owner: rec.Owner, Token: rec.Token, Claimed: time.UnixMicro(rec.Token)}
+		rec.Lapsed = &idem.Attempt{Owner: rec.Owner, Token: rec.Token, Claimed: time.UnixMicro(rec.Token), Ended: rec.Ended}
 		rec.Expires = start.Add(time.Duration(ttl)*s.ttlUnit + s.o.Retention)
 	}
 	return rec, nil
@@ -91,6 +92,27 @@ func (s *Store) Checkpoint(ctx context.Context, l *idem.Lease, data []byte) (err
 	if !ok {
 		return s.core.LeaseLost(idem.OpCheckpoint, l)
 	}
+	return nil
+}
+
+// Abandon implements idem.Abandoner in one statement.
+func (s *Store) Abandon(ctx context.Context, l *idem.Lease, reason string) (err error) {
+	start := time.Now()
+	defer func() { s.core.Observe(ctx, idem.Event{Op: idem.OpAbandon, Err: err}, leaseKey(l), start) }()
+	if err := s.core.CheckAbandon(l, reason); err != nil {
+		return err
+	}
+	ok, err := s.exec(ctx, s.db, s.q.abandon, []byte(l.Key), l.Owner, l.Token, []byte(reason))
+	if err == nil && !ok {
+		ok, err = s.heldUnchanged(ctx, l)
+	}
+	if err != nil {
+		return s.fail("abandon", l.Key, err)
+	}
+	if !ok {
+		return s.core.LeaseLost(idem.OpAbandon, l)
+	}
+	s.core.LogAbandoned(ctx, l, reason)
 	return nil
 }
 

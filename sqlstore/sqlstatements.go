@@ -8,9 +8,9 @@ package sqlstore
 // sqlStatements are a Store's statements, built once for its dialect
 // and table.
 type sqlStatements struct {
-	claim, readAny, read, renew, confirm, confirmLate, forget, record, release, purge string
-	quarantine, checkpoint, resolveConfirm, resolveForget, resolveClear, quarantined  string
-	claimOrRead, takeOver                                                             string
+	claim, readAny, read, renew, confirm, confirmLate, forget, record, release, purge         string
+	quarantine, checkpoint, abandon, resolveConfirm, resolveForget, resolveClear, quarantined string
+	claimOrRead, takeOver                                                                     string
 	// MySQL only: the read of what a take-over carried over, the late
 	// confirm's insert, the purge's delete (its key list appended per
 	// batch), and whether a lease is held.
@@ -86,6 +86,11 @@ WHERE key = $1 AND state <> 'F' AND expires_at > {now}`
 	sqlQuarantine = `UPDATE {t} SET state = 'Q', expires_at = {in $3}
 WHERE key = $1 AND state = 'C' AND expires_at <= {now} AND takeovers >= $2`
 	sqlCheckpoint = `UPDATE {t} SET checkpoint = $4
+WHERE key = $1 AND state = 'C' AND owner = $2 AND token = $3 AND expires_at > {now}`
+	// Why a holder gives its claim up (idem.Abandoner): kept in the claim's
+	// result column, which a claim has no other use for, so that no column
+	// is added; a take-over, a confirmation or a settlement writes over it.
+	sqlAbandon = `UPDATE {t} SET result = $4
 WHERE key = $1 AND state = 'C' AND owner = $2 AND token = $3 AND expires_at > {now}`
 	// An operator's verdict on a quarantined key. The confirmation takes a
 	// token of its own, so that the last attempt's late confirm is told

@@ -222,7 +222,7 @@ func New(db *sql.DB, o Options) (*Store, error) {
 	s.q = sqlStatements{
 		claim: text(sqlClaim), read: text(sqlRead), readAny: text(sqlReadAny),
 		claimOrRead: text(sqlClaimOrRead), takeOver: text(sqlTakeOver),
-		quarantine: text(sqlQuarantine), checkpoint: text(sqlCheckpoint), quarantined: text(sqlQuarantined),
+		quarantine: text(sqlQuarantine), checkpoint: text(sqlCheckpoint), abandon: text(sqlAbandon), quarantined: text(sqlQuarantined),
 		resolveConfirm: text(sqlResolveConfirm), resolveForget: text(sqlResolveForget), resolveClear: text(sqlResolveClear),
 		renew: text(sqlRenew), confirm: text(sqlConfirm), confirmLate: text(sqlConfirmLate),
 		forget: text(sqlForget), record: text(sqlRecordPostgres), release: text(sqlRelease), purge: text(sqlPurgePostgres),

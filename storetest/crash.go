@@ -2,6 +2,7 @@ package storetest
 
 import (
 	"bytes"
+	"fmt"
 	"strings"
 	"time"
 
@@ -16,6 +17,7 @@ func init() {
 		check{"TakeOver/Reported", takeOverReported},
 		check{"TakeOver/NotAfterForgetOrRetention", takeOverNotAfterForgetOrRetention},
 		check{"TakeOver/LapsedClaimNotHeld", takeOverLapsedNotHeld},
+		check{"TakeOver/AbandonedToldWhy", takeOverAbandoned},
 		check{"Checkpoint/CarriedAcrossTakeOvers", checkpointCarried},
 		check{"Checkpoint/OnlyByTheLiveLease", checkpointOnlyLiveLease},
 		check{"Quarantine/AfterMaxTakeOvers", quarantineAfterMax},
@@ -154,6 +156,101 @@ func takeOverLapsedNotHeld(s *suite) {
 	s.claim(a, k, "fp", idem.InProgress)
 }
 
+// takeOverAbandoned: a holder that gives its key up saying why
+// (Abandoner) is taken over as after a crash, and the next holder and an
+// operator are told why; an attempt that said nothing is told as a lapse,
+// and a reason is never carried past the attempt that gave it.
+func takeOverAbandoned(s *suite) {
+	a, b, c := s.openWith(crashOpts("w1", 0)), s.openWith(crashOpts("w2", 0)), s.openWith(crashOpts("w3", 0))
+	ab, ok := a.(idem.Abandoner)
+	if !ok {
+		s.Skipf("%T does not implement idem.Abandoner", a)
+	}
+	k := s.key("k")
+	const why = "Reconcile failed: the bank did not answer"
+	first := s.claim(a, k, "fp", idem.Claimed)
+	set := s.mark()
+	// Bad input is refused before anything is written.
+	for _, bad := range []struct {
+		reason string
+		want   string
+	}{{"", "empty"}, {strings.Repeat("x", idem.MaxReasonBytes+1), "MaxReasonBytes"}, {"bad \xff", "UTF-8"}} {
+		if err := ab.Abandon(ctx(s), first.Lease, bad.reason); err == nil || !strings.Contains(err.Error(), bad.want) {
+			s.Errorf("Abandon with a reason of %d bytes = %v; want an error naming %q", len(bad.reason), err, bad.want)
+		}
+	}
+	if err := ab.Abandon(ctx(s), first.Lease, why); err != nil {
+		s.Fatalf("Abandon(%q, token %d) = %v; want nil", k, first.Lease.Token, err)
+	}
+	// Nothing else changes: the claim is still held, by the same lease.
+	if r := s.lookup(b, k); r.Confirmed || r.Token != first.Lease.Token || r.Ended != why {
+		s.Errorf("Lookup(%q) after Abandon = token %d, confirmed %v, Ended %q; want the live claim (token %d), Ended %q",
+			k, r.Token, r.Confirmed, r.Ended, first.Lease.Token, why)
+	}
+	s.claim(b, k, "fp", idem.InProgress)
+	s.lapse(set)
+	if in, ok := a.(idem.Inspector); ok {
+		r, err := in.Inspect(ctx(s), k)
+		if err != nil || r.Lapsed == nil || r.Lapsed.Ended != why || r.Ended != why {
+			s.Errorf("Inspect(%q) of the abandoned attempt once lapsed = %+v, %v; want Lapsed with Ended %q", k, r, err, why)
+		}
+	}
+	if err := ab.Abandon(ctx(s), first.Lease, why); !isErr(err, idem.ErrLeaseLost) {
+		s.Errorf("Abandon of a lapsed lease = %v; want ErrLeaseLost", err)
+	}
+	second := s.claim(b, k, "fp", idem.Claimed)
+	set = s.mark()
+	if !second.TakeOver || second.Prior == nil || second.Prior.Token != first.Lease.Token || second.Prior.Ended != why {
+		s.Fatalf("Claim(%q) after an Abandon = TakeOver %v, Prior %+v; want the take-over of token %d, Prior.Ended %q",
+			k, second.TakeOver, second.Prior, first.Lease.Token, why)
+	}
+	if t := idem.TakeOverOf(second); t.Prior.Ended != why {
+		s.Errorf("TakeOverOf(claim).Prior.Ended = %q; want %q", t.Prior.Ended, why)
+	}
+	// The new holder's own attempt has said nothing; the earlier one's
+	// reason is not its own.
+	if r := s.lookup(b, k); r.Ended != "" || (r.Prior != nil && r.Prior.Ended != "") {
+		s.Errorf("Lookup(%q) of the holder after the take-over = Ended %q, Prior %+v; want no reason: its attempt gave none", k, r.Ended, r.Prior)
+	}
+	// The second holder crashes, saying nothing: the third is told a
+	// lapse, not the first holder's reason.
+	s.lapse(set)
+	third := s.claim(c, k, "fp", idem.Claimed)
+	if third.Prior == nil || third.Prior.Token != second.Lease.Token || third.Prior.Ended != "" {
+		s.Errorf("Claim(%q) after a crash that said nothing = Prior %+v; want token %d and no Ended", k, third.Prior, second.Lease.Token)
+	}
+	s.confirm(c, third.Lease, "r")
+	if err := ab.Abandon(ctx(s), third.Lease, why); !isErr(err, idem.ErrLeaseLost) {
+		s.Errorf("Abandon after the lease's Confirm = %v; want ErrLeaseLost", err)
+	}
+	if r := s.lookup(a, k); !r.Confirmed || r.Ended != "" {
+		s.Errorf("Lookup(%q) after the Confirm = confirmed %v, Ended %q; want the confirmation, no reason", k, r.Confirmed, r.Ended)
+	}
+
+	// A key quarantined at an attempt that said why keeps the reason.
+	q1, q2 := s.openWith(crashOpts("w1", 1)), s.openWith(crashOpts("w2", 1))
+	kq := s.key("poison")
+	var leases []*idem.Lease
+	for i, st := range []idem.Store{q1, q2} {
+		cl := s.claim(st, kq, "fp", idem.Claimed)
+		set := s.mark()
+		leases = append(leases, cl.Lease)
+		if err := st.(idem.Abandoner).Abandon(ctx(s), cl.Lease, fmt.Sprintf("attempt %d gave up", i+1)); err != nil {
+			s.Fatalf("Abandon(%q, attempt %d) = %v; want nil", kq, i+1, err)
+		}
+		s.lapse(set)
+	}
+	cl, err := q1.Claim(ctx(s), kq, []byte("fp"))
+	if !isErr(err, idem.ErrQuarantined) || cl.Record == nil || cl.Record.Token != leases[1].Token ||
+		cl.Record.Ended != "attempt 2 gave up" || !strings.Contains(err.Error(), "attempt 2 gave up") {
+		s.Errorf("Claim(%q) quarantined after abandoned attempts = %+v, %v; want ErrQuarantined naming the last attempt's reason %q",
+			kq, cl.Record, err, "attempt 2 gave up")
+	}
+	if r := s.lookup(q2, kq); !r.Quarantined || r.Ended != "attempt 2 gave up" {
+		s.Errorf("Lookup(%q) of the quarantined key = %+v; want Quarantined, Ended %q", kq, r, "attempt 2 gave up")
+	}
+}
+
 // checkpointer returns st as a Checkpointer, or skips the check.
 func checkpointer(s *suite, st idem.Store) idem.Checkpointer {
 	s.Helper()
@@ -252,6 +349,9 @@ func (s *suite) quarantined(st idem.Store, k string, leases []*idem.Lease) {
 	}
 	last, prev := leases[len(leases)-1], leases[len(leases)-2]
 	r := c.Record
+	if r.Ended != "" {
+		s.Errorf("quarantined record's Ended = %q; want none: its last attempt said nothing, its lease ran out", r.Ended)
+	}
 	if r.Token != last.Token || r.Owner != last.Owner || r.TakeOvers != len(leases)-1 ||
 		r.Prior == nil || r.Prior.Token != prev.Token || r.Prior.Owner != prev.Owner {
 		s.Errorf("quarantined record = token %d owner %q take-overs %d prior %+v; want the last attempt (token %d, %q), %d take-overs, prior token %d",

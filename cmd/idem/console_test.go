@@ -455,3 +455,44 @@ func TestClaimHead(t *testing.T) {
 		}
 	}
 }
+
+// A quarantined key's page says how its last attempt ended: given up by
+// its holder with the reason it gave (a failed Reconcile), or its lease
+// run out (a crash or a stall).
+func TestConsoleKeyPageSaysHowTheLastAttemptEnded(t *testing.T) {
+	t.Parallel()
+	for _, reason := range []string{"", "Reconcile failed: ledger unreachable"} {
+		clk := &fakeClock{t: time.Now()}
+		s, err := idem.NewMemoryStoreClock(idem.Options{MaxTakeOvers: 1, LeaseTTL: time.Second}, clk.now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx := context.Background()
+		for range 2 {
+			c, err := s.Claim(ctx, "k", nil)
+			if err != nil || c.Outcome != idem.Claimed {
+				t.Fatalf("Claim = %v, %v", c.Outcome, err)
+			}
+			if reason != "" {
+				if err := s.Abandon(ctx, c.Lease, reason); err != nil {
+					t.Fatal(err)
+				}
+			}
+			clk.add(2 * time.Second)
+		}
+		if _, err := s.Claim(ctx, "k", nil); !errors.Is(err, idem.ErrQuarantined) {
+			t.Fatalf("Claim after two lapses = %v; want ErrQuarantined", err)
+		}
+		r := newConsoleRig(t, s, nil)
+		c := r.client(true)
+		id, _ := r.firstKey(c)
+		_, body := r.get(c, "/key/"+id)
+		want := `<td id="ended">its lease ran out: a crash or a stall</td>`
+		if reason != "" {
+			want = `<td id="ended">given up by its holder: ` + reason + `</td>`
+		}
+		if !strings.Contains(body, want) {
+			t.Errorf("key page of a key quarantined after attempts that ended with %q lacks %s:\n%s", reason, want, body)
+		}
+	}
+}

@@ -28,10 +28,12 @@ the owner of a live claim (of a quarantined key: its last attempt), the
 fencing token, when the lease, the retention or the quarantine ends, the
 fingerprint (hex) and the size of the stored result; after a crash, the
 attempts: the take-overs in a row, the attempt taken over last (its owner,
-token and when it was claimed) and the last checkpoint. A claim whose lease
-ran out unconfirmed (its worker crashed or stalled) is shown before anyone
-takes it over: state lapsed, its owner, token, when it was claimed, its
-checkpoint, and when the store forgets it. A key without a record (never
+token and when it was claimed), the last checkpoint, and how the claim's
+own attempt ended: given up by its holder with the reason it gave (idem.Do
+after a failed Reconcile), or its lease ran out (a crash or a stall). A
+claim whose lease ran out unconfirmed is shown before anyone takes it
+over: state lapsed, its owner, token, when it was claimed, its
+checkpoint, how it ended, and when the store forgets it. A key without a record (never
 claimed, forgotten, or expired) exits 1; so does a damaged record, which
 idem resolve KEY --forget --force clears. KEY is the store key as given to Claim; the middleware's
 keys look like h2<len>:<scope><len>:<client key>, e.g. 'h20:5:pay-1'
@@ -69,10 +71,15 @@ type inspection struct {
 	// TakeOvers counts a claim's or a quarantined key's take-overs in a
 	// row; Prior is the attempt taken over last; Checkpoint the last
 	// progress recorded (text, else CheckpointBase64).
-	TakeOvers        int      `json:"takeovers,omitempty"`
-	Prior            *attempt `json:"prior,omitempty"`
-	Checkpoint       *string  `json:"checkpoint,omitempty"`
-	CheckpointBase64 []byte   `json:"checkpoint_base64,omitempty"`
+	TakeOvers int      `json:"takeovers,omitempty"`
+	Prior     *attempt `json:"prior,omitempty"`
+	// Ended is why the claim's own attempt gave the key up, as its holder
+	// said (a failed Reconcile of idem.Do: "Reconcile failed: ..."); ""
+	// when it said nothing, which for a lapsed or quarantined key means
+	// its lease ran out: a crash or a stall.
+	Ended            string  `json:"ended,omitempty"`
+	Checkpoint       *string `json:"checkpoint,omitempty"`
+	CheckpointBase64 []byte  `json:"checkpoint_base64,omitempty"`
 	// Response is the recorded HTTP response, with --result only.
 	Response *recordedResponse `json:"response,omitempty"`
 	// Resolved marks a confirmation an operator recorded (idem resolve).
@@ -356,7 +363,7 @@ func newInspection(r *idem.Record) inspection {
 	in := inspection{
 		Key: r.Key, State: "claimed", Owner: r.Owner, Token: r.Token,
 		Expires: r.Expires.UTC(), Fingerprint: hex.EncodeToString(r.Fingerprint), ResultBytes: len(r.Result),
-		TakeOvers: r.TakeOvers, Resolved: r.Resolved,
+		TakeOvers: r.TakeOvers, Resolved: r.Resolved, Ended: r.Ended,
 	}
 	switch {
 	case r.Confirmed:
@@ -470,6 +477,12 @@ func writeInspection(w io.Writer, in inspection, now time.Time) {
 		return
 	}
 	row("take-overs", strconv.Itoa(in.TakeOvers))
+	switch {
+	case in.Ended != "":
+		row("ended", "abandoned by its holder: "+in.Ended)
+	case in.State == "lapsed" || in.State == "quarantined":
+		row("ended", "its lease ran out: a crash or a stall")
+	}
 	if in.Prior != nil {
 		row("prior", fmt.Sprintf("owner %s, token %d, claimed %s", or(in.Prior.Owner, "-"), in.Prior.Token, in.Prior.Claimed.Format(time.RFC3339Nano)))
 	}
@@ -482,15 +495,22 @@ func writeInspection(w io.Writer, in inspection, now time.Time) {
 		row("checkpoint", "-")
 	}
 	if in.State == "lapsed" {
-		fmt.Fprintf(w, "\nThis attempt's lease ran out, neither confirmed nor forgotten: its worker crashed or\n"+
-			"stalled (or a Reconcile could not tell), maybe after part of the work. The next claim\n"+
-			"takes it over and is told so (take-over %d in a row), resuming after its checkpoint.\n", in.TakeOvers+1)
+		how := "its worker crashed or stalled"
+		if in.Ended != "" {
+			how = "its holder gave it up and said why (see ended): it did not crash"
+		}
+		fmt.Fprintf(w, "\nThis attempt's lease ran out, neither confirmed nor forgotten: %s,\n"+
+			"maybe after part of the work. The next claim takes it over and is told so\n"+
+			"(take-over %d in a row), resuming after its checkpoint.\n", how, in.TakeOvers+1)
 	}
 	if in.State == "quarantined" {
-		fmt.Fprintf(w, "\nThe key's %d attempts in a row each ended with their lease run out, neither\n"+
-			"confirmed nor forgotten (a crash, a stall, or a Reconcile that could not tell):\n"+
-			"nothing runs it again until an operator settles it: idem resolve %s --forget\n"+
-			"(run it again), or record it as done: %s\n", in.TakeOvers+1, quoteKey(in.Key), settleHint(in.Key))
+		last := "the last one's lease ran out under it (a crash or a stall)"
+		if in.Ended != "" {
+			last = "the last one was given up by its holder, which said why (see ended)"
+		}
+		fmt.Fprintf(w, "\nThe key's %d attempts in a row each ended unconfirmed and unforgotten; %s.\n"+
+			"Nothing runs it again until an operator settles it: idem resolve %s --forget\n"+
+			"(run it again), or record it as done: %s\n", in.TakeOvers+1, last, quoteKey(in.Key), settleHint(in.Key))
 	}
 }
 

@@ -200,7 +200,8 @@ func TestResolveForceClearsADamagedRecord(t *testing.T) {
 }
 
 // inspect shows a lapsed attempt before anyone takes it over: its owner,
-// token, when claimed, checkpoint and when the store forgets it; on
+// token, when claimed, checkpoint and when the store forgets it, and
+// whether it crashed or was given up saying why (a failed Reconcile); on
 // SQLite, real Redis and Postgres.
 func TestInspectShowsALapsedAttempt(t *testing.T) {
 	t.Parallel()
@@ -217,13 +218,37 @@ func TestInspectShowsALapsedAttempt(t *testing.T) {
 			if err := s.(idem.Checkpointer).Checkpoint(ctx, c.Lease, []byte("charged")); err != nil {
 				t.Fatal(err)
 			}
+			// Beside it, an attempt whose Reconcile failed, as Do records it.
+			const why = "Reconcile failed: ledger unreachable"
+			ca, err := s.Claim(ctx, "gave-up", nil)
+			if err != nil || ca.Outcome != idem.Claimed {
+				t.Fatalf("Claim = %v, %v", ca.Outcome, err)
+			}
+			if err := s.(idem.Abandoner).Abandon(ctx, ca.Lease, why); err != nil {
+				t.Fatal(err)
+			}
 			time.Sleep(quarantineLease + 50*time.Millisecond)
 			r := runCLI(t, nil, append(append([]string{"inspect"}, flags...), "crashed")...)
 			for _, want := range []string{"state        lapsed\n", "owner        w-9\n", "token        " + strconv.FormatInt(c.Lease.Token, 10) + "\n",
-				"claimed      ", `checkpoint   "charged"`, "the store forgets it in", "takes it over"} {
+				"claimed      ", `checkpoint   "charged"`, "the store forgets it in", "takes it over",
+				"ended        its lease ran out: a crash or a stall\n", "its worker crashed or stalled"} {
 				if !strings.Contains(r.stdout, want) {
 					t.Errorf("inspect of a lapsed claim = %d, lacks %q:\n%s%s", r.code, want, r.stdout, r.stderr)
 				}
+			}
+			r = runCLI(t, nil, append(append([]string{"inspect"}, flags...), "gave-up")...)
+			for _, want := range []string{"state        lapsed\n", "ended        abandoned by its holder: " + why + "\n", "it did not crash"} {
+				if !strings.Contains(r.stdout, want) {
+					t.Errorf("inspect of an abandoned claim = %d, lacks %q:\n%s%s", r.code, want, r.stdout, r.stderr)
+				}
+			}
+			if strings.Contains(r.stdout, "crashed or stalled") {
+				t.Errorf("inspect of an abandoned claim calls it a crash:\n%s", r.stdout)
+			}
+			r = runCLI(t, nil, append(append([]string{"inspect", "--json"}, flags...), "gave-up")...)
+			var ina inspection
+			if err := json.Unmarshal([]byte(r.stdout), &ina); err != nil || ina.Ended != why {
+				t.Errorf("inspect --json of an abandoned claim = %v\n%s\nwant ended %q", err, r.stdout, why)
 			}
 			r = runCLI(t, nil, append(append([]string{"inspect", "--json"}, flags...), "crashed")...)
 			var in inspection
