@@ -31,18 +31,17 @@ import (
 // Idempotent.
 //
 // A key that appears more than once in one batch is handled in order, as
-// if its messages had come one after another: its first message is
-// claimed, run and settled with the messages of other keys, and its next
-// one gets the outcome a claim would find after that, without a claim of
-// its own where the first's outcome settles it: nil (a Duplicate) once the
-// first is confirmed or was a duplicate itself, the first's ErrNotRecorded
-// or idem.ErrInProgress (held by another delivery) when it got one. Only
-// after other outcomes (the handler failed, the store failed, a
-// fingerprint that differs from the first's) is the next message claimed,
-// in a round of its own (one more claim call), and run again if the key is
-// free, as on a redelivery; and so on. So a key's work runs once however
-// often the batch repeats it (again only after a failure), and every
-// message is settled, none held back as InProgress by its own batch.
+// if its messages had come one after another, and its work runs once
+// however often the batch repeats it. Its first message is claimed, run
+// and settled with the messages of other keys. A later one takes, without
+// a claim of its own, the outcome a claim would then find: nil (a
+// duplicate) once the first is done, the first's idem.ErrInProgress when
+// another delivery holds the key, its ErrNotRecorded when the work was
+// done but not recorded. After any other outcome (the handler or the store
+// failed), or when its fingerprint differs from the first's, it is claimed
+// in a round of its own (one more claim call) and run if the key is free,
+// as a redelivery would be. Every message is settled; none is held back as
+// InProgress by its own batch.
 //
 // If a handler panics, the rest of its round is still settled (successes
 // confirmed, failures forgotten), later rounds are not run (their messages
