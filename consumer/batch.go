@@ -1,6 +1,7 @@
 package consumer
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"hash/maphash"
@@ -30,14 +31,17 @@ import (
 // Idempotent.
 //
 // A key that appears more than once in one batch is handled in order, as
-// if its messages had come one after another: its first message is
-// claimed, run and settled with the messages of other keys; its next one
-// in a round of its own after that (one more claim call), where it finds
-// the first's outcome — Duplicate once the first is confirmed, Claimed
-// again if the first failed — and so on. So a key's work runs once however
-// often the batch repeats it (again only after a failure, as on a
-// redelivery), and every message is settled, none held back as InProgress
-// by its own batch.
+// if its messages had come one after another, and its work runs once
+// however often the batch repeats it. Its first message is claimed, run
+// and settled with the messages of other keys. A later one takes, without
+// a claim of its own, the outcome a claim would then find: nil (a
+// duplicate) once the first is done, the first's idem.ErrInProgress when
+// another delivery holds the key, its ErrNotRecorded when the work was
+// done but not recorded. After any other outcome (the handler or the store
+// failed), or when its fingerprint differs from the first's, it is claimed
+// in a round of its own (one more claim call) and run if the key is free,
+// as a redelivery would be. Every message is settled; none is held back as
+// InProgress by its own batch.
 //
 // If a handler panics, the rest of its round is still settled (successes
 // confirmed, failures forgotten), later rounds are not run (their messages
@@ -81,7 +85,7 @@ func (w *wrapper[M]) batch(ctx context.Context, ms []M) []error {
 	if repeats(keys) {
 		first = w.rounds(ctx, ms, keys, at, fps, errs, ob)
 	} else {
-		first = w.round(ctx, ms, keys, at, fps, errs, ob)
+		first = w.round(ctx, ms, keys, at, fps, errs, nil, ob)
 	}
 	if ob != nil {
 		w.endBatch(ob)
@@ -94,9 +98,9 @@ func (w *wrapper[M]) batch(ctx context.Context, ms []M) []error {
 
 // round claims, runs and settles the messages ms[at[j]], whose keys
 // (keys[j], each once) and fingerprints are given, and returns the first
-// panic.
-func (w *wrapper[M]) round(ctx context.Context, ms []M, keys []string, at []int, fps [][]byte, errs []error, ob *batchObs) *panicValue {
-	jobs := w.claim(ctx, keys, at, fps, errs, ob)
+// panic. fs, when not nil, gets what each message's claim found.
+func (w *wrapper[M]) round(ctx context.Context, ms []M, keys []string, at []int, fps [][]byte, errs []error, fs []found, ob *batchObs) *panicValue {
+	jobs := w.claim(ctx, keys, at, fps, errs, fs, ob)
 	w.run(ctx, jobs, ms)
 	return w.settle(ctx, jobs, errs, ob)
 }
@@ -106,11 +110,10 @@ func (w *wrapper[M]) round(ctx context.Context, ms []M, keys []string, at []int,
 var errNotRun = errors.New("consumer: not handled: a handler of an earlier round of its batch panicked")
 
 // rounds handles a batch whose keys repeat: round r holds each key's
-// (r+1)-th message, so a key's next message is claimed only once the
-// previous one is settled, and finds its outcome. A message whose
-// previous one's work was done but not recorded (ErrNotRecorded) gets
-// that answer too, unclaimed: its claim would find the key in progress
-// and have it redelivered, to run the work again once the lease runs out.
+// (r+1)-th message, so a key's next message is handled only once the
+// previous one is settled. Where the previous one's outcome settles it
+// (see follow), it takes that outcome without a claim; a round whose
+// messages all do so costs no store call.
 func (w *wrapper[M]) rounds(ctx context.Context, ms []M, keys []string, at []int, fps [][]byte, errs []error, ob *batchObs) *panicValue {
 	seen := make(map[string]int, len(keys)) // key → its messages so far
 	var split [][]int                       // split[r]: the indexes j of round r
@@ -129,13 +132,12 @@ func (w *wrapper[M]) rounds(ctx context.Context, ms []M, keys []string, at []int
 		}
 		last[k] = j
 	}
+	fs := make([]found, len(ms)) // fs[i]: what message i's claim found
 	for r, js := range split {
 		if r > 0 {
 			kept := js[:0:0]
 			for _, j := range js {
-				if e := errs[at[prev[j]]]; errors.Is(e, ErrNotRecorded) {
-					errs[at[j]] = e
-					ob.set(at[j], keys[j], 0, e)
+				if w.follow(ob.ctx(ctx, at[j]), keys[j], at[j], at[prev[j]], fps, j, prev[j], errs, fs, ob) {
 					continue
 				}
 				kept = append(kept, j)
@@ -155,7 +157,7 @@ func (w *wrapper[M]) rounds(ctx context.Context, ms []M, keys []string, at []int
 				rfps[n] = fps[j]
 			}
 		}
-		if p := w.round(ctx, ms, rkeys, rat, rfps, errs, ob); p != nil {
+		if p := w.round(ctx, ms, rkeys, rat, rfps, errs, fs, ob); p != nil {
 			for _, later := range split[r+1:] {
 				for _, j := range later {
 					errs[at[j]] = errNotRun
@@ -166,6 +168,50 @@ func (w *wrapper[M]) rounds(ctx context.Context, ms []M, keys []string, at []int
 		}
 	}
 	return nil
+}
+
+// follow answers message i (keys[j]) from its key's previous message p
+// (keys[q]) of the batch, settled in an earlier round, when that outcome
+// is the one its own claim would find, and reports whether it did:
+//   - p done (confirmed now, or a Duplicate of an earlier confirmation):
+//     the claim would find the key confirmed, so i is a Duplicate (nil,
+//     the DuplicateSkipped hook), and costs no claim round trip;
+//   - p held by another delivery (idem.ErrInProgress): so is i, redelivered
+//     with it;
+//   - p done but not recorded (ErrNotRecorded): i gets that answer too; a
+//     claim would find the key in progress and have it redelivered, to run
+//     the work again once the lease runs out.
+//
+// Anything else (p failed, the store failed, p's claim was refused) and
+// a fingerprint other than p's leave i to be claimed in its round.
+func (w *wrapper[M]) follow(ctx context.Context, key string, i, p int, fps [][]byte, j, q int, errs []error, fs []found, ob *batchObs) bool {
+	if fps != nil && !bytes.Equal(fps[j], fps[q]) {
+		return false
+	}
+	e := errs[p]
+	switch {
+	case e == nil:
+		fs[i] = found{token: fs[p].token}
+		w.emit(ctx, DuplicateSkipped, key, fs[i].token, nil)
+		ob.set(i, key, idem.Duplicate, nil)
+	case fs[p].held:
+		errs[i], fs[i] = e, fs[p]
+		w.emit(ctx, InProgress, key, fs[i].token, nil)
+		ob.set(i, key, idem.InProgress, e)
+	case errors.Is(e, ErrNotRecorded):
+		errs[i] = e
+		ob.set(i, key, 0, e)
+	default:
+		return false
+	}
+	return true
+}
+
+// found is what a message's claim found, for the key's later messages in
+// the batch (see follow).
+type found struct {
+	token int64 // the lease's token, or the record's the claim found
+	held  bool  // InProgress: another delivery holds the key
 }
 
 // repeatSeed seeds the hashes by which repeats looks for a repeated key.
@@ -197,12 +243,22 @@ func repeats(keys []string) bool {
 }
 
 // claim claims keys, the keys of the messages ms[at[j]], and returns a job
-// for each message claimed; the others' results go to errs.
-func (w *wrapper[M]) claim(ctx context.Context, keys []string, at []int, fps [][]byte, errs []error, ob *batchObs) []*job {
+// for each message claimed; the others' results go to errs. fs, when not
+// nil, gets what each message's claim found.
+func (w *wrapper[M]) claim(ctx context.Context, keys []string, at []int, fps [][]byte, errs []error, fs []found, ob *batchObs) []*job {
 	claims, cerrs := claimAll(ctx, w.store, w.batcher, keys, fps)
 	var jobs []*job
 	for j, cl := range claims {
 		i := at[j]
+		if fs != nil && (cerrs == nil || cerrs[j] == nil) {
+			fs[i] = found{held: cl.Outcome == idem.InProgress}
+			switch {
+			case cl.Lease != nil:
+				fs[i].token = cl.Lease.Token
+			case cl.Record != nil:
+				fs[i].token = cl.Record.Token
+			}
+		}
 		switch {
 		case cerrs != nil && cerrs[j] != nil:
 			w.claimFailed(ob.ctx(ctx, i), keys[j], cl, cerrs[j])

@@ -511,3 +511,72 @@ func TestReaderLogsAckedOnlyWhenAcked(t *testing.T) {
 		t.Errorf("%d entries pending; want 1 (the XACK failed)", n)
 	}
 }
+
+// evalCounter counts the script calls made through a client, pipelined or
+// not.
+type evalCounter struct{ n atomic.Int64 }
+
+func (e *evalCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (e *evalCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if strings.HasPrefix(cmd.Name(), "eval") {
+			e.n.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+func (e *evalCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			if strings.HasPrefix(cmd.Name(), "eval") {
+				e.n.Add(1)
+			}
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// A key repeated within one read costs no claim of its own: entries a, b,
+// a, a read at once run the handler once per key, are all acked, and cost
+// the store one claim and one confirm script call (before, one more claim
+// per repeat of a).
+func TestReaderRepeatInOneRead(t *testing.T) {
+	c := testenv.Redis(t)
+	sc := redis.NewClient(c.Options())
+	t.Cleanup(func() { _ = sc.Close() })
+	ev := &evalCounter{}
+	sc.AddHook(ev)
+	store := newStore(t, sc, prefix(t), "w", time.Second)
+	// The store's first contact (its probe) is not the batch's.
+	if _, err := store.Lookup(context.Background(), "warm-up"); !errors.Is(err, idem.ErrNotFound) {
+		t.Fatalf("Lookup = %v", err)
+	}
+	ev.n.Store(0)
+	stream := unique(t, "stream")
+	add(t, c, stream, "a", "b", "a", "a")
+	var mu sync.Mutex
+	runs := map[string]int{}
+	st := &settlements{}
+	r, err := redisstream.NewReader(c, store, func(_ context.Context, m redis.XMessage) error {
+		mu.Lock()
+		defer mu.Unlock()
+		id, _ := m.Values["id"].(string)
+		runs[id]++
+		return nil
+	}, redisstream.Options{Stream: stream, Group: "g", Consumer: "c1", KeyField: "id", OnSettle: st.on, Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runUntil(t, r, func() bool { return st.count(redisstream.Ack) == 4 })
+	mu.Lock()
+	defer mu.Unlock()
+	if runs["a"] != 1 || runs["b"] != 1 {
+		t.Errorf("handler runs %v; want a and b once each", runs)
+	}
+	if n := pending(t, c, stream, "g"); n != 0 {
+		t.Errorf("%d entries pending; want 0", n)
+	}
+	if n := ev.n.Load(); n != 2 {
+		t.Errorf("%d script calls for one read of a, b, a, a; want 2 (one claim, one confirm)", n)
+	}
+}
