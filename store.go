@@ -248,8 +248,8 @@ var (
 // same; storetest checks it.
 
 // Attempt is a claim of a key whose lease ran out before it was confirmed
-// or forgotten: its worker crashed or stalled, and may have done part of
-// the work.
+// or forgotten: its worker crashed or stalled, or gave the key up saying
+// why (Ended), and may have done part of the work.
 type Attempt struct {
 	// Owner is the Worker of the store that held it.
 	Owner string
