@@ -364,11 +364,12 @@ func (c *Cache) Checkpoint(ctx context.Context, l *Lease, data []byte) error {
 }
 
 // Abandon implements Abandoner: the store records the reason (the cache
-// holds no claim), or, when it is not an Abandoner, an error saying so.
+// holds no claim), or, when it is not an Abandoner, an error wrapping
+// errors.ErrUnsupported.
 func (c *Cache) Abandon(ctx context.Context, l *Lease, reason string) error {
 	a, ok := c.s.(Abandoner)
 	if !ok {
-		return fmt.Errorf("idem: Abandon: the cache's store %T does not implement idem.Abandoner", c.s)
+		return fmt.Errorf("idem: Abandon: the cache's store %T does not implement idem.Abandoner: %w", c.s, errors.ErrUnsupported)
 	}
 	return a.Abandon(ctx, l, reason)
 }

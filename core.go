@@ -543,11 +543,7 @@ func (c *Core) logEvent(ctx context.Context, e *Event, key string) {
 		return slog.String("key_hash", hash())
 	}
 	if e.Op == OpClaim && e.TakeOver && e.Err == nil && e.Prior != nil {
-		// The work may have happened, and may now happen again: what an
-		// operator asks after a double effect.
-		o.Logger.LogAttrs(ctx, slog.LevelWarn, "idem: take-over: an earlier attempt gave the key up unconfirmed, maybe after its effect",
-			keyAttr(), slog.String("prior_owner", e.Prior.Owner), slog.Int64("prior_token", e.Prior.Token),
-			slog.String("prior_ended", howEnded(e.Prior.Ended)))
+		c.logTakeOver(ctx, keyAttr(), e.Prior)
 	}
 	switch e.Class() {
 	case ClassLeaseLost:
@@ -575,6 +571,32 @@ func (c *Core) LogLate(ctx context.Context, l *Lease) {
 	}
 	c.o.Logger.LogAttrs(ctx, slog.LevelWarn, "idem: late confirm: the lease was lost before the work was confirmed",
 		c.keyAttr(l.Key), slog.Int64("token", l.Token), slog.String("owner", l.Owner))
+}
+
+// logTakeOver logs a take-over of the key key names from prior: the work
+// may have happened, and may now happen again, which is what an operator
+// asks after a double effect.
+func (c *Core) logTakeOver(ctx context.Context, key slog.Attr, prior *Attempt) {
+	c.o.Logger.LogAttrs(ctx, slog.LevelWarn, "idem: take-over: an earlier attempt gave the key up unconfirmed, maybe after its effect",
+		key, slog.String("prior_owner", prior.Owner), slog.Int64("prior_token", prior.Token),
+		slog.String("prior_ended", howEnded(prior.Ended)))
+}
+
+// LogTakeOvers logs the take-overs among cs, the claims of keys that a
+// ClaimBatch returned (a single Claim's is logged by Observe), as Observe
+// logs a Claim's. err is the batch's: a plain error claimed nothing.
+func (c *Core) LogTakeOvers(ctx context.Context, keys []string, cs []Claim, err error) {
+	if c == nil || c.o.Logger == nil || len(cs) != len(keys) {
+		return
+	}
+	if err != nil && !errors.As(err, new(*BatchError)) {
+		return
+	}
+	for i, cl := range cs {
+		if cl.TakeOver && cl.Prior != nil {
+			c.logTakeOver(ctx, c.keyAttr(keys[i]), cl.Prior)
+		}
+	}
 }
 
 // LogAbandoned logs l's Abandon with reason: the next claim takes the key

@@ -385,7 +385,9 @@ func reconcile[T any](ctx context.Context, rc func(context.Context, *TakeOver) (
 // abandon tells s why l's attempt gives its key up, when s is an
 // Abandoner, so that the next holder and an operator do not take a failed
 // Reconcile for a crash; end is when l runs out. The claim is left to run
-// out either way: a failure to say why loses nothing but the reason.
+// out either way: a failure to say why loses nothing but the reason, so
+// it gets one try, bounded by two seconds and by end, and never holds up
+// the caller's error for long.
 func abandon(ctx context.Context, s Store, l *Lease, end time.Time, reason string) {
 	a, ok := s.(Abandoner)
 	if !ok {
@@ -399,7 +401,13 @@ func abandon(ctx context.Context, s Store, l *Lease, end time.Time, reason strin
 		}
 		reason = reason[:cut] + "…"
 	}
-	_ = settle(ctx, l, end, func(ctx context.Context) error { return a.Abandon(ctx, l, reason) })
+	bound := 2 * time.Second
+	if left := time.Until(end); left > 0 {
+		bound = min(bound, left)
+	}
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), bound)
+	defer cancel()
+	_ = a.Abandon(actx, l, reason)
 }
 
 // settle runs op, the Confirm or Forget of l, which runs out at end, on a

@@ -1009,6 +1009,41 @@ func TestDoReconcileFailureLeavesTheClaim(t *testing.T) {
 	})
 }
 
+// hangingAbandon is a store whose Abandon hangs until its context ends.
+type hangingAbandon struct{ *idem.MemoryStore }
+
+func (h hangingAbandon) Abandon(ctx context.Context, _ *idem.Lease, _ string) error {
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// Recording why a Reconcile failed never holds the caller's error up for
+// long: a store that cannot take the reason (one that hangs, a Cache over
+// a store that is no Abandoner) costs the caller at most a short bound,
+// not the rest of the lease.
+func TestDoAbandonIsBounded(t *testing.T) {
+	o := idem.Options{LeaseTTL: 30 * time.Second}
+	now := time.Now()
+	for name, s := range map[string]idem.Store{
+		"hanging": hangingAbandon{must(idem.NewMemoryStoreClock(o, func() time.Time { return now }))},
+		"cache of a store that is no Abandoner": must(idem.NewCache(struct{ idem.Store }{
+			must(idem.NewMemoryStoreClock(o, func() time.Time { return now }))}, idem.CacheOptions{})),
+	} {
+		c, err := s.Claim(t.Context(), "k", nil)
+		if err != nil || c.Outcome != idem.Claimed {
+			t.Fatalf("%s: Claim = %v, %v", name, c.Outcome, err)
+		}
+		now = now.Add(time.Minute) // the holder crashed
+		errDown := errors.New("ledger unreachable")
+		start := time.Now()
+		_, err = idem.Do(t.Context(), s, "k", func(context.Context) (int, error) { return 1, nil },
+			idem.DoOptions{Reconcile: func(context.Context, *idem.TakeOver) (any, bool, error) { return nil, false, errDown }})
+		if took := time.Since(start); !errors.Is(err, errDown) || took > 15*time.Second {
+			t.Errorf("%s: Do with a failing Reconcile = %v after %v; want its error well within the 30s lease", name, err, took)
+		}
+	}
+}
+
 // A key whose calls crashed more than MaxTakeOvers times in a row is
 // quarantined: Do returns ErrQuarantined and runs neither Reconcile nor fn.
 func TestDoQuarantined(t *testing.T) {

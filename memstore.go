@@ -392,7 +392,10 @@ func (m *MemoryStore) Inspect(ctx context.Context, key string) (*Record, error) 
 // ClaimBatch implements Batcher: the whole batch is claimed under one lock.
 func (m *MemoryStore) ClaimBatch(ctx context.Context, keys []string, fingerprints [][]byte) (cs []Claim, err error) {
 	start := time.Now()
-	defer func() { m.core.Observe(ctx, Event{Op: OpClaimBatch, Items: len(keys), Err: err}, "", start) }()
+	defer func() {
+		m.core.Observe(ctx, Event{Op: OpClaimBatch, Items: len(keys), Err: err}, "", start)
+		m.core.LogTakeOvers(ctx, keys, cs, err)
+	}()
 	if err := m.core.CheckClaimBatch(keys, fingerprints); err != nil {
 		return nil, err
 	}

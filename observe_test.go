@@ -320,11 +320,16 @@ func TestTakeOverLogsHowThePriorEnded(t *testing.T) {
 	if err := st.(idem.Abandoner).Abandon(ctx, gaveUp.Lease, "Reconcile failed: ledger unreachable"); err != nil {
 		t.Fatal(err)
 	}
+	inBatch := must(st.Claim(ctx, "in-batch", nil))
 	b.Advance(2 * time.Second)
 	for _, k := range []string{"crashed", "gave-up"} {
 		if c := must(st.Claim(ctx, k, nil)); !c.TakeOver {
 			t.Fatalf("Claim(%q) after the lapse: no take-over", k)
 		}
+	}
+	// A batch's take-overs are logged too: where a consumer claims.
+	if cs := must(st.(idem.Batcher).ClaimBatch(ctx, []string{"in-batch", "fresh"}, nil)); !cs[0].TakeOver || cs[1].TakeOver {
+		t.Fatalf("ClaimBatch after the lapse: take-overs %v, %v; want the first only", cs[0].TakeOver, cs[1].TakeOver)
 	}
 	mu.Lock()
 	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
@@ -333,9 +338,10 @@ func TestTakeOverLogsHowThePriorEnded(t *testing.T) {
 		{`"msg":"idem: attempt abandoned unconfirmed`, `"reason":"Reconcile failed: ledger unreachable"`},
 		{`"msg":"idem: take-over:`, `"prior_token":` + strconv.FormatInt(crashed.Lease.Token, 10), `"prior_ended":"(its lease ran out: a crash or a stall)"`},
 		{`"msg":"idem: take-over:`, `"prior_token":` + strconv.FormatInt(gaveUp.Lease.Token, 10), `"prior_ended":"(abandoned: Reconcile failed: ledger unreachable)"`},
+		{`"msg":"idem: take-over:`, `"prior_token":` + strconv.FormatInt(inBatch.Lease.Token, 10), `"prior_ended":"(its lease ran out: a crash or a stall)"`},
 	}
 	if len(lines) != len(want) {
-		t.Fatalf("%d log lines; want 3 (the abandon, two take-overs):\n%s", len(lines), strings.Join(lines, "\n"))
+		t.Fatalf("%d log lines; want 4 (the abandon, three take-overs):\n%s", len(lines), strings.Join(lines, "\n"))
 	}
 	for i, ws := range want {
 		for _, w := range ws {

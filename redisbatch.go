@@ -14,7 +14,10 @@ import (
 // script call per key, pipelined).
 func (s *RedisStore) ClaimBatch(ctx context.Context, keys []string, fingerprints [][]byte) (cs []Claim, err error) {
 	start := time.Now()
-	defer func() { s.core.Observe(ctx, Event{Op: OpClaimBatch, Items: len(keys), Err: err}, "", start) }()
+	defer func() {
+		s.core.Observe(ctx, Event{Op: OpClaimBatch, Items: len(keys), Err: err}, "", start)
+		s.core.LogTakeOvers(ctx, keys, cs, err)
+	}()
 	if err := s.core.CheckClaimBatch(keys, fingerprints); err != nil {
 		return nil, err
 	}

@@ -33,7 +33,10 @@ type Options struct {
 
 // numbers of ops, outcomes and classes, for the precomputed attribute sets.
 const (
-	nOps      = int(idem.OpCheck) + 1
+	// nOps is above every Op of this release and the next few, so that an
+	// Op added to idem later is reported under its name without a change
+	// here; the zero Op and any beyond read "op".
+	nOps      = 32
 	nOutcomes = int(idem.InProgress) + 1
 	nClasses  = int(idem.ClassQuarantined) + 1
 	// nCacheResults counts idem.CacheResult's values, zero included.
@@ -98,7 +101,7 @@ func New(o Options) (*Observer, error) {
 		metric.WithDescription("Keys of Claim, Lookup and ClaimBatch calls made through an idem.Cache, by op and result: hit (answered from memory) or miss (passed on to the store)")); err != nil {
 		return nil, err
 	}
-	for op := 1; op < nOps; op++ {
+	for op := 0; op < nOps; op++ {
 		opKV := attribute.String("op", idem.Op(op).String())
 		ob.opAttrs[op] = metric.WithAttributeSet(attribute.NewSet(opKV))
 		for r := 1; r < nCacheResults; r++ {
@@ -139,7 +142,7 @@ func (ob *Observer) Start(ctx context.Context, op idem.Op) context.Context {
 func (ob *Observer) Observe(ctx context.Context, e idem.Event) {
 	op, out, class := int(e.Op), int(e.Outcome), int(e.Class())
 	if op >= nOps || out >= nOutcomes || class >= nClasses {
-		op, out, class = 0, 0, 0 // not an event of this release: attributes unknown
+		op, out, class = 0, 0, 0 // not an event of this release: reported as op "op"
 	}
 	ob.ops.Add(ctx, 1, ob.opsAttrs[op][out][class])
 	ob.duration.Record(ctx, e.Took.Seconds(), ob.opAttrs[op])

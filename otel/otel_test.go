@@ -341,6 +341,38 @@ func TestTakeOverOnMemoryStore(t *testing.T) {
 	}
 }
 
+// Every Op reaches the metrics without a panic, the newest (abandon, from
+// Do's failed Reconcile) under its name, and one this release does not
+// know under "op".
+func TestEveryOpObserved(t *testing.T) {
+	s := newSDK(t)
+	ctx := context.Background()
+	for op := range idem.Op(40) {
+		for out := range idem.Outcome(5) {
+			s.obs.Observe(ctx, idem.Event{Op: op, Outcome: out, Items: 1})
+		}
+	}
+	store := memStore(idem.Options{Observer: s.obs, LeaseTTL: idem.MinLeaseTTL})
+	if _, err := store.Claim(ctx, "crashed", nil); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(idem.MinLeaseTTL + 20*time.Millisecond)
+	errDown := errors.New("ledger unreachable")
+	_, err := idem.Do(ctx, store, "crashed", func(context.Context) (int, error) { return 1, nil },
+		idem.DoOptions{Reconcile: func(context.Context, *idem.TakeOver) (any, bool, error) { return nil, false, errDown }})
+	if !errors.Is(err, errDown) {
+		t.Fatalf("Do with a failing Reconcile = %v; want its error", err)
+	}
+	// 4 events of the loop above (outcome 4 is unknown: "op"), and Do's
+	// Abandon.
+	if got := s.count(t, "idem.operations", map[string]string{"op": "abandon"}); got != 5 {
+		t.Errorf("idem.operations{op=abandon} = %d; want 5", got)
+	}
+	if got := s.count(t, "idem.operations", map[string]string{"op": "op"}); got == 0 {
+		t.Errorf("idem.operations{op=op} = 0; want the unknown Ops counted under \"op\"")
+	}
+}
+
 // A key quarantined after repeated crashes: the refused Claim and the
 // message that made it are counted in idem.quarantines, and in
 // idem.operations with error_class quarantined, on their spans too.

@@ -23,7 +23,10 @@ import (
 // row kept changing under it fails alone, in a *BatchError.
 func (s *Store) ClaimBatch(ctx context.Context, keys []string, fingerprints [][]byte) (cs []idem.Claim, err error) {
 	start := time.Now()
-	defer func() { s.core.Observe(ctx, idem.Event{Op: idem.OpClaimBatch, Items: len(keys), Err: err}, "", start) }()
+	defer func() {
+		s.core.Observe(ctx, idem.Event{Op: idem.OpClaimBatch, Items: len(keys), Err: err}, "", start)
+		s.core.LogTakeOvers(ctx, keys, cs, err)
+	}()
 	if err := s.core.CheckClaimBatch(keys, fingerprints); err != nil {
 		return nil, err
 	}

@@ -384,8 +384,14 @@ func TestConsoleLiveCounts(t *testing.T) {
 		if _, err := s.Claim(ctx, "quarantined", nil); !errors.Is(err, idem.ErrQuarantined) {
 			t.Fatalf("Claim(quarantined) = %v; want ErrQuarantined", err)
 		}
-		if c := claim("takeover"); !c.TakeOver {
+		c := claim("takeover")
+		if !c.TakeOver {
 			t.Fatalf("Claim(takeover) = %+v; want a take-over", c)
+		}
+		// Its holder gave it up with a long reason, which a record keeps
+		// before the take-over count: still a live take-over.
+		if err := s.(idem.Abandoner).Abandon(ctx, c.Lease, "Reconcile failed: "+strings.Repeat("r", 900)); err != nil {
+			t.Fatal(err)
 		}
 		claim("plain")
 		if err := s.Confirm(ctx, claim("done").Lease, nil); err != nil {

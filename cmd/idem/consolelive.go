@@ -60,8 +60,9 @@ func (r *redisCounter) how() string {
 
 // redisHead is how many bytes of a record the counter reads: its state and,
 // for a claim, the fields up to the take-over count (record.lua's
-// format), for all but an owner or attempt of hundreds of bytes.
-const redisHead = 256
+// format), past an owner of hundreds of bytes and an attempt field that
+// holds an abandoned attempt's reason (up to idem.MaxReasonBytes).
+const redisHead = 2048
 
 func (r *redisCounter) count(ctx context.Context, s *liveSample) error {
 	start := time.Now()
