@@ -37,19 +37,18 @@ var _ connect.Interceptor = (*Server)(nil)
 // MaxResponseBytes the store cannot record), and Scope when neither Scope
 // nor SingleTenant is set, or both.
 func NewServer(o ServerOptions) (*Server, error) {
-	c, err := o.core()
+	core, err := rpccore.New(o.core())
 	if err != nil {
 		return nil, err
 	}
-	core, err := rpccore.New(c)
-	if err != nil {
-		return nil, err
-	}
-	return &Server{core: core, scope: o.Scope, keyField: o.KeyField, header: c.KeyName}, nil
+	return &Server{core: core, scope: o.Scope, keyField: o.KeyField, header: core.KeyName()}, nil
 }
 
-// frame is what the RPC core needs of Connect.
+// frame is Connect as the RPC core sees it: the words of this package's
+// messages and options, and Connect's errors.
 var frame = rpccore.Frame{
+	Pkg: "idemconnect", KeyOption: "Header", DefaultKey: DefaultHeader, KeyWhere: "its %s header", Name: headerName,
+	Noun: "procedure", MethodsField: "Procedures", MethodName: "procedure", ReplayField: "ReplayHeaders",
 	Error: func(st *rpccore.Status) error {
 		e := connect.NewError(connect.Code(st.Code), errors.New(st.Message))
 		for _, d := range st.Details {
@@ -59,17 +58,31 @@ var frame = rpccore.Frame{
 		}
 		return e
 	},
-	IsAnswer:     func(err error) bool { ce := (*connect.Error)(nil); return errors.As(err, &ce) },
-	ContextError: contextError,
-	CodeName:     func(c rpccore.Code) string { return connect.Code(c).String() },
-}
-
-// contextError is the answer to a call whose context ended.
-func contextError(ctx context.Context) error {
-	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		return connect.NewError(connect.CodeDeadlineExceeded, ctx.Err())
-	}
-	return connect.NewError(connect.CodeCanceled, ctx.Err())
+	Status: func(err error) *rpccore.Status {
+		ce := new(connect.Error)
+		if !errors.As(err, &ce) {
+			ce = connect.NewError(connect.CodeOf(err), err)
+		}
+		s := &rpccore.Status{Code: rpccore.Code(ce.Code()), Message: ce.Message()}
+		for _, d := range ce.Details() {
+			s.Details = append(s.Details, rpccore.Detail{TypeURL: rpccore.TypeURLPrefix + d.Type(), Value: d.Bytes()})
+		}
+		return s
+	},
+	Code:     func(err error) rpccore.Code { return rpccore.Code(connect.CodeOf(err)) },
+	IsAnswer: func(err error) bool { ce := (*connect.Error)(nil); return errors.As(err, &ce) },
+	ContextError: func(ctx context.Context, cause error) error {
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return connect.NewError(connect.CodeDeadlineExceeded, cause)
+		}
+		return connect.NewError(connect.CodeCanceled, cause)
+	},
+	CodeName: func(c rpccore.Code) string { return connect.Code(c).String() },
+	// An error the server did not send is the transport's: connect-go
+	// reports a connection reset by the peer as Canceled, a response cut
+	// short as Unknown ("unexpected EOF"); the call's outcome is unknown,
+	// as for a lost connection.
+	Transport: func(err error) bool { return !connect.IsWireError(err) },
 }
 
 // WrapUnary handles one unary call: with a key, the first call of the key
@@ -167,26 +180,16 @@ func (cl *call) AppendRequest(b []byte) ([]byte, error) {
 	return b, nil
 }
 
-func (cl *call) Handle(ctx context.Context) rpccore.Code {
+func (cl *call) Handle(ctx context.Context) error {
 	cl.work = ctx
-	if cl.resp, cl.err = cl.next(ctx, cl.req); cl.err != nil {
-		return rpccore.Code(connect.CodeOf(cl.err))
-	}
-	return rpccore.OK
+	cl.resp, cl.err = cl.next(ctx, cl.req)
+	return cl.err
 }
 
 func (cl *call) Answered() (rpccore.Answered, error) {
 	header, trailer := answered(cl.work, cl.resp, cl.err)
 	a := rpccore.Answered{Header: rpccore.Metadata(header), Trailer: rpccore.Metadata(trailer)}
 	if cl.err != nil {
-		ce := new(connect.Error)
-		if !errors.As(cl.err, &ce) {
-			ce = connect.NewError(connect.CodeOf(cl.err), cl.err)
-		}
-		a.Status = &rpccore.Status{Code: rpccore.Code(ce.Code()), Message: ce.Message()}
-		for _, d := range ce.Details() {
-			a.Status.Details = append(a.Status.Details, rpccore.Detail{TypeURL: rpccore.TypeURLPrefix + d.Type(), Value: d.Bytes()})
-		}
 		return a, nil
 	}
 	var m proto.Message

@@ -41,19 +41,18 @@ type Server struct {
 // store cannot record), and Scope when neither Scope nor SingleTenant is
 // set, or both.
 func NewServer(o ServerOptions) (*Server, error) {
-	c, err := o.core()
+	core, err := rpccore.New(o.core())
 	if err != nil {
 		return nil, err
 	}
-	core, err := rpccore.New(c)
-	if err != nil {
-		return nil, err
-	}
-	return &Server{core: core, scope: o.Scope, keyField: o.KeyField, metadata: c.KeyName}, nil
+	return &Server{core: core, scope: o.Scope, keyField: o.KeyField, metadata: core.KeyName()}, nil
 }
 
-// frame is what the RPC core needs of gRPC.
+// frame is gRPC as the RPC core sees it: the words of this package's
+// messages and options, and gRPC's statuses.
 var frame = rpccore.Frame{
+	Pkg: "idemgrpc", KeyOption: "Metadata", DefaultKey: DefaultMetadata, KeyWhere: "%s metadata", Name: metadataName,
+	Noun: "method", MethodsField: "Methods", MethodName: "full method name", ReplayField: "ReplayMetadata",
 	Error: func(st *rpccore.Status) error {
 		p := &spb.Status{Code: int32(st.Code), Message: st.Message}
 		for _, d := range st.Details {
@@ -61,9 +60,20 @@ var frame = rpccore.Frame{
 		}
 		return status.ErrorProto(p)
 	},
-	IsAnswer:     func(err error) bool { _, ok := status.FromError(err); return ok },
-	ContextError: func(ctx context.Context) error { return status.FromContextError(ctx.Err()).Err() },
-	CodeName:     func(c rpccore.Code) string { return codes.Code(c).String() },
+	Status: func(err error) *rpccore.Status {
+		st, _ := status.FromError(err)
+		s := &rpccore.Status{Code: rpccore.Code(st.Code()), Message: st.Message()}
+		for _, d := range st.Proto().GetDetails() {
+			s.Details = append(s.Details, rpccore.Detail{TypeURL: d.GetTypeUrl(), Value: d.GetValue()})
+		}
+		return s
+	},
+	Code:     func(err error) rpccore.Code { return rpccore.Code(status.Code(err)) },
+	IsAnswer: func(err error) bool { _, ok := status.FromError(err); return ok },
+	ContextError: func(ctx context.Context, cause error) error {
+		return status.Error(status.FromContextError(ctx.Err()).Code(), cause.Error())
+	},
+	CodeName: func(c rpccore.Code) string { return codes.Code(c).String() },
 }
 
 // Unary handles one unary call: with a key, the first call of the key runs
@@ -158,21 +168,16 @@ func (cl *call) AppendRequest(b []byte) ([]byte, error) {
 	return b, nil
 }
 
-func (cl *call) Handle(ctx context.Context) rpccore.Code {
+func (cl *call) Handle(ctx context.Context) error {
 	cl.cp.ServerTransportStream, cl.cp.method = grpc.ServerTransportStreamFromContext(ctx), cl.method
 	cl.resp, cl.err = cl.handler(grpc.NewContextWithServerTransportStream(ctx, &cl.cp), cl.req)
-	return rpccore.Code(status.Code(cl.err))
+	return cl.err
 }
 
 func (cl *call) Answered() (rpccore.Answered, error) {
 	header, trailer := cl.cp.kept()
 	a := rpccore.Answered{Header: rpccore.Metadata(header), Trailer: rpccore.Metadata(trailer)}
 	if cl.err != nil {
-		st, _ := status.FromError(cl.err)
-		a.Status = &rpccore.Status{Code: rpccore.Code(st.Code()), Message: st.Message()}
-		for _, d := range st.Proto().GetDetails() {
-			a.Status.Details = append(a.Status.Details, rpccore.Detail{TypeURL: d.GetTypeUrl(), Value: d.GetValue()})
-		}
 		return a, nil
 	}
 	m, ok := cl.resp.(proto.Message)

@@ -26,10 +26,11 @@ type Handler interface {
 	// message ("is a T, not a protobuf message") or does not encode.
 	AppendRequest(b []byte) ([]byte, error)
 	// Handle runs the call's handler with ctx (the lease's), keeps its
-	// answer, and returns that answer's code (OK for a response).
-	Handle(ctx context.Context) Code
-	// Answered returns the handler's answer for its record, or why it
-	// cannot be recorded (a response that is not a protobuf message).
+	// answer, and returns its error: nil for a response.
+	Handle(ctx context.Context) error
+	// Answered returns the metadata the handler set and, for a response,
+	// its message's name and size; or why the response cannot be recorded
+	// (it is not a protobuf message). The core reads an error's Status.
 	Answered() (Answered, error)
 	// AppendResponse appends the response message's encoding to b.
 	AppendResponse(b []byte) ([]byte, error)
@@ -45,26 +46,13 @@ type Handler interface {
 type Answered struct {
 	// Header and Trailer are the metadata the handler set.
 	Header, Trailer Metadata
-	// Status is the handler's error; nil for a response.
+	// Status is the handler's error; nil for a response. The core sets
+	// it, by Frame.Status.
 	Status *Status
 	// Name and Size are the response message's full type name and the size
 	// of its encoding.
 	Name string
 	Size int
-}
-
-// Frame is what the core needs of a framework, given by the front door in
-// Config.
-type Frame struct {
-	// Error turns a Status into the framework's error.
-	Error func(*Status) error
-	// IsAnswer reports whether err is already the framework's answer (a
-	// gRPC status, a *connect.Error): a Scope's error passed on as it is.
-	IsAnswer func(error) bool
-	// ContextError is the answer to a call whose context ended.
-	ContextError func(ctx context.Context) error
-	// CodeName is a code's name in the framework's words, for logs.
-	CodeName func(Code) string
 }
 
 // call is one covered call and what the core did with it.
@@ -177,7 +165,7 @@ func (s *Server) serve(cl *call, keyErr error) {
 		if c.KeyField != "" {
 			words = " nor in the request's " + c.KeyField + " field"
 		}
-		cl.err = s.Answer(cl.ctx, InvalidArgument, ReasonKeyMissing, "the call has no idempotency key in "+c.KeyWhere+words, "", nil)
+		cl.err = s.Answer(cl.ctx, InvalidArgument, ReasonKeyMissing, "the call has no idempotency key in "+s.where+words, "", nil)
 		cl.layerErr = errKeyRefused
 		return
 	}
@@ -295,7 +283,7 @@ func (s *Server) lease(cl *call, fp []byte) {
 		// the store in step.
 		if !poll.Wait(ctx) {
 			cl.outcome, cl.layerErr = idem.InProgress, context.Cause(ctx)
-			cl.err = s.c.ContextError(ctx)
+			cl.err = s.c.ContextError(ctx, ctx.Err())
 			return
 		}
 	}
@@ -323,7 +311,7 @@ func (s *Server) storeFailed(cl *call, err error) error {
 	case errors.Is(err, idem.ErrInvalidKey):
 		return s.Answer(cl.ctx, InvalidArgument, ReasonKeyInvalid, "the idempotency key is too long for the store", "", err)
 	case cl.ctx.Err() != nil:
-		return s.c.ContextError(cl.ctx)
+		return s.c.ContextError(cl.ctx, cl.ctx.Err())
 	}
 	return s.Answer(cl.ctx, Unavailable, ReasonStoreUnavailable, "the idempotency store is unavailable; the call was not run", "", err)
 }
@@ -344,14 +332,21 @@ func (s *Server) run(cl *call, claim idem.Claim) {
 		}
 	}()
 	cl.handlerOK = true
-	code := cl.h.Handle(work)
+	herr := cl.h.Handle(work)
 	done = true
 	end := stop() // waits for the renewals
+	code := OK
+	if herr != nil {
+		code = s.c.Code(herr)
+	}
 	if !s.c.Keep(code) {
 		s.forget(cl.ctx, l, end)
 		return
 	}
 	a, err := cl.h.Answered()
+	if herr != nil {
+		a.Status = s.c.Status(herr)
+	}
 	if err != nil {
 		s.log(cl.ctx, s.c.Pkg+": the handler's response is not a protobuf message; not recorded, the key released", cl.storeKey, err)
 		s.forget(cl.ctx, l, end)
