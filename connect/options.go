@@ -36,9 +36,10 @@ type ServerOptions struct {
 	KeyField string
 	// Scope names the tenant the call acts for, from its authenticated
 	// principal (what an authenticating interceptor or HTTP middleware
-	// around put in ctx), so that one tenant's key never replays another's
-	// response; an error that is a *connect.Error is the call's answer. Set
-	// Scope or SingleTenant. Default: none.
+	// around put in ctx; never what the client merely claims), so that one
+	// tenant's key never replays another's response; an error that is a
+	// *connect.Error is the call's answer. Set Scope or SingleTenant.
+	// Default: none.
 	Scope func(ctx context.Context, req connect.AnyRequest) (string, error)
 	// SingleTenant states that the service has one tenant: every call shares
 	// one scope. Default false.
@@ -56,12 +57,13 @@ type ServerOptions struct {
 	// Default 5s.
 	LockTimeout time.Duration
 	// RetryDelay is the RetryInfo delay of an Aborted or Unavailable answer.
-	// Default 1s.
+	// At most 1h. Default 1s.
 	RetryDelay time.Duration
 	// MaxKeyBytes bounds the client's key, in bytes. Default 255.
 	MaxKeyBytes int
 	// MaxResponseBytes bounds the encoded response message recorded for
-	// replay. Default 512 KiB, or less to fit the store's MaxResultBytes.
+	// replay; a longer one is sent whole and recorded as done without it.
+	// Default 512 KiB, or less to fit the store's MaxResultBytes.
 	MaxResponseBytes int
 	// ReplayHeaders are the response headers and trailers the handler sets
 	// (Response.Header, Response.Trailer, an error's Meta, or the handler
@@ -69,7 +71,8 @@ type ServerOptions struct {
 	// protocols' own, nor carrying credentials. Default: none.
 	ReplayHeaders []string
 	// Keep reports whether an answer with this code is recorded; 0 is a
-	// success (Connect has no constant for it). Default: DefaultKeep.
+	// success (Connect has no constant for it). Keep only answers that a
+	// retry of the same call cannot change. Default: DefaultKeep.
 	Keep func(connect.Code) bool
 	// RecordTimeout bounds the Claim before the handler and the Confirm or
 	// Forget after it, retries included. Default 10s.

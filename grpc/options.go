@@ -33,10 +33,10 @@ type ServerOptions struct {
 	// Metadata only.
 	KeyField string
 	// Scope names the tenant the call acts for, from its authenticated
-	// principal (a TLS client certificate, a verified token), so that one
-	// tenant's key never replays another's response; an error that is a
-	// gRPC status is the call's answer. Set Scope or SingleTenant.
-	// Default: none.
+	// principal (a TLS client certificate, a verified token; never what the
+	// client merely claims), so that one tenant's key never replays
+	// another's response; an error that is a gRPC status is the call's
+	// answer. Set Scope or SingleTenant. Default: none.
 	Scope func(ctx context.Context, fullMethod string) (string, error)
 	// SingleTenant states that the service has one tenant: every call shares
 	// one scope. Default false.
@@ -51,19 +51,21 @@ type ServerOptions struct {
 	// Default 5s.
 	LockTimeout time.Duration
 	// RetryDelay is the RetryInfo delay of an Aborted or Unavailable answer.
-	// Default 1s.
+	// At most 1h. Default 1s.
 	RetryDelay time.Duration
 	// MaxKeyBytes bounds the client's key, in bytes. Default 255.
 	MaxKeyBytes int
 	// MaxResponseBytes bounds the encoded response message recorded for
-	// replay. Default 512 KiB, or less to fit the store's MaxResultBytes.
+	// replay; a longer one is sent whole and recorded as done without it.
+	// Default 512 KiB, or less to fit the store's MaxResultBytes.
 	MaxResponseBytes int
 	// ReplayMetadata are the header and trailer metadata keys the handler
 	// sets (grpc.SetHeader, grpc.SendHeader, grpc.SetTrailer) that are
 	// recorded and replayed; not reserved by gRPC ("grpc-"), nor carrying
 	// credentials. Default: none.
 	ReplayMetadata []string
-	// Keep reports whether an answer with this code is recorded. Default:
+	// Keep reports whether an answer with this code is recorded; keep only
+	// answers that a retry of the same call cannot change. Default:
 	// DefaultKeep.
 	Keep func(codes.Code) bool
 	// RecordTimeout bounds the Claim before the handler and the Confirm or
