@@ -83,6 +83,32 @@ var frame = rpccore.Frame{
 	// short as Unknown ("unexpected EOF"); the call's outcome is unknown,
 	// as for a lost connection.
 	Transport: func(err error) bool { return !connect.IsWireError(err) },
+	Proto: rpccore.Proto{
+		Append: func(b []byte, v any, deterministic bool) ([]byte, error) {
+			m, ok := v.(proto.Message)
+			if !ok {
+				return nil, rpccore.ErrNotMessage
+			}
+			return proto.MarshalOptions{Deterministic: deterministic}.MarshalAppend(b, m)
+		},
+		Describe: func(v any) (string, int, error) {
+			m, ok := v.(proto.Message)
+			if !ok {
+				return "", 0, rpccore.ErrNotMessage
+			}
+			return string(m.ProtoReflect().Descriptor().FullName()), proto.Size(m), nil
+		},
+		// A new message of the recorded type, from protoregistry.GlobalTypes,
+		// where generated code registers every type.
+		Decode: func(name string, body []byte) (any, error) {
+			mt, err := protoregistry.GlobalTypes.FindMessageByName(protoreflect.FullName(name))
+			if err != nil {
+				return nil, err
+			}
+			m := mt.New().Interface()
+			return m, proto.Unmarshal(body, m)
+		},
+	},
 }
 
 // WrapUnary handles one unary call: with a key, the first call of the key
@@ -168,17 +194,7 @@ func (cl *call) Scope(ctx context.Context) (string, error) {
 	return cl.s.scope(ctx, cl.req)
 }
 
-func (cl *call) AppendRequest(b []byte) ([]byte, error) {
-	m, ok := cl.req.Any().(proto.Message)
-	if !ok {
-		return nil, fmt.Errorf("is a %T, not a protobuf message; the interceptor cannot fingerprint it", cl.req.Any())
-	}
-	b, err := proto.MarshalOptions{Deterministic: true}.MarshalAppend(b, m)
-	if err != nil {
-		return nil, fmt.Errorf("does not encode: %v", err)
-	}
-	return b, nil
-}
+func (cl *call) Request() any { return cl.req.Any() }
 
 func (cl *call) Handle(ctx context.Context) error {
 	cl.work = ctx
@@ -186,26 +202,13 @@ func (cl *call) Handle(ctx context.Context) error {
 	return cl.err
 }
 
-func (cl *call) Answered() (rpccore.Answered, error) {
+func (cl *call) Answered() rpccore.Answered {
 	header, trailer := answered(cl.work, cl.resp, cl.err)
 	a := rpccore.Answered{Header: rpccore.Metadata(header), Trailer: rpccore.Metadata(trailer)}
-	if cl.err != nil {
-		return a, nil
+	if cl.err == nil && cl.resp != nil {
+		a.Message = cl.resp.Any()
 	}
-	var m proto.Message
-	ok := cl.resp != nil
-	if ok {
-		m, ok = cl.resp.Any().(proto.Message)
-	}
-	if !ok {
-		return a, fmt.Errorf("%T", cl.resp)
-	}
-	a.Name, a.Size = string(m.ProtoReflect().Descriptor().FullName()), proto.Size(m)
-	return a, nil
-}
-
-func (cl *call) AppendResponse(b []byte) ([]byte, error) {
-	return proto.MarshalOptions{}.MarshalAppend(b, cl.resp.Any().(proto.Message))
+	return a
 }
 
 // answered returns the headers and trailers a handler answered with, by
@@ -249,7 +252,7 @@ const (
 // holds).
 type replayed struct{ proto.Message }
 
-func (cl *call) Replay(ctx context.Context, r *rpccore.Record, answer error) error {
+func (cl *call) Replay(ctx context.Context, r *rpccore.Record, m any, answer error) {
 	var header, trailer http.Header
 	if ce, ok := answer.(*connect.Error); ok { // frame.Error's
 		cl.err, header, trailer = ce, ce.Meta(), ce.Meta()
@@ -257,11 +260,7 @@ func (cl *call) Replay(ctx context.Context, r *rpccore.Record, answer error) err
 			header.Set(HeaderResponseOmitted, "true")
 		}
 	} else {
-		m, err := decodeMessage(r)
-		if err != nil {
-			return err
-		}
-		resp := connect.NewResponse(&replayed{m})
+		resp := connect.NewResponse(&replayed{m.(proto.Message)})
 		cl.resp, header, trailer = resp, resp.Header(), resp.Trailer()
 	}
 	header.Set(HeaderReplayed, "true")
@@ -271,26 +270,6 @@ func (cl *call) Replay(ctx context.Context, r *rpccore.Record, answer error) err
 	for k, vs := range r.Trailer {
 		trailer[k] = append(trailer[k], vs...)
 	}
-	return nil
-}
-
-// errRecord is a record that does not decode.
-var errRecord = rpccore.ErrRecord
-
-// decodeMessage decodes a recorded response message: a new message of its
-// type, from protoregistry.GlobalTypes, where generated code registers
-// every type.
-func decodeMessage(r *rpccore.Record) (proto.Message, error) {
-	mt, err := protoregistry.GlobalTypes.FindMessageByName(protoreflect.FullName(r.Name))
-	var m proto.Message
-	if err == nil {
-		m = mt.New().Interface()
-		err = proto.Unmarshal(r.Body, m)
-	}
-	if err != nil {
-		return nil, errors.Join(errRecord, err)
-	}
-	return m, nil
 }
 
 // Resolution is how an operator settles, as done, a key this interceptor
@@ -302,14 +281,7 @@ func decodeMessage(r *rpccore.Record) (proto.Message, error) {
 // under SingleTenant) and key. rpccore.Resolution builds the same from
 // m's encoding, for a program without m's type.
 func Resolution(m proto.Message, header, trailer http.Header) (idem.Resolution, error) {
-	if m == nil || !m.ProtoReflect().IsValid() {
-		return idem.Resolution{}, errors.New("idemconnect: Resolution: a nil message; give the response to replay, an empty one if that is the answer")
-	}
-	body, err := proto.Marshal(m)
-	if err != nil {
-		return idem.Resolution{}, fmt.Errorf("idemconnect: Resolution: %w", err)
-	}
-	return rpccore.Resolution(string(m.ProtoReflect().Descriptor().FullName()), body, rpccore.Metadata(header), rpccore.Metadata(trailer))
+	return frame.Resolution(m, rpccore.Metadata(header), rpccore.Metadata(trailer))
 }
 
 // ErrorDomain is the Domain of the errdetails.ErrorInfo in every error the

@@ -79,6 +79,26 @@ type Frame struct {
 	// transport, with no answer of the server (an outcome unknown,
 	// retried with the key); nil: none does.
 	Transport func(error) bool
+	// Proto is the protobuf runtime, for the server's messages.
+	Proto Proto
+}
+
+// Resolution is Resolution of m, a protobuf message (its full type name
+// and encoding, by Proto), for the front doors' Resolution functions. It
+// refuses a nil message, which is a mistake, not an answer.
+func (f *Frame) Resolution(m any, header, trailer Metadata) (idem.Resolution, error) {
+	if nilcheck.Nil(m) {
+		return idem.Resolution{}, errors.New(f.Pkg + ": Resolution: a nil message; give the response to replay, an empty one if that is the answer")
+	}
+	name, _, err := f.Proto.Describe(m)
+	var body []byte
+	if err == nil {
+		body, err = f.Proto.Append(nil, m, false)
+	}
+	if err != nil {
+		return idem.Resolution{}, fmt.Errorf("%s: Resolution: %w", f.Pkg, err)
+	}
+	return Resolution(name, body, header, trailer)
 }
 
 // Config is a server interceptor's options as the core takes them: the
