@@ -1,10 +1,7 @@
 package idemconnect
 
 import (
-	"cmp"
 	"context"
-	"errors"
-	"fmt"
 	"time"
 
 	"connectrpc.com/connect"
@@ -16,17 +13,16 @@ import (
 
 // ClientOptions configure the client interceptor. The zero value of every
 // field means its documented default. NewClient refuses a mistake in any
-// field with an error that names the field. The fields the Connect and
-// gRPC modules share are the RPC core's (rpccore.ClientConfig), where each
-// is documented in full.
+// field with an error that names the field. Each field is the RPC core's
+// of its name (rpccore.ClientConfig; Header its KeyName, Procedures its Methods), documented
+// there in full.
 type ClientOptions struct {
 	// Header names the request header that carries the key: a header
 	// field name, in any case, not one of the protocols' own. Default
 	// "Idempotency-Key".
 	Header string
 	// Procedures are the procedures the interceptor covers
-	// ("/package.Service/Method"), each listed once; others pass through
-	// untouched. Default: every unary procedure.
+	// ("/package.Service/Method"). Default: every unary procedure.
 	Procedures []string
 	// MaxAttempts bounds the attempts of one call, the first included; 1
 	// never retries. Default 5.
@@ -86,10 +82,6 @@ var _ connect.Interceptor = (*Client)(nil)
 // a procedure that is not /package.Service/Method or is listed twice, an
 // InitialWait longer than MaxWait.
 func NewClient(o ClientOptions) (*Client, error) {
-	header, err := headerName("ClientOptions.Header", cmp.Or(o.Header, DefaultHeader))
-	if err != nil {
-		return nil, err
-	}
 	var report func(rpccore.Attempt)
 	if f := o.OnAttempt; f != nil {
 		report = func(a rpccore.Attempt) {
@@ -97,32 +89,14 @@ func NewClient(o ClientOptions) (*Client, error) {
 		}
 	}
 	core, err := rpccore.NewClient(rpccore.ClientConfig{
-		Pkg: "idemconnect", MethodsField: "Procedures", MethodName: "procedure", Methods: o.Procedures,
+		Frame: frame, KeyName: o.Header, Methods: o.Procedures,
 		MaxAttempts: o.MaxAttempts, MaxElapsed: o.MaxElapsed, AttemptTimeout: o.AttemptTimeout,
 		InitialWait: o.InitialWait, MaxWait: o.MaxWait, OnAttempt: report,
-		Code: func(err error) rpccore.Code { return rpccore.Code(connect.CodeOf(err)) },
-		// An error the server did not send is the transport's: connect-go
-		// reports a connection reset by the peer as Canceled, a response
-		// cut short as Unknown ("unexpected EOF"); the call's outcome is
-		// unknown, as for a lost connection.
-		Transport: func(err error) bool { return !connect.IsWireError(err) },
-		Details: func(err error) []rpccore.Detail {
-			var ds []rpccore.Detail
-			if ce := new(connect.Error); errors.As(err, &ce) {
-				for _, d := range ce.Details() {
-					ds = append(ds, rpccore.Detail{TypeURL: rpccore.TypeURLPrefix + d.Type(), Value: d.Bytes()})
-				}
-			}
-			return ds
-		},
-		Waited: func(ctx context.Context, procedure string, n int, err error) error {
-			return connect.NewError(connect.CodeOf(contextError(ctx)), fmt.Errorf("idemconnect: %s: %w while waiting to retry; attempt %d: %v", procedure, ctx.Err(), n, err))
-		},
 	})
 	if err != nil {
 		return nil, err
 	}
-	return &Client{core: core, header: header}, nil
+	return &Client{core: core, header: core.KeyName()}, nil
 }
 
 // WrapUnary sends a covered call with its key, a fresh one (a UUID)

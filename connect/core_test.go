@@ -2,6 +2,7 @@ package idemconnect
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"time"
 
@@ -52,7 +53,17 @@ func decodeRecord(b []byte, replay []string) (*record, error) {
 	return &record{r, r.Flags, http.Header(r.Header), http.Header(r.Trailer)}, nil
 }
 
-func (r *record) message() (proto.Message, error) { return decodeMessage(r.Record) }
+// errRecord is a record that does not decode.
+var errRecord = rpccore.ErrRecord
+
+// message decodes the recorded response message, as a replay does.
+func (r *record) message() (proto.Message, error) {
+	m, err := frame.Proto.Decode(r.Name, r.Body)
+	if err != nil {
+		return nil, errors.Join(errRecord, err)
+	}
+	return m.(proto.Message), nil
+}
 
 func (r *record) status() (*connect.Error, error) {
 	st, err := rpccore.ParseStatus(r.Body)

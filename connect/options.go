@@ -1,7 +1,6 @@
 package idemconnect
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -19,9 +18,10 @@ import (
 // ServerOptions configure the server interceptor. The zero value of every
 // field means its documented default; Store must be set, and exactly one
 // of Scope and SingleTenant. NewServer refuses a mistake in any field with
-// an error that names the field. The fields the Connect and gRPC modules
-// share are the RPC core's (rpccore.Config), where each is documented in
-// full.
+// an error that names the field. Each field is the RPC core's of its name
+// (rpccore.Config; Scope its Scoped, Header its KeyName, Procedures its
+// Methods, ReplayHeaders its Replay), documented there in full: the gRPC
+// module's options are the same.
 type ServerOptions struct {
 	// Store holds the records. Any idem.Store. Required.
 	Store idem.Store
@@ -31,68 +31,57 @@ type ServerOptions struct {
 	// Default "Idempotency-Key".
 	Header string
 	// KeyField names a singular string field at the top level of the request
-	// message that carries the key, as AIP-155's request_id; where it is
-	// unset, the key is read from Header. Default "": Header only.
+	// message that carries the key, as AIP-155's request_id. Default "":
+	// Header only.
 	KeyField string
-	// Scope names the tenant the call acts for, taken from its
-	// authenticated principal (what an authenticating interceptor or HTTP
-	// middleware around put in ctx; never what the client merely claims),
-	// so that one tenant's key never replays another's response: the
-	// record's key is the scope and the client's key. An error that is a
-	// *connect.Error is the call's answer; any other, or an empty scope
-	// (which every call without a principal would share), answers
-	// Unauthenticated, its text never shown. Set Scope or SingleTenant:
-	// NewServer refuses neither and both. Default: none.
+	// Scope names the tenant the call acts for, from its authenticated
+	// principal (what an authenticating interceptor or HTTP middleware
+	// around put in ctx; never what the client merely claims), so that one
+	// tenant's key never replays another's response; an error that is a
+	// *connect.Error is the call's answer. Set Scope or SingleTenant.
+	// Default: none.
 	Scope func(ctx context.Context, req connect.AnyRequest) (string, error)
 	// SingleTenant states that the service has one tenant: every call shares
-	// one scope. Set Scope or SingleTenant. Default false.
+	// one scope. Default false.
 	SingleTenant bool
 	// Procedures are the procedures the interceptor covers
-	// ("/package.Service/Method"), each listed once; others pass through
-	// untouched. A procedure declared NO_SIDE_EFFECTS (connect's
-	// IdempotencyNoSideEffects) is never covered: it changes nothing, so
-	// a retry of it is safe without a key. Default: every unary procedure.
+	// ("/package.Service/Method"). A procedure declared NO_SIDE_EFFECTS
+	// (connect's IdempotencyNoSideEffects) is never covered: it changes
+	// nothing, so a retry of it is safe without a key. Default: every
+	// unary procedure.
 	Procedures []string
-	// Required answers InvalidArgument to a covered call without a key
-	// instead of passing it through. Default false.
+	// Required answers InvalidArgument to a covered call without a key.
+	// Default false.
 	Required bool
-	// LockTimeout bounds the wait for a call of the same key in flight,
-	// before Aborted with RetryInfo. Default 5s.
+	// LockTimeout bounds the wait for a call of the same key in flight.
+	// Default 5s.
 	LockTimeout time.Duration
-	// RetryDelay is the RetryInfo delay of an Aborted (key in flight) or
-	// Unavailable (store down) answer. At most 1h. Default 1s.
+	// RetryDelay is the RetryInfo delay of an Aborted or Unavailable answer.
+	// At most 1h. Default 1s.
 	RetryDelay time.Duration
 	// MaxKeyBytes bounds the client's key, in bytes. Default 255.
 	MaxKeyBytes int
 	// MaxResponseBytes bounds the encoded response message recorded for
 	// replay; a longer one is sent whole and recorded as done without it.
-	// Default 512 KiB, or less to fit the store's MaxResultBytes with
-	// RecordOverhead.
+	// Default 512 KiB, or less to fit the store's MaxResultBytes.
 	MaxResponseBytes int
 	// ReplayHeaders are the response headers and trailers the handler sets
 	// (Response.Header, Response.Trailer, an error's Meta, or the handler
-	// context's connect.CallInfo) that are
-	// recorded and replayed, each a header field name listed once, in any
-	// case. The protocols' own headers, those that carry credentials
-	// (Authorization, Cookie, Set-Cookie, Proxy-Authenticate,
-	// WWW-Authenticate) and the interceptor's own (Idempotent-*) may not be
-	// listed. Default: none.
+	// context's connect.CallInfo) that are recorded and replayed; not the
+	// protocols' own, nor carrying credentials. Default: none.
 	ReplayHeaders []string
 	// Keep reports whether an answer with this code is recorded; 0 is a
-	// success (Connect has no constant for it). An answer not kept
-	// releases the key, so that a retry runs the handler again: keep only
-	// answers that a retry of the same call cannot change. Default:
-	// DefaultKeep, the gRPC module's rules (package rpccode).
+	// success (Connect has no constant for it). Keep only answers that a
+	// retry of the same call cannot change. Default: DefaultKeep.
 	Keep func(connect.Code) bool
 	// RecordTimeout bounds the Claim before the handler and the Confirm or
 	// Forget after it, retries included. Default 10s.
 	RecordTimeout time.Duration
 	// Logger receives the errors the interceptor answers and what it cannot
-	// tell the client (an answer not recorded, work done twice), keys as
-	// their KeyHasher hash. Default: none.
+	// tell the client. Default: none.
 	Logger *slog.Logger
-	// Observer receives one idem.Event, Op idem.OpRequest, per call the
-	// interceptor acts on. Default: none.
+	// Observer receives one idem.Event per call the interceptor acts on.
+	// Default: none.
 	Observer idem.Observer
 	// KeyHasher hashes keys for the Logger and the Observer; give it the
 	// store's. Default: the process's (idem.KeyHash).
@@ -124,12 +113,9 @@ const RecordOverhead = rpccore.RecordOverhead
 func DefaultKeep(c connect.Code) bool { return rpccode.Keep(c) }
 
 // core is o as the RPC core takes it.
-func (o ServerOptions) core() (rpccore.Config, error) {
-	name, err := headerName("ServerOptions.Header", cmp.Or(o.Header, DefaultHeader))
+func (o ServerOptions) core() rpccore.Config {
 	c := rpccore.Config{
-		Pkg: "idemconnect", KeyName: name, KeyWhere: "its " + name + " header",
-		Noun: "procedure", MethodsField: "Procedures", MethodName: "procedure", ReplayField: "ReplayHeaders",
-		ReplayName: headerName, Frame: frame,
+		Frame: frame, KeyName: o.Header,
 		Store: o.Store, Scoped: o.Scope != nil, SingleTenant: o.SingleTenant, KeyField: o.KeyField,
 		Methods: o.Procedures, Required: o.Required, LockTimeout: o.LockTimeout, RetryDelay: o.RetryDelay,
 		MaxKeyBytes: o.MaxKeyBytes, MaxResponse: o.MaxResponseBytes, Replay: o.ReplayHeaders,
@@ -138,7 +124,7 @@ func (o ServerOptions) core() (rpccore.Config, error) {
 	if keep := o.Keep; keep != nil {
 		c.Keep = func(c rpccore.Code) bool { return keep(connect.Code(c)) }
 	}
-	return c, err
+	return c
 }
 
 // protocolHeaders are prefixes and names the Connect, gRPC and gRPC-Web

@@ -37,19 +37,18 @@ var _ connect.Interceptor = (*Server)(nil)
 // MaxResponseBytes the store cannot record), and Scope when neither Scope
 // nor SingleTenant is set, or both.
 func NewServer(o ServerOptions) (*Server, error) {
-	c, err := o.core()
+	core, err := rpccore.New(o.core())
 	if err != nil {
 		return nil, err
 	}
-	core, err := rpccore.New(c)
-	if err != nil {
-		return nil, err
-	}
-	return &Server{core: core, scope: o.Scope, keyField: o.KeyField, header: c.KeyName}, nil
+	return &Server{core: core, scope: o.Scope, keyField: o.KeyField, header: core.KeyName()}, nil
 }
 
-// frame is what the RPC core needs of Connect.
+// frame is Connect as the RPC core sees it: the words of this package's
+// messages and options, and Connect's errors.
 var frame = rpccore.Frame{
+	Pkg: "idemconnect", KeyOption: "Header", DefaultKey: DefaultHeader, KeyWhere: "its %s header", Name: headerName,
+	Noun: "procedure", MethodsField: "Procedures", MethodName: "procedure", ReplayField: "ReplayHeaders",
 	Error: func(st *rpccore.Status) error {
 		e := connect.NewError(connect.Code(st.Code), errors.New(st.Message))
 		for _, d := range st.Details {
@@ -59,17 +58,57 @@ var frame = rpccore.Frame{
 		}
 		return e
 	},
-	IsAnswer:     func(err error) bool { ce := (*connect.Error)(nil); return errors.As(err, &ce) },
-	ContextError: contextError,
-	CodeName:     func(c rpccore.Code) string { return connect.Code(c).String() },
-}
-
-// contextError is the answer to a call whose context ended.
-func contextError(ctx context.Context) error {
-	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		return connect.NewError(connect.CodeDeadlineExceeded, ctx.Err())
-	}
-	return connect.NewError(connect.CodeCanceled, ctx.Err())
+	Status: func(err error) *rpccore.Status {
+		ce := new(connect.Error)
+		if !errors.As(err, &ce) {
+			ce = connect.NewError(connect.CodeOf(err), err)
+		}
+		s := &rpccore.Status{Code: rpccore.Code(ce.Code()), Message: ce.Message()}
+		for _, d := range ce.Details() {
+			s.Details = append(s.Details, rpccore.Detail{TypeURL: rpccore.TypeURLPrefix + d.Type(), Value: d.Bytes()})
+		}
+		return s
+	},
+	Code:     func(err error) rpccore.Code { return rpccore.Code(connect.CodeOf(err)) },
+	IsAnswer: func(err error) bool { ce := (*connect.Error)(nil); return errors.As(err, &ce) },
+	ContextError: func(ctx context.Context, cause error) error {
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return connect.NewError(connect.CodeDeadlineExceeded, cause)
+		}
+		return connect.NewError(connect.CodeCanceled, cause)
+	},
+	CodeName: func(c rpccore.Code) string { return connect.Code(c).String() },
+	// An error the server did not send is the transport's: connect-go
+	// reports a connection reset by the peer as Canceled, a response cut
+	// short as Unknown ("unexpected EOF"); the call's outcome is unknown,
+	// as for a lost connection.
+	Transport: func(err error) bool { return !connect.IsWireError(err) },
+	Proto: rpccore.Proto{
+		Append: func(b []byte, v any, deterministic bool) ([]byte, error) {
+			m, ok := v.(proto.Message)
+			if !ok {
+				return nil, rpccore.ErrNotMessage
+			}
+			return proto.MarshalOptions{Deterministic: deterministic}.MarshalAppend(b, m)
+		},
+		Describe: func(v any) (string, int, error) {
+			m, ok := v.(proto.Message)
+			if !ok {
+				return "", 0, rpccore.ErrNotMessage
+			}
+			return string(m.ProtoReflect().Descriptor().FullName()), proto.Size(m), nil
+		},
+		// A new message of the recorded type, from protoregistry.GlobalTypes,
+		// where generated code registers every type.
+		Decode: func(name string, body []byte) (any, error) {
+			mt, err := protoregistry.GlobalTypes.FindMessageByName(protoreflect.FullName(name))
+			if err != nil {
+				return nil, err
+			}
+			m := mt.New().Interface()
+			return m, proto.Unmarshal(body, m)
+		},
+	},
 }
 
 // WrapUnary handles one unary call: with a key, the first call of the key
@@ -155,54 +194,21 @@ func (cl *call) Scope(ctx context.Context) (string, error) {
 	return cl.s.scope(ctx, cl.req)
 }
 
-func (cl *call) AppendRequest(b []byte) ([]byte, error) {
-	m, ok := cl.req.Any().(proto.Message)
-	if !ok {
-		return nil, fmt.Errorf("is a %T, not a protobuf message; the interceptor cannot fingerprint it", cl.req.Any())
-	}
-	b, err := proto.MarshalOptions{Deterministic: true}.MarshalAppend(b, m)
-	if err != nil {
-		return nil, fmt.Errorf("does not encode: %v", err)
-	}
-	return b, nil
-}
+func (cl *call) Request() any { return cl.req.Any() }
 
-func (cl *call) Handle(ctx context.Context) rpccore.Code {
+func (cl *call) Handle(ctx context.Context) error {
 	cl.work = ctx
-	if cl.resp, cl.err = cl.next(ctx, cl.req); cl.err != nil {
-		return rpccore.Code(connect.CodeOf(cl.err))
-	}
-	return rpccore.OK
+	cl.resp, cl.err = cl.next(ctx, cl.req)
+	return cl.err
 }
 
-func (cl *call) Answered() (rpccore.Answered, error) {
+func (cl *call) Answered() rpccore.Answered {
 	header, trailer := answered(cl.work, cl.resp, cl.err)
 	a := rpccore.Answered{Header: rpccore.Metadata(header), Trailer: rpccore.Metadata(trailer)}
-	if cl.err != nil {
-		ce := new(connect.Error)
-		if !errors.As(cl.err, &ce) {
-			ce = connect.NewError(connect.CodeOf(cl.err), cl.err)
-		}
-		a.Status = &rpccore.Status{Code: rpccore.Code(ce.Code()), Message: ce.Message()}
-		for _, d := range ce.Details() {
-			a.Status.Details = append(a.Status.Details, rpccore.Detail{TypeURL: rpccore.TypeURLPrefix + d.Type(), Value: d.Bytes()})
-		}
-		return a, nil
+	if cl.err == nil && cl.resp != nil {
+		a.Message = cl.resp.Any()
 	}
-	var m proto.Message
-	ok := cl.resp != nil
-	if ok {
-		m, ok = cl.resp.Any().(proto.Message)
-	}
-	if !ok {
-		return a, fmt.Errorf("%T", cl.resp)
-	}
-	a.Name, a.Size = string(m.ProtoReflect().Descriptor().FullName()), proto.Size(m)
-	return a, nil
-}
-
-func (cl *call) AppendResponse(b []byte) ([]byte, error) {
-	return proto.MarshalOptions{}.MarshalAppend(b, cl.resp.Any().(proto.Message))
+	return a
 }
 
 // answered returns the headers and trailers a handler answered with, by
@@ -246,7 +252,7 @@ const (
 // holds).
 type replayed struct{ proto.Message }
 
-func (cl *call) Replay(ctx context.Context, r *rpccore.Record, answer error) error {
+func (cl *call) Replay(ctx context.Context, r *rpccore.Record, m any, answer error) {
 	var header, trailer http.Header
 	if ce, ok := answer.(*connect.Error); ok { // frame.Error's
 		cl.err, header, trailer = ce, ce.Meta(), ce.Meta()
@@ -254,11 +260,7 @@ func (cl *call) Replay(ctx context.Context, r *rpccore.Record, answer error) err
 			header.Set(HeaderResponseOmitted, "true")
 		}
 	} else {
-		m, err := decodeMessage(r)
-		if err != nil {
-			return err
-		}
-		resp := connect.NewResponse(&replayed{m})
+		resp := connect.NewResponse(&replayed{m.(proto.Message)})
 		cl.resp, header, trailer = resp, resp.Header(), resp.Trailer()
 	}
 	header.Set(HeaderReplayed, "true")
@@ -268,26 +270,6 @@ func (cl *call) Replay(ctx context.Context, r *rpccore.Record, answer error) err
 	for k, vs := range r.Trailer {
 		trailer[k] = append(trailer[k], vs...)
 	}
-	return nil
-}
-
-// errRecord is a record that does not decode.
-var errRecord = rpccore.ErrRecord
-
-// decodeMessage decodes a recorded response message: a new message of its
-// type, from protoregistry.GlobalTypes, where generated code registers
-// every type.
-func decodeMessage(r *rpccore.Record) (proto.Message, error) {
-	mt, err := protoregistry.GlobalTypes.FindMessageByName(protoreflect.FullName(r.Name))
-	var m proto.Message
-	if err == nil {
-		m = mt.New().Interface()
-		err = proto.Unmarshal(r.Body, m)
-	}
-	if err != nil {
-		return nil, errors.Join(errRecord, err)
-	}
-	return m, nil
 }
 
 // Resolution is how an operator settles, as done, a key this interceptor
@@ -299,14 +281,7 @@ func decodeMessage(r *rpccore.Record) (proto.Message, error) {
 // under SingleTenant) and key. rpccore.Resolution builds the same from
 // m's encoding, for a program without m's type.
 func Resolution(m proto.Message, header, trailer http.Header) (idem.Resolution, error) {
-	if m == nil || !m.ProtoReflect().IsValid() {
-		return idem.Resolution{}, errors.New("idemconnect: Resolution: a nil message; give the response to replay, an empty one if that is the answer")
-	}
-	body, err := proto.Marshal(m)
-	if err != nil {
-		return idem.Resolution{}, fmt.Errorf("idemconnect: Resolution: %w", err)
-	}
-	return rpccore.Resolution(string(m.ProtoReflect().Descriptor().FullName()), body, rpccore.Metadata(header), rpccore.Metadata(trailer))
+	return frame.Resolution(m, rpccore.Metadata(header), rpccore.Metadata(trailer))
 }
 
 // ErrorDomain is the Domain of the errdetails.ErrorInfo in every error the

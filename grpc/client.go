@@ -1,31 +1,28 @@
 package idemgrpc
 
 import (
-	"cmp"
 	"context"
 	"time"
 
 	"github.com/google/uuid"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/status"
 
 	"github.com/idemgo/idem/middleware/rpccore"
 )
 
 // ClientOptions configure the client interceptor. The zero value of every
 // field means its documented default. NewClient refuses a mistake in any
-// field with an error that names the field. The fields the Connect and
-// gRPC modules share are the RPC core's (rpccore.ClientConfig), where each
-// is documented in full.
+// field with an error that names the field. Each field is the RPC core's
+// of its name (rpccore.ClientConfig; Metadata its KeyName), documented
+// there in full.
 type ClientOptions struct {
 	// Metadata names the request metadata that carries the key: a
 	// metadata key, in any case, not reserved by gRPC ("grpc-") and not
 	// binary ("-bin"). Default "idempotency-key".
 	Metadata string
 	// Methods are the full method names the interceptor covers
-	// ("/package.Service/Method"), each listed once; others pass through
-	// untouched. Default: every unary method.
+	// ("/package.Service/Method"). Default: every unary method.
 	Methods []string
 	// MaxAttempts bounds the attempts of one call, the first included; 1
 	// never retries. Default 5.
@@ -74,31 +71,15 @@ type Client struct {
 // a method name that is not /package.Service/Method or is listed twice, an
 // InitialWait longer than MaxWait.
 func NewClient(o ClientOptions) (*Client, error) {
-	name, err := metadataName("ClientOptions.Metadata", cmp.Or(o.Metadata, DefaultMetadata))
-	if err != nil {
-		return nil, err
-	}
 	core, err := rpccore.NewClient(rpccore.ClientConfig{
-		Pkg: "idemgrpc", MethodsField: "Methods", MethodName: "full method name", Methods: o.Methods,
+		Frame: frame, KeyName: o.Metadata, Methods: o.Methods,
 		MaxAttempts: o.MaxAttempts, MaxElapsed: o.MaxElapsed, AttemptTimeout: o.AttemptTimeout,
 		InitialWait: o.InitialWait, MaxWait: o.MaxWait, OnAttempt: o.OnAttempt,
-		Code: func(err error) rpccore.Code { return rpccore.Code(status.Code(err)) },
-		Details: func(err error) []rpccore.Detail {
-			st, _ := status.FromError(err)
-			var ds []rpccore.Detail
-			for _, d := range st.Proto().GetDetails() {
-				ds = append(ds, rpccore.Detail{TypeURL: d.GetTypeUrl(), Value: d.GetValue()})
-			}
-			return ds
-		},
-		Waited: func(ctx context.Context, method string, n int, err error) error {
-			return status.Errorf(status.FromContextError(ctx.Err()).Code(), "idemgrpc: %s: %v while waiting to retry; attempt %d: %v", method, ctx.Err(), n, err)
-		},
 	})
 	if err != nil {
 		return nil, err
 	}
-	return &Client{core: core, metadata: name}, nil
+	return &Client{core: core, metadata: core.KeyName()}, nil
 }
 
 // Unary sends a covered call with its key, a fresh one unless the caller

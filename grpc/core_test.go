@@ -2,6 +2,7 @@ package idemgrpc
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -35,7 +36,17 @@ func decodeRecord(b []byte, replay []string) (*record, error) {
 	return &record{r, metadata.MD(r.Header), metadata.MD(r.Trailer)}, nil
 }
 
-func (r *record) message() (proto.Message, error) { return decodeMessage(r.Record) }
+// errRecord is a record that does not decode.
+var errRecord = rpccore.ErrRecord
+
+// message decodes the recorded response message, as a replay does.
+func (r *record) message() (proto.Message, error) {
+	m, err := frame.Proto.Decode(r.Name, r.Body)
+	if err != nil {
+		return nil, errors.Join(errRecord, err)
+	}
+	return m.(proto.Message), nil
+}
 
 func sleep(ctx context.Context, d time.Duration) bool {
 	t := time.NewTimer(d)

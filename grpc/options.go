@@ -1,7 +1,6 @@
 package idemgrpc
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -17,9 +16,10 @@ import (
 // ServerOptions configure the server interceptor. The zero value of every
 // field means its documented default; Store must be set, and exactly one
 // of Scope and SingleTenant. NewServer refuses a mistake in any field with
-// an error that names the field. The fields the Connect and gRPC modules
-// share are the RPC core's (rpccore.Config), where each is documented in
-// full.
+// an error that names the field. Each field is the RPC core's of its name
+// (rpccore.Config; Scope its Scoped, Metadata its KeyName,
+// ReplayMetadata its Replay), documented there in full: the Connect
+// module's options are the same.
 type ServerOptions struct {
 	// Store holds the records. Any idem.Store. Required.
 	Store idem.Store
@@ -29,65 +29,53 @@ type ServerOptions struct {
 	// "idempotency-key".
 	Metadata string
 	// KeyField names a singular string field at the top level of the request
-	// message that carries the key, as AIP-155's request_id; where it is
-	// unset, the key is read from Metadata. Default "": Metadata only.
+	// message that carries the key, as AIP-155's request_id. Default "":
+	// Metadata only.
 	KeyField string
-	// Scope names the tenant the call acts for, taken from its
-	// authenticated principal (a TLS client certificate, a verified token;
-	// never from what the client merely claims), so that one tenant's key
-	// never replays another's response: the record's key is the scope and
-	// the client's key. An error that is a gRPC status is the call's
-	// answer; any other, or an empty scope (which every call without a
-	// principal would share), answers Unauthenticated, its text never
-	// shown.
-	// Set Scope or SingleTenant: NewServer refuses neither and both.
-	// Default: none.
+	// Scope names the tenant the call acts for, from its authenticated
+	// principal (a TLS client certificate, a verified token; never what the
+	// client merely claims), so that one tenant's key never replays
+	// another's response; an error that is a gRPC status is the call's
+	// answer. Set Scope or SingleTenant. Default: none.
 	Scope func(ctx context.Context, fullMethod string) (string, error)
 	// SingleTenant states that the service has one tenant: every call shares
-	// one scope. Set Scope or SingleTenant. Default false.
+	// one scope. Default false.
 	SingleTenant bool
 	// Methods are the full method names the interceptor covers
-	// ("/package.Service/Method"), each listed once; others pass through
-	// untouched. Default: every unary method.
+	// ("/package.Service/Method"). Default: every unary method.
 	Methods []string
-	// Required answers InvalidArgument to a covered call without a key
-	// instead of passing it through. Default false.
+	// Required answers InvalidArgument to a covered call without a key.
+	// Default false.
 	Required bool
-	// LockTimeout bounds the wait for a call of the same key in flight,
-	// before Aborted with RetryInfo. Default 5s.
+	// LockTimeout bounds the wait for a call of the same key in flight.
+	// Default 5s.
 	LockTimeout time.Duration
-	// RetryDelay is the RetryInfo delay of an Aborted (key in flight) or
-	// Unavailable (store down) answer. At most 1h. Default 1s.
+	// RetryDelay is the RetryInfo delay of an Aborted or Unavailable answer.
+	// At most 1h. Default 1s.
 	RetryDelay time.Duration
 	// MaxKeyBytes bounds the client's key, in bytes. Default 255.
 	MaxKeyBytes int
 	// MaxResponseBytes bounds the encoded response message recorded for
 	// replay; a longer one is sent whole and recorded as done without it.
-	// Default 512 KiB, or less to fit the store's MaxResultBytes with
-	// RecordOverhead.
+	// Default 512 KiB, or less to fit the store's MaxResultBytes.
 	MaxResponseBytes int
 	// ReplayMetadata are the header and trailer metadata keys the handler
 	// sets (grpc.SetHeader, grpc.SendHeader, grpc.SetTrailer) that are
-	// recorded and replayed, each a metadata key listed once, in any case.
-	// Keys reserved by gRPC ("grpc-"), those that carry credentials
-	// (authorization, cookie, set-cookie, proxy-authenticate,
-	// www-authenticate) and the interceptor's own (idempotent-*) may not be
-	// listed. Default: none.
+	// recorded and replayed; not reserved by gRPC ("grpc-"), nor carrying
+	// credentials. Default: none.
 	ReplayMetadata []string
-	// Keep reports whether an answer with this code is recorded. An answer
-	// not kept releases the key, so that a retry runs the handler again:
-	// keep only answers that a retry of the same call cannot change (see
-	// Keep rules in the package documentation). Default: DefaultKeep.
+	// Keep reports whether an answer with this code is recorded; keep only
+	// answers that a retry of the same call cannot change. Default:
+	// DefaultKeep.
 	Keep func(codes.Code) bool
 	// RecordTimeout bounds the Claim before the handler and the Confirm or
 	// Forget after it, retries included. Default 10s.
 	RecordTimeout time.Duration
 	// Logger receives the errors the interceptor answers and what it cannot
-	// tell the client (an answer not recorded, work done twice), keys as
-	// their KeyHasher hash. Default: none.
+	// tell the client. Default: none.
 	Logger *slog.Logger
-	// Observer receives one idem.Event, Op idem.OpRequest, per call the
-	// interceptor acts on. Default: none.
+	// Observer receives one idem.Event per call the interceptor acts on.
+	// Default: none.
 	Observer idem.Observer
 	// KeyHasher hashes keys for the Logger and the Observer; give it the
 	// store's. Default: the process's (idem.KeyHash).
@@ -122,12 +110,9 @@ const RecordOverhead = rpccore.RecordOverhead
 func DefaultKeep(c codes.Code) bool { return rpccode.Keep(c) }
 
 // core is o as the RPC core takes it.
-func (o ServerOptions) core() (rpccore.Config, error) {
-	name, err := metadataName("ServerOptions.Metadata", cmp.Or(o.Metadata, DefaultMetadata))
+func (o ServerOptions) core() rpccore.Config {
 	c := rpccore.Config{
-		Pkg: "idemgrpc", KeyName: name, KeyWhere: name + " metadata",
-		Noun: "method", MethodsField: "Methods", MethodName: "full method name", ReplayField: "ReplayMetadata",
-		ReplayName: metadataName, Frame: frame,
+		Frame: frame, KeyName: o.Metadata,
 		Store: o.Store, Scoped: o.Scope != nil, SingleTenant: o.SingleTenant, KeyField: o.KeyField,
 		Methods: o.Methods, Required: o.Required, LockTimeout: o.LockTimeout, RetryDelay: o.RetryDelay,
 		MaxKeyBytes: o.MaxKeyBytes, MaxResponse: o.MaxResponseBytes, Replay: o.ReplayMetadata,
@@ -136,7 +121,7 @@ func (o ServerOptions) core() (rpccore.Config, error) {
 	if keep := o.Keep; keep != nil {
 		c.Keep = func(c rpccore.Code) bool { return keep(codes.Code(c)) }
 	}
-	return c, err
+	return c
 }
 
 // metadataName checks a metadata key given for field and returns it in

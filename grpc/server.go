@@ -2,7 +2,6 @@ package idemgrpc
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -41,19 +40,18 @@ type Server struct {
 // store cannot record), and Scope when neither Scope nor SingleTenant is
 // set, or both.
 func NewServer(o ServerOptions) (*Server, error) {
-	c, err := o.core()
+	core, err := rpccore.New(o.core())
 	if err != nil {
 		return nil, err
 	}
-	core, err := rpccore.New(c)
-	if err != nil {
-		return nil, err
-	}
-	return &Server{core: core, scope: o.Scope, keyField: o.KeyField, metadata: c.KeyName}, nil
+	return &Server{core: core, scope: o.Scope, keyField: o.KeyField, metadata: core.KeyName()}, nil
 }
 
-// frame is what the RPC core needs of gRPC.
+// frame is gRPC as the RPC core sees it: the words of this package's
+// messages and options, and gRPC's statuses.
 var frame = rpccore.Frame{
+	Pkg: "idemgrpc", KeyOption: "Metadata", DefaultKey: DefaultMetadata, KeyWhere: "%s metadata", Name: metadataName,
+	Noun: "method", MethodsField: "Methods", MethodName: "full method name", ReplayField: "ReplayMetadata",
 	Error: func(st *rpccore.Status) error {
 		p := &spb.Status{Code: int32(st.Code), Message: st.Message}
 		for _, d := range st.Details {
@@ -61,9 +59,46 @@ var frame = rpccore.Frame{
 		}
 		return status.ErrorProto(p)
 	},
-	IsAnswer:     func(err error) bool { _, ok := status.FromError(err); return ok },
-	ContextError: func(ctx context.Context) error { return status.FromContextError(ctx.Err()).Err() },
-	CodeName:     func(c rpccore.Code) string { return codes.Code(c).String() },
+	Status: func(err error) *rpccore.Status {
+		st, _ := status.FromError(err)
+		s := &rpccore.Status{Code: rpccore.Code(st.Code()), Message: st.Message()}
+		for _, d := range st.Proto().GetDetails() {
+			s.Details = append(s.Details, rpccore.Detail{TypeURL: d.GetTypeUrl(), Value: d.GetValue()})
+		}
+		return s
+	},
+	Code:     func(err error) rpccore.Code { return rpccore.Code(status.Code(err)) },
+	IsAnswer: func(err error) bool { _, ok := status.FromError(err); return ok },
+	ContextError: func(ctx context.Context, cause error) error {
+		return status.Error(status.FromContextError(ctx.Err()).Code(), cause.Error())
+	},
+	CodeName: func(c rpccore.Code) string { return codes.Code(c).String() },
+	Proto: rpccore.Proto{
+		Append: func(b []byte, v any, deterministic bool) ([]byte, error) {
+			m, ok := v.(proto.Message)
+			if !ok {
+				return nil, rpccore.ErrNotMessage
+			}
+			return proto.MarshalOptions{Deterministic: deterministic}.MarshalAppend(b, m)
+		},
+		Describe: func(v any) (string, int, error) {
+			m, ok := v.(proto.Message)
+			if !ok {
+				return "", 0, rpccore.ErrNotMessage
+			}
+			return string(m.ProtoReflect().Descriptor().FullName()), proto.Size(m), nil
+		},
+		// A new message of the recorded type, from protoregistry.GlobalTypes,
+		// where generated code registers every type.
+		Decode: func(name string, body []byte) (any, error) {
+			mt, err := protoregistry.GlobalTypes.FindMessageByName(protoreflect.FullName(name))
+			if err != nil {
+				return nil, err
+			}
+			m := mt.New().Interface()
+			return m, proto.Unmarshal(body, m)
+		},
+	},
 }
 
 // Unary handles one unary call: with a key, the first call of the key runs
@@ -146,45 +181,17 @@ func (cl *call) Scope(ctx context.Context) (string, error) {
 	return cl.s.scope(ctx, cl.method)
 }
 
-func (cl *call) AppendRequest(b []byte) ([]byte, error) {
-	m, ok := cl.req.(proto.Message)
-	if !ok {
-		return nil, fmt.Errorf("is a %T, not a protobuf message; the interceptor cannot fingerprint it", cl.req)
-	}
-	b, err := proto.MarshalOptions{Deterministic: true}.MarshalAppend(b, m)
-	if err != nil {
-		return nil, fmt.Errorf("does not encode: %v", err)
-	}
-	return b, nil
-}
+func (cl *call) Request() any { return cl.req }
 
-func (cl *call) Handle(ctx context.Context) rpccore.Code {
+func (cl *call) Handle(ctx context.Context) error {
 	cl.cp.ServerTransportStream, cl.cp.method = grpc.ServerTransportStreamFromContext(ctx), cl.method
 	cl.resp, cl.err = cl.handler(grpc.NewContextWithServerTransportStream(ctx, &cl.cp), cl.req)
-	return rpccore.Code(status.Code(cl.err))
+	return cl.err
 }
 
-func (cl *call) Answered() (rpccore.Answered, error) {
+func (cl *call) Answered() rpccore.Answered {
 	header, trailer := cl.cp.kept()
-	a := rpccore.Answered{Header: rpccore.Metadata(header), Trailer: rpccore.Metadata(trailer)}
-	if cl.err != nil {
-		st, _ := status.FromError(cl.err)
-		a.Status = &rpccore.Status{Code: rpccore.Code(st.Code()), Message: st.Message()}
-		for _, d := range st.Proto().GetDetails() {
-			a.Status.Details = append(a.Status.Details, rpccore.Detail{TypeURL: d.GetTypeUrl(), Value: d.GetValue()})
-		}
-		return a, nil
-	}
-	m, ok := cl.resp.(proto.Message)
-	if !ok {
-		return a, fmt.Errorf("%T", cl.resp)
-	}
-	a.Name, a.Size = string(m.ProtoReflect().Descriptor().FullName()), proto.Size(m)
-	return a, nil
-}
-
-func (cl *call) AppendResponse(b []byte) ([]byte, error) {
-	return proto.MarshalOptions{}.MarshalAppend(b, cl.resp.(proto.Message))
+	return rpccore.Answered{Header: rpccore.Metadata(header), Trailer: rpccore.Metadata(trailer), Message: cl.resp}
 }
 
 // Metadata the interceptor adds to the header of a replay.
@@ -199,15 +206,8 @@ const (
 
 var replayedTrue = []string{"true"}
 
-func (cl *call) Replay(ctx context.Context, r *rpccore.Record, answer error) error {
-	if answer == nil {
-		m, err := decodeMessage(r)
-		if err != nil {
-			return err
-		}
-		cl.resp = m
-	}
-	cl.err = answer
+func (cl *call) Replay(ctx context.Context, r *rpccore.Record, m any, answer error) {
+	cl.resp, cl.err = m, answer
 	header := metadata.MD{MetadataReplayed: replayedTrue}
 	for k, vs := range r.Header {
 		header[k] = vs
@@ -221,26 +221,6 @@ func (cl *call) Replay(ctx context.Context, r *rpccore.Record, answer error) err
 	if len(r.Trailer) > 0 {
 		_ = grpc.SetTrailer(ctx, metadata.MD(r.Trailer))
 	}
-	return nil
-}
-
-// errRecord is a record that does not decode.
-var errRecord = rpccore.ErrRecord
-
-// decodeMessage decodes a recorded response message: a new message of its
-// type, from protoregistry.GlobalTypes, where generated code registers
-// every type.
-func decodeMessage(r *rpccore.Record) (proto.Message, error) {
-	mt, err := protoregistry.GlobalTypes.FindMessageByName(protoreflect.FullName(r.Name))
-	var m proto.Message
-	if err == nil {
-		m = mt.New().Interface()
-		err = proto.Unmarshal(r.Body, m)
-	}
-	if err != nil {
-		return nil, errors.Join(errRecord, err)
-	}
-	return m, nil
 }
 
 // Resolution is how an operator settles, as done, a key this interceptor
@@ -252,14 +232,7 @@ func decodeMessage(r *rpccore.Record) (proto.Message, error) {
 // SingleTenant) and key. rpccore.Resolution builds the same from m's
 // encoding, for a program without m's type.
 func Resolution(m proto.Message, header, trailer metadata.MD) (idem.Resolution, error) {
-	if m == nil || !m.ProtoReflect().IsValid() {
-		return idem.Resolution{}, errors.New("idemgrpc: Resolution: a nil message; give the response to replay, an empty one if that is the answer")
-	}
-	body, err := proto.Marshal(m)
-	if err != nil {
-		return idem.Resolution{}, fmt.Errorf("idemgrpc: Resolution: %w", err)
-	}
-	return rpccore.Resolution(string(m.ProtoReflect().Descriptor().FullName()), body, rpccore.Metadata(header), rpccore.Metadata(trailer))
+	return frame.Resolution(m, rpccore.Metadata(header), rpccore.Metadata(trailer))
 }
 
 // capture is the grpc.ServerTransportStream a covered handler runs with:

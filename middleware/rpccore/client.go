@@ -3,6 +3,7 @@ package rpccore
 import (
 	"cmp"
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/idemgo/idem/internal/backoff"
@@ -11,51 +12,43 @@ import (
 )
 
 // ClientConfig is a client interceptor's options as the core takes them:
-// the front door's ClientOptions, field for field, and what the core needs
-// of the framework. Zero values mean the Default constants.
+// the front door's ClientOptions, field for field, and its Frame. Zero
+// values mean the Default constants; the front doors' fields of these
+// names are documented here.
 type ClientConfig struct {
-	// Pkg, MethodsField and MethodName are as in Config.
-	Pkg, MethodsField, MethodName string
-
-	// Methods are the full method names covered, each listed once.
-	// Default: every unary method.
+	// Frame is the front door's.
+	Frame
+	// KeyName names the metadata (the header) that carries the key, as
+	// ClientOptions.Metadata (Header) gives it, checked as Config.KeyName.
+	// Default: DefaultKey.
+	KeyName string
+	// Methods are the full method names covered ("/package.Service/Method",
+	// Connect's procedures), each listed once; others pass through
+	// untouched. Default: every unary method.
 	Methods []string
 	// MaxAttempts bounds the attempts of one call, the first included; 1
-	// never retries.
+	// never retries. Default 5.
 	MaxAttempts int
 	// MaxElapsed bounds the time of one call: no wait starts that would
 	// end past it. An attempt under way is bounded by the call's context
-	// and AttemptTimeout, not by MaxElapsed.
+	// and AttemptTimeout, not by MaxElapsed. Default 30s.
 	MaxElapsed time.Duration
 	// AttemptTimeout bounds each attempt; an attempt that runs out is an
 	// unknown outcome, retried with the key like a lost connection (its
 	// answer, had it come, is what the retry gets replayed). It lets a
 	// call through a network that went silent (a blackhole) move to a
-	// fresh attempt rather than wait for the call's deadline. 0: only the
-	// call's context bounds an attempt.
+	// fresh attempt rather than wait for the call's deadline. Default 0:
+	// only the call's context bounds an attempt.
 	AttemptTimeout time.Duration
 	// InitialWait is the backoff before the second attempt; it grows by
-	// half at each further attempt, jittered by ±50%.
+	// half at each further attempt, jittered by ±50%. Default 100ms.
 	InitialWait time.Duration
 	// MaxWait caps every wait, backoff or RetryInfo: a server asking for
-	// longer is retried after MaxWait.
+	// longer is retried after MaxWait. Default 5s.
 	MaxWait time.Duration
 	// OnAttempt is called after every attempt, on the call's goroutine,
-	// before the wait that follows a retried one.
+	// before the wait that follows a retried one. Default: none.
 	OnAttempt func(Attempt)
-
-	// Code returns the code of an attempt's error.
-	Code func(error) Code
-	// Transport reports whether an attempt's error is the transport's, not
-	// the server's answer (an outcome unknown, retried with the key);
-	// nil: none is.
-	Transport func(error) bool
-	// Details returns the details of an attempt's error, where the
-	// server's RetryInfo is.
-	Details func(error) []Detail
-	// Waited is the answer when the call's context ends while waiting to
-	// retry after attempt n failed with err.
-	Waited func(ctx context.Context, method string, n int, err error) error
 }
 
 // Attempt describes one attempt of a call, as the front doors' OnAttempt
@@ -83,11 +76,16 @@ type Client struct {
 }
 
 // NewClient checks c, fills in its defaults and returns the Client, or the
-// error naming the ClientOptions field at fault: a negative duration or
-// count, a method that is malformed or listed twice, an InitialWait longer
-// than MaxWait.
+// error naming the ClientOptions field at fault: a key's name that Name
+// refuses, a negative duration or count, a method that is malformed or
+// listed twice, an InitialWait longer than MaxWait.
 func NewClient(c ClientConfig) (*Client, error) {
 	pkg := c.Pkg
+	name, err := c.Name("ClientOptions."+c.KeyOption, cmp.Or(c.KeyName, c.DefaultKey))
+	if err != nil {
+		return nil, err
+	}
+	c.KeyName = name
 	for _, f := range []struct {
 		name   string
 		v, def time.Duration
@@ -116,6 +114,9 @@ func NewClient(c ClientConfig) (*Client, error) {
 	return &Client{c: c, methods: methods}, nil
 }
 
+// KeyName is the name of the key's metadata, as the front door spells it.
+func (c *Client) KeyName() string { return c.c.KeyName }
+
 // Covers reports whether calls of method are covered.
 func (c *Client) Covers(method string) bool { return c.methods == nil || c.methods[method] }
 
@@ -126,7 +127,8 @@ func (c *Client) Covers(method string) bool { return c.methods == nil || c.metho
 // Between attempts it waits a jittered backoff or the server's RetryInfo
 // delay, whichever is longer, capped by MaxWait, within MaxAttempts,
 // MaxElapsed and ctx. It returns nil or the last attempt's error as it
-// came; when ctx ends during a wait, Waited's.
+// came; when ctx ends during a wait, Frame.ContextError's, naming the last
+// attempt's error.
 func (c *Client) Call(ctx context.Context, method, key string, try func(context.Context) error) error {
 	o := &c.c
 	start := time.Now()
@@ -147,7 +149,7 @@ func (c *Client) Call(ctx context.Context, method, key string, try func(context.
 			if bo == nil {
 				bo = &backoff.Backoff{First: o.InitialWait, Most: o.MaxWait, Growth: 1.5}
 			}
-			delay, _ := RetryDelay(o.Details(err))
+			delay, _ := RetryDelay(o.Status(err).Details)
 			a.Wait = min(max(bo.Next(), delay), o.MaxWait)
 			if time.Now().Add(a.Wait).After(c.deadline(ctx, start)) {
 				a.Reason, a.Wait = "elapsed", 0
@@ -159,7 +161,7 @@ func (c *Client) Call(ctx context.Context, method, key string, try func(context.
 			return err
 		}
 		if !backoff.Sleep(ctx, a.Wait) {
-			return o.Waited(ctx, method, n, err)
+			return o.ContextError(ctx, fmt.Errorf("%s: %s: %w while waiting to retry; attempt %d: %v", o.Pkg, method, ctx.Err(), n, err))
 		}
 	}
 }

@@ -2,6 +2,7 @@ package rpccore
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -34,87 +35,159 @@ const (
 // fit the store's MaxResultBytes together.
 const RecordOverhead = 8 << 10
 
-// Config is a server interceptor's options as the core takes them: the
-// front door's ServerOptions, field for field, and the words its messages
-// use. Zero values mean the documented defaults of the front doors'
-// ServerOptions (the Default constants).
-type Config struct {
+// Frame is a front door as the core sees it: the words of its messages
+// and the names of its options, and what the core needs of its framework.
+// A front door fills one in, for its server's Config and its client's
+// ClientConfig alike.
+type Frame struct {
 	// Pkg is the front door's package name, first in every message
 	// ("idemgrpc").
 	Pkg string
-	// KeyName names where a call's key is sent, in messages: the metadata
-	// key or header, as the front door's option holds it.
-	KeyName string
-	// KeyWhere says where the key goes, in the answer to a call without
-	// one: "metadata", "header".
-	KeyWhere string
+	// KeyOption names the options' field that names the key's metadata
+	// ("Metadata", "Header"), DefaultKey its default; KeyWhere says where
+	// the key goes, in the answer to a call without one, %s standing for
+	// its name ("%s metadata").
+	KeyOption, DefaultKey, KeyWhere string
 	// Noun is what the framework calls a method ("method", "procedure");
-	// MethodsField and ReplayField name the fields of ServerOptions that
+	// MethodsField and ReplayField name the fields of the options that
 	// list methods and replayed metadata; MethodName is what an entry of
 	// MethodsField must be ("full method name").
 	Noun, MethodsField, MethodName, ReplayField string
-	// ReplayName checks a name given in ReplayField and returns it as the
-	// front door spells it (lower case for gRPC metadata, canonical for
-	// HTTP headers), or the error naming field.
-	ReplayName func(field, name string) (string, error)
-	// Frame is what the core needs of the framework.
-	Frame
+	// Name checks a metadata name given for field (the key's, a replayed
+	// one) and returns it as the front door spells it (lower case for
+	// gRPC metadata, canonical for HTTP headers), or the error naming
+	// field.
+	Name func(field, name string) (string, error)
 
-	// Store holds the records. Required.
+	// Error turns a Status into the framework's error.
+	Error func(*Status) error
+	// Status reads the framework's error as a Status: its code, message
+	// and details; an error the framework did not make is Unknown, with
+	// its text.
+	Status func(error) *Status
+	// Code is Status's code, without a copy of the details.
+	Code func(error) Code
+	// IsAnswer reports whether err is already the framework's answer (a
+	// gRPC status, a *connect.Error): a Scope's error passed on as it is.
+	IsAnswer func(error) bool
+	// ContextError is the answer to a call whose context ended: the
+	// context's code, with cause's text (ctx.Err() on the server's side).
+	ContextError func(ctx context.Context, cause error) error
+	// CodeName is a code's name in the framework's words, for logs.
+	CodeName func(Code) string
+	// Transport reports whether a client's attempt failed in the
+	// transport, with no answer of the server (an outcome unknown,
+	// retried with the key); nil: none does.
+	Transport func(error) bool
+	// Proto is the protobuf runtime, for the server's messages.
+	Proto Proto
+}
+
+// Resolution is Resolution of m, a protobuf message (its full type name
+// and encoding, by Proto), for the front doors' Resolution functions. It
+// refuses a nil message, which is a mistake, not an answer.
+func (f *Frame) Resolution(m any, header, trailer Metadata) (idem.Resolution, error) {
+	if nilcheck.Nil(m) {
+		return idem.Resolution{}, errors.New(f.Pkg + ": Resolution: a nil message; give the response to replay, an empty one if that is the answer")
+	}
+	name, _, err := f.Proto.Describe(m)
+	var body []byte
+	if err == nil {
+		body, err = f.Proto.Append(nil, m, false)
+	}
+	if err != nil {
+		return idem.Resolution{}, fmt.Errorf("%s: Resolution: %w", f.Pkg, err)
+	}
+	return Resolution(name, body, header, trailer)
+}
+
+// Config is a server interceptor's options as the core takes them: the
+// front door's ServerOptions, field for field, and its Frame. Zero values
+// mean the documented defaults of the front doors' ServerOptions (the
+// Default constants); the front doors' fields of these names are
+// documented here.
+type Config struct {
+	// Frame is the front door's.
+	Frame
+	// KeyName names the metadata (the header) that carries the client's
+	// key, as ServerOptions.Metadata (Header) gives it: in any case, not
+	// one the framework reserves, and not binary. Default: DefaultKey.
+	KeyName string
+
+	// Store holds the records: any idem.Store. Required.
 	Store idem.Store
 	// Scoped says the front door's Scope is set: it names the tenant a
-	// call acts for, from its authenticated principal, so that one
-	// tenant's key never replays another's response. An empty scope
-	// answers Unauthenticated: every call without a principal would share
-	// it. Exactly one of Scoped and SingleTenant.
+	// call acts for, from its authenticated principal (what an
+	// authenticating interceptor put in the context; never what the client
+	// merely claims), so that one tenant's key never replays another's
+	// response: the record's key is the scope and the client's key. An
+	// error the framework's (IsAnswer) is the call's answer; any other, or
+	// an empty scope (which every call without a principal would share),
+	// answers Unauthenticated, its text never shown. Exactly one of Scoped
+	// and SingleTenant.
 	Scoped bool
-	// SingleTenant states that every call shares one scope: whoever sends
-	// a recorded key with the same request receives its recorded response.
+	// SingleTenant states that the service has one tenant: every call
+	// shares one scope, and whoever sends a recorded key with the same
+	// request receives its recorded response. Default false.
 	SingleTenant bool
 	// KeyField names a singular string field at the top level of the
-	// request message that carries the key (AIP-155's request_id); where
-	// it is unset or empty, the key's metadata is read.
+	// request message that carries the key, as AIP-155's request_id;
+	// where it is unset or empty, the key's metadata is read. Default "":
+	// the metadata only.
 	KeyField string
-	// Methods are the full method names covered, each listed once; others
-	// pass through. Default: every unary method.
+	// Methods are the full method names covered ("/package.Service/Method",
+	// Connect's procedures), each listed once; others pass through
+	// untouched. Default: every unary method.
 	Methods []string
-	// Required answers InvalidArgument to a covered call without a key.
+	// Required answers InvalidArgument to a covered call without a key
+	// instead of passing it through. Default false.
 	Required bool
 	// LockTimeout bounds the wait for a call of the same key in flight,
-	// before Aborted with RetryInfo.
+	// before Aborted with RetryInfo. Default 5s.
 	LockTimeout time.Duration
-	// RetryDelay is the RetryInfo delay of an Aborted or Unavailable: a
-	// short poll, not the holder's lease end. At most 1h.
+	// RetryDelay is the RetryInfo delay of an Aborted (key in flight) or
+	// Unavailable (store down) answer: a short poll, not the holder's
+	// lease end. At most 1h. Default 1s.
 	RetryDelay time.Duration
-	// MaxKeyBytes bounds the client's key; the store's own MaxKeyBytes
-	// bounds the record's key (scope and client key).
+	// MaxKeyBytes bounds the client's key, in bytes; the store's own
+	// MaxKeyBytes bounds the record's key (scope and client key). Default
+	// 255.
 	MaxKeyBytes int
 	// MaxResponse (MaxResponseBytes) bounds the encoded response message
 	// recorded for replay; a longer one is sent whole and recorded as done
 	// without it. New refuses one that does not fit the store's
 	// MaxResultBytes (where the store reports it) with RecordOverhead.
+	// Default 512 KiB, or less to fit the store's MaxResultBytes with
+	// RecordOverhead.
 	MaxResponse int
-	// Replay are the metadata names recorded and replayed, each listed
-	// once, in any case; never those carrying credentials (authorization,
-	// cookie, set-cookie, proxy-authenticate, www-authenticate) nor the
-	// interceptor's own (idempotent-*).
+	// Replay are the metadata names the handler sets that are recorded
+	// and replayed, each listed once, in any case; never those the
+	// framework reserves (Name refuses them), those carrying credentials
+	// (authorization, cookie, set-cookie, proxy-authenticate,
+	// www-authenticate) nor the interceptor's own (idempotent-*). Default:
+	// none.
 	Replay []string
-	// Keep reports whether an answer with this code is recorded; one not
-	// kept releases the key. Default: KeepDefault.
+	// Keep reports whether an answer with this code is recorded. An answer
+	// not kept releases the key, so that a retry runs the handler again:
+	// keep only answers that a retry of the same call cannot change.
+	// Default: KeepDefault, package rpccode's rules.
 	Keep func(Code) bool
 	// RecordTimeout bounds the Claim before the handler and the Confirm or
 	// Forget after it, retries included: they run detached from the
-	// call's cancellation and never retry past the lease's end.
+	// call's cancellation and never retry past the lease's end. Default
+	// 10s.
 	RecordTimeout time.Duration
 	// Logger receives the errors the interceptor answers (level Error for
 	// Unavailable and Internal, Info otherwise) and what it cannot tell
-	// the client; keys as their KeyHasher hash, never raw.
+	// the client (an answer not recorded, work done twice); keys as their
+	// KeyHasher hash, never raw. Default: none.
 	Logger *slog.Logger
 	// Observer receives one idem.Event, Op idem.OpRequest, per call acted
-	// on (see the package documentation); an idem.Starter is started first.
+	// on (see the package documentation); an idem.Starter is started
+	// first. Default: none.
 	Observer idem.Observer
 	// KeyHasher hashes keys for the Logger and the Observer; give it the
-	// store's. Default: the process's.
+	// store's. Default: the process's (idem.KeyHash).
 	KeyHasher *idem.KeyHasher
 }
 
@@ -132,11 +205,13 @@ type Server struct {
 	lower     []string        // in lower case, as recorded
 	canon     []string        // in canonical form
 	maxResult int             // the store's MaxResultBytes, 0 when it does not report one
+	where     string          // KeyWhere, with the key's name
 	panicked  error
 }
 
 // New checks c, fills in its defaults and returns the Server, or the error
-// naming the ServerOptions field at fault: a nil or typed-nil Store or
+// naming the ServerOptions field at fault: a key's name that Name refuses
+// (reserved, binary, not a name), a nil or typed-nil Store or
 // Observer, neither or both of Scope and SingleTenant, a KeyField that is
 // not a protobuf name, a negative duration or size, a RetryDelay over 1h,
 // a MaxResponseBytes the store cannot record, a method listed twice or
@@ -144,6 +219,11 @@ type Server struct {
 // or listed twice.
 func New(c Config) (*Server, error) {
 	pkg := c.Pkg
+	name, err := c.Name("ServerOptions."+c.KeyOption, cmp.Or(c.KeyName, c.DefaultKey))
+	if err != nil {
+		return nil, err
+	}
+	c.KeyName = name
 	for _, f := range []struct {
 		name string
 		v    any
@@ -197,8 +277,7 @@ func New(c Config) (*Server, error) {
 	if c.Keep == nil {
 		c.Keep = KeepDefault
 	}
-	s := &Server{panicked: errors.New(pkg + ": a Scope func panicked")}
-	var err error
+	s := &Server{panicked: errors.New(pkg + ": a Scope func panicked"), where: strings.ReplaceAll(c.KeyWhere, "%s", name)}
 	if s.maxResult, err = c.fitResponse(); err != nil {
 		return nil, err
 	}
@@ -207,7 +286,7 @@ func New(c Config) (*Server, error) {
 	}
 	field := "ServerOptions." + c.ReplayField
 	for _, k := range c.Replay {
-		name, err := c.ReplayName(field, k)
+		name, err := c.Name(field, k)
 		if err != nil {
 			return nil, err
 		}
@@ -230,6 +309,9 @@ func New(c Config) (*Server, error) {
 // KeepDefault is Keep of package rpccode, the keep rules of every RPC front
 // door: OK and InvalidArgument.
 func KeepDefault(c Code) bool { return rpccode.Keep(c) }
+
+// KeyName is the name of the key's metadata, as the front door spells it.
+func (s *Server) KeyName() string { return s.c.KeyName }
 
 // Covers reports whether calls of method are covered: listed in Methods,
 // or Methods empty.

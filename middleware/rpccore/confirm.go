@@ -26,7 +26,7 @@ func (s *Server) encode(cl *call, a *Answered, omit bool) []byte {
 	}
 	if !omit && a.Size <= s.c.MaxResponse {
 		b := encodeRecord(0, a.Header, a.Trailer, s.lower, s.canon, a.Name, a.Size)
-		if b, err := cl.h.AppendResponse(b); err == nil && (s.maxResult == 0 || len(b) <= s.maxResult) {
+		if b, err := s.c.Proto.Append(b, a.Message, false); err == nil && (s.maxResult == 0 || len(b) <= s.maxResult) {
 			return b
 		}
 	}

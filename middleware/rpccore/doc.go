@@ -16,7 +16,10 @@
 //
 // # What the core holds
 //
-//   - the options' checks and defaults (New, NewClient);
+//   - the options, their documentation, checks and defaults (Config,
+//     ClientConfig; New, NewClient), in the words of the front door's
+//     Frame, which also turns its framework's errors to and from a Status
+//     and hands over protobuf's runtime (Proto);
 //   - the key: metadata (a header) or a request field (AIP-155's
 //     request_id), its checks (Server.Key), the fingerprint (Fingerprint)
 //     and the store key (StoreKey);
@@ -29,7 +32,8 @@
 //     with an ErrorInfo (ErrorDomain, a Reason), a RetryInfo where a retry
 //     helps, a PreconditionFailure for a quarantined key;
 //   - the record of an answer and its replay (EncodeRecord, DecodeRecord),
-//     and an operator's record of a response (Resolution);
+//     and an operator's record of a response (Resolution, and
+//     Frame.Resolution from a message);
 //   - the client's retry loop, one key per call (Client.Call).
 //
 // # Answers

@@ -80,7 +80,7 @@ func TestNewRefusesMistakes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ok := Config{Pkg: "p", Store: st, SingleTenant: true, ReplayName: func(_, n string) (string, error) { return n, nil }}
+	ok := Config{Frame: Frame{Pkg: "p", Name: func(_, n string) (string, error) { return n, nil }}, Store: st, SingleTenant: true}
 	for _, tc := range []struct {
 		f    func(*Config)
 		want string
@@ -106,11 +106,12 @@ func TestNewRefusesMistakes(t *testing.T) {
 // MaxAttempts; it does not retry another code.
 func TestClientRetries(t *testing.T) {
 	var got []Attempt
-	c, err := NewClient(ClientConfig{Pkg: "p", MaxAttempts: 3, InitialWait: time.Millisecond, MaxWait: time.Millisecond,
-		OnAttempt: func(a Attempt) { got = append(got, a) },
-		Code:      func(err error) Code { return Code(len(err.Error())) }, // "xxxxxxxxxxxxxx": 14, Unavailable
-		Details:   func(error) []Detail { return nil },
-		Waited:    func(context.Context, string, int, error) error { return context.Canceled }})
+	c, err := NewClient(ClientConfig{Frame: Frame{Pkg: "p", Name: func(_, n string) (string, error) { return n, nil },
+		Code:         func(err error) Code { return Code(len(err.Error())) }, // "xxxxxxxxxxxxxx": 14, Unavailable
+		Status:       func(error) *Status { return &Status{} },
+		ContextError: func(context.Context, error) error { return context.Canceled }},
+		MaxAttempts: 3, InitialWait: time.Millisecond, MaxWait: time.Millisecond,
+		OnAttempt: func(a Attempt) { got = append(got, a) }})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,58 +14,60 @@ import (
 )
 
 // Handler is a front door's side of one covered call: what only the
-// framework knows (the request message, the handler, how an answer is
-// sent), which the core asks for as it serves the call. A front door
-// implements it on its own per-call value.
+// framework knows (the request, the handler, how an answer is sent),
+// which the core asks for as it serves the call. A front door implements
+// it on its own per-call value.
 type Handler interface {
 	// Scope names the call's tenant by the front door's Scope; "" under
 	// SingleTenant. An error that IsAnswer reports is the call's answer.
 	Scope(ctx context.Context) (string, error)
-	// AppendRequest appends the request message's deterministic encoding
-	// to b, or returns why it cannot: the request is not a protobuf
-	// message ("is a T, not a protobuf message") or does not encode.
-	AppendRequest(b []byte) ([]byte, error)
+	// Request returns the request message, for Frame.Proto.
+	Request() any
 	// Handle runs the call's handler with ctx (the lease's), keeps its
-	// answer, and returns that answer's code (OK for a response).
-	Handle(ctx context.Context) Code
-	// Answered returns the handler's answer for its record, or why it
-	// cannot be recorded (a response that is not a protobuf message).
-	Answered() (Answered, error)
-	// AppendResponse appends the response message's encoding to b.
-	AppendResponse(b []byte) ([]byte, error)
+	// answer, and returns its error: nil for a response.
+	Handle(ctx context.Context) error
+	// Answered returns the metadata the handler set and, for a response,
+	// its message; the core reads the rest (Frame.Status, Frame.Proto).
+	Answered() Answered
 	// Replay answers the call with a record: with answer, when it is set
 	// (the recorded status, or the answer to a response not recorded),
-	// else with the recorded message, whose type and encoding r holds;
-	// with r's metadata and the replay marker in either case. It returns
-	// an error when the message does not decode.
-	Replay(ctx context.Context, r *Record, answer error) error
+	// else with m, the recorded message decoded; with r's metadata and
+	// the replay marker in either case.
+	Replay(ctx context.Context, r *Record, m any, answer error)
 }
 
 // Answered is a handler's answer as the core records it.
 type Answered struct {
 	// Header and Trailer are the metadata the handler set.
 	Header, Trailer Metadata
-	// Status is the handler's error; nil for a response.
+	// Message is the response message; nil for an error.
+	Message any
+	// Status is the handler's error; nil for a response. The core sets
+	// it, by Frame.Status.
 	Status *Status
 	// Name and Size are the response message's full type name and the size
-	// of its encoding.
+	// of its encoding; the core sets them, by Frame.Proto.
 	Name string
 	Size int
 }
 
-// Frame is what the core needs of a framework, given by the front door in
-// Config.
-type Frame struct {
-	// Error turns a Status into the framework's error.
-	Error func(*Status) error
-	// IsAnswer reports whether err is already the framework's answer (a
-	// gRPC status, a *connect.Error): a Scope's error passed on as it is.
-	IsAnswer func(error) bool
-	// ContextError is the answer to a call whose context ended.
-	ContextError func(ctx context.Context) error
-	// CodeName is a code's name in the framework's words, for logs.
-	CodeName func(Code) string
+// Proto is the protobuf runtime as the core uses it: the front doors
+// import protobuf, the core does not, so each hands it these functions
+// (messages are proto.Message values). Each refuses a value that is not a
+// protobuf message with ErrNotMessage.
+type Proto struct {
+	// Append appends m's encoding to b: deterministic, as the request's
+	// for its fingerprint, when deterministic is set.
+	Append func(b []byte, m any, deterministic bool) ([]byte, error)
+	// Describe returns m's full type name and the size of its encoding.
+	Describe func(m any) (name string, size int, err error)
+	// Decode decodes body as a new message of the full type name, found in
+	// the registry where generated code registers every type.
+	Decode func(name string, body []byte) (any, error)
 }
+
+// ErrNotMessage is a value given for a protobuf message that is not one.
+var ErrNotMessage = errors.New("rpccore: not a protobuf message")
 
 // call is one covered call and what the core did with it.
 type call struct {
@@ -177,7 +179,7 @@ func (s *Server) serve(cl *call, keyErr error) {
 		if c.KeyField != "" {
 			words = " nor in the request's " + c.KeyField + " field"
 		}
-		cl.err = s.Answer(cl.ctx, InvalidArgument, ReasonKeyMissing, "the call has no idempotency key in "+c.KeyWhere+words, "", nil)
+		cl.err = s.Answer(cl.ctx, InvalidArgument, ReasonKeyMissing, "the call has no idempotency key in "+s.where+words, "", nil)
 		cl.layerErr = errKeyRefused
 		return
 	}
@@ -194,9 +196,14 @@ func (s *Server) serve(cl *call, keyErr error) {
 		cl.err, cl.layerErr = err, errKeyRefused
 		return
 	}
-	fp, err := fingerprint(cl.method, cl.h.AppendRequest)
+	req := cl.h.Request()
+	fp, err := fingerprint(cl.method, req, c.Proto.Append)
 	if err != nil {
-		cl.err = s.Plain(Internal, "the request of "+cl.method+" "+err.Error())
+		why := "does not encode: " + err.Error()
+		if errors.Is(err, ErrNotMessage) {
+			why = fmt.Sprintf("is a %T, not a protobuf message; the interceptor cannot fingerprint it", req)
+		}
+		cl.err = s.Plain(Internal, "the request of "+cl.method+" "+why)
 		cl.layerErr = errNotMessage
 		return
 	}
@@ -216,16 +223,17 @@ func (s *Server) Plain(code Code, msg string) error {
 // message's deterministic protobuf encoding. Made by the server, so that
 // clients in any language agree on it.
 func Fingerprint(method string, request []byte) []byte {
-	fp, _ := fingerprint(method, func(b []byte) ([]byte, error) { return append(b, request...), nil })
+	fp, _ := fingerprint(method, request, func(b []byte, request any, _ bool) ([]byte, error) { return append(b, request.([]byte)...), nil })
 	return fp
 }
 
-func fingerprint(method string, request func([]byte) ([]byte, error)) ([]byte, error) {
+// fingerprint is Fingerprint of m, encoded deterministically by enc.
+func fingerprint(method string, m any, enc func(b []byte, m any, deterministic bool) ([]byte, error)) ([]byte, error) {
 	bp := fpBuffers.Get().(*[]byte)
 	defer fpBuffers.Put(bp)
 	b := append((*bp)[:0], method...)
 	b = append(b, 0)
-	b, err := request(b)
+	b, err := enc(b, m, true)
 	if err != nil {
 		return nil, err
 	}
@@ -295,7 +303,7 @@ func (s *Server) lease(cl *call, fp []byte) {
 		// the store in step.
 		if !poll.Wait(ctx) {
 			cl.outcome, cl.layerErr = idem.InProgress, context.Cause(ctx)
-			cl.err = s.c.ContextError(ctx)
+			cl.err = s.c.ContextError(ctx, ctx.Err())
 			return
 		}
 	}
@@ -323,7 +331,7 @@ func (s *Server) storeFailed(cl *call, err error) error {
 	case errors.Is(err, idem.ErrInvalidKey):
 		return s.Answer(cl.ctx, InvalidArgument, ReasonKeyInvalid, "the idempotency key is too long for the store", "", err)
 	case cl.ctx.Err() != nil:
-		return s.c.ContextError(cl.ctx)
+		return s.c.ContextError(cl.ctx, cl.ctx.Err())
 	}
 	return s.Answer(cl.ctx, Unavailable, ReasonStoreUnavailable, "the idempotency store is unavailable; the call was not run", "", err)
 }
@@ -344,16 +352,23 @@ func (s *Server) run(cl *call, claim idem.Claim) {
 		}
 	}()
 	cl.handlerOK = true
-	code := cl.h.Handle(work)
+	herr := cl.h.Handle(work)
 	done = true
 	end := stop() // waits for the renewals
+	code := OK
+	if herr != nil {
+		code = s.c.Code(herr)
+	}
 	if !s.c.Keep(code) {
 		s.forget(cl.ctx, l, end)
 		return
 	}
-	a, err := cl.h.Answered()
-	if err != nil {
-		s.log(cl.ctx, s.c.Pkg+": the handler's response is not a protobuf message; not recorded, the key released", cl.storeKey, err)
+	a := cl.h.Answered()
+	var err error
+	if herr != nil {
+		a.Status = s.c.Status(herr)
+	} else if a.Name, a.Size, err = s.c.Proto.Describe(a.Message); err != nil {
+		s.log(cl.ctx, s.c.Pkg+": the handler's response is not a protobuf message; not recorded, the key released", cl.storeKey, fmt.Errorf("%w: %T", err, a.Message))
 		s.forget(cl.ctx, l, end)
 		return
 	}
@@ -365,6 +380,7 @@ func (s *Server) run(cl *call, claim idem.Claim) {
 func (s *Server) replay(cl *call, result []byte) {
 	r, err := DecodeRecord(result, s.names)
 	var answer error
+	var m any
 	if err == nil {
 		switch {
 		case r.Flags&FlagStatus != 0:
@@ -374,13 +390,16 @@ func (s *Server) replay(cl *call, result []byte) {
 			}
 		case r.Flags&FlagOmitted != 0:
 			answer = s.Answer(cl.ctx, AlreadyExists, ReasonResponseNotRecorded, "the call was done once; its response was over MaxResponseBytes and went to the first call only", cl.key, nil)
+		default:
+			if m, err = s.c.Proto.Decode(r.Name, r.Body); err != nil {
+				err = errors.Join(ErrRecord, err)
+			}
 		}
 	}
 	if err == nil {
-		err = cl.h.Replay(cl.ctx, r, answer)
+		cl.h.Replay(cl.ctx, r, m, answer)
+		return
 	}
-	if err != nil {
-		cl.layerErr = errRecordDamaged
-		cl.err = s.Answer(cl.ctx, Internal, ReasonRecordDamaged, "the call was done, but its recorded answer cannot be read", cl.key, err)
-	}
+	cl.layerErr = errRecordDamaged
+	cl.err = s.Answer(cl.ctx, Internal, ReasonRecordDamaged, "the call was done, but its recorded answer cannot be read", cl.key, err)
 }
