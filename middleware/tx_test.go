@@ -87,7 +87,30 @@ func newTxEnvLock(t *testing.T, d sqlstore.Dialect, lock time.Duration) *txEnv {
 	if _, err := db.ExecContext(ctx, ddl); err != nil {
 		t.Fatalf("%s = %v", ddl, err)
 	}
+	if d != sqlstore.SQLite {
+		warmPool(t, db, 4)
+	}
 	return e
+}
+
+// warmPool leaves n connections open and idle in db's pool: a Run waits
+// at most LockTimeout (100 ms here) for a connection, and dialing a new
+// one on a loaded machine can take longer, which would read as the
+// database being busy when the sequence is about something else.
+func warmPool(t *testing.T, db *sql.DB, n int) {
+	t.Helper()
+	db.SetMaxIdleConns(n)
+	conns := make([]*sql.Conn, n)
+	for i := range conns {
+		c, err := db.Conn(context.Background())
+		if err != nil {
+			t.Fatalf("opening connection %d of the pool: %v", i+1, err)
+		}
+		conns[i] = c
+	}
+	for _, c := range conns {
+		_ = c.Close()
+	}
 }
 
 func (e *txEnv) rows(t *testing.T) int {
