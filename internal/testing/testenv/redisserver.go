@@ -1,11 +1,14 @@
 package testenv
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/tls"
 	"encoding/hex"
+	mathrand "math/rand/v2"
 	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -20,15 +23,26 @@ import (
 
 // FreePort returns a loopback TCP port that nothing listened on when it was
 // chosen: for a server a test starts, or for an address that must refuse
-// connections.
+// connections. It is drawn from 18000-22767, so that it and a cluster
+// node's bus port (+10000) lie below the kernel's range for the local
+// ports of outgoing connections (32768-60999): a port the kernel chose
+// (listening on port 0) can be any client connection's local port a
+// moment later, and a server then cannot listen on it. The services of
+// .ci/services.sh sit below 18000.
 func FreePort(t testing.TB) string {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	const lo, n = 18000, 4768
+	for range 200 {
+		p := strconv.Itoa(lo + mathrand.IntN(n))
+		l, err := net.Listen("tcp", "127.0.0.1:"+p)
+		if err != nil {
+			continue
+		}
+		_ = l.Close()
+		return p
 	}
-	defer func() { _ = l.Close() }()
-	return strconv.Itoa(l.Addr().(*net.TCPAddr).Port)
+	t.Fatalf("no free loopback port in %d-%d after 200 tries", lo, lo+n-1)
+	return ""
 }
 
 // DeadRedis returns a client, closed when t ends, of a loopback address
@@ -50,10 +64,12 @@ type RedisServer struct {
 	// (Server.StartTLS), which verifies it; nil for a plain one.
 	TLS *tls.Config
 
-	t    testing.TB
-	bin  string
-	args []string
-	cmd  *exec.Cmd
+	t      testing.TB
+	bin    string
+	args   []string
+	dir    string // its directory: its log file
+	cmd    *exec.Cmd
+	exited chan struct{} // closed once cmd has exited and been reaped
 }
 
 // StartRedisServer starts a redis-server for t alone (no RDB snapshots,
@@ -90,7 +106,7 @@ func startServerTLS(t testing.TB, bin, port string, tc *tls.Config, args ...stri
 	t.Helper()
 	for attempt := 1; ; attempt++ {
 		dir := t.TempDir()
-		s := &RedisServer{t: t, bin: bin, Addr: "127.0.0.1:" + port, TLS: tc,
+		s := &RedisServer{t: t, bin: bin, Addr: "127.0.0.1:" + port, TLS: tc, dir: dir,
 			args: append([]string{"--bind", "127.0.0.1", "--save", "",
 				"--dir", dir, "--logfile", filepath.Join(dir, "log")}, args...)}
 		t.Cleanup(s.Kill)
@@ -136,11 +152,31 @@ func (s *RedisServer) start() (ok, taken bool) {
 		s.cmd = nil
 		return false, false
 	}
+	cmd, exited := s.cmd, make(chan struct{})
+	s.exited = exited
+	go func() {
+		_ = cmd.Wait()
+		close(exited)
+	}()
 	o := s.Options()
 	o.MaxRetries = -1
 	c := redis.NewClient(o)
 	defer func() { _ = c.Close() }()
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		select {
+		case <-exited:
+			// It could not start: most often its port was taken (a
+			// client's connection bound it as its local port, or
+			// another test's server) after the port was chosen.
+			s.cmd = nil
+			log, _ := os.ReadFile(filepath.Join(s.dir, "log"))
+			if bytes.Contains(log, []byte("Address already in use")) {
+				return false, true
+			}
+			s.t.Errorf("redis-server on %s exited at its start: %s", s.Addr, lastLines(log, 5))
+			return false, false
+		default:
+		}
 		err := c.Ping(context.Background()).Err()
 		if err == nil {
 			if pid, known := serverPID(c); known && pid != s.cmd.Process.Pid {
@@ -184,8 +220,14 @@ func (s *RedisServer) Kill() {
 		return
 	}
 	_ = s.cmd.Process.Kill()
-	_ = s.cmd.Wait()
+	<-s.exited
 	s.cmd = nil
+}
+
+// lastLines returns the last n lines of b, for an error message.
+func lastLines(b []byte, n int) string {
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
 // UniquePrefix returns a Redis key prefix no other test uses, so that tests
