@@ -1,9 +1,14 @@
 package sqlstore_test
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -46,6 +51,49 @@ func TestClaimTakeOver(t *testing.T) {
 			t.Errorf("claim events' TakeOver = %v; want [false false true]", seen)
 		}
 	})
+}
+
+// Run's take-over of a claim whose lease ran out is logged as a Claim's
+// is, with how the attempt taken over ended.
+func TestRunLogsTakeOver(t *testing.T) {
+	dialects(t, func(t *testing.T, db *sql.DB, d sqlstore.Dialect) {
+		ctx := t.Context()
+		var buf bytes.Buffer
+		var mu sync.Mutex
+		logger := slog.New(slog.NewTextHandler(lockedWriter{&buf, &mu}, nil))
+		lease := idem.MinLeaseTTL
+		st := sqltest.NewStore(t, db, sqlstore.Options{LeaseTTL: lease, Logger: logger, Dialect: d, Table: sqltest.UniqueTable()})
+		c, err := st.Claim(ctx, "job", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := st.Abandon(ctx, c.Lease, "Reconcile failed: ledger unreachable"); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(lease + 50*time.Millisecond)
+		write := func(context.Context, *sql.Tx) ([]byte, error) { return []byte("ok"), nil }
+		if _, _, err := st.Run(ctx, "job", nil, write); err != nil {
+			t.Fatalf("Run after the lease ran out = %v", err)
+		}
+		mu.Lock()
+		out := buf.String()
+		mu.Unlock()
+		if !strings.Contains(out, "idem: take-over") || !strings.Contains(out, "prior_token="+strconv.FormatInt(c.Lease.Token, 10)) ||
+			!strings.Contains(out, "Reconcile failed: ledger unreachable") {
+			t.Errorf("log after Run's take-over lacks the take-over of token %d and how it ended:\n%s", c.Lease.Token, out)
+		}
+	})
+}
+
+type lockedWriter struct {
+	b  *bytes.Buffer
+	mu *sync.Mutex
+}
+
+func (w lockedWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
 }
 
 // Run reports one OpRun event per call: Claimed when its write ran,

@@ -166,6 +166,7 @@ func (s *Store) run(ctx context.Context, key string, fp []byte,
 	if err != nil {
 		return nil, false, s.fail("run", key, err), nil
 	}
+	s.core.LogTakeOvers(ctx, []string{key}, []idem.Claim{c}, nil)
 	switch c.Outcome {
 	case idem.Duplicate, idem.InProgress:
 		if err := s.core.FingerprintMismatch(c, key, fp); err != nil {
