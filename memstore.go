@@ -460,21 +460,12 @@ func (m *MemoryStore) Checkpoint(ctx context.Context, l *Lease, data []byte) (er
 	if err := m.core.CheckCheckpoint(l, data); err != nil {
 		return err
 	}
-	if err := ctx.Err(); err != nil {
-		return err
-	}
-	d := m.data
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	r := d.live(l.Key, d.now())
-	if !holds(r, l) {
-		return m.core.LeaseLost(OpCheckpoint, l)
-	}
-	r.checkpoint = nil
-	if len(data) > 0 {
-		r.checkpoint = bytes.Clone(data)
-	}
-	return nil
+	return m.onHeld(ctx, OpCheckpoint, l, func(r *memRecord) {
+		r.checkpoint = nil
+		if len(data) > 0 {
+			r.checkpoint = bytes.Clone(data)
+		}
+	})
 }
 
 // Abandon implements Abandoner.
@@ -484,19 +475,27 @@ func (m *MemoryStore) Abandon(ctx context.Context, l *Lease, reason string) (err
 	if err := m.core.CheckAbandon(l, reason); err != nil {
 		return err
 	}
+	if err := m.onHeld(ctx, OpAbandon, l, func(r *memRecord) { r.ended = reason }); err != nil {
+		return err
+	}
+	m.core.LogAbandoned(ctx, l, reason)
+	return nil
+}
+
+// onHeld runs apply on l's own live claim under the lock (the writes only
+// a lease's holder makes: Checkpoint, Abandon), or answers ErrLeaseLost.
+func (m *MemoryStore) onHeld(ctx context.Context, op Op, l *Lease, apply func(*memRecord)) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	d := m.data
 	d.mu.Lock()
+	defer d.mu.Unlock()
 	r := d.live(l.Key, d.now())
 	if !holds(r, l) {
-		d.mu.Unlock()
-		return m.core.LeaseLost(OpAbandon, l)
+		return m.core.LeaseLost(op, l)
 	}
-	r.ended = reason
-	d.mu.Unlock()
-	m.core.LogAbandoned(ctx, l, reason)
+	apply(r)
 	return nil
 }
 

@@ -484,14 +484,7 @@ func (s *RedisStore) Checkpoint(ctx context.Context, l *Lease, data []byte) (err
 	if err := s.core.CheckCheckpoint(l, data); err != nil {
 		return err
 	}
-	if err := s.leaseReady(ctx); err != nil {
-		return s.fail("checkpoint", l.Key, err)
-	}
-	v, _, err := s.run(ctx, checkpointScript, l.Key, heldPrefix(l), s.retentionMs, data)
-	if err != nil {
-		return s.fail("checkpoint", l.Key, err)
-	}
-	return s.held(OpCheckpoint, l, v)
+	return s.runCheckpoint(ctx, OpCheckpoint, l, data)
 }
 
 // Abandon implements Abandoner in one round trip (checkpoint.lua, which
@@ -502,18 +495,25 @@ func (s *RedisStore) Abandon(ctx context.Context, l *Lease, reason string) (err 
 	if err := s.core.CheckAbandon(l, reason); err != nil {
 		return err
 	}
-	if err := s.leaseReady(ctx); err != nil {
-		return s.fail("abandon", l.Key, err)
-	}
-	v, _, err := s.run(ctx, checkpointScript, l.Key, heldPrefix(l), s.retentionMs, reason, "ended")
-	if err != nil {
-		return s.fail("abandon", l.Key, err)
-	}
-	if err := s.held(OpAbandon, l, v); err != nil {
+	if err := s.runCheckpoint(ctx, OpAbandon, l, reason, "ended"); err != nil {
 		return err
 	}
 	s.core.LogAbandoned(ctx, l, reason)
 	return nil
+}
+
+// runCheckpoint runs checkpoint.lua on l's own live claim with args
+// after its own (the checkpoint; or the reason and 'ended'): ErrLeaseLost
+// when l holds no live claim.
+func (s *RedisStore) runCheckpoint(ctx context.Context, op Op, l *Lease, args ...any) error {
+	if err := s.leaseReady(ctx); err != nil {
+		return s.fail(op.String(), l.Key, err)
+	}
+	v, _, err := s.run(ctx, checkpointScript, l.Key, append([]any{heldPrefix(l), s.retentionMs}, args...)...)
+	if err != nil {
+		return s.fail(op.String(), l.Key, err)
+	}
+	return s.held(op, l, v)
 }
 
 // held reads the answer of a script that acts only on l's own live claim

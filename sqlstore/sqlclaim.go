@@ -88,7 +88,7 @@ func (s *Store) claimIn(ctx context.Context, q sqlQuerier, key string, fingerpri
 		)
 		err := s.locked(ctx, q, func() error {
 			var err error
-			if c, err = s.foundRow(ctx, q, key, start, &old); !errors.Is(err, errNoRecord) {
+			if c, err = s.found(ctx, q, key, start, &old); !errors.Is(err, errNoRecord) {
 				answered = true
 				return err
 			}
@@ -120,7 +120,7 @@ func (s *Store) quarantineLapsed(ctx context.Context, q sqlQuerier, key string, 
 		return idem.Claim{}, err
 	}
 	if marked {
-		if c, err := s.found(ctx, q, key, start, false); !errors.Is(err, errNoRecord) {
+		if c, err := s.found(ctx, q, key, start, nil); !errors.Is(err, errNoRecord) {
 			return c, err
 		}
 	}
@@ -163,29 +163,6 @@ func (s *Store) claimOrRead(ctx context.Context, q sqlQuerier, key string, k, fp
 		return idem.Claim{}, err
 	}
 	return s.quarantineLapsed(ctx, q, key, k, start)
-}
-
-// foundRow is found with any, the row it read kept in *old: a claim that
-// then takes that row over tells the next holder why its holder gave it up
-// (withEnded).
-func (s *Store) foundRow(ctx context.Context, q sqlQuerier, key string, start time.Time, old *dbRow) (idem.Claim, error) {
-	err := s.reading(ctx, q, func() error {
-		return q.QueryRowContext(ctx, s.q.readAny, []byte(key)).Scan(old.dest()...)
-	})
-	if errors.Is(err, sql.ErrNoRows) {
-		return idem.Claim{}, errNoRecord
-	}
-	if err != nil {
-		return idem.Claim{}, err
-	}
-	rec, err := old.record(key, start, s.ttlUnit)
-	if errors.Is(err, errNotLive) {
-		return idem.Claim{}, errNoRecord
-	}
-	if err != nil {
-		return idem.Claim{}, err
-	}
-	return foundClaim(rec), nil
 }
 
 // withEnded sets c's Prior.Ended from old, the row c's claim read before

@@ -15,10 +15,10 @@ import (
 
 // found answers a claim of a key with a live record: Duplicate, InProgress,
 // or a quarantined key (Claim.Record alone). Without one it returns
-// errNoRecord. any reads the row whatever its state (SQLite only, where
-// reads are in process and cheap; see read).
-func (s *Store) found(ctx context.Context, q sqlQuerier, key string, start time.Time, any bool) (idem.Claim, error) {
-	rec, err := s.read(ctx, q, key, start, any)
+// errNoRecord. With old it reads the row whatever its state into *old (see
+// read).
+func (s *Store) found(ctx context.Context, q sqlQuerier, key string, start time.Time, old *dbRow) (idem.Claim, error) {
+	rec, err := s.read(ctx, q, key, start, old)
 	if err != nil {
 		return idem.Claim{}, err
 	}
@@ -37,19 +37,25 @@ func foundClaim(rec *idem.Record) idem.Claim {
 	}
 }
 
-// read returns the key's live record, or errNoRecord. With any (SQLite
-// only) it reads the row whatever its state and answers errNoRecord for
-// one that is not live: the claim that reads before it writes learns so
-// that it must write.
-func (s *Store) read(ctx context.Context, q sqlQuerier, key string, start time.Time, any bool) (*idem.Record, error) {
-	query := s.q.read
-	if any {
+// read returns the key's live record, or errNoRecord. With old (the
+// claims of SQLite and MySQL, which read before they write) it reads the
+// row whatever its state into *old and answers errNoRecord for one that is
+// not live: the claim learns so that it must write, and what it takes over
+// (withEnded).
+func (s *Store) read(ctx context.Context, q sqlQuerier, key string, start time.Time, old *dbRow) (*idem.Record, error) {
+	query, r := s.q.read, old
+	if old == nil {
+		r = new(dbRow)
+	} else {
 		query = s.q.readAny
 	}
 	var rec *idem.Record
 	err := s.reading(ctx, q, func() error {
+		if err := q.QueryRowContext(ctx, query, []byte(key)).Scan(r.dest()...); err != nil {
+			return err
+		}
 		var err error
-		rec, err = s.scanRecord(q.QueryRowContext(ctx, query, []byte(key)), key, start)
+		rec, err = r.record(key, start, s.ttlUnit)
 		return err
 	})
 	if errors.Is(err, sql.ErrNoRows) || errors.Is(err, errNotLive) {

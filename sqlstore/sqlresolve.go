@@ -55,7 +55,7 @@ func (s *Store) Inspect(ctx context.Context, key string) (rec *idem.Record, err 
 	return rec, nil
 }
 
-// heldUnchanged says, after a Renew or Checkpoint changed no row, whether
+// heldUnchanged says, after a Renew, Checkpoint or Abandon changed no row, whether
 // that was because the row already held what it wrote (the same
 // checkpoint; a renewal in the same microsecond) while l's lease is live.
 // MySQL counts only the rows an UPDATE changed (unless the DSN sets
@@ -82,17 +82,7 @@ func (s *Store) Checkpoint(ctx context.Context, l *idem.Lease, data []byte) (err
 	if len(data) > 0 {
 		cp = data
 	}
-	ok, err := s.exec(ctx, s.db, s.q.checkpoint, []byte(l.Key), l.Owner, l.Token, cp)
-	if err == nil && !ok {
-		ok, err = s.heldUnchanged(ctx, l)
-	}
-	if err != nil {
-		return s.fail("checkpoint", l.Key, err)
-	}
-	if !ok {
-		return s.core.LeaseLost(idem.OpCheckpoint, l)
-	}
-	return nil
+	return s.setHeld(ctx, idem.OpCheckpoint, s.q.checkpoint, l, cp)
 }
 
 // Abandon implements idem.Abandoner in one statement.
@@ -102,17 +92,26 @@ func (s *Store) Abandon(ctx context.Context, l *idem.Lease, reason string) (err 
 	if err := s.core.CheckAbandon(l, reason); err != nil {
 		return err
 	}
-	ok, err := s.exec(ctx, s.db, s.q.abandon, []byte(l.Key), l.Owner, l.Token, []byte(reason))
+	if err := s.setHeld(ctx, idem.OpAbandon, s.q.abandon, l, []byte(reason)); err != nil {
+		return err
+	}
+	s.core.LogAbandoned(ctx, l, reason)
+	return nil
+}
+
+// setHeld runs stmt, an UPDATE of l's own live claim that sets one column
+// to value (Checkpoint, Abandon): ErrLeaseLost when l holds no live claim.
+func (s *Store) setHeld(ctx context.Context, op idem.Op, stmt string, l *idem.Lease, value any) error {
+	ok, err := s.exec(ctx, s.db, stmt, []byte(l.Key), l.Owner, l.Token, value)
 	if err == nil && !ok {
 		ok, err = s.heldUnchanged(ctx, l)
 	}
 	if err != nil {
-		return s.fail("abandon", l.Key, err)
+		return s.fail(op.String(), l.Key, err)
 	}
 	if !ok {
-		return s.core.LeaseLost(idem.OpAbandon, l)
+		return s.core.LeaseLost(op, l)
 	}
-	s.core.LogAbandoned(ctx, l, reason)
 	return nil
 }
 
@@ -140,7 +139,7 @@ func (s *Store) Resolve(ctx context.Context, key string, r idem.Resolution) (err
 		return nil
 	case r.Force:
 		// Nothing cleared: a live claim, or no record. Read to say which.
-		rec, err := s.read(ctx, s.db, key, start, false)
+		rec, err := s.read(ctx, s.db, key, start, nil)
 		if err == nil && !rec.Confirmed && !rec.Quarantined {
 			return s.core.LiveClaim(key)
 		}

@@ -362,7 +362,7 @@ func (s *Store) confirmIn(ctx context.Context, q sqlQuerier, l *idem.Lease, resu
 			return false, err
 		}
 		// A live confirmation stays; whose is it?
-		rec, err := s.read(ctx, q, l.Key, start, false)
+		rec, err := s.read(ctx, q, l.Key, start, nil)
 		if errors.Is(err, errNoRecord) {
 			continue // it expired in between: record ours
 		}
@@ -419,7 +419,7 @@ func (s *Store) Lookup(ctx context.Context, key string) (rec *idem.Record, err e
 	if err := s.core.CheckKey(key); err != nil {
 		return nil, err
 	}
-	rec, err = s.read(ctx, s.db, key, start, false)
+	rec, err = s.read(ctx, s.db, key, start, nil)
 	if errors.Is(err, errNoRecord) {
 		return nil, s.core.NotFound(key)
 	}
