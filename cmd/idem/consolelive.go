@@ -1,13 +1,16 @@
 package main
 
 // The console's live view: what the store can say cheaply, sampled every
-// few seconds into a ring buffer of the last minutes, and drawn as a chart.
+// few seconds into a ring buffer of the last minutes, served as a page (or
+// JSON) and drawn as a chart on the server.
 
 import (
 	"context"
 	"database/sql"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http"
 	"strconv"
 	"strings"
 	"sync"
@@ -275,4 +278,110 @@ func (v *liveView) samples() []liveSample {
 		return append([]liveSample(nil), v.ring[:v.next]...)
 	}
 	return append(append([]liveSample(nil), v.ring[v.next:]...), v.ring[:v.next]...)
+}
+
+// livePage is the live view's content.
+type livePage struct {
+	Latest  *liveSample
+	How     string
+	Every   time.Duration
+	Counts  chart
+	RTT     chart
+	Samples int
+}
+
+func (con *console) live(w http.ResponseWriter, r *http.Request) {
+	if con.cfg.Live == nil {
+		con.fail(w, r, http.StatusNotFound, "This console samples nothing.")
+		return
+	}
+	ss := con.cfg.Live.samples()
+	lp := livePage{How: con.cfg.Live.counter.how(), Every: con.cfg.Live.every, Samples: len(ss)}
+	if len(ss) > 0 {
+		lp.Latest = &ss[len(ss)-1]
+	}
+	lp.Counts = newChart(ss, []series{
+		{"quarantined keys", "q", func(s liveSample) float64 { return float64(s.Quarantined) }},
+		{"live claims that are take-overs", "t", func(s liveSample) float64 { return float64(s.TakeOvers) }},
+	}, "")
+	lp.RTT = newChart(ss, []series{{"round-trip time (ms)", "r", func(s liveSample) float64 { return float64(s.RTT) / 1e6 }}}, " ms")
+	con.render(w, r, http.StatusOK, "live", "Live", lp)
+}
+
+func (con *console) liveJSON(w http.ResponseWriter, r *http.Request) {
+	if con.cfg.Live == nil {
+		http.NotFound(w, r)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(struct {
+		How     string       `json:"how"`
+		Samples []liveSample `json:"samples"`
+	}{con.cfg.Live.counter.how(), con.cfg.Live.samples()})
+}
+
+// series is one line of a chart.
+type series struct {
+	Name, Class string
+	value       func(liveSample) float64
+}
+
+// chart is an SVG line chart drawn on the server: no script draws it.
+type chart struct {
+	W, H       int
+	Lines      []chartLine
+	Max        string // the top of the scale
+	From, To   time.Time
+	Empty      bool
+	Failed     int // samples that failed: gaps in the lines
+	ScaleLines []int
+}
+
+// chartLine is one series' polyline.
+type chartLine struct {
+	Name, Class, Points, Last string
+}
+
+func newChart(ss []liveSample, lines []series, unit string) chart {
+	c := chart{W: 720, H: 160, Empty: len(ss) == 0, ScaleLines: []int{0, 40, 80, 120}}
+	if len(ss) == 0 {
+		return c
+	}
+	c.From, c.To = ss[0].At, ss[len(ss)-1].At
+	top := 1.0
+	for _, s := range ss {
+		if s.Err != "" {
+			c.Failed++
+			continue
+		}
+		for _, l := range lines {
+			top = max(top, l.value(s))
+		}
+	}
+	span := c.To.Sub(c.From).Seconds()
+	for _, l := range lines {
+		var b strings.Builder
+		last := "-"
+		for _, s := range ss {
+			if s.Err != "" {
+				continue
+			}
+			x := float64(c.W)
+			if span > 0 {
+				x = s.At.Sub(c.From).Seconds() / span * float64(c.W)
+			}
+			y := float64(c.H) - l.value(s)/top*float64(c.H-4) - 2
+			fmt.Fprintf(&b, "%.1f,%.1f ", x, y)
+			last = strconv.FormatFloat(l.value(s), 'f', -1, 64)
+			if unit != "" {
+				last = strconv.FormatFloat(l.value(s), 'f', 2, 64) + unit
+			}
+		}
+		c.Lines = append(c.Lines, chartLine{Name: l.Name, Class: l.Class, Points: b.String(), Last: last})
+	}
+	c.Max = strconv.FormatFloat(top, 'f', -1, 64) + unit
+	if unit != "" {
+		c.Max = strconv.FormatFloat(top, 'f', 2, 64) + unit
+	}
+	return c
 }

@@ -3,9 +3,11 @@ package main
 // The console's settle forms: what the key page offers, read from its
 // fields into settle.go's settleInput, so that the console and idem resolve
 // settle a key the same way (the same forms, the same refusals, written
-// once there).
+// once there); and the handler that asks the operator to confirm a settle,
+// then makes it and logs who made it.
 
 import (
+	"context"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -13,6 +15,7 @@ import (
 	"net/textproto"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/idemgo/idem"
 )
@@ -152,4 +155,68 @@ func pageResolution(key, form string, in pageInput) (idem.Resolution, error) {
 		return bad(err)
 	}
 	return r, nil
+}
+
+// confirmPage asks the operator to confirm a settle.
+type confirmPage struct {
+	ID, Name, Form, Label, Help string
+	Input                       pageInput
+	Bytes                       int
+	Confirm                     bool
+}
+
+// donePage says what a settle did.
+type donePage struct {
+	ID, Name, What string
+}
+
+func (con *console) settle(w http.ResponseWriter, r *http.Request) {
+	if con.cfg.ReadOnly {
+		con.fail(w, r, http.StatusForbidden, "This console is read-only (--read-only): it settles nothing.")
+		return
+	}
+	id := r.PostFormValue("id")
+	key, ok := con.idKey(id)
+	if !ok {
+		con.fail(w, r, http.StatusBadRequest, "Unknown key: this form is not one of this console's (reload the key's page).")
+		return
+	}
+	name := con.keyName(key)
+	form := r.PostFormValue("form")
+	in := pageInput{JSON: r.PostFormValue("json"), Status: r.PostFormValue("status"), Header: r.PostFormValue("header"),
+		Body: r.PostFormValue("body"), Type: r.PostFormValue("type"), Text: r.PostFormValue("text"), Hex: r.PostFormValue("hex")}
+	res, err := pageResolution(key, form, in)
+	if err != nil {
+		con.render(w, r, http.StatusBadRequest, "error", "Not settled", errorPage{Message: "Nothing was written: " + strings.TrimPrefix(err.Error(), errBadSettle.Error()+": ") + ".", Back: "/key/" + id})
+		return
+	}
+	var sf pageForm
+	for _, f := range append(pageForms, clearForm) {
+		if f.Name == form {
+			sf = f
+		}
+	}
+	if r.PostFormValue("step") != "do" {
+		con.render(w, r, http.StatusOK, "confirm", "Settle "+name+"?", confirmPage{ID: id, Name: name, Form: form,
+			Label: sf.Label, Help: sf.Help, Input: in, Bytes: len(res.Result), Confirm: res.Confirm})
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+	defer cancel()
+	who := r.Context().Value(whoKey{}).(session).name
+	if err := con.res.Resolve(ctx, key, res); err != nil {
+		if errors.Is(err, idem.ErrNotFound) {
+			con.render(w, r, http.StatusConflict, "error", "Not settled", errorPage{Message: fmt.Sprintf("Key %s is not quarantined (settled already, or never was): left as it is.", name), Back: "/key/" + id})
+			return
+		}
+		fmt.Fprintf(con.cfg.Log, "idem console: settle by %s: %s of key %s in %s failed: %s\n", who, form, name, con.cfg.Desc, oneLine(err.Error()))
+		con.fail(w, r, http.StatusBadGateway, "Settling failed: "+oneLine(err.Error()))
+		return
+	}
+	what := fmt.Sprintf("forgotten: the next delivery or call of key %s runs the work as new", name)
+	if res.Confirm {
+		what = fmt.Sprintf("recorded as done (%s, %d bytes): every duplicate of key %s is answered with it", sf.Label, len(res.Result), name)
+	}
+	fmt.Fprintf(con.cfg.Log, "idem console: settle by %s: %s of key %s (%d bytes of result) in %s\n", who, form, name, len(res.Result), con.cfg.Desc)
+	con.render(w, r, http.StatusOK, "done", "Settled", donePage{ID: id, Name: name, What: what})
 }

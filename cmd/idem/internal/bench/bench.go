@@ -41,9 +41,10 @@
 // these figures, steadier than throughput, say roughly where the time
 // goes.
 //
-// RunConsumer (group consumer, consumer.go) measures apart, with a loop of
-// its own: a fixed number of messages per round read from a real broker,
-// bare and through idem's consumer wrappers.
+// RunConsumer (group consumer, consumer.go; its contenders per broker in
+// consumerstream.go and consumeramqp.go, its report in consumerreport.go)
+// measures apart, with a loop of its own: a fixed number of messages per
+// round read from a real broker, bare and through idem's consumer wrappers.
 package bench
 
 import (
