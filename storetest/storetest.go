@@ -145,8 +145,8 @@ type suite struct {
 	// the expiries two claims report.
 	lastClaim  time.Time
 	sinceClaim time.Duration
-	// setTook is how long the last call that set an expiry (confirm,
-	// renew) took: the store set it as late as that call's end.
+	// setTook is how long the last call that set an expiry (claim,
+	// confirm, renew) took: the store set it as late as that call's end.
 	setTook time.Duration
 	virtual time.Duration // the advances so far, on a backend whose clock the suite controls
 	epoch   time.Time     // the check's start, on one whose clock runs by itself
@@ -282,6 +282,7 @@ func (s *suite) claimCall(st idem.Store, key string, fp string) (idem.Claim, err
 	s.timed(t0)
 	s.mu.Lock()
 	s.claims = append(s.claims, claimSpan{at: at, took: s.took})
+	s.setTook = s.took
 	if !s.lastClaim.IsZero() {
 		s.sinceClaim = t0.Sub(s.lastClaim)
 	}
