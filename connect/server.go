@@ -224,13 +224,10 @@ func (cl *call) Replay(ctx context.Context, r *rpccore.Record, m any, answer err
 }
 
 // Resolution is how an operator settles, as done, a key this interceptor
-// quarantined (idem.Resolver.Resolve): the record of the answer m, with
-// the headers and trailers given (nil for none; replayed where
-// ReplayHeaders lists them). Every call of the key then gets m, with
-// Idempotent-Replayed: true, as if the handler had answered it. The key
-// to resolve is the store's: rpccore.StoreKey of the call's scope (""
-// under SingleTenant) and key. rpccore.Resolution builds the same from
-// m's encoding, for a program without m's type.
+// quarantined: rpccore.Resolution of the answer m, with the headers and
+// trailers given (nil for none; replayed where ReplayHeaders lists them,
+// with Idempotent-Replayed: true), for the store key rpccore.StoreKey
+// names.
 func Resolution(m proto.Message, header, trailer http.Header) (idem.Resolution, error) {
 	return frame.Resolution(m, rpccore.Metadata(header), rpccore.Metadata(trailer))
 }
