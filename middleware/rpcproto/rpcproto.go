@@ -23,31 +23,37 @@ import (
 // proto.Message values; a recorded message is decoded into a new message
 // of its type from protoregistry.GlobalTypes, where generated code
 // registers every type; the key field is read by protoreflect, so that
-// no generated code of idem's is needed.
-var Proto = rpccore.Proto{
-	Append: func(b []byte, v any, deterministic bool) ([]byte, error) {
-		m, ok := v.(proto.Message)
-		if !ok {
-			return nil, rpccore.ErrNotMessage
-		}
-		return proto.MarshalOptions{Deterministic: deterministic}.MarshalAppend(b, m)
-	},
-	Describe: func(v any) (string, int, error) {
-		m, ok := v.(proto.Message)
-		if !ok {
-			return "", 0, rpccore.ErrNotMessage
-		}
-		return string(m.ProtoReflect().Descriptor().FullName()), proto.Size(m), nil
-	},
-	Decode: func(name string, body []byte) (any, error) {
-		mt, err := protoregistry.GlobalTypes.FindMessageByName(protoreflect.FullName(name))
-		if err != nil {
-			return nil, err
-		}
-		m := mt.New().Interface()
-		return m, proto.Unmarshal(body, m)
-	},
-	Field: field,
+// no generated code of idem's is needed. The adapters copy it into their
+// rpccore.Frame when their package is initialized.
+var Proto = rpccore.Proto{Append: appendMessage, Describe: describe, Decode: decode, Field: field}
+
+// appendMessage appends v's encoding to b, deterministic when asked (the
+// fingerprint's), or refuses a v that is no message.
+func appendMessage(b []byte, v any, deterministic bool) ([]byte, error) {
+	m, ok := v.(proto.Message)
+	if !ok {
+		return nil, rpccore.ErrNotMessage
+	}
+	return proto.MarshalOptions{Deterministic: deterministic}.MarshalAppend(b, m)
+}
+
+// describe returns v's full type name and the size of its encoding.
+func describe(v any) (string, int, error) {
+	m, ok := v.(proto.Message)
+	if !ok {
+		return "", 0, rpccore.ErrNotMessage
+	}
+	return string(m.ProtoReflect().Descriptor().FullName()), proto.Size(m), nil
+}
+
+// decode decodes body as a new message of the type registered under name.
+func decode(name string, body []byte) (any, error) {
+	mt, err := protoregistry.GlobalTypes.FindMessageByName(protoreflect.FullName(name))
+	if err != nil {
+		return nil, err
+	}
+	m := mt.New().Interface()
+	return m, proto.Unmarshal(body, m)
 }
 
 // field returns the value of v's field name, "" when v is no protobuf
