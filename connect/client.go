@@ -6,7 +6,6 @@ import (
 
 	"connectrpc.com/connect"
 	"github.com/google/uuid"
-	_ "google.golang.org/genproto/googleapis/rpc/errdetails" // the answers' details, registered for ErrorDetail.Value
 
 	"github.com/idemgo/idem/middleware/rpccore"
 )

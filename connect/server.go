@@ -3,17 +3,15 @@ package idemconnect
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net/http"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protoreflect"
-	"google.golang.org/protobuf/reflect/protoregistry"
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/middleware/rpccore"
+	"github.com/idemgo/idem/middleware/rpcproto"
 )
 
 // Server is the server interceptor, a connect.Interceptor: give it to a
@@ -21,10 +19,9 @@ import (
 // streaming call carrying a key is refused; a client's calls pass
 // through. Create it with NewServer; it is safe for concurrent use.
 type Server struct {
-	core     *rpccore.Server
-	scope    func(ctx context.Context, req connect.AnyRequest) (string, error)
-	keyField string
-	header   string // canonical
+	core   *rpccore.Server
+	scope  func(ctx context.Context, req connect.AnyRequest) (string, error)
+	header string // canonical
 }
 
 var _ connect.Interceptor = (*Server)(nil)
@@ -41,11 +38,11 @@ func NewServer(o ServerOptions) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Server{core: core, scope: o.Scope, keyField: o.KeyField, header: core.KeyName()}, nil
+	return &Server{core: core, scope: o.Scope, header: core.KeyName()}, nil
 }
 
 // frame is Connect as the RPC core sees it: the words of this package's
-// messages and options, and Connect's errors.
+// messages and options, Connect's errors, and protobuf's runtime.
 var frame = rpccore.Frame{
 	Pkg: "idemconnect", KeyOption: "Header", DefaultKey: DefaultHeader, KeyWhere: "its %s header", Name: headerName,
 	Noun: "procedure", MethodsField: "Procedures", MethodName: "procedure", ReplayField: "ReplayHeaders",
@@ -83,32 +80,7 @@ var frame = rpccore.Frame{
 	// short as Unknown ("unexpected EOF"); the call's outcome is unknown,
 	// as for a lost connection.
 	Transport: func(err error) bool { return !connect.IsWireError(err) },
-	Proto: rpccore.Proto{
-		Append: func(b []byte, v any, deterministic bool) ([]byte, error) {
-			m, ok := v.(proto.Message)
-			if !ok {
-				return nil, rpccore.ErrNotMessage
-			}
-			return proto.MarshalOptions{Deterministic: deterministic}.MarshalAppend(b, m)
-		},
-		Describe: func(v any) (string, int, error) {
-			m, ok := v.(proto.Message)
-			if !ok {
-				return "", 0, rpccore.ErrNotMessage
-			}
-			return string(m.ProtoReflect().Descriptor().FullName()), proto.Size(m), nil
-		},
-		// A new message of the recorded type, from protoregistry.GlobalTypes,
-		// where generated code registers every type.
-		Decode: func(name string, body []byte) (any, error) {
-			mt, err := protoregistry.GlobalTypes.FindMessageByName(protoreflect.FullName(name))
-			if err != nil {
-				return nil, err
-			}
-			m := mt.New().Interface()
-			return m, proto.Unmarshal(body, m)
-		},
-	},
+	Proto:     rpcproto.Proto,
 }
 
 // WrapUnary handles one unary call: with a key, the first call of the key
@@ -124,7 +96,7 @@ func (s *Server) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 			spec.IdempotencyLevel == connect.IdempotencyNoSideEffects || !s.core.Covers(spec.Procedure) {
 			return next(ctx, req)
 		}
-		key, keyErr := s.key(ctx, req)
+		key, keyErr := s.core.Key(ctx, req.Any(), req.Header().Values(s.header))
 		if s.core.Passes(key, keyErr) {
 			return next(ctx, req)
 		}
@@ -137,22 +109,6 @@ func (s *Server) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 		}
 		return cl.resp, nil
 	}
-}
-
-// key returns the call's key ("" for none), or the error answering a
-// malformed one.
-func (s *Server) key(ctx context.Context, req connect.AnyRequest) (string, error) {
-	var field string
-	if m, ok := req.Any().(proto.Message); ok && s.keyField != "" {
-		r := m.ProtoReflect()
-		if fd := r.Descriptor().Fields().ByName(protoreflect.Name(s.keyField)); fd != nil {
-			if fd.Kind() != protoreflect.StringKind || fd.IsList() {
-				return "", s.core.Plain(rpccore.Internal, fmt.Sprintf("KeyField %s of %s is not a singular string field", s.keyField, r.Descriptor().FullName()))
-			}
-			field = r.Get(fd).String()
-		}
-	}
-	return s.core.Key(ctx, field, req.Header().Values(s.header))
 }
 
 // WrapStreamingClient passes a client's streams through: the interceptor
@@ -187,12 +143,7 @@ type call struct {
 	err  error
 }
 
-func (cl *call) Scope(ctx context.Context) (string, error) {
-	if cl.s.scope == nil {
-		return "", nil
-	}
-	return cl.s.scope(ctx, cl.req)
-}
+func (cl *call) Scope(ctx context.Context) (string, error) { return cl.s.scope(ctx, cl.req) }
 
 func (cl *call) Request() any { return cl.req.Any() }
 
@@ -273,13 +224,10 @@ func (cl *call) Replay(ctx context.Context, r *rpccore.Record, m any, answer err
 }
 
 // Resolution is how an operator settles, as done, a key this interceptor
-// quarantined (idem.Resolver.Resolve): the record of the answer m, with
-// the headers and trailers given (nil for none; replayed where
-// ReplayHeaders lists them). Every call of the key then gets m, with
-// Idempotent-Replayed: true, as if the handler had answered it. The key
-// to resolve is the store's: rpccore.StoreKey of the call's scope (""
-// under SingleTenant) and key. rpccore.Resolution builds the same from
-// m's encoding, for a program without m's type.
+// quarantined: rpccore.Resolution of the answer m, with the headers and
+// trailers given (nil for none; replayed where ReplayHeaders lists them,
+// with Idempotent-Replayed: true), for the store key rpccore.StoreKey
+// names.
 func Resolution(m proto.Message, header, trailer http.Header) (idem.Resolution, error) {
 	return frame.Resolution(m, rpccore.Metadata(header), rpccore.Metadata(trailer))
 }

@@ -2,23 +2,20 @@ package idemgrpc
 
 import (
 	"context"
-	"fmt"
 	"strings"
 	"sync"
 
-	_ "google.golang.org/genproto/googleapis/rpc/errdetails" // the answers' details, registered for status.Details
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protoreflect"
-	"google.golang.org/protobuf/reflect/protoregistry"
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/middleware/rpccore"
+	"github.com/idemgo/idem/middleware/rpcproto"
 )
 
 // Server is the server interceptor: its Unary method is a
@@ -28,7 +25,6 @@ import (
 type Server struct {
 	core     *rpccore.Server
 	scope    func(ctx context.Context, fullMethod string) (string, error)
-	keyField string
 	metadata string // lower case
 }
 
@@ -44,11 +40,11 @@ func NewServer(o ServerOptions) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Server{core: core, scope: o.Scope, keyField: o.KeyField, metadata: core.KeyName()}, nil
+	return &Server{core: core, scope: o.Scope, metadata: core.KeyName()}, nil
 }
 
 // frame is gRPC as the RPC core sees it: the words of this package's
-// messages and options, and gRPC's statuses.
+// messages and options, gRPC's statuses, and protobuf's runtime.
 var frame = rpccore.Frame{
 	Pkg: "idemgrpc", KeyOption: "Metadata", DefaultKey: DefaultMetadata, KeyWhere: "%s metadata", Name: metadataName,
 	Noun: "method", MethodsField: "Methods", MethodName: "full method name", ReplayField: "ReplayMetadata",
@@ -73,32 +69,7 @@ var frame = rpccore.Frame{
 		return status.Error(status.FromContextError(ctx.Err()).Code(), cause.Error())
 	},
 	CodeName: func(c rpccore.Code) string { return codes.Code(c).String() },
-	Proto: rpccore.Proto{
-		Append: func(b []byte, v any, deterministic bool) ([]byte, error) {
-			m, ok := v.(proto.Message)
-			if !ok {
-				return nil, rpccore.ErrNotMessage
-			}
-			return proto.MarshalOptions{Deterministic: deterministic}.MarshalAppend(b, m)
-		},
-		Describe: func(v any) (string, int, error) {
-			m, ok := v.(proto.Message)
-			if !ok {
-				return "", 0, rpccore.ErrNotMessage
-			}
-			return string(m.ProtoReflect().Descriptor().FullName()), proto.Size(m), nil
-		},
-		// A new message of the recorded type, from protoregistry.GlobalTypes,
-		// where generated code registers every type.
-		Decode: func(name string, body []byte) (any, error) {
-			mt, err := protoregistry.GlobalTypes.FindMessageByName(protoreflect.FullName(name))
-			if err != nil {
-				return nil, err
-			}
-			m := mt.New().Interface()
-			return m, proto.Unmarshal(body, m)
-		},
-	},
+	Proto:    rpcproto.Proto,
 }
 
 // Unary handles one unary call: with a key, the first call of the key runs
@@ -109,7 +80,8 @@ func (s *Server) Unary(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 	if !s.core.Covers(info.FullMethod) {
 		return handler(ctx, req)
 	}
-	key, keyErr := s.key(ctx, req)
+	md, _ := metadata.FromIncomingContext(ctx)
+	key, keyErr := s.core.Key(ctx, req, md[s.metadata])
 	if s.core.Passes(key, keyErr) {
 		return handler(ctx, req)
 	}
@@ -118,35 +90,6 @@ func (s *Server) Unary(ctx context.Context, req any, info *grpc.UnaryServerInfo,
 		return nil, err
 	}
 	return cl.resp, cl.err
-}
-
-// key returns the call's key ("" for none), or the error answering a
-// malformed one.
-func (s *Server) key(ctx context.Context, req any) (string, error) {
-	field, err := keyField(req, s.keyField)
-	if err != nil {
-		return "", s.core.Plain(rpccore.Internal, err.Error())
-	}
-	md, _ := metadata.FromIncomingContext(ctx)
-	return s.core.Key(ctx, field, md[s.metadata])
-}
-
-// keyField returns the value of the request's field name, "" when the
-// request has no such field or leaves it empty, or an error when the field
-// is no singular string.
-func keyField(req any, name string) (string, error) {
-	m, ok := req.(proto.Message)
-	if name == "" || !ok {
-		return "", nil
-	}
-	r := m.ProtoReflect()
-	fd := r.Descriptor().Fields().ByName(protoreflect.Name(name))
-	if fd != nil && (fd.Kind() != protoreflect.StringKind || fd.IsList()) {
-		return "", fmt.Errorf("KeyField %s of %s is not a singular string field", name, r.Descriptor().FullName())
-	} else if fd == nil {
-		return "", nil
-	}
-	return r.Get(fd).String(), nil
 }
 
 // Stream passes a streaming call through unless it carries a key in
@@ -174,12 +117,7 @@ type call struct {
 	err  error // the call's error answer
 }
 
-func (cl *call) Scope(ctx context.Context) (string, error) {
-	if cl.s.scope == nil {
-		return "", nil
-	}
-	return cl.s.scope(ctx, cl.method)
-}
+func (cl *call) Scope(ctx context.Context) (string, error) { return cl.s.scope(ctx, cl.method) }
 
 func (cl *call) Request() any { return cl.req }
 
@@ -224,13 +162,10 @@ func (cl *call) Replay(ctx context.Context, r *rpccore.Record, m any, answer err
 }
 
 // Resolution is how an operator settles, as done, a key this interceptor
-// quarantined (idem.Resolver.Resolve): the record of the answer m, with
-// the header and trailer metadata given (nil for none; replayed where
-// ReplayMetadata lists them). Every call of the key then gets m, with
-// MetadataReplayed: true, as if the handler had answered it. The key to
-// resolve is the store's: rpccore.StoreKey of the call's scope ("" under
-// SingleTenant) and key. rpccore.Resolution builds the same from m's
-// encoding, for a program without m's type.
+// quarantined: rpccore.Resolution of the answer m, with the header and
+// trailer metadata given (nil for none; replayed where ReplayMetadata
+// lists them, with MetadataReplayed: true), for the store key
+// rpccore.StoreKey names.
 func Resolution(m proto.Message, header, trailer metadata.MD) (idem.Resolution, error) {
 	return frame.Resolution(m, rpccore.Metadata(header), rpccore.Metadata(trailer))
 }

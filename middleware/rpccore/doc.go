@@ -6,7 +6,8 @@
 //
 // It depends on no gRPC, Connect or protobuf package: it works on encoded
 // messages and on Metadata, the type under gRPC's metadata.MD and
-// net/http's Header; the adapters do the marshalling. That is why it can
+// net/http's Header; the adapters hand it protobuf's runtime, written once
+// in the module [github.com/idemgo/idem/middleware/rpcproto]. That is why it can
 // live in the root module, which both modules require already: a user of
 // one framework downloads nothing of the other, and the idem command can
 // build the records (Resolution) without protobuf. Package

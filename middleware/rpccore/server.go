@@ -18,8 +18,9 @@ import (
 // which the core asks for as it serves the call. A front door implements
 // it on its own per-call value.
 type Handler interface {
-	// Scope names the call's tenant by the front door's Scope; "" under
-	// SingleTenant. An error that IsAnswer reports is the call's answer.
+	// Scope names the call's tenant by the front door's Scope, which is
+	// set: the core asks only when Config.Scoped. An error that IsAnswer
+	// reports is the call's answer.
 	Scope(ctx context.Context) (string, error)
 	// Request returns the request message, for Frame.Proto.
 	Request() any
@@ -53,8 +54,9 @@ type Answered struct {
 
 // Proto is the protobuf runtime as the core uses it: the front doors
 // import protobuf, the core does not, so each hands it these functions
-// (messages are proto.Message values). Each refuses a value that is not a
-// protobuf message with ErrNotMessage.
+// (messages are proto.Message values), written once in the module
+// github.com/idemgo/idem/middleware/rpcproto. Append and Describe refuse a
+// value that is not a protobuf message with ErrNotMessage.
 type Proto struct {
 	// Append appends m's encoding to b: deterministic, as the request's
 	// for its fingerprint, when deterministic is set.
@@ -64,6 +66,11 @@ type Proto struct {
 	// Decode decodes body as a new message of the full type name, found in
 	// the registry where generated code registers every type.
 	Decode func(name string, body []byte) (any, error)
+	// Field returns the value of m's field name, a singular string at its
+	// top level (AIP-155's request_id): "" when m is no message, has no
+	// such field or leaves it empty; an error when the field is no
+	// singular string.
+	Field func(m any, name string) (string, error)
 }
 
 // ErrNotMessage is a value given for a protobuf message that is not one.
@@ -91,18 +98,24 @@ var (
 	errRecordDamaged = fmt.Errorf("%w: the recorded response cannot be read", idem.ErrDamaged)
 )
 
-// Key checks a call's key: field, the value of the request's KeyField ("" when
-// unset or absent), or else values, the call's values of the key's
-// metadata. It returns the key, "" for none, or the answer to a malformed
-// one (InvalidArgument, ReasonKeyInvalid).
-func (s *Server) Key(ctx context.Context, field string, values []string) (string, error) {
+// Key checks a call's key: the value of the request's KeyField, read from
+// req by Proto.Field, or where it is unset or empty, values, the call's
+// values of the key's metadata. It returns the key, "" for none, or the
+// answer to a malformed one (InvalidArgument, ReasonKeyInvalid), or
+// Internal when KeyField is no singular string field of req.
+func (s *Server) Key(ctx context.Context, req any, values []string) (string, error) {
 	c := &s.c
 	max := c.MaxKeyBytes
-	if field != "" {
-		if len(field) > max {
+	if c.KeyField != "" {
+		field, err := c.Proto.Field(req, c.KeyField)
+		switch {
+		case err != nil:
+			return "", s.Plain(Internal, err.Error())
+		case len(field) > max:
 			return "", s.Answer(ctx, InvalidArgument, ReasonKeyInvalid, "the request's "+c.KeyField+" is longer than "+strconv.Itoa(max)+" bytes", "", nil)
+		case field != "":
+			return field, nil
 		}
-		return field, nil
 	}
 	switch {
 	case len(values) == 0:
@@ -183,11 +196,13 @@ func (s *Server) serve(cl *call, keyErr error) {
 		cl.layerErr = errKeyRefused
 		return
 	}
-	scope, err := cl.h.Scope(cl.ctx)
-	if err == nil && c.Scoped && scope == "" {
-		// Every call without a principal would share one scope, and
-		// replay each other's responses.
-		err = errors.New(c.Pkg + ": Scope returned an empty scope")
+	scope, err := "", error(nil) // SingleTenant: one scope
+	if c.Scoped {
+		if scope, err = cl.h.Scope(cl.ctx); err == nil && scope == "" {
+			// Every call without a principal would share one scope, and
+			// replay each other's responses.
+			err = errors.New(c.Pkg + ": Scope returned an empty scope")
+		}
 	}
 	if err != nil {
 		if !c.IsAnswer(err) {
