@@ -110,6 +110,33 @@ func TestRedisStoreConformance(t *testing.T) {
 	})
 }
 
+// The suite with confirmations kept as hash fields (FieldHashes), on each
+// server of the matrix: Redis 8.0 and Valkey 9.1 keep them as fields, Redis
+// 7 and Valkey 8.1 (no HSETEX) as keys, and miniredis neither has.
+func TestRedisStoreConformanceFieldHashes(t *testing.T) {
+	t.Parallel()
+	t.Run("miniredis", func(t *testing.T) {
+		t.Parallel()
+		storetest.Run(t, func(t *testing.T) storetest.Backend {
+			return miniredisBackend(t, idem.RedisOptions{Prefix: "idem:", FieldHashes: 2})
+		})
+	})
+	testenv.EachServer(t, func(t *testing.T, srv testenv.Server) {
+		t.Parallel()
+		c := srv.Client(t)
+		storetest.Run(t, func(t *testing.T) storetest.Backend {
+			return redisBackend(c, idem.RedisOptions{Prefix: testenv.UniquePrefix(), FieldHashes: 2}, nil)
+		})
+	})
+	testenv.EachCluster(t, func(t *testing.T, cs testenv.ClusterServer) {
+		t.Parallel()
+		c := cs.Client(t)
+		storetest.Run(t, func(t *testing.T) storetest.Backend {
+			return redisBackend(c, idem.RedisOptions{Prefix: testenv.UniquePrefix(), FieldHashes: 1}, nil)
+		})
+	})
+}
+
 // The suite on each 3-master cluster of the matrix (Redis 7, Valkey 9.1).
 func TestRedisStoreConformanceCluster(t *testing.T) {
 	t.Parallel()

@@ -48,7 +48,7 @@ const (
 // a key slice on the heap.
 type pipeCall struct {
 	scriptCall
-	key   [1]string // scriptCall.keys
+	key   [2]string // scriptCall.keys
 	arg   [4]any    // scriptCall.args: no script takes more than four
 	state atomic.Int32
 	// waits is set when the call's caller waits on done rather than sending
@@ -65,12 +65,16 @@ type pipeCall struct {
 
 var pipeCalls = sync.Pool{New: func() any { return &pipeCall{done: make(chan struct{}, 1)} }}
 
-// newPipeCall returns a queued call of script on key (a Redis key) with
-// args.
-func newPipeCall(script *luaScript, key string, args []any) *pipeCall {
+// newPipeCall returns a queued call of script on key (a Redis key) and
+// hash (its field hash, or "") with args.
+func newPipeCall(script *luaScript, key, hash string, args []any) *pipeCall {
 	c := pipeCalls.Get().(*pipeCall)
-	c.key[0] = key
-	c.scriptCall = scriptCall{script: script, keys: c.key[:], args: args}
+	c.key[0], c.key[1] = key, hash
+	n := 1
+	if hash != "" {
+		n = 2
+	}
+	c.scriptCall = scriptCall{script: script, keys: c.key[:n], args: args}
 	if len(args) <= len(c.arg) {
 		c.args = c.arg[:copy(c.arg[:], args)]
 	}
@@ -79,10 +83,13 @@ func newPipeCall(script *luaScript, key string, args []any) *pipeCall {
 	return c
 }
 
+// hash returns the call's field hash, or "".
+func (c *pipeCall) hash() string { return c.key[1] }
+
 // release returns c, whose reply its caller has taken, for reuse. A call
 // abandoned by its caller is never released: a sender may still hold it.
 func (c *pipeCall) release() {
-	c.scriptCall, c.key, c.arg = scriptCall{}, [1]string{}, [4]any{}
+	c.scriptCall, c.key, c.arg = scriptCall{}, [2]string{}, [4]any{}
 	c.v, c.err, c.waitErr = nil, nil, nil
 	pipeCalls.Put(c)
 }
@@ -98,17 +105,18 @@ type autoPipe struct {
 	senders int // pipelines in flight
 }
 
-// do runs script on key (a Redis key) with args in a pipeline and returns
+// do runs script on key (a Redis key) and hash (its field hash, or "") with
+// args in a pipeline and returns
 // its reply and, for a confirm with WaitReplicas, the verdict of its WAIT. A
 // call that finds the store idle and nothing queued goes out alone on the
 // caller's goroutine and context, exactly as without AutoPipeline.
 // Otherwise, when ctx ends first, do returns ctx.Err() at once; the call may
 // then have been sent, and may run.
-func (p *autoPipe) do(ctx context.Context, script *luaScript, key string, args []any) (v any, waitErr, err error) {
+func (p *autoPipe) do(ctx context.Context, script *luaScript, key, hash string, args []any) (v any, waitErr, err error) {
 	if err := ctx.Err(); err != nil {
 		return nil, nil, err
 	}
-	c := newPipeCall(script, key, args)
+	c := newPipeCall(script, key, hash, args)
 	p.mu.Lock()
 	if p.senders >= autoPipeSenders {
 		// Set before the call is visible to a sender.
@@ -196,7 +204,7 @@ func (p *autoPipe) forgetOrphan(c *pipeCall) {
 	l := &Lease{Token: tok, Owner: p.s.core.o.Worker}
 	ctx, cancel := context.WithTimeout(context.Background(), orphanForgetTimeout)
 	defer cancel()
-	_, _, _ = p.s.runNow(ctx, forgetScript, key, []any{heldPrefix(l), strconv.FormatInt(tok, 10), p.s.retentionMs})
+	_, _, _ = p.s.runNow(ctx, forgetScript, key, "", []any{heldPrefix(l), strconv.FormatInt(tok, 10), p.s.retentionMs})
 }
 
 // orphanForgetTimeout bounds the Forget of a lease nobody took.
@@ -254,7 +262,7 @@ func (p *autoPipe) send(ctx context.Context, batch []*pipeCall) {
 		// One call alone goes as without AutoPipeline, without a
 		// pipeline's bookkeeping.
 		c := live[0]
-		c.v, c.waitErr, c.err = p.s.runNow(ctx, c.script, c.keys[0], c.args)
+		c.v, c.waitErr, c.err = p.s.runNow(ctx, c.script, c.keys[0], c.hash(), c.args)
 		c.finish()
 		return
 	}
@@ -309,7 +317,7 @@ func (s *RedisStore) mergeCalls(live []*pipeCall) ([]scriptCall, []*pipeCall) {
 		}
 		// A claim's and a confirm's first two arguments are the ones
 		// their batch forms take once (see sharedArgs).
-		calls = append(calls, batchCalls(batch, len(cs), func(i int) string { return cs[i].keys[0] }, cs[0].args[:sharedArgs],
+		calls = append(calls, batchCalls(batch, len(cs), func(i int) (string, string) { return cs[i].keys[0], cs[i].hash() }, cs[0].args[:sharedArgs],
 			func(args []any, i int) []any { return append(args, cs[i].args[sharedArgs:]...) })...)
 		order = append(order, cs...)
 	}

@@ -46,11 +46,11 @@ func (s *RedisStore) ClaimBatch(ctx context.Context, keys []string, fingerprints
 	}
 	var calls []scriptCall
 	if s.shared() {
-		calls = batchCalls(claimBatchScript, len(keys), func(i int) string { return s.redisKey(keys[i]) }, []any{s.claimMs, s.maxTakeOvers},
+		calls = batchCalls(claimBatchScript, len(keys), func(i int) (string, string) { return s.redisKey(keys[i]), s.fieldHash(keys[i]) }, []any{s.claimMs, s.maxTakeOvers},
 			func(args []any, i int) []any { return append(args, tails[i]) })
 	} else {
 		for i, k := range keys {
-			calls = append(calls, scriptCall{script: claimScript, keys: []string{s.redisKey(k)}, args: []any{s.claimMs, s.maxTakeOvers, tails[i]}})
+			calls = append(calls, scriptCall{script: claimScript, keys: callKeys(s.redisKey(k), s.fieldHash(k)), args: []any{s.claimMs, s.maxTakeOvers, tails[i]}})
 		}
 	}
 	cs = make([]Claim, len(keys))
@@ -89,13 +89,13 @@ func (s *RedisStore) ConfirmBatch(ctx context.Context, leases []*Lease, results 
 	}
 	var calls []scriptCall
 	if s.shared() {
-		calls = batchCalls(confirmBatchScript, len(leases), func(i int) string { return s.redisKey(leases[i].Key) }, []any{s.retentionMs, s.retentionMs},
+		calls = batchCalls(confirmBatchScript, len(leases), func(i int) (string, string) { return s.redisKey(leases[i].Key), s.fieldHash(leases[i].Key) }, []any{s.retentionMs, s.retentionMs},
 			func(args []any, i int) []any {
 				return append(args, s.confirmArgs(leases[i], batch.Item(results, i))[sharedArgs:]...)
 			})
 	} else {
 		for i, l := range leases {
-			calls = append(calls, scriptCall{script: confirmScript, keys: []string{s.redisKey(l.Key)},
+			calls = append(calls, scriptCall{script: confirmScript, keys: callKeys(s.redisKey(l.Key), s.fieldHash(l.Key)),
 				args: s.confirmArgs(l, batch.Item(results, i))})
 		}
 	}

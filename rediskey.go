@@ -6,8 +6,10 @@ package idem
 // the prefix, and the escaping keeps the user's braces out of the tag.
 
 import (
+	"hash/fnv"
 	"strconv"
 	"strings"
+	"sync"
 )
 
 // RecordKey returns the name of the Redis key that holds key's record, as
@@ -119,4 +121,74 @@ func escapeGlob(s string) string {
 		b.WriteByte(s[i])
 	}
 	return b.String()
+}
+
+// fieldHash returns the hash that may keep key's confirmation as a field
+// (RedisOptions.FieldHashes; scripts/record.lua, the field form), or ""
+// when the store keeps none. The hash is in the record key's Cluster hash
+// slot, so that one script reaches both: its hash tag is the slot's tag
+// (slotTags), and a slot's records are spread over FieldHashes hashes by a
+// second hash of the key. Its name, the Prefix, the tag in braces and 'f'
+// with the hash's number, is no record key's, which ends at its brace.
+func (s *RedisStore) fieldHash(key string) string {
+	if s.fieldHashes == 0 {
+		return ""
+	}
+	var buf [128]byte
+	esc := appendEscapedKey(buf[:0], key)
+	b := make([]byte, 0, len(s.prefix)+16)
+	b = append(b, s.prefix...)
+	b = append(b, '{')
+	b = append(b, slotTags()[keySlot(s.redisKey(key))]...)
+	b = append(b, "}f"...)
+	if s.fieldHashes > 1 {
+		h := fnv.New32a()
+		_, _ = h.Write(esc)
+		b = strconv.AppendUint(b, uint64(h.Sum32()%uint32(s.fieldHashes)), 10)
+	}
+	return string(b)
+}
+
+// clusterSlots is how many hash slots Redis Cluster has.
+const clusterSlots = 16384
+
+// slotTags holds, for each hash slot, the shortest base-36 number whose
+// name hashes to it: a hash tag that puts a key in that slot.
+var slotTags = sync.OnceValue(func() *[clusterSlots]string {
+	var tags [clusterSlots]string
+	for n, found := uint64(0), 0; found < clusterSlots; n++ {
+		t := strconv.FormatUint(n, 36)
+		if slot := crc16(t) % clusterSlots; tags[slot] == "" {
+			tags[slot] = t
+			found++
+		}
+	}
+	return &tags
+})
+
+// crc16 is the CRC-16/XMODEM that Redis Cluster hashes keys with.
+func crc16(s string) uint16 {
+	var crc uint16
+	for i := 0; i < len(s); i++ {
+		crc ^= uint16(s[i]) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return crc
+}
+
+// keySlot is Redis Cluster's keyHashSlot: the hash tag is what lies between
+// the first '{' and the first '}' after it, when that is not empty.
+func keySlot(key string) int {
+	if open := strings.IndexByte(key, '{'); open >= 0 {
+		if n := strings.IndexByte(key[open+1:], '}'); n > 0 {
+			key = key[open+1 : open+1+n]
+		}
+	}
+	return int(crc16(key) % clusterSlots)
 }

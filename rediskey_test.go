@@ -186,33 +186,6 @@ func FuzzEscapeKey(f *testing.F) {
 	})
 }
 
-// crc16 is the CRC-16/XMODEM that Redis Cluster hashes keys with.
-func crc16(s string) uint16 {
-	var crc uint16
-	for i := 0; i < len(s); i++ {
-		crc ^= uint16(s[i]) << 8
-		for range 8 {
-			if crc&0x8000 != 0 {
-				crc = crc<<1 ^ 0x1021
-			} else {
-				crc <<= 1
-			}
-		}
-	}
-	return crc
-}
-
-// keySlot is Redis Cluster's keyHashSlot: the hash tag is what lies between
-// the first '{' and the first '}' after it, when that is not empty.
-func keySlot(key string) int {
-	if open := strings.IndexByte(key, '{'); open >= 0 {
-		if n := strings.IndexByte(key[open+1:], '}'); n > 0 {
-			key = key[open+1 : open+1+n]
-		}
-	}
-	return int(crc16(key) % 16384)
-}
-
 func TestKeySlot(t *testing.T) {
 	// Vectors from the Redis Cluster specification and redis-cli.
 	if got := crc16("123456789"); got != 0x31C3 {

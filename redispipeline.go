@@ -33,8 +33,18 @@ const batchChunk = 128
 // key's own in turn. batchCalls relies on it.
 type scriptCall struct {
 	script *luaScript
-	keys   []string
+	keys   []string // the record's, then its field hash (if any); a batch's records, then their hashes
 	args   []any
+	items  int // a batch call's records
+}
+
+// callKeys returns the keys of a one-key script's call: key, and hash
+// unless it is "".
+func callKeys(key, hash string) []string {
+	if hash == "" {
+		return []string{key}
+	}
+	return []string{key, hash}
 }
 
 // confirms reports whether c confirms: with WaitReplicas, it is followed by
@@ -55,17 +65,24 @@ func (s *RedisStore) shared() bool {
 // for n items, at most batchChunk keys each, in order: one script call for
 // many keys costs Redis much less than one each. Each call takes shared
 // once, then every item's own arguments, which item appends (see
-// scriptCall); key(i) is item i's Redis key.
-func batchCalls(batch *luaScript, n int, key func(i int) string, shared []any, item func(args []any, i int) []any) []scriptCall {
+// scriptCall); key(i) is item i's Redis key and field hash ("" for none:
+// then none has one).
+func batchCalls(batch *luaScript, n int, key func(i int) (string, string), shared []any, item func(args []any, i int) []any) []scriptCall {
 	calls := make([]scriptCall, 0, (n+batchChunk-1)/batchChunk)
 	for lo := 0; lo < n; lo += batchChunk {
 		hi := min(lo+batchChunk, n)
-		bc := scriptCall{script: batch, keys: make([]string, 0, hi-lo), args: make([]any, 0, len(shared)+2*(hi-lo))}
+		bc := scriptCall{script: batch, keys: make([]string, 0, hi-lo), args: make([]any, 0, len(shared)+2*(hi-lo)), items: hi - lo}
 		bc.args = append(bc.args, shared...)
+		var hashes []string
 		for i := lo; i < hi; i++ {
-			bc.keys = append(bc.keys, key(i))
+			k, h := key(i)
+			bc.keys = append(bc.keys, k)
+			if h != "" {
+				hashes = append(hashes, h)
+			}
 			bc.args = item(bc.args, i)
 		}
+		bc.keys = append(bc.keys, hashes...)
 		calls = append(calls, bc)
 	}
 	return calls
@@ -89,10 +106,10 @@ func each(calls []scriptCall, cmds []*redis.Cmd, waitErrs []error, f func(i int,
 			continue
 		}
 		a, ok := v.([]any)
-		if err == nil && (!ok || len(a) != len(c.keys)) {
-			err = fmt.Errorf("idem: batch reply of %d items for %d keys", len(a), len(c.keys))
+		if err == nil && (!ok || len(a) != c.items) {
+			err = fmt.Errorf("idem: batch reply of %d items for %d keys", len(a), c.items)
 		}
-		for k := range c.keys {
+		for k := range c.items {
 			if err != nil {
 				f(i, nil, err, waitErr)
 			} else {
@@ -108,7 +125,17 @@ func each(calls []scriptCall, cmds []*redis.Cmd, waitErrs []error, f func(i int,
 // WaitReplicas, a confirm call (scriptCall.confirms) is followed by WAIT in
 // the same pipeline; waitErrs then holds, per call, why its writes are not
 // known to be on enough replicas (nil: they are, or no wait was asked).
+//
+// On a cluster whose store keeps confirmations as fields, every pipeline
+// goes by master too: a call names two keys there (a record, its field
+// hash), which a slot in migration can hold apart, and Redis then answers
+// TRYAGAIN. go-redis's cluster pipeline answers a TRYAGAIN on the first
+// command of a node's batch by sending the whole batch again, calls that
+// ran included, and a call it also sent elsewhere (MOVED) twice at once.
 func (s *RedisStore) pipeline(ctx context.Context, calls []scriptCall) (cmds []*redis.Cmd, waitErrs []error) {
+	if s.cluster != nil && s.fieldHashes > 0 {
+		return s.pipelineByMaster(ctx, s.cluster, calls)
+	}
 	if s.waitReplicas == 0 || !anyWait(calls) {
 		cmds, _ = s.pipelineOn(ctx, s.c, calls, false)
 		if s.cluster != nil {
@@ -131,19 +158,19 @@ func (s *RedisStore) pipeline(ctx context.Context, calls []scriptCall) (cmds []*
 // address it names; a few rounds, a moment apart, then what is still
 // redirected keeps its error. On a cluster every call is one key's.
 func (s *RedisStore) resendRedirected(ctx context.Context, cc *redis.ClusterClient, calls []scriptCall, cmds []*redis.Cmd) {
-	redirected := func(cmd *redis.Cmd) bool {
-		err := cmd.Err()
-		return err != nil && (redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK"))
-	}
 	wait := backoff.Backoff{First: 20 * time.Millisecond, Most: 60 * time.Millisecond}
 	for round := range 3 {
 		again := false
 		for i, cmd := range cmds {
-			if !redirected(cmd) || len(calls[i].keys) != 1 {
+			if !redirected(cmd.Err()) || calls[i].items > 0 {
 				continue
 			}
 			again = true
-			v, err := s.eval(ctx, calls[i].script, calls[i].keys[0], calls[i].args)
+			hash := ""
+			if len(calls[i].keys) > 1 {
+				hash = calls[i].keys[1]
+			}
+			v, err := s.eval(ctx, calls[i].script, calls[i].keys[0], hash, calls[i].args)
 			c := redis.NewCmd(ctx)
 			if err != nil {
 				c.SetErr(err)
@@ -296,33 +323,42 @@ func (s *RedisStore) replicated(w *redis.IntCmd) error {
 	return nil
 }
 
-// pipelineByMaster is pipeline on a cluster with WAIT: go-redis does not let
-// WAIT into a cluster pipeline (it has no key, and WAIT counts only the
-// writes of its own connection), so the calls are grouped by the master
-// that owns their slot and each group goes, with its WAIT, down one
-// pipeline on that master: still one round trip per master, in parallel.
-// A call answered MOVED or ASK (the slot moved meanwhile) is sent again
-// after the cluster's slot map is reloaded; after two such attempts it goes
-// through the cluster client, which follows redirects, and is reported not
-// replicated, since its WAIT could not follow it.
+// pipelineByMaster is pipeline on a cluster with WAIT, or with field
+// hashes (see pipeline): go-redis does not let WAIT into a cluster
+// pipeline (it has no key, and WAIT counts only the writes of its own
+// connection), so the calls are grouped by the master that owns their slot
+// and each group goes, with its WAIT if any, down one pipeline on that
+// master: still one round trip per master, in parallel. A call answered
+// MOVED, ASK or TRYAGAIN (the slot moved or is moving) is sent again after
+// the cluster's slot map is reloaded; after two such attempts it goes alone
+// through the cluster client, which follows redirects, and a confirm is
+// reported not replicated, since its WAIT could not follow it.
 func (s *RedisStore) pipelineByMaster(ctx context.Context, cc *redis.ClusterClient, calls []scriptCall) ([]*redis.Cmd, []error) {
 	cmds := make([]*redis.Cmd, len(calls))
 	waitErrs := make([]error, len(calls))
+	wait := s.waitReplicas > 0
 	pending := make([]int, len(calls))
 	for i := range pending {
 		pending[i] = i
 	}
 	for attempt := 0; len(pending) > 0; attempt++ {
 		if attempt == 2 {
-			sub := make([]scriptCall, len(pending))
-			for j, i := range pending {
-				sub[j] = calls[i]
-			}
-			got, _ := s.pipelineOn(ctx, cc, sub, false)
-			s.resendRedirected(ctx, cc, sub, got)
-			for j, i := range pending {
-				cmds[i] = got[j]
-				if calls[i].confirms() {
+			// One by one through the cluster client, which follows MOVED
+			// and ASK and waits out TRYAGAIN for a single call (see eval).
+			for _, i := range pending {
+				c := calls[i]
+				hash := ""
+				if len(c.keys) > 1 {
+					hash = c.keys[1]
+				}
+				v, err := s.eval(ctx, c.script, c.keys[0], hash, c.args)
+				cmds[i] = redis.NewCmd(ctx)
+				if err != nil {
+					cmds[i].SetErr(err)
+				} else {
+					cmds[i].SetVal(v)
+				}
+				if wait && calls[i].confirms() {
 					waitErrs[i] = fmt.Errorf("%w: the slot moved during the confirm; its replication was not checked", ErrNotReplicated)
 				}
 			}
@@ -349,16 +385,19 @@ func (s *RedisStore) pipelineByMaster(ctx context.Context, cc *redis.ClusterClie
 				for j, i := range idx {
 					sub[j] = calls[i]
 				}
-				got, werrs := s.pipelineOn(ctx, m, sub, true)
+				got, werrs := s.pipelineOn(ctx, m, sub, wait)
 				for j, i := range idx {
-					cmds[i], waitErrs[i] = got[j], werrs[j]
+					cmds[i] = got[j]
+					if wait {
+						waitErrs[i] = werrs[j]
+					}
 				}
 			})
 		}
 		wg.Wait()
 		pending = pending[:0]
 		for i, cmd := range cmds {
-			if err := cmd.Err(); err != nil && (redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK")) {
+			if redirected(cmd.Err()) {
 				pending = append(pending, i)
 			}
 		}
@@ -366,15 +405,16 @@ func (s *RedisStore) pipelineByMaster(ctx context.Context, cc *redis.ClusterClie
 	return cmds, waitErrs
 }
 
-// runNow runs script on key (a Redis key) at once, as one command; a
+// runNow runs script on key (a Redis key) and hash (its field hash, or
+// "") at once, as one command; a
 // confirm with WaitReplicas is followed by WAIT in the same pipeline, and
 // waitErr is its verdict.
-func (s *RedisStore) runNow(ctx context.Context, script *luaScript, key string, args []any) (v any, waitErr, err error) {
+func (s *RedisStore) runNow(ctx context.Context, script *luaScript, key, hash string, args []any) (v any, waitErr, err error) {
 	if s.waitReplicas > 0 && (scriptCall{script: script}).confirms() {
-		cmds, waitErrs := s.pipeline(ctx, []scriptCall{{script: script, keys: []string{key}, args: args}})
+		cmds, waitErrs := s.pipeline(ctx, []scriptCall{{script: script, keys: callKeys(key, hash), args: args}})
 		v, err := cmds[0].Result()
 		return v, waitErrs[0], err
 	}
-	v, err = s.eval(ctx, script, key, args)
+	v, err = s.eval(ctx, script, key, hash, args)
 	return v, nil, err
 }

@@ -318,7 +318,7 @@ func (s *RedisStore) probeScripts(ctx context.Context) error {
 		if i > 0 {
 			time.Sleep(time.Millisecond) // TIME counts microseconds
 		}
-		v, err := s.eval(ctx, probeScript, key, []any{probeTTL})
+		v, err := s.eval(ctx, probeScript, key, "", []any{probeTTL})
 		if err != nil {
 			return fmt.Errorf("idem: running probe.lua: %w", scriptsRefused(err))
 		}

@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/idemgo/idem/internal/backoff"
 )
 
 var (
@@ -45,15 +47,15 @@ var (
 
 	// Each script is one operation with the record format's functions
 	// included where it asks for them.
-	claimScript        = script("claim", claimLua)
+	claimScript        = hashed(script("claim", claimLua))
 	renewScript        = script("renew", renewLua)
-	confirmScript      = script("confirm", confirmLua)
+	confirmScript      = hashed(script("confirm", confirmLua))
 	forgetScript       = script("forget", forgetLua)
-	lookupScript       = script("lookup", lookupLua)
-	claimBatchScript   = script("claim_batch", claimBatchLua)
-	confirmBatchScript = script("confirm_batch", confirmBatchLua)
+	lookupScript       = hashed(script("lookup", lookupLua))
+	claimBatchScript   = hashed(script("claim_batch", claimBatchLua))
+	confirmBatchScript = hashed(script("confirm_batch", confirmBatchLua))
 	checkpointScript   = script("checkpoint", checkpointLua)
-	resolveScript      = script("resolve", resolveLua)
+	resolveScript      = hashed(script("resolve", resolveLua))
 
 	// probeScript asks the server, on first contact, for what the others
 	// rely on (see RedisStore.Check).
@@ -75,6 +77,16 @@ type luaScript struct {
 	name string
 	src  string
 	sha  atomic.Value // the digest as a boxed string, once a server answered it
+	// hashed is set on the scripts that may read or write a confirmation
+	// kept as a field (RedisOptions.FieldHashes): they take its hash as
+	// their second key (a batch's, after all the records).
+	hashed bool
+}
+
+// hashed marks sc as taking a record's field hash (luaScript.hashed).
+func hashed(sc *luaScript) *luaScript {
+	sc.hashed = true
+	return sc
 }
 
 // script includes record.lua into an operation's source at its
@@ -91,11 +103,14 @@ func script(name, src string) *luaScript {
 // costs no allocation for it), or nil before any server answered it.
 func (sc *luaScript) digest() any { return sc.sha.Load() }
 
-// eval runs script on key (a Redis key) with args as one EVALSHA. When
+// eval runs script on key (a Redis key) and hash, its field hash or ""
+// (see luaScript.hashed), with args as one EVALSHA. When
 // the server lost its scripts (NOSCRIPT: SCRIPT FLUSH, a restart, a
 // failover to a replica that never loaded them), the script is loaded
-// again with SCRIPT LOAD and the call sent again: it had not run.
-func (s *RedisStore) eval(ctx context.Context, script *luaScript, key string, args []any) (any, error) {
+// again with SCRIPT LOAD and the call sent again: it had not run. On a
+// cluster, a call still redirected when go-redis gave up (see redirected)
+// is sent again too.
+func (s *RedisStore) eval(ctx context.Context, script *luaScript, key, hash string, args []any) (any, error) {
 	sha := script.digest()
 	if sha == nil {
 		if err := s.loadScript(ctx, script); err != nil {
@@ -103,7 +118,7 @@ func (s *RedisStore) eval(ctx context.Context, script *luaScript, key string, ar
 		}
 		sha = script.digest()
 	}
-	v, err := s.evalAs(ctx, sha, key, args)
+	v, err := s.evalAs(ctx, sha, key, hash, args)
 	for range scriptReloads {
 		if err == nil || !redis.HasErrorPrefix(err, "NOSCRIPT") {
 			break
@@ -112,7 +127,10 @@ func (s *RedisStore) eval(ctx context.Context, script *luaScript, key string, ar
 		if err := s.loadScript(ctx, script); err != nil {
 			return nil, err
 		}
-		v, err = s.evalAs(ctx, sha, key, args)
+		v, err = s.evalAs(ctx, sha, key, hash, args)
+	}
+	if s.cluster != nil && redirected(err) {
+		v, err = s.resend(ctx, sha, key, hash, args, err)
 	}
 	return v, err
 }
@@ -134,19 +152,53 @@ func (s *RedisStore) loadScript(ctx context.Context, script *luaScript) error {
 	return nil
 }
 
-// evalAs sends one EVALSHA of sha (a boxed digest) on key with args. The
+// evalAs sends one EVALSHA of sha (a boxed digest) on key (and hash, when
+// not "") with args. The
 // verdict is read from the command, not from Process's return: a client
 // that queues commands (go-redis's AutoPipeliner) returns from Process
 // before the reply, and the command then holds both.
-func (s *RedisStore) evalAs(ctx context.Context, sha any, key string, args []any) (any, error) {
-	cmdArgs := make([]any, 0, 4+len(args))
-	cmdArgs = append(cmdArgs, "evalsha", sha, 1, key)
+func (s *RedisStore) evalAs(ctx context.Context, sha any, key, hash string, args []any) (any, error) {
+	cmdArgs := make([]any, 0, 5+len(args))
+	if hash == "" {
+		cmdArgs = append(cmdArgs, "evalsha", sha, 1, key)
+	} else {
+		cmdArgs = append(cmdArgs, "evalsha", sha, 2, key, hash)
+	}
 	cmdArgs = append(cmdArgs, args...)
 	cmd := redis.NewCmd(ctx, cmdArgs...)
 	cmd.SetFirstKeyPos(3) // for a cluster's routing, as go-redis's EvalSha does
 	_ = s.c.Process(ctx, cmd)
 	v, err := cmd.Result()
 	s.reloadSlots(err)
+	return v, err
+}
+
+// redirected reports an answer that says the call's slot is elsewhere or
+// in motion: MOVED, ASK, or TRYAGAIN (a slot being migrated holds some of
+// a call's keys, a record and its field hash, and not the others). The
+// call did not run, so sending it again is safe.
+func redirected(err error) bool {
+	return err != nil && (redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK") || redis.HasErrorPrefix(err, "TRYAGAIN"))
+}
+
+// resend sends a redirected call again, a few times a moment apart, the
+// cluster's slot map reloaded first: go-redis follows MOVED and ASK and
+// waits out TRYAGAIN within MaxRedirects tries only, which a slot's
+// migration can outlast (a record and its field hash are two keys, so a
+// call meets TRYAGAIN until the slot's last key moved). It returns the
+// last answer; err is the first call's.
+func (s *RedisStore) resend(ctx context.Context, sha any, key, hash string, args []any, err error) (any, error) {
+	s.cluster.ReloadState(ctx)
+	wait := backoff.Backoff{First: 20 * time.Millisecond, Most: 60 * time.Millisecond}
+	var v any
+	for range 3 {
+		if !backoff.Sleep(ctx, wait.Next()) {
+			return nil, err
+		}
+		if v, err = s.evalAs(ctx, sha, key, hash, args); !redirected(err) {
+			break
+		}
+	}
 	return v, err
 }
 

@@ -86,6 +86,19 @@ type RedisOptions struct {
 	// the store (a rolling upgrade): they would find the short form damaged.
 	// Both forms are read either way. Default false: the short form.
 	LongConfirmations bool
+	// FieldHashes, when above 0, keeps each short confirmation (no
+	// fingerprint, no result: a consumer's) as a field with its own TTL in
+	// one of FieldHashes hashes per Cluster hash slot (16,384 slots, on one
+	// Redis too), instead of as a key of its own: a fraction of a key's
+	// memory (docs/BENCHMARKS.md, Records at scale). A hash stays compact up
+	// to 128 fields (Redis's hash-max-listpack-entries): set it to the live
+	// records expected over 1,600,000, rounded up. Only where the server has
+	// HSETEX (Redis 8.0, Valkey 9.0); elsewhere confirmations stay keys, at
+	// one HGET more per claim. Every process sharing the Prefix must set the
+	// same value, as it sets the same Prefix: one with another value does
+	// not find the confirmations this one kept, and does their work again.
+	// Not negative, at most 65,536. Default 0: keys.
+	FieldHashes int
 	// AutoPipeline is the default now, and false does not turn it off.
 	//
 	// Deprecated: automatic pipelining is on unless NoAutoPipeline is set.
@@ -118,6 +131,9 @@ func (o RedisOptions) options() Options {
 		MaxKeyBytes: o.MaxKeyBytes, MaxResultBytes: o.MaxResultBytes, Logger: o.Logger,
 		Observer: o.Observer, KeyHasher: o.KeyHasher, RevealKeys: o.RevealKeys, MaxTakeOvers: o.MaxTakeOvers}
 }
+
+// maxFieldHashes bounds RedisOptions.FieldHashes: a billion hashes.
+const maxFieldHashes = 1 << 16
 
 // DefaultWaitTimeout is RedisOptions.WaitTimeout's default.
 const DefaultWaitTimeout = time.Second
@@ -169,6 +185,7 @@ type RedisStore struct {
 	reloaded atomic.Int64
 
 	longConfirmations bool // RedisOptions.LongConfirmations
+	fieldHashes       int  // RedisOptions.FieldHashes
 
 	waitReplicas  int // RedisOptions.WaitReplicas
 	waitTimeout   time.Duration
@@ -233,6 +250,9 @@ func NewRedisStore(c redis.UniversalClient, o RedisOptions) (*RedisStore, error)
 				"or reading WAIT's reply would time out first", rt)
 		}
 	}
+	if o.FieldHashes < 0 || o.FieldHashes > maxFieldHashes {
+		return nil, badopt.Error("idem", "FieldHashes", o.FieldHashes, "must be within 0 (confirmations as keys) and %d", maxFieldHashes)
+	}
 	if o.AutoPipeline && o.NoAutoPipeline {
 		return nil, badopt.Error("idem", "NoAutoPipeline", o.NoAutoPipeline, "contradicts AutoPipeline true; set one of them")
 	}
@@ -260,6 +280,7 @@ func NewRedisStore(c redis.UniversalClient, o RedisOptions) (*RedisStore, error)
 	}
 	s.allowEviction = o.AllowEviction
 	s.longConfirmations = o.LongConfirmations
+	s.fieldHashes = o.FieldHashes
 	s.probe.gate = make(chan struct{}, 1)
 	return s, nil
 }
@@ -301,10 +322,14 @@ func (s *RedisStore) appendAttempt(b []byte) []byte {
 // by WAIT in the same pipeline; waitErr is its verdict. The caller has
 // passed its gate of first contact (contact or leaseReady).
 func (s *RedisStore) run(ctx context.Context, script *luaScript, key string, args ...any) (v any, waitErr, err error) {
-	if s.auto != nil {
-		return s.auto.do(ctx, script, s.redisKey(key), args)
+	hash := ""
+	if script.hashed {
+		hash = s.fieldHash(key)
 	}
-	return s.runNow(ctx, script, s.redisKey(key), args)
+	if s.auto != nil {
+		return s.auto.do(ctx, script, s.redisKey(key), hash, args)
+	}
+	return s.runNow(ctx, script, s.redisKey(key), hash, args)
 }
 
 // Claim implements Store in one round trip. Should go-redis retry the

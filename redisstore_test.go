@@ -247,6 +247,55 @@ func TestRedisMemoryPerRecord(t *testing.T) {
 		keyLen, per, usage)
 }
 
+// TestRedisFieldHashesMemory measures what a consumer's confirmed record
+// (a 36-byte key, no fingerprint, no result) costs Redis with
+// FieldHashes, beside the same records as keys, on a server of its own of
+// each product that has HSETEX: used_memory's delta over 200,000 records,
+// the figure of docs/BENCHMARKS.md (Records at scale).
+func TestRedisFieldHashesMemory(t *testing.T) {
+	if testing.Short() {
+		t.Skip("writes 600,000 records a server; skipped with -short")
+	}
+	t.Parallel()
+	const n, batch = 200_000, 500
+	for _, srv := range testenv.Servers {
+		if !srv.FieldExpiry() {
+			continue // no HSETEX: FieldHashes keeps keys (TestRedisFieldHashes)
+		}
+		t.Run(srv.Name, func(t *testing.T) {
+			t.Parallel()
+			c := redis.NewClient(&redis.Options{Addr: srv.Start(t, "--appendonly", "no").Addr})
+			t.Cleanup(func() { _ = c.Close() })
+			ctx := context.Background()
+			keys := uuidKeys(n)
+			measure := func(fields int) float64 {
+				t.Helper()
+				s := newTestRedisStore(t, c, RedisOptions{Retention: 10 * time.Minute, FieldHashes: fields})
+				if err := c.Do(ctx, "FLUSHALL", "SYNC").Err(); err != nil {
+					t.Fatalf("FLUSHALL: %v", err)
+				}
+				before := usedMemory(t, c)
+				for i := 0; i < n; i += batch {
+					if err := s.ConfirmBatch(ctx, claimAllOK(t, s, keys[i:i+batch], nil), nil); err != nil {
+						t.Fatalf("ConfirmBatch: %v", err)
+					}
+				}
+				after := usedMemory(t, c)
+				if r, err := s.Lookup(ctx, keys[n-1]); err != nil || !r.Confirmed {
+					t.Fatalf("Lookup = %+v, %v; want confirmed", r, err)
+				}
+				return float64(after-before) / n
+			}
+			keysForm, one, two := measure(0), measure(1), measure(2)
+			t.Logf("%s: bytes per confirmed record over %d: keys %.1f; FieldHashes 1 (%.0f fields a hash) %.1f; FieldHashes 2 %.1f",
+				srv.Name, n, keysForm, float64(n)/clusterSlots, one, two)
+			if one > keysForm*0.85 {
+				t.Errorf("FieldHashes 1 costs %.1f bytes a record against %.1f as keys; want at least 15%% less", one, keysForm)
+			}
+		})
+	}
+}
+
 // privateRedis starts a redis-server for t alone (testenv.StartRedisServer),
 // configured as `make test` configures the shared one, and returns a
 // client of it.
@@ -866,4 +915,107 @@ func TestRedisCrashedKeyMemory(t *testing.T) {
 	if crashed > 256 || again > crashed+128 {
 		t.Errorf("a crashed key costs %d bytes, %d after a take-over; want at most 256 and 128 more", crashed, again)
 	}
+}
+
+// TestRedisFieldHashes checks where FieldHashes keeps a short confirmation
+// (a field where the server has HSETEX, the key elsewhere) and that each
+// operation finds it there: a claim, a batch's claim, Lookup, Inspect, a
+// repeated and a late confirm, an operator's clear.
+func TestRedisFieldHashes(t *testing.T) {
+	t.Parallel()
+	testenv.EachServer(t, func(t *testing.T, srv testenv.Server) {
+		t.Parallel()
+		c := srv.Client(t)
+		ctx := context.Background()
+		s := newTestRedisStore(t, c, RedisOptions{Prefix: testenv.UniquePrefix(), FieldHashes: 4, Retention: time.Hour})
+		fields := srv.FieldExpiry()
+		where := func(k string) (key, field bool) {
+			t.Helper()
+			n, err := c.Exists(ctx, s.redisKey(k)).Result()
+			if err != nil {
+				t.Fatalf("EXISTS: %v", err)
+			}
+			f, err := c.HExists(ctx, s.fieldHash(k), escapeKey(k)).Result()
+			if err != nil {
+				t.Fatalf("HEXISTS: %v", err)
+			}
+			return n == 1, f
+		}
+		claim := func(k string, want Outcome) Claim {
+			t.Helper()
+			cl, err := s.Claim(ctx, k, nil)
+			if err != nil || cl.Outcome != want {
+				t.Fatalf("Claim(%q) = %v, %v; want outcome %v", k, cl.Outcome, err, want)
+			}
+			return cl
+		}
+
+		k := "order 1/{x}" // escaped, with braces of its own
+		cl := claim(k, Claimed)
+		if err := s.Confirm(ctx, cl.Lease, nil); err != nil {
+			t.Fatalf("Confirm: %v", err)
+		}
+		if inKey, inField := where(k); inKey == fields || inField != fields {
+			t.Fatalf("after Confirm: key %v, field %v; want the field only when the server has HSETEX (%v)", inKey, inField, fields)
+		}
+		dup := claim(k, Duplicate)
+		if dup.Record == nil || dup.Record.Token != cl.Lease.Token || !dup.Record.Confirmed {
+			t.Fatalf("duplicate's record %+v; want confirmed with token %d", dup.Record, cl.Lease.Token)
+		}
+		if left := time.Until(dup.Record.Expires); left < 59*time.Minute || left > time.Hour+time.Minute {
+			t.Fatalf("duplicate's record expires in %v; want the hour of Retention", left)
+		}
+		cs, err := s.ClaimBatch(ctx, []string{"order 2", k}, nil)
+		if err != nil || cs[0].Outcome != Claimed || cs[1].Outcome != Duplicate || cs[1].Record.Token != cl.Lease.Token {
+			t.Fatalf("ClaimBatch = %+v, %v; want order 2 claimed, %q a duplicate", cs, err, k)
+		}
+		if err := s.ConfirmBatch(ctx, []*Lease{cs[0].Lease}, nil); err != nil {
+			t.Fatalf("ConfirmBatch: %v", err)
+		}
+		if inKey, inField := where("order 2"); inKey == fields || inField != fields {
+			t.Fatalf("after ConfirmBatch: key %v, field %v; want the field only when the server has HSETEX (%v)", inKey, inField, fields)
+		}
+		for _, read := range []func(context.Context, string) (*Record, error){s.Lookup, s.Inspect} {
+			r, err := read(ctx, k)
+			if err != nil || r == nil || !r.Confirmed || r.Token != cl.Lease.Token {
+				t.Fatalf("Lookup/Inspect = %+v, %v; want confirmed with token %d", r, err, cl.Lease.Token)
+			}
+		}
+		// A repeat of the same confirm, and another lease's: the first
+		// confirmation stays.
+		if err := s.Confirm(ctx, cl.Lease, nil); err != nil {
+			t.Fatalf("repeated Confirm: %v", err)
+		}
+		short := newTestRedisStore(t, c, RedisOptions{Prefix: s.prefix, FieldHashes: 4, Retention: time.Hour, LeaseTTL: MinLeaseTTL})
+		first, err := short.Claim(ctx, "order 4", nil)
+		if err != nil || first.Outcome != Claimed {
+			t.Fatalf("Claim = %v, %v; want claimed", first.Outcome, err)
+		}
+		time.Sleep(MinLeaseTTL + 100*time.Millisecond)
+		second := claim("order 4", Claimed)
+		if err := s.Confirm(ctx, second.Lease, nil); err != nil {
+			t.Fatalf("Confirm: %v", err)
+		}
+		if err := short.Confirm(ctx, first.Lease, nil); !errors.Is(err, ErrAlreadyConfirmed) {
+			t.Fatalf("another lease's Confirm = %v; want ErrAlreadyConfirmed", err)
+		}
+		// A confirmation with a result is no short one: a key.
+		cl3 := claim("order 3", Claimed)
+		if err := s.Confirm(ctx, cl3.Lease, []byte("receipt")); err != nil {
+			t.Fatalf("Confirm with a result: %v", err)
+		}
+		if inKey, inField := where("order 3"); !inKey || inField {
+			t.Fatalf("a confirmation with a result: key %v, field %v; want the key", inKey, inField)
+		}
+		// An operator's clear removes the field, and the key runs again.
+		if err := s.Resolve(ctx, k, Resolution{Force: true}); err != nil {
+			t.Fatalf("Resolve Force: %v", err)
+		}
+		// (A key's clear leaves a forgotten claim's token, which reads as
+		// no record.)
+		if _, inField := where(k); inField {
+			t.Fatalf("after a clear: the field is still there")
+		}
+		claim(k, Claimed)
+	})
 }

@@ -1,6 +1,8 @@
 -- claim: claim a key under a new lease, or report who has it.
 --
 -- KEYS[1]  the record
+-- KEYS[2]  absent; with RedisOptions.FieldHashes, the hash that may keep
+--          the key's confirmation as a field (see record.lua)
 -- ARGV[1]  the claim's TTL in milliseconds: the lease, plus the keep that
 --          remembers a lapsed claim (see record.lua)
 -- ARGV[2]  the store's MaxTakeOvers
@@ -30,6 +32,13 @@
 -- no read of its own.
 local t = redis.call('TIME')
 local toks = t[1] .. string.sub('00000' .. t[2], -6)
+if KEYS[2] then
+  -- A confirmation kept as a field: the one duplicate found before the
+  -- write (see record.lua's field form).
+  local f = string.match(KEYS[1], '{(.*)}$')
+  local d = redis.call('HGET', KEYS[2], f)
+  if d then return {'D', d, redis.call('HPTTL', KEYS[2], 'FIELDS', 1, f)[1], '', ''} end
+end
 local v = redis.call('SET', KEYS[1], '2C' .. toks .. ':' .. ARGV[3], 'NX', 'GET', 'PX', ARGV[1])
 if not v then return toks end
 

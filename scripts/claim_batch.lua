@@ -2,7 +2,8 @@
 -- call. Only for keys that may share a script call (a single Redis, not a
 -- cluster).
 --
--- KEYS      the records
+-- KEYS      the records; with RedisOptions.FieldHashes, followed by each
+--           one's field hash (claim.lua's KEYS[2]), in the same order
 -- ARGV[1]   the claims' TTL in milliseconds (lease plus keep)
 -- ARGV[2]   the store's MaxTakeOvers
 -- ARGV[2+i] key i's claim value after "2C<token>:" (see claim.lua); each
@@ -19,12 +20,19 @@ local toks = t[1] .. string.sub('00000' .. t[2], -6)
 -- #include record.lua
 
 local out = {}
-for i = 1, #KEYS do
-  local v = redis.call('SET', KEYS[i], '2C' .. toks .. ':' .. ARGV[2 + i], 'NX', 'GET', 'PX', ARGV[1])
-  if not v then
-    out[i] = toks
+local n = #ARGV - 2
+for i = 1, n do
+  local tail = ARGV[2 + i]
+  local d, pttl = fieldDone(KEYS[n + i], KEYS[i])
+  if d then
+    out[i] = {'D', d, pttl, '', ''}
   else
-    out[i] = claimed(KEYS[i], ARGV[1], ARGV[2 + i], toks, ARGV[2], v)
+    local v = redis.call('SET', KEYS[i], '2C' .. toks .. ':' .. tail, 'NX', 'GET', 'PX', ARGV[1])
+    if not v then
+      out[i] = toks
+    else
+      out[i] = claimed(KEYS[i], ARGV[1], tail, toks, ARGV[2], v)
+    end
   end
 end
 return out

@@ -1,6 +1,8 @@
 -- confirm: record the work as done, for the retention window.
 --
 -- KEYS[1]  the record
+-- KEYS[2]  absent; with RedisOptions.FieldHashes, the hash that keeps a
+--          short confirmation as a field (see record.lua)
 -- ARGV[1]  retention in milliseconds
 -- ARGV[2]  the claim's keep in milliseconds (see record.lua): the lease is
 --          live while the key's PTTL is at least that
@@ -18,12 +20,18 @@
 local v = redis.call('GET', KEYS[1])
 if v and string.find(v, ARGV[3], 1, true) == 1 then
   local pttl = redis.call('PTTL', KEYS[1])
-  redis.call('SET', KEYS[1], ARGV[4], 'PX', ARGV[1])
-  -- HELD, or LATE when the lease had lapsed (record.lua is not included yet).
+  -- record.lua's keepDone, which is not included yet.
+  local f = KEYS[2] and #ARGV[4] == 16 and string.match(KEYS[1], '{(.*)}$')
+  if f and #f <= 64 and redis.pcall('HSETEX', KEYS[2], 'PX', ARGV[1], 'FIELDS', 1, f, ARGV[4]) == 1 then
+    redis.call('DEL', KEYS[1])
+  else
+    redis.call('SET', KEYS[1], ARGV[4], 'PX', ARGV[1])
+  end
+  -- HELD, or LATE when the lease had lapsed.
   if pttl == -1 or pttl >= tonumber(ARGV[2]) then return 1 end
   return 2
 end
 
 -- #include record.lua
 
-return confirmed(KEYS[1], v, ARGV[3], ARGV[1], ARGV[4])
+return confirmed(KEYS[1], v, ARGV[3], ARGV[1], ARGV[4], KEYS[2])

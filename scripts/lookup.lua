@@ -1,6 +1,8 @@
 -- lookup: read a key's live record.
 --
 -- KEYS[1]  the record
+-- KEYS[2]  absent; with RedisOptions.FieldHashes, the hash that may keep
+--          the key's confirmation as a field (see record.lua)
 -- ARGV[1]  'lapsed' to answer a lapsed claim too (an operator's Inspect);
 --          absent for Lookup
 -- Reply:   false when there is none (a forgotten claim, and without
@@ -18,7 +20,13 @@
 -- #include record.lua
 
 local v = redis.call('GET', KEYS[1])
-if not v then return false end
+if not v then
+  local d, pttl = fieldDone(KEYS[2], KEYS[1])
+  if not d then return false end
+  local r = decode(d)
+  if not r then return DAMAGED end
+  return reply(r, pttl)
+end
 local r = decode(v)
 if not r then return DAMAGED end
 if r.st == 'F' then return false end

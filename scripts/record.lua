@@ -67,6 +67,44 @@ local ENDED = '!'
 -- confirm's answers (see confirm.lua).
 local HELD, LATE, REPEAT, NOT_KEPT = 1, 2, 3, 4
 
+-- The field form (RedisOptions.FieldHashes): a short confirmation may be
+-- kept as a field of a hash, with a TTL of its own, instead of as its key.
+-- The client names the hash (h, a key of the record key's hash slot) in
+-- every script that may read or write one, as a key (a script must name
+-- every key it touches, or a resharding could move one under it: a read
+-- of a hash already moved would find nothing); the field is the record key's
+-- escaped user key, between its braces. A record is in one place at a
+-- time: a confirmation written as a field deletes the key, and a claim
+-- looks at the field before it creates the key.
+local function field(key) return string.match(key, '{(.*)}$') end
+
+-- fieldDone returns the confirmation kept as key's field of hash h and
+-- its TTL, or nil.
+local function fieldDone(h, key)
+  if not h then return nil end
+  local f = field(key)
+  local v = redis.call('HGET', h, f)
+  if not v then return nil end
+  return v, redis.call('HPTTL', h, 'FIELDS', 1, f)[1]
+end
+
+-- keepDone writes confirmation value of key for retention milliseconds:
+-- as a field of h when h is given, value is a short confirmation and the
+-- field short enough for the hash's compact encoding (64 bytes, Redis's
+-- hash-max-listpack-value) and the server has HSETEX (Redis 8.0, Valkey
+-- 9.0); else as the key.
+local function keepDone(key, h, value, retention)
+  if h and #value == 16 then
+    local f = field(key)
+    -- pcall: a server without HSETEX answers an error, and keeps the key.
+    if #f <= 64 and redis.pcall('HSETEX', h, 'PX', retention, 'FIELDS', 1, f, value) == 1 then
+      redis.call('DEL', key)
+      return
+    end
+  end
+  redis.call('SET', key, value, 'PX', retention)
+end
+
 -- decode parses a record, or returns nil when it is not one this version
 -- can read (the caller answers DAMAGED and leaves the record alone).
 local function decode(v)
@@ -256,9 +294,11 @@ local function claimed(key, px, tail, toks, maxto, v)
 end
 
 -- confirmed answers a confirm of key whose record v is not the lease's own
--- claim. See confirm.lua for the answers.
-local function confirmed(key, v, held, retention, value)
+-- claim; h is the hash that may hold its confirmation as a field. See
+-- confirm.lua for the answers.
+local function confirmed(key, v, held, retention, value, h)
   local toks = string.match(held, '^2C(%d+):')
+  if not v then v = fieldDone(h, key) end
   if v then
     local r = decode(v)
     if not r then return DAMAGED end
@@ -268,21 +308,22 @@ local function confirmed(key, v, held, retention, value)
     end
   end
   -- Over anything else, a quarantined key included: the work happened.
-  redis.call('SET', key, value, 'PX', retention)
+  keepDone(key, h, value, retention)
   return LATE
 end
 
 -- confirm records key as done. held is how the lease's claim begins, keep
--- the claim's keep, value the whole confirmation. See confirm.lua.
-local function confirm(key, held, retention, value, keep)
+-- the claim's keep, value the whole confirmation, h the key's hash of the
+-- field form or nil. See confirm.lua.
+local function confirm(key, held, retention, value, keep, h)
   local v = redis.call('GET', key)
   if v and string.find(v, held, 1, true) == 1 then
     local pttl = redis.call('PTTL', key)
-    redis.call('SET', key, value, 'PX', retention)
+    keepDone(key, h, value, retention)
     if pttl == -1 or pttl >= tonumber(keep) then return HELD end
     return LATE
   end
-  return confirmed(key, v, held, retention, value)
+  return confirmed(key, v, held, retention, value, h)
 end
 
 -- lost answers for a lease whose claim key's record v is not: 0, or DAMAGED.

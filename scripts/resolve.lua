@@ -1,6 +1,9 @@
 -- resolve: an operator settles a quarantined key, or clears any key.
 --
 -- KEYS[1]  the record
+-- KEYS[2]  absent; with RedisOptions.FieldHashes, the hash that may keep
+--          the key's confirmation as a field (see record.lua): clear
+--          removes it
 -- ARGV[1]  'confirm' (record the work as done), 'forget' (run it again)
 --          or 'clear' (remove whatever the key holds but a live claim)
 -- ARGV[2]  with confirm, the retention in milliseconds; with forget and
@@ -18,7 +21,10 @@
 -- #include record.lua
 
 local v = redis.call('GET', KEYS[1])
-if not v then return 0 end
+if not v then
+  if ARGV[1] == 'clear' and KEYS[2] then return redis.call('HDEL', KEYS[2], field(KEYS[1])) end
+  return 0
+end
 local r = decode(v)
 if ARGV[1] == 'clear' then
   if not r then

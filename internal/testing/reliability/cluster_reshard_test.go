@@ -762,7 +762,26 @@ func TestClusterResharding(t *testing.T) {
 // TestClusterLateAskSplitsAKey), which is Redis's doing, not the store's.
 func TestLinearizableClusterResharding(t *testing.T) {
 	t.Parallel()
-	cl := startTestCluster(t, testenv.Servers[0])
+	linearizableClusterResharding(t, testenv.Servers[0], linFast, idem.RedisOptions{})
+}
+
+// TestLinearizableClusterReshardingFieldHashes is the same with a
+// consumer's calls (no fingerprints, no results) and their confirmations
+// kept as hash fields (RedisOptions.FieldHashes) on a Valkey 9.1 cluster:
+// a record and its field hash are two keys of one slot, which a move can
+// find on different masters (TRYAGAIN) while the slot is open.
+func TestLinearizableClusterReshardingFieldHashes(t *testing.T) {
+	t.Parallel()
+	bare := linFast
+	bare.bare = true
+	linearizableClusterResharding(t, testenv.Servers[3], bare, idem.RedisOptions{FieldHashes: 1})
+}
+
+func linearizableClusterResharding(t *testing.T, srv testenv.Server, size linSize, o idem.RedisOptions) {
+	if !srv.FieldExpiry() && o.FieldHashes > 0 {
+		t.Fatalf("%s has no HSETEX: FieldHashes would keep no field", srv.Name)
+	}
+	cl := startTestCluster(t, srv)
 	hook := &redirectHook{}
 	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs(), ContextTimeoutEnabled: true, NewClient: hook.client})
 	t.Cleanup(func() { _ = c.Close() })
@@ -845,7 +864,7 @@ func TestLinearizableClusterResharding(t *testing.T) {
 			moves++
 		}
 	}()
-	tally := checkLinearizableOn(t, linFast, linRedis(t, c), func(run int64, i, k int) string {
+	tally := checkLinearizableOn(t, size, linRedisWith(t, c, o), func(run int64, i, k int) string {
 		if k == 0 {
 			start <- i
 		}

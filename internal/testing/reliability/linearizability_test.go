@@ -42,6 +42,7 @@ const linLease = time.Minute
 type linSize struct {
 	clients, ops int
 	cut          float64
+	bare         bool // lincheck.Workload.Bare: a consumer's calls
 }
 
 var (
@@ -92,7 +93,7 @@ func checkLinearizableOn(t *testing.T, size linSize, open func(worker string) id
 	run := time.Now().UnixNano() // keys of one run apart from an earlier run's on a shared server
 	start := time.Now()
 	tally := lincheck.Verify(t, *linHistories, seed, "idem.seed", func(i int) lincheck.Workload {
-		w := lincheck.Workload{Clients: clients, Ops: size.ops, Cut: size.cut, Batch: linBatch}
+		w := lincheck.Workload{Clients: clients, Ops: size.ops, Cut: size.cut, Batch: linBatch, Bare: size.bare}
 		for k := range linKeys {
 			w.Keys = append(w.Keys, key(run, i, k))
 		}
@@ -116,10 +117,15 @@ func TestLinearizableMemoryStore(t *testing.T) {
 // context deadlines (ContextTimeoutEnabled): go-redis otherwise lets a call
 // run past its deadline, and no outcome would be unknown.
 func linRedis(t *testing.T, c redis.UniversalClient) func(worker string) idem.Store {
+	return linRedisWith(t, c, idem.RedisOptions{})
+}
+
+// linRedisWith is linRedis with the Redis-only options of o.
+func linRedisWith(t *testing.T, c redis.UniversalClient, o idem.RedisOptions) func(worker string) idem.Store {
 	prefix := testenv.UniquePrefix()
 	return func(worker string) idem.Store {
 		ro := idem.RedisOptionsFrom(linOptions(worker))
-		ro.Prefix = prefix
+		ro.Prefix, ro.FieldHashes = prefix, o.FieldHashes
 		s, err := idem.NewRedisStore(c, ro)
 		if err != nil {
 			t.Fatalf("NewRedisStore = %v", err)
@@ -145,6 +151,34 @@ func TestLinearizableRedisStoreCluster(t *testing.T) {
 		t.Cleanup(func() { _ = c.Close() })
 		checkLinearizable(t, linFast, linRedis(t, c))
 	})
+}
+
+// TestLinearizableRedisStoreFieldHashes checks a consumer's histories (no
+// fingerprints, no results) with confirmations kept as hash fields, on
+// the servers that keep them so (Redis 8.0, Valkey 9.1) and on a cluster.
+func TestLinearizableRedisStoreFieldHashes(t *testing.T) {
+	bare := linFast
+	bare.bare = true
+	for _, srv := range testenv.Servers {
+		if !srv.FieldExpiry() {
+			continue // confirmations stay keys: TestLinearizableRedisStore
+		}
+		t.Run(srv.Name, func(t *testing.T) {
+			c := redis.NewClient(&redis.Options{Addr: srv.Addr(t), ContextTimeoutEnabled: true})
+			t.Cleanup(func() { _ = c.Close() })
+			checkLinearizable(t, bare, linRedisWith(t, c, idem.RedisOptions{FieldHashes: 2}))
+		})
+	}
+	for _, cs := range testenv.Clusters {
+		if !cs.FieldExpiry() {
+			continue
+		}
+		t.Run("cluster "+cs.Name, func(t *testing.T) {
+			c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cs.Addrs(t), ContextTimeoutEnabled: true})
+			t.Cleanup(func() { _ = c.Close() })
+			checkLinearizable(t, bare, linRedisWith(t, c, idem.RedisOptions{FieldHashes: 1}))
+		})
+	}
 }
 
 func TestLinearizableSQLStorePostgres(t *testing.T) {

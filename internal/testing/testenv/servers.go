@@ -102,6 +102,15 @@ func (c ClusterServer) Client(t testing.TB) *redis.ClusterClient {
 	return clusterClient(t, c.Addrs(t))
 }
 
+// FieldExpiry reports whether the server has HSETEX, hash fields with TTLs
+// of their own (Redis 8.0, Valkey 9.0), where a RedisStore with
+// FieldHashes keeps confirmations as fields.
+func (s Server) FieldExpiry() bool { return s.Name == "redis8.0" || s.Name == "valkey9.1" }
+
+// FieldExpiry reports whether the cluster's servers have HSETEX (see
+// Server.FieldExpiry).
+func (c ClusterServer) FieldExpiry() bool { return c.Name == "valkey9.1" }
+
 // EachServer runs f as a subtest of t, named by the server, on each of
 // Servers in turn. Each subtest skips (fails under CI=true) when its
 // server's variable is unset, as Lookup does.
