@@ -878,7 +878,11 @@ func linearizableClusterResharding(t *testing.T, srv testenv.Server, size linSiz
 	if moveErr != nil {
 		t.Error(moveErr)
 	}
-	if moves != tally.Histories || mixed == 0 || hook.moved.Load() == 0 || hook.ask.Load() == 0 {
+	// With field hashes a call names two keys, and the source answers ASK
+	// only when it holds neither (TRYAGAIN when it holds one): ASK can be
+	// rare, and its absence is no fault of the run.
+	asked := hook.ask.Load() > 0 || o.FieldHashes > 0
+	if moves != tally.Histories || mixed == 0 || hook.moved.Load() == 0 || !asked {
 		t.Errorf("%d slots moved under %d histories (%d held with keys on both masters), MOVED %d, ASK %d; want one under each history, some held so, and both redirects",
 			moves, tally.Histories, mixed, hook.moved.Load(), hook.ask.Load())
 	}
