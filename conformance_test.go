@@ -52,6 +52,9 @@ func TestMain(m *testing.M) {
 			panic(err)
 		}
 	}
+	// The field form's stores write fields at once: the suite's checks
+	// run in seconds (TestRedisFieldForm checks the grace).
+	idem.SetFormGrace(0)
 	os.Exit(m.Run())
 }
 

@@ -44,13 +44,14 @@ func (s *RedisStore) ClaimBatch(ctx context.Context, keys []string, fingerprints
 	for i := range keys {
 		tails[i] = claimTail(s.core.o.Worker, item(i), s.keep, fp(i))
 	}
+	form := s.form.Load() // one form for the whole batch
 	var calls []scriptCall
 	if s.shared() {
-		calls = batchCalls(claimBatchScript, len(keys), func(i int) (string, string) { return s.redisKey(keys[i]), s.fieldHash(keys[i]) }, []any{s.claimMs, s.maxTakeOvers},
+		calls = batchCalls(claimBatchScript, len(keys), func(i int) (string, string) { return s.redisKey(keys[i]), s.fieldHash(form, keys[i], false) }, []any{s.claimMs, s.maxTakeOvers},
 			func(args []any, i int) []any { return append(args, tails[i]) })
 	} else {
 		for i, k := range keys {
-			calls = append(calls, scriptCall{script: claimScript, keys: callKeys(s.redisKey(k), s.fieldHash(k)), args: []any{s.claimMs, s.maxTakeOvers, tails[i]}})
+			calls = append(calls, scriptCall{script: claimScript, keys: callKeys(s.redisKey(k), s.fieldHash(form, k, false)), args: []any{s.claimMs, s.maxTakeOvers, tails[i]}})
 		}
 	}
 	cs = make([]Claim, len(keys))
@@ -87,15 +88,16 @@ func (s *RedisStore) ConfirmBatch(ctx context.Context, leases []*Lease, results 
 	if err := s.leaseReady(ctx); err != nil {
 		return fmt.Errorf("idem: confirm batch: %w", err)
 	}
+	form := s.form.Load() // one form for the whole batch
 	var calls []scriptCall
 	if s.shared() {
-		calls = batchCalls(confirmBatchScript, len(leases), func(i int) (string, string) { return s.redisKey(leases[i].Key), s.fieldHash(leases[i].Key) }, []any{s.retentionMs, s.retentionMs},
+		calls = batchCalls(confirmBatchScript, len(leases), func(i int) (string, string) { return s.redisKey(leases[i].Key), s.fieldHash(form, leases[i].Key, true) }, []any{s.retentionMs, s.retentionMs},
 			func(args []any, i int) []any {
 				return append(args, s.confirmArgs(leases[i], batch.Item(results, i))[sharedArgs:]...)
 			})
 	} else {
 		for i, l := range leases {
-			calls = append(calls, scriptCall{script: confirmScript, keys: callKeys(s.redisKey(l.Key), s.fieldHash(l.Key)),
+			calls = append(calls, scriptCall{script: confirmScript, keys: callKeys(s.redisKey(l.Key), s.fieldHash(form, l.Key, true)),
 				args: s.confirmArgs(l, batch.Item(results, i))})
 		}
 	}

@@ -6,10 +6,16 @@ package idem
 // the prefix, and the escaping keeps the user's braces out of the tag.
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"hash/fnv"
 	"strconv"
 	"strings"
 	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // RecordKey returns the name of the Redis key that holds key's record, as
@@ -124,14 +130,16 @@ func escapeGlob(s string) string {
 }
 
 // fieldHash returns the hash that may keep key's confirmation as a field
-// (RedisOptions.FieldHashes; scripts/record.lua, the field form), or ""
-// when the store keeps none. The hash is in the record key's Cluster hash
-// slot, so that one script reaches both: its hash tag is the slot's tag
-// (slotTags), and a slot's records are spread over FieldHashes hashes by a
-// second hash of the key. Its name, the Prefix, the tag in braces and 'f'
-// with the hash's number, is no record key's, which ends at its brace.
-func (s *RedisStore) fieldHash(key string) string {
-	if s.fieldHashes == 0 {
+// in form f (RedisOptions.FieldHashes; scripts/record.lua, the field
+// form), or "" when f is nil: the store keeps none. For a confirm (write),
+// also "" before f's fields may be written. The hash is in the record
+// key's Cluster hash slot, so that one script reaches both: its hash tag
+// is the slot's tag (slotTags), and a slot's records are spread over f.n
+// hashes by a second hash of the key. Its name, the Prefix, the tag in
+// braces and 'f' with the hash's number, is no record key's, which ends at
+// its brace.
+func (s *RedisStore) fieldHash(f *fieldForm, key string, write bool) string {
+	if f == nil || write && time.Now().Before(f.writeFrom) {
 		return ""
 	}
 	var buf [128]byte
@@ -141,12 +149,87 @@ func (s *RedisStore) fieldHash(key string) string {
 	b = append(b, '{')
 	b = append(b, slotTags()[keySlot(s.redisKey(key))]...)
 	b = append(b, "}f"...)
-	if s.fieldHashes > 1 {
+	if f.n > 1 {
 		h := fnv.New32a()
 		_, _ = h.Write(esc)
-		b = strconv.AppendUint(b, uint64(h.Sum32()%uint32(s.fieldHashes)), 10)
+		b = strconv.AppendUint(b, uint64(h.Sum32()%uint32(f.n)), 10)
 	}
 	return string(b)
+}
+
+// fieldForm is how a store's Prefix keeps confirmations as fields, as the
+// form's key says (see readForm).
+type fieldForm struct {
+	n int // hashes a slot
+	// writeFrom is when confirmations may be written as fields: a while
+	// after the form's key was written, so that every store sharing the
+	// Prefix has read it first (formGrace).
+	writeFrom time.Time
+}
+
+// formGrace is how long after the form's key is written confirmations are
+// first written as fields: three times formEvery, for the stores that
+// read the key before (one that reads it later finds it at its first
+// contact). A store takes it when made (RedisStore.formGrace).
+var formGrace = 3 * formEvery
+
+// formEvery is how often a store reads the form's key again.
+const formEvery = time.Second
+
+// formKey is the key that says that the Prefix's confirmations are kept
+// as fields, and in how many hashes a slot: "<n>:<unix ms of its
+// writing>". No record's (those have braces after the Prefix).
+func (s *RedisStore) formKey() string { return s.prefix + "fields" }
+
+// readForm reads the form's key and sets the form the store reads and
+// writes by: the key's, whatever the store's own FieldHashes, so that a
+// store without it still finds the confirmations others keep as fields.
+// A store with FieldHashes writes the key where there is none. A key that
+// says another number than the store's FieldHashes is ErrFieldHashes: the
+// two would look for a key's confirmation in different hashes.
+func (s *RedisStore) readForm(ctx context.Context) error {
+	key := s.formKey()
+	v, err := s.c.Get(ctx, key).Result()
+	if errors.Is(err, redis.Nil) {
+		if s.fieldHashes == 0 {
+			s.form.Store(nil)
+			return nil
+		}
+		v = strconv.Itoa(s.fieldHashes) + ":" + strconv.FormatInt(time.Now().UnixMilli(), 10)
+		var set bool
+		if set, err = s.c.SetNX(ctx, key, v, 0).Result(); err == nil && !set {
+			v, err = s.c.Get(ctx, key).Result()
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("idem: reading %s, the key that says how confirmations are kept: %w", key, err)
+	}
+	ns, ms, ok := strings.Cut(v, ":")
+	n, err1 := strconv.Atoi(ns)
+	at, err2 := strconv.ParseInt(ms, 10, 64)
+	if !ok || err1 != nil || err2 != nil || n < 1 || n > maxFieldHashes {
+		return fmt.Errorf("%w: %s holds %q, not <hashes>:<unix ms>", ErrFieldHashes, key, v)
+	}
+	if s.fieldHashes > 0 && n != s.fieldHashes {
+		return fmt.Errorf("%w: FieldHashes is %d, and %s says the Prefix's confirmations are kept in %d hashes a slot; set FieldHashes to %d",
+			ErrFieldHashes, s.fieldHashes, key, n, n)
+	}
+	if f := s.form.Load(); f == nil || f.n != n {
+		s.form.Store(&fieldForm{n: n, writeFrom: time.UnixMilli(at).Add(s.formGrace)})
+	}
+	return nil
+}
+
+// rereadForm reads the form's key again when formEvery has passed since
+// the last read, on the path of a call: a store made before another
+// process turned the field form on finds it within formEvery of its next
+// call. A failed read keeps the form as it was.
+func (s *RedisStore) rereadForm(ctx context.Context, now time.Time) {
+	next := s.formNext.Load()
+	if now.UnixNano() < next || !s.formNext.CompareAndSwap(next, now.Add(formEvery).UnixNano()) {
+		return
+	}
+	_ = s.readForm(ctx)
 }
 
 // clusterSlots is how many hash slots Redis Cluster has.

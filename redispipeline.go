@@ -65,26 +65,37 @@ func (s *RedisStore) shared() bool {
 // for n items, at most batchChunk keys each, in order: one script call for
 // many keys costs Redis much less than one each. Each call takes shared
 // once, then every item's own arguments, which item appends (see
-// scriptCall); key(i) is item i's Redis key and field hash ("" for none:
-// then none has one).
+// scriptCall); key(i) is item i's Redis key and field hash ("" for none).
+// A call's items all have a field hash or none has: where that changes
+// (the calls of one pipeline made either side of a form's change), a new
+// call begins.
 func batchCalls(batch *luaScript, n int, key func(i int) (string, string), shared []any, item func(args []any, i int) []any) []scriptCall {
 	calls := make([]scriptCall, 0, (n+batchChunk-1)/batchChunk)
-	for lo := 0; lo < n; lo += batchChunk {
-		hi := min(lo+batchChunk, n)
-		bc := scriptCall{script: batch, keys: make([]string, 0, hi-lo), args: make([]any, 0, len(shared)+2*(hi-lo)), items: hi - lo}
-		bc.args = append(bc.args, shared...)
-		var hashes []string
-		for i := lo; i < hi; i++ {
-			k, h := key(i)
-			bc.keys = append(bc.keys, k)
-			if h != "" {
-				hashes = append(hashes, h)
-			}
-			bc.args = item(bc.args, i)
+	var bc scriptCall
+	var hashes []string
+	end := func() {
+		if bc.items > 0 {
+			bc.keys = append(bc.keys, hashes...)
+			calls = append(calls, bc)
 		}
-		bc.keys = append(bc.keys, hashes...)
-		calls = append(calls, bc)
 	}
+	for i := range n {
+		k, h := key(i)
+		if bc.items == 0 || bc.items == batchChunk || (h != "") != (len(hashes) > 0) {
+			end()
+			left := min(n-i, batchChunk)
+			bc = scriptCall{script: batch, keys: make([]string, 0, left), args: make([]any, 0, len(shared)+2*left)}
+			bc.args = append(bc.args, shared...)
+			hashes = nil
+		}
+		bc.keys = append(bc.keys, k)
+		if h != "" {
+			hashes = append(hashes, h)
+		}
+		bc.args = item(bc.args, i)
+		bc.items++
+	}
+	end()
 	return calls
 }
 
@@ -133,7 +144,7 @@ func each(calls []scriptCall, cmds []*redis.Cmd, waitErrs []error, f func(i int,
 // command of a node's batch by sending the whole batch again, calls that
 // ran included, and a call it also sent elsewhere (MOVED) twice at once.
 func (s *RedisStore) pipeline(ctx context.Context, calls []scriptCall) (cmds []*redis.Cmd, waitErrs []error) {
-	if s.cluster != nil && s.fieldHashes > 0 {
+	if s.cluster != nil && s.form.Load() != nil {
 		return s.pipelineByMaster(ctx, s.cluster, calls)
 	}
 	if s.waitReplicas == 0 || !anyWait(calls) {

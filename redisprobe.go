@@ -40,11 +40,16 @@ var (
 	// ErrSlotsUncovered: the Redis Cluster does not serve every hash slot,
 	// so the keys of the missing slots cannot be claimed.
 	ErrSlotsUncovered = errors.New("idem: Redis Cluster does not serve every slot")
+	// ErrFieldHashes: RedisOptions.FieldHashes is not what the Prefix's
+	// form key says (another process keeps confirmations in another
+	// number of hashes), or that key is not one idem wrote. The store
+	// would look for confirmations where they are not.
+	ErrFieldHashes = errors.New("idem: FieldHashes does not match the Prefix's field form")
 )
 
 // findings are the errors the check answers locally for probeRetry: the
 // server's, not the network's.
-var findings = [...]error{ErrEviction, ErrTooFewReplicas, ErrScriptsRefused, ErrScriptTime, ErrSetNX, ErrSlotsUncovered}
+var findings = [...]error{ErrEviction, ErrTooFewReplicas, ErrScriptsRefused, ErrScriptTime, ErrSetNX, ErrSlotsUncovered, ErrFieldHashes}
 
 // isFinding reports whether err is a finding about the server.
 func isFinding(err error) bool {
@@ -121,6 +126,7 @@ func (s *RedisStore) leaseReady(ctx context.Context) error {
 // not shorten the estimates.
 func (s *RedisStore) contact(ctx context.Context, start time.Time) (time.Time, error) {
 	if s.probe.passed.Load() {
+		s.rereadForm(ctx, start)
 		if !s.probe.due(start) {
 			return start, nil
 		}
@@ -280,7 +286,15 @@ func (s *RedisStore) runProbe(ctx context.Context) error {
 	} else if err := s.probeNode(ctx, s.c, "", true); err != nil {
 		return err
 	}
-	return s.probeScripts(ctx)
+	if err := s.probeScripts(ctx); err != nil {
+		return err
+	}
+	// After the scripts: a user without GET is told so by their probe.
+	if err := s.readForm(ctx); err != nil {
+		return err
+	}
+	s.formNext.Store(time.Now().Add(formEvery).UnixNano())
+	return nil
 }
 
 // queueScriptLoads queues a SCRIPT LOAD of every script on p.

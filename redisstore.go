@@ -186,6 +186,12 @@ type RedisStore struct {
 
 	longConfirmations bool // RedisOptions.LongConfirmations
 	fieldHashes       int  // RedisOptions.FieldHashes
+	// form is how confirmations are kept, as the form's key said when
+	// last read (nil: as keys); formNext is when to read it again
+	// (UnixNano). See readForm.
+	form      atomic.Pointer[fieldForm]
+	formNext  atomic.Int64
+	formGrace time.Duration // formGrace when the store was made
 
 	waitReplicas  int // RedisOptions.WaitReplicas
 	waitTimeout   time.Duration
@@ -280,7 +286,7 @@ func NewRedisStore(c redis.UniversalClient, o RedisOptions) (*RedisStore, error)
 	}
 	s.allowEviction = o.AllowEviction
 	s.longConfirmations = o.LongConfirmations
-	s.fieldHashes = o.FieldHashes
+	s.fieldHashes, s.formGrace = o.FieldHashes, formGrace
 	s.probe.gate = make(chan struct{}, 1)
 	return s, nil
 }
@@ -324,7 +330,7 @@ func (s *RedisStore) appendAttempt(b []byte) []byte {
 func (s *RedisStore) run(ctx context.Context, script *luaScript, key string, args ...any) (v any, waitErr, err error) {
 	hash := ""
 	if script.hashed {
-		hash = s.fieldHash(key)
+		hash = s.fieldHash(s.form.Load(), key, script == confirmScript)
 	}
 	if s.auto != nil {
 		return s.auto.do(ctx, script, s.redisKey(key), hash, args)

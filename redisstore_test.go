@@ -270,9 +270,13 @@ func TestRedisFieldHashesMemory(t *testing.T) {
 			keys := uuidKeys(n)
 			measure := func(fields int) float64 {
 				t.Helper()
-				s := newTestRedisStore(t, c, RedisOptions{Retention: 10 * time.Minute, FieldHashes: fields})
 				if err := c.Do(ctx, "FLUSHALL", "SYNC").Err(); err != nil {
 					t.Fatalf("FLUSHALL: %v", err)
+				}
+				s := newTestRedisStore(t, c, RedisOptions{Retention: 10 * time.Minute, FieldHashes: fields})
+				s.formGrace = 0
+				if err := s.Check(ctx); err != nil {
+					t.Fatalf("Check: %v", err)
 				}
 				before := usedMemory(t, c)
 				for i := 0; i < n; i += batch {
@@ -928,6 +932,7 @@ func TestRedisFieldHashes(t *testing.T) {
 		c := srv.Client(t)
 		ctx := context.Background()
 		s := newTestRedisStore(t, c, RedisOptions{Prefix: testenv.UniquePrefix(), FieldHashes: 4, Retention: time.Hour})
+		s.formGrace = 0
 		fields := srv.FieldExpiry()
 		where := func(k string) (key, field bool) {
 			t.Helper()
@@ -935,7 +940,7 @@ func TestRedisFieldHashes(t *testing.T) {
 			if err != nil {
 				t.Fatalf("EXISTS: %v", err)
 			}
-			f, err := c.HExists(ctx, s.fieldHash(k), escapeKey(k)).Result()
+			f, err := c.HExists(ctx, s.fieldHash(s.form.Load(), k, false), escapeKey(k)).Result()
 			if err != nil {
 				t.Fatalf("HEXISTS: %v", err)
 			}
@@ -987,6 +992,7 @@ func TestRedisFieldHashes(t *testing.T) {
 			t.Fatalf("repeated Confirm: %v", err)
 		}
 		short := newTestRedisStore(t, c, RedisOptions{Prefix: s.prefix, FieldHashes: 4, Retention: time.Hour, LeaseTTL: MinLeaseTTL})
+		short.formGrace = 0
 		first, err := short.Claim(ctx, "order 4", nil)
 		if err != nil || first.Outcome != Claimed {
 			t.Fatalf("Claim = %v, %v; want claimed", first.Outcome, err)
@@ -1018,4 +1024,107 @@ func TestRedisFieldHashes(t *testing.T) {
 		}
 		claim(k, Claimed)
 	})
+}
+
+// SetFormGrace sets formGrace for the stores made after it: for the
+// external tests of this package, from their TestMain, before any test.
+func SetFormGrace(d time.Duration) { formGrace = d }
+
+// TestRedisFieldForm checks the form's key: a store with FieldHashes
+// writes it and keeps confirmations as keys for its grace; a store made
+// without FieldHashes before it reads it on a later call and finds the
+// fields (and keeps its own confirmations as fields too); a store with
+// another FieldHashes, or a key idem did not write, is refused.
+func TestRedisFieldForm(t *testing.T) {
+	t.Parallel()
+	for _, srv := range testenv.Servers {
+		if !srv.FieldExpiry() {
+			continue // no HSETEX: TestRedisFieldHashes checks keys stay keys
+		}
+		t.Run(srv.Name, func(t *testing.T) {
+			t.Parallel()
+			c := srv.Client(t)
+			ctx := context.Background()
+			prefix := testenv.UniquePrefix()
+			t.Cleanup(func() { _ = testenv.DeletePrefix(context.Background(), c, prefix) })
+			open := func(n int) *RedisStore {
+				s, err := NewRedisStore(c, RedisOptions{Prefix: prefix, FieldHashes: n, Retention: time.Hour})
+				if err != nil {
+					t.Fatalf("NewRedisStore: %v", err)
+				}
+				s.formGrace = 1500 * time.Millisecond // before its first contact
+				return s
+			}
+			confirm := func(s *RedisStore, k string) {
+				t.Helper()
+				cl, err := s.Claim(ctx, k, nil)
+				if err != nil || cl.Outcome != Claimed {
+					t.Fatalf("Claim(%q) = %v, %v; want claimed", k, cl.Outcome, err)
+				}
+				if err := s.Confirm(ctx, cl.Lease, nil); err != nil {
+					t.Fatalf("Confirm(%q): %v", k, err)
+				}
+			}
+			asField := func(k string) bool {
+				t.Helper()
+				n, err := c.Exists(ctx, prefix+"{"+k+"}").Result()
+				if err != nil {
+					t.Fatalf("EXISTS: %v", err)
+				}
+				return n == 0
+			}
+			before := open(0)
+			if err := before.Check(ctx); err != nil {
+				t.Fatalf("Check without FieldHashes: %v", err)
+			}
+			if before.form.Load() != nil {
+				t.Fatalf("a store without FieldHashes, and no form key: form %+v; want none", before.form.Load())
+			}
+			on := open(2)
+			if err := on.Check(ctx); err != nil {
+				t.Fatalf("Check with FieldHashes 2: %v", err)
+			}
+			if v, err := c.Get(ctx, prefix+"fields").Result(); err != nil || !strings.HasPrefix(v, "2:") {
+				t.Fatalf("form key = %q, %v; want 2:<ms>", v, err)
+			}
+			confirm(on, "early")
+			if asField("early") {
+				t.Fatalf("a confirmation within the grace is a field; want a key, for stores that have not read the form key")
+			}
+			// The store made before reads the key again on a call, within
+			// formEvery.
+			time.Sleep(formEvery + 100*time.Millisecond)
+			if _, err := before.Lookup(ctx, "early"); err != nil {
+				t.Fatalf("Lookup: %v", err)
+			}
+			if f := before.form.Load(); f == nil || f.n != 2 {
+				t.Fatalf("the earlier store's form after a call %+v; want 2 hashes a slot", f)
+			}
+			time.Sleep(time.Until(on.form.Load().writeFrom))
+			confirm(on, "late")
+			if !asField("late") {
+				t.Fatalf("a confirmation after the grace is a key; want a field")
+			}
+			if cl, err := before.Claim(ctx, "late", nil); err != nil || cl.Outcome != Duplicate {
+				t.Fatalf("the earlier store's Claim of a field's key = %v, %v; want a duplicate", cl.Outcome, err)
+			}
+			confirm(before, "adopted")
+			if !asField("adopted") {
+				t.Fatalf("the earlier store's confirmation is a key; want a field, as the form key says")
+			}
+			other := open(3)
+			if err := other.Check(ctx); !errors.Is(err, ErrFieldHashes) || !strings.Contains(err.Error(), "set FieldHashes to 2") {
+				t.Fatalf("Check with FieldHashes 3 = %v; want ErrFieldHashes naming 2", err)
+			}
+			if _, err := other.Claim(ctx, "late", nil); !errors.Is(err, ErrFieldHashes) {
+				t.Fatalf("Claim with FieldHashes 3 = %v; want ErrFieldHashes", err)
+			}
+			if err := c.Set(ctx, prefix+"fields", "two", 0).Err(); err != nil {
+				t.Fatalf("SET: %v", err)
+			}
+			if err := open(0).Check(ctx); !errors.Is(err, ErrFieldHashes) {
+				t.Fatalf("Check with a form key idem did not write = %v; want ErrFieldHashes", err)
+			}
+		})
+	}
 }
