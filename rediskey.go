@@ -9,7 +9,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"strconv"
 	"strings"
 	"sync"
@@ -142,19 +141,32 @@ func (s *RedisStore) fieldHash(f *fieldForm, key string, write bool) string {
 	if f == nil || write && time.Now().Before(f.writeFrom) {
 		return ""
 	}
+	// The escaped key on the stack, and one allocation for the name.
 	var buf [128]byte
 	esc := appendEscapedKey(buf[:0], key)
-	b := make([]byte, 0, len(s.prefix)+16)
-	b = append(b, s.prefix...)
-	b = append(b, '{')
-	b = append(b, slotTags()[keySlot(s.redisKey(key))]...)
-	b = append(b, "}f"...)
-	if f.n > 1 {
-		h := fnv.New32a()
-		_, _ = h.Write(esc)
-		b = strconv.AppendUint(b, uint64(h.Sum32()%uint32(f.n)), 10)
+	var slot uint16
+	if len(esc) > 0 {
+		slot = crc16(esc) % clusterSlots
+	} else {
+		slot = crc16(s.prefix+"{}") % clusterSlots // "{}" is no hash tag
 	}
-	return string(b)
+	tag := slotTags()[slot]
+	var b strings.Builder
+	b.Grow(len(s.prefix) + len(tag) + 3 + 5)
+	b.WriteString(s.prefix)
+	b.WriteByte('{')
+	b.WriteString(tag)
+	b.WriteString("}f")
+	if f.n > 1 {
+		// FNV-1a, 32 bits.
+		h := uint32(2166136261)
+		for _, c := range esc {
+			h = (h ^ uint32(c)) * 16777619
+		}
+		var num [10]byte
+		b.Write(strconv.AppendUint(num[:0], uint64(h%uint32(f.n)), 10))
+	}
+	return b.String()
 }
 
 // fieldForm is how a store's Prefix keeps confirmations as fields, as the
@@ -211,7 +223,7 @@ func (s *RedisStore) readForm(ctx context.Context) error {
 		return fmt.Errorf("%w: %s holds %q, not <hashes>:<unix ms>", ErrFieldHashes, key, v)
 	}
 	if s.fieldHashes > 0 && n != s.fieldHashes {
-		return fmt.Errorf("%w: FieldHashes is %d, and %s says the Prefix's confirmations are kept in %d hashes a slot; set FieldHashes to %d",
+		return fmt.Errorf("%w: FieldHashes is %d, and %s says the Prefix's confirmations are kept in %d hash(es) a slot; set FieldHashes to %d",
 			ErrFieldHashes, s.fieldHashes, key, n, n)
 	}
 	if f := s.form.Load(); f == nil || f.n != n {
@@ -249,21 +261,31 @@ var slotTags = sync.OnceValue(func() *[clusterSlots]string {
 	return &tags
 })
 
-// crc16 is the CRC-16/XMODEM that Redis Cluster hashes keys with.
-func crc16(s string) uint16 {
+// crc16 is the CRC-16/XMODEM that Redis Cluster hashes keys with, a
+// byte at a time (crcTable).
+func crc16[T string | []byte](s T) uint16 {
 	var crc uint16
 	for i := 0; i < len(s); i++ {
-		crc ^= uint16(s[i]) << 8
-		for range 8 {
-			if crc&0x8000 != 0 {
-				crc = crc<<1 ^ 0x1021
-			} else {
-				crc <<= 1
-			}
-		}
+		crc = crc<<8 ^ crcTable[byte(crc>>8)^s[i]]
 	}
 	return crc
 }
+
+// crcTable is crc16's step for each byte: polynomial 0x1021.
+var crcTable = func() (t [256]uint16) {
+	for i := range t {
+		c := uint16(i) << 8
+		for range 8 {
+			if c&0x8000 != 0 {
+				c = c<<1 ^ 0x1021
+			} else {
+				c <<= 1
+			}
+		}
+		t[i] = c
+	}
+	return t
+}()
 
 // keySlot is Redis Cluster's keyHashSlot: the hash tag is what lies between
 // the first '{' and the first '}' after it, when that is not empty.

@@ -89,15 +89,23 @@ type RedisOptions struct {
 	// FieldHashes, when above 0, keeps each short confirmation (no
 	// fingerprint, no result: a consumer's) as a field with its own TTL in
 	// one of FieldHashes hashes per Cluster hash slot (16,384 slots, on one
-	// Redis too), instead of as a key of its own: a fraction of a key's
-	// memory (docs/BENCHMARKS.md, Records at scale). A hash stays compact up
-	// to 128 fields (Redis's hash-max-listpack-entries): set it to the live
-	// records expected over 1,600,000, rounded up. Only where the server has
-	// HSETEX (Redis 8.0, Valkey 9.0); elsewhere confirmations stay keys, at
-	// one HGET more per claim. Every process sharing the Prefix must set the
-	// same value, as it sets the same Prefix: one with another value does
-	// not find the confirmations this one kept, and does their work again.
-	// Not negative, at most 65,536. Default 0: keys.
+	// Redis too), instead of as a key of its own: 72 bytes a record instead
+	// of 173 on Redis 8.0 (docs/BENCHMARKS.md, Records at scale). A hash
+	// stays compact up to 128 fields (Redis's hash-max-listpack-entries):
+	// set it to the live records expected over 1,600,000, rounded up. Only
+	// where the server has HSETEX (Redis 8.0, Valkey 9.0); elsewhere
+	// confirmations stay keys, at one HGET more per claim.
+	//
+	// The first store with it writes the Prefix's form key (Prefix +
+	// "fields"), which every store sharing the Prefix reads at first
+	// contact and once a second, with FieldHashes or not: all of them then
+	// find and keep confirmations as fields, and a store whose FieldHashes
+	// differs from the key's is refused (ErrFieldHashes). Fields are first
+	// written 3s after the key, for the stores that read it before. Once
+	// set, the form stays: deleting the key while fields live makes their
+	// work repeatable. Releases before this one read no field: set it once
+	// every process sharing the Prefix runs this one. Not negative, at most
+	// 65,536. Default 0: keys, unless the form key says otherwise.
 	FieldHashes int
 	// AutoPipeline is the default now, and false does not turn it off.
 	//

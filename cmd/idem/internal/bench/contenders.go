@@ -23,6 +23,8 @@ const (
 	NameMix                  = "idem (defaults) 80% duplicates"
 	NameNoAutoPipeline       = "idem NoAutoPipeline Claim+Confirm"
 	NameLongConfirmations    = "idem LongConfirmations Claim+Confirm"
+	NameFieldHashes          = "idem FieldHashes Claim+Confirm"
+	NameFieldHashesReplay    = "idem FieldHashes replay"
 	NameNoAutoPipelineReplay = "idem NoAutoPipeline replay"
 	NameNoAutoPipelineMix    = "idem NoAutoPipeline 80% duplicates"
 	NameCacheReplayClaim     = "idem + Cache replay"
@@ -58,7 +60,7 @@ const (
 var Contenders = []Contender{
 	{
 		Name: NameClaimConfirm, Group: GroupRedis, Redis: true,
-		Versus: []string{NameNoAutoPipeline, NameLongConfirmations, NameSetFloor, NameScriptFloor, NameRedislock},
+		Versus: []string{NameNoAutoPipeline, NameLongConfirmations, NameFieldHashes, NameSetFloor, NameScriptFloor, NameRedislock},
 		Open: func(ctx context.Context, e *Env) (*Instance, error) {
 			s, err := newRedisStore(e.Redis)
 			if err != nil {
@@ -80,8 +82,30 @@ var Contenders = []Contender{
 		},
 	},
 	{
+		// Confirmations as hash fields (docs/BENCHMARKS.md, Records at
+		// scale), against the defaults' keys.
+		Name: NameFieldHashes, Group: GroupRedis, Redis: true,
+		Open: func(ctx context.Context, e *Env) (*Instance, error) {
+			s, err := newFieldStore(ctx, e)
+			if err != nil {
+				return nil, err
+			}
+			return ClaimConfirm(e, s, "fc"), nil
+		},
+	},
+	{
+		Name: NameFieldHashesReplay, Group: GroupRedis, Redis: true,
+		Open: func(ctx context.Context, e *Env) (*Instance, error) {
+			s, err := newFieldStore(ctx, e)
+			if err != nil {
+				return nil, err
+			}
+			return Replay(e, s, "fr"), nil
+		},
+	},
+	{
 		Name: NameReplayClaim, Group: GroupRedis, Redis: true,
-		Versus: []string{NameNoAutoPipelineReplay},
+		Versus: []string{NameNoAutoPipelineReplay, NameFieldHashesReplay},
 		Open: func(ctx context.Context, e *Env) (*Instance, error) {
 			s, err := newRedisStore(e.Redis)
 			if err != nil {

@@ -9,6 +9,8 @@ package bench
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -20,6 +22,20 @@ import (
 // for the benchmark's short Retention.
 func newRedisStore(c redis.UniversalClient) (*idem.RedisStore, error) {
 	return idem.NewRedisStore(c, idem.RedisOptions{Retention: retention})
+}
+
+// newFieldStore is newRedisStore with RedisOptions.FieldHashes 1, under a
+// Prefix of the run's own: its form key makes every store of its Prefix
+// keep fields, which the defaults' must not. The form key is written first
+// as if long ago, so that fields are written from the first confirm (a
+// store that writes it waits 3s, for the stores that read it before).
+func newFieldStore(ctx context.Context, e *Env) (*idem.RedisStore, error) {
+	prefix := e.Name("fields") + ":"
+	at := strconv.FormatInt(time.Now().Add(-time.Minute).UnixMilli(), 10)
+	if err := e.Redis.SetNX(ctx, prefix+"fields", "1:"+at, 0).Err(); err != nil {
+		return nil, fmt.Errorf("bench: writing the form key: %w", err)
+	}
+	return idem.NewRedisStore(e.Redis, idem.RedisOptions{Retention: retention, Prefix: prefix, FieldHashes: 1})
 }
 
 // newDirectRedisStore is newRedisStore with RedisOptions.NoAutoPipeline:
