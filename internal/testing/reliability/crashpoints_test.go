@@ -5,9 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/idemgo/idem"
 	"github.com/idemgo/idem/consumer"
@@ -135,6 +138,34 @@ func crashBackends(t *testing.T) map[string]func(w string) idem.Store {
 			return must(idem.NewRedisStore(c, ro))
 		}
 	}()
+	// Confirmations as hash fields, on a server and a cluster that keep
+	// them so: the consumer's confirms (no result) are fields, Do's keys.
+	fields := func(c redis.UniversalClient) func(string) idem.Store {
+		prefix := testenv.UniquePrefix()
+		// The form key as if written a minute ago: fields from the first
+		// confirm, without the grace a store that writes it waits.
+		past := strconv.FormatInt(time.Now().Add(-time.Minute).UnixMilli(), 10)
+		if err := c.Set(context.Background(), prefix+"fields", "1:"+past, 0).Err(); err != nil {
+			t.Fatalf("writing the form key: %v", err)
+		}
+		return func(w string) idem.Store {
+			ro := idem.RedisOptionsFrom(o(w))
+			ro.Prefix, ro.FieldHashes = prefix, 1
+			return must(idem.NewRedisStore(c, ro))
+		}
+	}
+	for _, srv := range testenv.Servers {
+		if srv.FieldExpiry() {
+			c := redis.NewClient(&redis.Options{Addr: srv.Addr(t)})
+			t.Cleanup(func() { _ = c.Close() })
+			out[srv.Name+" fields"] = fields(c)
+		}
+	}
+	for _, cs := range testenv.Clusters {
+		if cs.FieldExpiry() {
+			out["cluster "+cs.Name+" fields"] = fields(cs.Client(t))
+		}
+	}
 	out["postgres"] = func() func(string) idem.Store {
 		db := sqltest.Postgres(t)
 		table := sqltest.UniqueTable()
