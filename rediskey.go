@@ -193,6 +193,12 @@ const formEvery = time.Second
 // writing>". No record's (those have braces after the Prefix).
 func (s *RedisStore) formKey() string { return s.prefix + "fields" }
 
+// ErrFieldHashes is a finding of first contact: RedisOptions.FieldHashes
+// is not what the Prefix's form key says (another process keeps
+// confirmations in another number of hashes), or that key is not one idem
+// wrote. The store would look for confirmations where they are not.
+var ErrFieldHashes = errors.New("idem: FieldHashes does not match the Prefix's field form")
+
 // readForm reads the form's key and sets the form the store reads and
 // writes by: the key's, whatever the store's own FieldHashes, so that a
 // store without it still finds the confirmations others keep as fields.

@@ -40,11 +40,6 @@ var (
 	// ErrSlotsUncovered: the Redis Cluster does not serve every hash slot,
 	// so the keys of the missing slots cannot be claimed.
 	ErrSlotsUncovered = errors.New("idem: Redis Cluster does not serve every slot")
-	// ErrFieldHashes: RedisOptions.FieldHashes is not what the Prefix's
-	// form key says (another process keeps confirmations in another
-	// number of hashes), or that key is not one idem wrote. The store
-	// would look for confirmations where they are not.
-	ErrFieldHashes = errors.New("idem: FieldHashes does not match the Prefix's field form")
 )
 
 // findings are the errors the check answers locally for probeRetry: the
