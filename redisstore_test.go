@@ -72,9 +72,10 @@ func (h *tripCounter) DialHook(next redis.DialHook) redis.DialHook { return next
 
 func (h *tripCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
-		// The store's read of the server's identity, once a second
-		// (recheck), is not the cost of the operation it precedes.
-		if !isIdentityRead(cmd) {
+		// The store's reads of the server's identity and of the form
+		// key, once a second (recheck, rereadForm), are not the cost of
+		// the operation they precede.
+		if !isIdentityRead(cmd) && !isFormRead(cmd) {
 			h.count(cmd.Name())
 		}
 		return next(ctx, cmd)
@@ -85,6 +86,14 @@ func (h *tripCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 // identity (readIdentity).
 func isIdentityRead(cmd redis.Cmder) bool {
 	return fmt.Sprint(cmd.Args()) == "[info server keyspace]"
+}
+
+// isFormRead reports the GET with which a store reads its Prefix's form
+// key (readForm).
+func isFormRead(cmd redis.Cmder) bool {
+	a := cmd.Args()
+	k, _ := a[len(a)-1].(string)
+	return len(a) == 2 && cmd.Name() == "get" && strings.HasSuffix(k, "fields")
 }
 
 func (h *tripCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
