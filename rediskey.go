@@ -180,13 +180,20 @@ type fieldForm struct {
 }
 
 // formGrace is how long after the form's key is written confirmations are
-// first written as fields: three times formEvery, for the stores that
-// read the key before (one that reads it later finds it at its first
-// contact). A store takes it when made (RedisStore.formGrace).
-var formGrace = 3 * formEvery
+// first written as fields. A store reads the key at first contact and then
+// never goes by a reading older than formStale (rereadForm): so every store
+// has read the key before the first field, with 3s to spare for a call
+// queued meanwhile and the clocks of the processes. A store takes it when
+// made (RedisStore.formGrace).
+var formGrace = 5 * time.Second
 
-// formEvery is how often a store reads the form's key again.
-const formEvery = time.Second
+// formEvery is how often a store reads the form's key again; formStale,
+// how old a reading may be when a new one fails, before the store's
+// claims and lookups fail with it rather than go by an old form.
+const (
+	formEvery = time.Second
+	formStale = 2 * time.Second
+)
 
 // formKey is the key that says that the Prefix's confirmations are kept
 // as fields, and in how many hashes a slot: "<n>:<unix ms of its
@@ -238,16 +245,37 @@ func (s *RedisStore) readForm(ctx context.Context) error {
 	return nil
 }
 
-// rereadForm reads the form's key again when formEvery has passed since
-// the last read, on the path of a call: a store made before another
-// process turned the field form on finds it within formEvery of its next
-// call. A failed read keeps the form as it was.
-func (s *RedisStore) rereadForm(ctx context.Context, now time.Time) {
-	next := s.formNext.Load()
-	if now.UnixNano() < next || !s.formNext.CompareAndSwap(next, now.Add(formEvery).UnixNano()) {
-		return
+// rereadForm reads the form's key again, on the path of a claim or a
+// lookup, when formEvery has passed since the last reading: a store made
+// before another process turned the field form on finds it within
+// formEvery. One reading at a time; the calls that find one under way wait
+// for it, so that none goes by the form it replaces. A failed reading
+// keeps the form it had for formStale since the last good one, and then
+// fails the call: a store must not claim by a form it cannot know is
+// still the Prefix's. ErrFieldHashes fails it at once.
+func (s *RedisStore) rereadForm(ctx context.Context, now time.Time) error {
+	if now.UnixNano()-s.formRead.Load() < int64(formEvery) {
+		return nil
 	}
-	_ = s.readForm(ctx)
+	select {
+	case s.formGate <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-s.formGate }()
+	last := s.formRead.Load()
+	if time.Now().UnixNano()-last < int64(formEvery) {
+		return nil // read meanwhile by the call this one waited for
+	}
+	err := s.readForm(ctx)
+	switch {
+	case err == nil:
+		s.formRead.Store(time.Now().UnixNano())
+		return nil
+	case errors.Is(err, ErrFieldHashes) || time.Now().UnixNano()-last >= int64(formStale):
+		return err
+	}
+	return nil
 }
 
 // clusterSlots is how many hash slots Redis Cluster has.

@@ -121,7 +121,9 @@ func (s *RedisStore) leaseReady(ctx context.Context) error {
 // not shorten the estimates.
 func (s *RedisStore) contact(ctx context.Context, start time.Time) (time.Time, error) {
 	if s.probe.passed.Load() {
-		s.rereadForm(ctx, start)
+		if err := s.rereadForm(ctx, start); err != nil {
+			return start, err
+		}
 		if !s.probe.due(start) {
 			return start, nil
 		}
@@ -288,7 +290,7 @@ func (s *RedisStore) runProbe(ctx context.Context) error {
 	if err := s.readForm(ctx); err != nil {
 		return err
 	}
-	s.formNext.Store(time.Now().Add(formEvery).UnixNano())
+	s.formRead.Store(time.Now().UnixNano())
 	return nil
 }
 

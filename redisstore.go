@@ -98,10 +98,12 @@ type RedisOptions struct {
 	//
 	// The first store with it writes the Prefix's form key (Prefix +
 	// "fields"), which every store sharing the Prefix reads at first
-	// contact and once a second, with FieldHashes or not: all of them then
-	// find and keep confirmations as fields, and a store whose FieldHashes
-	// differs from the key's is refused (ErrFieldHashes). Fields are first
-	// written 3s after the key, for the stores that read it before. Once
+	// contact and again before a claim or lookup when a second has passed,
+	// with FieldHashes or not: all of them then find and keep confirmations
+	// as fields, and a store whose FieldHashes differs from the key's is
+	// refused (ErrFieldHashes). A store that cannot read the key for 2s
+	// fails its claims and lookups rather than go by an old form. Fields
+	// are first written 5s after the key, once every store has read it. Once
 	// set, the form stays: deleting the key while fields live makes their
 	// work repeatable. Releases before this one read no field: set it once
 	// every process sharing the Prefix runs this one. Not negative, at most
@@ -195,10 +197,12 @@ type RedisStore struct {
 	longConfirmations bool // RedisOptions.LongConfirmations
 	fieldHashes       int  // RedisOptions.FieldHashes
 	// form is how confirmations are kept, as the form's key said when
-	// last read (nil: as keys); formNext is when to read it again
-	// (UnixNano). See readForm.
+	// last read (nil: as keys); formRead is when it was last read
+	// (UnixNano), formGate lets one reading run at a time. See readForm
+	// and rereadForm.
 	form      atomic.Pointer[fieldForm]
-	formNext  atomic.Int64
+	formRead  atomic.Int64
+	formGate  chan struct{}
 	formGrace time.Duration // formGrace when the store was made
 
 	waitReplicas  int // RedisOptions.WaitReplicas
@@ -294,7 +298,7 @@ func NewRedisStore(c redis.UniversalClient, o RedisOptions) (*RedisStore, error)
 	}
 	s.allowEviction = o.AllowEviction
 	s.longConfirmations = o.LongConfirmations
-	s.fieldHashes, s.formGrace = o.FieldHashes, formGrace
+	s.fieldHashes, s.formGrace, s.formGate = o.FieldHashes, formGrace, make(chan struct{}, 1)
 	s.probe.gate = make(chan struct{}, 1)
 	return s, nil
 }

@@ -1082,9 +1082,11 @@ func TestRedisFieldForm(t *testing.T) {
 				}
 				return n == 0
 			}
-			before := open(0)
-			if err := before.Check(ctx); err != nil {
-				t.Fatalf("Check without FieldHashes: %v", err)
+			before, idle := open(0), open(0)
+			for _, s := range []*RedisStore{before, idle} {
+				if err := s.Check(ctx); err != nil {
+					t.Fatalf("Check without FieldHashes: %v", err)
+				}
 			}
 			if before.form.Load() != nil {
 				t.Fatalf("a store without FieldHashes, and no form key: form %+v; want none", before.form.Load())
@@ -1121,12 +1123,56 @@ func TestRedisFieldForm(t *testing.T) {
 			if !asField("adopted") {
 				t.Fatalf("the earlier store's confirmation is a key; want a field, as the form key says")
 			}
+			// A store idle since before the form key: its first calls after
+			// the grace, all at once, each read the key (one reading, the
+			// others wait for it) before they claim.
+			var keys []string
+			for i := range 32 {
+				keys = append(keys, fmt.Sprintf("burst-%d", i))
+				confirm(on, keys[i])
+			}
+			var wg sync.WaitGroup
+			var claimed atomic.Int32
+			for _, k := range keys {
+				wg.Go(func() {
+					if cl, err := idle.Claim(ctx, k, nil); err != nil || cl.Outcome != Duplicate {
+						claimed.Add(1)
+						t.Errorf("the idle store's Claim(%q) = %v, %v; want a duplicate", k, cl.Outcome, err)
+					}
+				})
+			}
+			wg.Wait()
+			if n := claimed.Load(); n > 0 {
+				t.Fatalf("the idle store answered %d of %d confirmed keys otherwise than a duplicate", n, len(keys))
+			}
+			// A field that is no token of 16 digits is damaged, to every reader.
+			if err := c.HSet(ctx, on.fieldHash(on.form.Load(), "bad", false), "bad", "1F12345").Err(); err != nil {
+				t.Fatalf("HSET: %v", err)
+			}
+			if _, err := on.Claim(ctx, "bad", nil); !errors.Is(err, ErrDamaged) {
+				t.Fatalf("Claim of a damaged field = %v; want ErrDamaged", err)
+			}
+			if _, err := on.Lookup(ctx, "bad"); !errors.Is(err, ErrDamaged) {
+				t.Fatalf("Lookup of a damaged field = %v; want ErrDamaged", err)
+			}
+			if _, err := on.ClaimBatch(ctx, []string{"bad", "fine"}, nil); !errors.Is(err, ErrDamaged) {
+				t.Fatalf("ClaimBatch with a damaged field = %v; want ErrDamaged", err)
+			}
 			other := open(3)
 			if err := other.Check(ctx); !errors.Is(err, ErrFieldHashes) || !strings.Contains(err.Error(), "set FieldHashes to 2") {
 				t.Fatalf("Check with FieldHashes 3 = %v; want ErrFieldHashes naming 2", err)
 			}
 			if _, err := other.Claim(ctx, "late", nil); !errors.Is(err, ErrFieldHashes) {
 				t.Fatalf("Claim with FieldHashes 3 = %v; want ErrFieldHashes", err)
+			}
+			// The form key changed under a running store: its next claim
+			// after formEvery is refused.
+			if err := c.Set(ctx, prefix+"fields", "3:1", 0).Err(); err != nil {
+				t.Fatalf("SET: %v", err)
+			}
+			time.Sleep(formEvery + 100*time.Millisecond)
+			if _, err := on.Claim(ctx, "after", nil); !errors.Is(err, ErrFieldHashes) {
+				t.Fatalf("Claim with FieldHashes 2 once the key says 3 = %v; want ErrFieldHashes", err)
 			}
 			if err := c.Set(ctx, prefix+"fields", "two", 0).Err(); err != nil {
 				t.Fatalf("SET: %v", err)

@@ -37,7 +37,11 @@ if KEYS[2] then
   -- write (see record.lua's field form).
   local f = string.match(KEYS[1], '{(.*)}$')
   local d = redis.call('HGET', KEYS[2], f)
-  if d then return {'D', d, redis.call('HPTTL', KEYS[2], 'FIELDS', 1, f)[1], '', ''} end
+  if d then
+    -- A field holds a token of 16 digits, or it is damaged.
+    if #d ~= 16 or not string.find(d, '^[1-9]%d+$') then return 'X' end
+    return {'D', d, redis.call('HPTTL', KEYS[2], 'FIELDS', 1, f)[1], '', ''}
+  end
 end
 local v = redis.call('SET', KEYS[1], '2C' .. toks .. ':' .. ARGV[3], 'NX', 'GET', 'PX', ARGV[1])
 if not v then return toks end

@@ -24,7 +24,9 @@ local n = #ARGV - 2
 for i = 1, n do
   local tail = ARGV[2 + i]
   local d, pttl = fieldDone(KEYS[n + i], KEYS[i])
-  if d then
+  if d == DAMAGED then
+    out[i] = DAMAGED
+  elseif d then
     out[i] = {'D', d, pttl, '', ''}
   else
     local v = redis.call('SET', KEYS[i], '2C' .. toks .. ':' .. tail, 'NX', 'GET', 'PX', ARGV[1])

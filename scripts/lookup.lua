@@ -23,9 +23,8 @@ local v = redis.call('GET', KEYS[1])
 if not v then
   local d, pttl = fieldDone(KEYS[2], KEYS[1])
   if not d then return false end
-  local r = decode(d)
-  if not r then return DAMAGED end
-  return reply(r, pttl)
+  if d == DAMAGED then return DAMAGED end
+  return reply(decode(d), pttl)
 end
 local r = decode(v)
 if not r then return DAMAGED end

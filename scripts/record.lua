@@ -79,12 +79,15 @@ local HELD, LATE, REPEAT, NOT_KEPT = 1, 2, 3, 4
 local function field(key) return string.match(key, '{(.*)}$') end
 
 -- fieldDone returns the confirmation kept as key's field of hash h and
--- its TTL, or nil.
+-- its TTL, nil when there is none, or DAMAGED when the field holds
+-- anything but a short confirmation (a token of 16 digits), the one value
+-- a field is written with.
 local function fieldDone(h, key)
   if not h then return nil end
   local f = field(key)
   local v = redis.call('HGET', h, f)
   if not v then return nil end
+  if #v ~= 16 or not string.find(v, '^[1-9]%d+$') then return DAMAGED end
   return v, redis.call('HPTTL', h, 'FIELDS', 1, f)[1]
 end
 

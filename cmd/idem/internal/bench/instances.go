@@ -28,7 +28,7 @@ func newRedisStore(c redis.UniversalClient) (*idem.RedisStore, error) {
 // Prefix of the run's own: its form key makes every store of its Prefix
 // keep fields, which the defaults' must not. The form key is written first
 // as if long ago, so that fields are written from the first confirm (a
-// store that writes it waits 3s, for the stores that read it before).
+// store that writes it waits 5s, for the stores that read it before).
 func newFieldStore(ctx context.Context, e *Env) (*idem.RedisStore, error) {
 	prefix := e.Name("fields") + ":"
 	at := strconv.FormatInt(time.Now().Add(-time.Minute).UnixMilli(), 10)
