@@ -320,14 +320,3 @@ var crcTable = func() (t [256]uint16) {
 	}
 	return t
 }()
-
-// keySlot is Redis Cluster's keyHashSlot: the hash tag is what lies between
-// the first '{' and the first '}' after it, when that is not empty.
-func keySlot(key string) int {
-	if open := strings.IndexByte(key, '{'); open >= 0 {
-		if n := strings.IndexByte(key[open+1:], '}'); n > 0 {
-			key = key[open+1 : open+1+n]
-		}
-	}
-	return int(crc16(key) % clusterSlots)
-}

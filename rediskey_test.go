@@ -186,6 +186,17 @@ func FuzzEscapeKey(f *testing.F) {
 	})
 }
 
+// keySlot is Redis Cluster's keyHashSlot: the hash tag is what lies between
+// the first '{' and the first '}' after it, when that is not empty.
+func keySlot(key string) int {
+	if open := strings.IndexByte(key, '{'); open >= 0 {
+		if n := strings.IndexByte(key[open+1:], '}'); n > 0 {
+			key = key[open+1 : open+1+n]
+		}
+	}
+	return int(crc16(key) % clusterSlots)
+}
+
 func TestKeySlot(t *testing.T) {
 	// Vectors from the Redis Cluster specification and redis-cli.
 	if got := crc16("123456789"); got != 0x31C3 {

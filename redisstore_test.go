@@ -302,8 +302,10 @@ func TestRedisFieldHashesMemory(t *testing.T) {
 			keysForm, one := measure(0), measure(1)
 			t.Logf("%s: bytes per confirmed record over %d: keys %.1f; FieldHashes 1 (%.0f fields a hash) %.1f",
 				srv.Name, n, keysForm, float64(n)/clusterSlots, one)
-			if one > keysForm*0.85 {
-				t.Errorf("FieldHashes 1 costs %.1f bytes a record against %.1f as keys; want at least 15%% less", one, keysForm)
+			// Redis 8 keeps the fields compact (listpackex): the 80
+			// bytes; Valkey 9.1 a hashtable, about 15% under its keys.
+			if one > keysForm*0.95 || srv.Name == "redis8.0" && one > 80 {
+				t.Errorf("FieldHashes 1 costs %.1f bytes a record against %.1f as keys; want less (at most 80 on Redis 8)", one, keysForm)
 			}
 		})
 	}
@@ -1099,7 +1101,9 @@ func TestRedisFieldForm(t *testing.T) {
 				t.Fatalf("form key = %q, %v; want 2:<ms>", v, err)
 			}
 			confirm(on, "early")
-			if asField("early") {
+			// Asked only when the confirm ended within the grace: a stalled
+			// machine may have let it pass.
+			if time.Now().Before(on.form.Load().writeFrom) && asField("early") {
 				t.Fatalf("a confirmation within the grace is a field; want a key, for stores that have not read the form key")
 			}
 			// The store made before reads the key again on a call, within

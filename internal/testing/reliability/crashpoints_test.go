@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
-	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -142,12 +141,7 @@ func crashBackends(t *testing.T) map[string]func(w string) idem.Store {
 	// them so: the consumer's confirms (no result) are fields, Do's keys.
 	fields := func(c redis.UniversalClient) func(string) idem.Store {
 		prefix := testenv.UniquePrefix()
-		// The form key as if written a minute ago: fields from the first
-		// confirm, without the grace a store that writes it waits.
-		past := strconv.FormatInt(time.Now().Add(-time.Minute).UnixMilli(), 10)
-		if err := c.Set(context.Background(), prefix+"fields", "1:"+past, 0).Err(); err != nil {
-			t.Fatalf("writing the form key: %v", err)
-		}
+		writeFormKey(t, c, prefix, 1)
 		return func(w string) idem.Store {
 			ro := idem.RedisOptionsFrom(o(w))
 			ro.Prefix, ro.FieldHashes = prefix, 1

@@ -121,16 +121,22 @@ func linRedis(t *testing.T, c redis.UniversalClient) func(worker string) idem.St
 	return linRedisWith(t, c, idem.RedisOptions{})
 }
 
+// writeFormKey writes prefix's form key (RedisOptions.FieldHashes) for n
+// hashes a slot as if a minute ago: the stores then write fields from the
+// first confirm, without the grace a store that writes it waits.
+func writeFormKey(t *testing.T, c redis.UniversalClient, prefix string, n int) {
+	t.Helper()
+	past := time.Now().Add(-time.Minute).UnixMilli()
+	if err := c.Set(context.Background(), prefix+"fields", fmt.Sprintf("%d:%d", n, past), 0).Err(); err != nil {
+		t.Fatalf("writing the form key: %v", err)
+	}
+}
+
 // linRedisWith is linRedis with the Redis-only options of o.
 func linRedisWith(t *testing.T, c redis.UniversalClient, o idem.RedisOptions) func(worker string) idem.Store {
 	prefix := testenv.UniquePrefix()
 	if o.FieldHashes > 0 {
-		// The form key as if written a minute ago: fields from the first
-		// confirm, without the grace a store that writes it waits.
-		past := time.Now().Add(-time.Minute).UnixMilli()
-		if err := c.Set(context.Background(), prefix+"fields", fmt.Sprintf("%d:%d", o.FieldHashes, past), 0).Err(); err != nil {
-			t.Fatalf("writing the form key: %v", err)
-		}
+		writeFormKey(t, c, prefix, o.FieldHashes)
 	}
 	return func(worker string) idem.Store {
 		ro := idem.RedisOptionsFrom(linOptions(worker))
